@@ -1,0 +1,2 @@
+//! overlayd: the per-sled daemon.
+fn main() {}

@@ -1,0 +1,2 @@
+//! xdeadm: the admin tool.
+fn main() {}

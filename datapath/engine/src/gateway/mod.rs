@@ -1,0 +1,1 @@
+//! The virtual gateway: what the datapath answers for the guest itself.

@@ -1,0 +1,121 @@
+//! The engine's output: a reusable arena of frames bound for the underlay or a port.
+//!
+//! The engine never owns a socket; it appends frames here and the worker drains them
+//! to AF_XDP or tap. Capacity is kept across `clear`, so once warm the fast path does
+//! not allocate.
+
+use crate::port::PortId;
+use core::ops::Range;
+use wire::vnet::VnetHdr;
+
+/// Where a frame goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxDest {
+    /// Out of the underlay interface with this index (outer headers are in the frame).
+    Underlay { ifindex: u32 },
+    /// To a guest port, with the offload metadata to hand the guest.
+    Port { port: PortId, vnet: VnetHdr },
+}
+
+/// One frame in the batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxFrame {
+    pub dest: TxDest,
+    range: Range<usize>,
+}
+
+/// Frames produced by one or more `process_*` calls.
+#[derive(Default, Debug)]
+pub struct TxBatch {
+    buf: Vec<u8>,
+    frames: Vec<TxFrame>,
+}
+
+impl TxBatch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Drops all frames, keeping the capacity.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.frames.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Appends a zeroed frame of `len` bytes and returns it for the caller to fill.
+    pub fn push(&mut self, dest: TxDest, len: usize) -> &mut [u8] {
+        let start = self.buf.len();
+        self.buf.resize(start + len, 0);
+        self.frames.push(TxFrame {
+            dest,
+            range: start..start + len,
+        });
+        &mut self.buf[start..]
+    }
+
+    /// Shrinks the most recently pushed frame to `len` bytes (for emitters that reserve
+    /// the maximum and learn the real size as they write).
+    pub fn truncate_last(&mut self, len: usize) {
+        if let Some(f) = self.frames.last_mut() {
+            let new_end = f.range.start + len.min(f.range.len());
+            f.range.end = new_end;
+            self.buf.truncate(new_end);
+        }
+    }
+
+    /// Removes the most recently pushed frame (an emitter that found it cannot finish).
+    pub fn pop(&mut self) {
+        if let Some(f) = self.frames.pop() {
+            self.buf.truncate(f.range.start);
+        }
+    }
+
+    /// Replaces the destination of the most recently pushed frame (e.g. to fill in
+    /// the offload metadata once the frame is complete).
+    pub fn set_last_dest(&mut self, dest: TxDest) {
+        if let Some(f) = self.frames.last_mut() {
+            f.dest = dest;
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (TxDest, &[u8])> {
+        self.frames
+            .iter()
+            .map(|f| (f.dest, &self.buf[f.range.clone()]))
+    }
+
+    /// The bytes of frame `i`, for tests and inspection.
+    pub fn frame(&self, i: usize) -> Option<(TxDest, &[u8])> {
+        self.frames
+            .get(i)
+            .map(|f| (f.dest, &self.buf[f.range.clone()]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_truncate_pop() {
+        let mut b = TxBatch::new();
+        let d = TxDest::Underlay { ifindex: 3 };
+        b.push(d, 10).copy_from_slice(&[7; 10]);
+        b.push(d, 100)[..4].copy_from_slice(&[1, 2, 3, 4]);
+        b.truncate_last(4);
+        assert_eq!(b.frame(1).unwrap().1, &[1, 2, 3, 4]);
+        b.pop();
+        assert_eq!(b.len(), 1);
+        assert_eq!(b.iter().next().unwrap().1, &[7; 10]);
+        b.clear();
+        assert!(b.is_empty());
+    }
+}

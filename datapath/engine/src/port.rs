@@ -1,0 +1,218 @@
+//! Guest ports: what the control plane says about one guest NIC.
+
+use core::fmt;
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+use std::net::{Ipv4Addr, Ipv6Addr};
+use wire::MacAddr;
+
+/// The engine's handle for a port; stable for the port's life, reused after deletion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PortId(pub u32);
+
+/// A 24-bit Geneve Virtual Network Identifier; one per VPC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
+pub struct Vni(u32);
+
+impl Vni {
+    pub const MAX: u32 = (1 << 24) - 1;
+
+    /// Refuses values that do not fit 24 bits, naming the value.
+    pub fn new(v: u32) -> Result<Vni, String> {
+        if v > Self::MAX {
+            Err(format!(
+                "VNI {v} does not fit in 24 bits (max {})",
+                Self::MAX
+            ))
+        } else {
+            Ok(Vni(v))
+        }
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl TryFrom<u32> for Vni {
+    type Error = String;
+    fn try_from(v: u32) -> Result<Self, String> {
+        Vni::new(v)
+    }
+}
+
+impl From<Vni> for u32 {
+    fn from(v: Vni) -> u32 {
+        v.0
+    }
+}
+
+impl fmt::Display for Vni {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The MTU a port gets when creation does not name one (the reference's default).
+pub const DEFAULT_PORT_MTU: u16 = 1500;
+
+/// Everything the control plane configures on a port at creation (`create-xde`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortConfig {
+    /// The port's name; also the tap device's name.
+    pub name: String,
+    pub guest_mac: MacAddr,
+    /// The MAC the guest sees as its gateway (source of every frame it receives).
+    pub gateway_mac: MacAddr,
+    /// The guest's private IPv4 address, if it has one.
+    pub ipv4: Option<Ipv4Addr>,
+    /// The guest's private IPv6 address, if it has one.
+    pub ipv6: Option<Ipv6Addr>,
+    /// The VPC subnet(s) the guest's addresses belong to.
+    pub vpc_subnet4: Option<Ipv4Net>,
+    pub vpc_subnet6: Option<Ipv6Net>,
+    /// The gateway's IPv4 address (the guest's default router). The gateway's IPv6
+    /// address is always fe80::EUI-64(gateway_mac).
+    pub gateway_ipv4: Option<Ipv4Addr>,
+    pub vni: Vni,
+    /// The link MTU offered to the guest: RA MTU option, DHCP option 26, and the
+    /// VPC-internal path MTU.
+    pub mtu: u16,
+    /// Instance-level external jumbo flag; external traffic may use `mtu` only when the
+    /// sled-wide flag is set too.
+    pub external_jumbo: bool,
+    pub dns_servers4: Vec<Ipv4Addr>,
+    pub dns_servers6: Vec<Ipv6Addr>,
+    pub hostname: Option<String>,
+    pub domain: Option<String>,
+}
+
+/// Smallest MTU accepted for a port: IPv6's minimum link MTU (RFC 8200).
+pub const MIN_PORT_MTU: u16 = 1280;
+
+impl PortConfig {
+    /// Checks the configuration on its own (the engine checks it against the underlay
+    /// MTU and the other ports). Errors name the bad value.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty() || self.name.len() > 15 {
+            return Err(format!(
+                "port name {:?} must be 1 to 15 bytes (it names a network device)",
+                self.name
+            ));
+        }
+        if !self.guest_mac.is_unicast() {
+            return Err(format!(
+                "guest MAC {} is not a unicast address",
+                self.guest_mac
+            ));
+        }
+        if !self.gateway_mac.is_unicast() {
+            return Err(format!(
+                "gateway MAC {} is not a unicast address",
+                self.gateway_mac
+            ));
+        }
+        if self.guest_mac == self.gateway_mac {
+            return Err(format!(
+                "guest MAC and gateway MAC are both {}",
+                self.guest_mac
+            ));
+        }
+        if self.ipv4.is_none() && self.ipv6.is_none() {
+            return Err("a port needs an IPv4 or an IPv6 private address".into());
+        }
+        if self.mtu < MIN_PORT_MTU {
+            return Err(format!(
+                "MTU {} is below the minimum of {MIN_PORT_MTU}",
+                self.mtu
+            ));
+        }
+        if let (Some(ip), Some(net)) = (self.ipv4, self.vpc_subnet4) {
+            if !net.contains(&ip) {
+                return Err(format!("private IP {ip} is outside VPC subnet {net}"));
+            }
+        }
+        if let (Some(ip), Some(net)) = (self.ipv6, self.vpc_subnet6) {
+            if !net.contains(&ip) {
+                return Err(format!("private IP {ip} is outside VPC subnet {net}"));
+            }
+        }
+        if self.ipv4.is_some() && self.gateway_ipv4.is_none() {
+            return Err("a port with an IPv4 address needs a gateway IPv4 address".into());
+        }
+        Ok(())
+    }
+
+    /// The gateway's IPv6 link-local address: fe80::EUI-64(gateway MAC).
+    pub fn gateway_ipv6(&self) -> Ipv6Addr {
+        link_local_eui64(self.gateway_mac)
+    }
+}
+
+/// fe80::/64 with the modified EUI-64 interface identifier of `mac` (RFC 4291 App. A).
+pub fn link_local_eui64(mac: MacAddr) -> Ipv6Addr {
+    let m = mac.0;
+    Ipv6Addr::from([
+        0xfe,
+        0x80,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        m[0] ^ 0x02,
+        m[1],
+        m[2],
+        0xff,
+        0xfe,
+        m[3],
+        m[4],
+        m[5],
+    ])
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A dual-stack port as the end-to-end tests create it.
+    pub(crate) fn sample() -> PortConfig {
+        PortConfig {
+            name: "opte0".into(),
+            guest_mac: "a8:40:25:ff:00:01".parse().unwrap(),
+            gateway_mac: "a8:40:25:00:00:01".parse().unwrap(),
+            ipv4: Some("172.30.0.5".parse().unwrap()),
+            ipv6: Some("fd00:1122:3344:100::5".parse().unwrap()),
+            vpc_subnet4: Some("172.30.0.0/22".parse().unwrap()),
+            vpc_subnet6: Some("fd00:1122:3344:100::/64".parse().unwrap()),
+            gateway_ipv4: Some("172.30.0.1".parse().unwrap()),
+            vni: Vni::new(1701).unwrap(),
+            mtu: 8500,
+            external_jumbo: false,
+            dns_servers4: vec![],
+            dns_servers6: vec![],
+            hostname: None,
+            domain: None,
+        }
+    }
+
+    #[test]
+    fn eui64_link_local() {
+        let mac: MacAddr = "a8:40:25:00:00:01".parse().unwrap();
+        assert_eq!(link_local_eui64(mac).to_string(), "fe80::aa40:25ff:fe00:1");
+    }
+
+    #[test]
+    fn validation_names_bad_values() {
+        assert!(sample().validate().is_ok());
+        let mut p = sample();
+        p.mtu = 1000;
+        assert!(p.validate().unwrap_err().contains("1000"));
+        let mut p = sample();
+        p.ipv4 = Some("10.0.0.1".parse().unwrap());
+        assert!(p.validate().unwrap_err().contains("10.0.0.1"));
+        assert!(Vni::new(1 << 24).unwrap_err().contains("16777216"));
+    }
+}
