@@ -6,6 +6,7 @@
 //! and the virtual gateway. I/O and time are the caller's: it hands frames in, and
 //! takes frames out of a [`TxBatch`].
 
+pub mod encap;
 pub mod gateway;
 pub mod output;
 pub mod port;

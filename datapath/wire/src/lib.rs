@@ -10,3 +10,47 @@ pub mod mac;
 pub mod vnet;
 
 pub use mac::MacAddr;
+
+pub mod checksum;
+pub mod meta;
+
+// Protocol modules. Owners while the first slice is built: ethernet, ipv4, ipv6, udp,
+// tcp, geneve and the parsers in `meta` (fast path); arp, icmpv4, icmpv6, ndp, dhcpv4,
+// dhcpv6 (gateway slow path).
+pub mod arp;
+pub mod dhcpv4;
+pub mod dhcpv6;
+pub mod ethernet;
+pub mod geneve;
+pub mod icmpv4;
+pub mod icmpv6;
+pub mod ipv4;
+pub mod ipv6;
+pub mod ndp;
+pub mod tcp;
+pub mod udp;
+
+/// Why a buffer could not be read as the header it should hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireError {
+    /// Fewer bytes than the header (or its own length fields) require.
+    Truncated,
+    /// A field holds a value the format does not allow; the text names the field.
+    Malformed(&'static str),
+    /// A well-formed header of a kind this code does not handle.
+    Unsupported(&'static str),
+}
+
+impl core::fmt::Display for WireError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            WireError::Truncated => write!(f, "truncated"),
+            WireError::Malformed(what) => write!(f, "malformed {what}"),
+            WireError::Unsupported(what) => write!(f, "unsupported {what}"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+pub type Result<T> = core::result::Result<T, WireError>;
