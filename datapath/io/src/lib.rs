@@ -1,1 +1,52 @@
-//! See the crate description.
+//! Edge I/O for the datapath: the only crate that talks to the kernel about
+//! packets.
+//!
+//! - [`xdp`]: loads and attaches the steering XDP program (`xdp-prog`) with aya.
+//! - [`xsk`]: AF_XDP sockets on a shared UMEM (own thin libc layer).
+//! - [`tap`]: persistent tap ports with `virtio_net_hdr` offloads for guests.
+//! - [`netlink`]: link facts, IPv6 neighbour and route lookups, the fast-path
+//!   [`netlink::NeighbourCache`].
+//! - [`netns`]: running a closure inside a named network namespace.
+//!
+//! Every `unsafe` block is a syscall or a read/write of kernel-shared memory
+//! and says why it holds in a `// SAFETY:` comment.
+
+pub mod netlink;
+pub mod netns;
+pub mod tap;
+pub mod xdp;
+pub mod xsk;
+
+#[cfg(test)]
+mod testnet;
+
+/// Raises `RLIMIT_MEMLOCK` as far as allowed. UMEM registration and (on
+/// kernels without memcg accounting of BPF memory) maps are charged against
+/// it, and the default 8 MiB is smaller than one UMEM. Without
+/// `CAP_SYS_RESOURCE` (containers) only the soft limit can go up to the hard
+/// one; that is not an error, because `CAP_IPC_LOCK` exempts UMEM pages from
+/// the limit and kernels >= 5.11 charge BPF maps to the memory cgroup.
+pub fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads a valid rlimit struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } == 0 {
+        return;
+    }
+    let mut cur = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes a valid rlimit struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut cur) } == 0 {
+        cur.rlim_cur = cur.rlim_max;
+        // SAFETY: as above.
+        unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &cur) };
+        tracing::debug!(
+            limit = cur.rlim_max,
+            "RLIMIT_MEMLOCK capped by the hard limit"
+        );
+    }
+}

@@ -1,0 +1,721 @@
+//! Link facts and IPv6 neighbour/route lookups over a `NETLINK_ROUTE` socket.
+//!
+//! Small hand-written rtnetlink: the daemon needs a handful of requests (link
+//! by name, set MTU/MAC/up/netns, neighbour dump, route get), and a full
+//! netlink crate would bring an async runtime and many types for that. Every
+//! reply is parsed with checked bounds: a malformed message is an error, never
+//! a panic.
+//!
+//! A [`Netlink`] socket belongs to the network namespace of the thread that
+//! opened it, which is how the tests and the daemon address other namespaces.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv6Addr, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use wire::MacAddr;
+
+const NLMSG_HDR_LEN: usize = 16;
+const IFINFOMSG_LEN: usize = 16;
+const NDMSG_LEN: usize = 12;
+const RTMSG_LEN: usize = 12;
+/// Large enough for a neighbour or link dump chunk (the kernel sizes dump
+/// messages to the reader's buffer, up to a page or two per message).
+const RECV_BUF_LEN: usize = 64 * 1024;
+
+/// The facts about one link that the datapath uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkInfo {
+    pub name: String,
+    pub ifindex: u32,
+    pub mtu: u32,
+    /// `None` for links without an Ethernet address (loopback has all zeros, tun none).
+    pub mac: Option<MacAddr>,
+    /// `IFF_UP` (administratively up).
+    pub up: bool,
+}
+
+/// One IPv6 neighbour entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Neighbour {
+    pub ifindex: u32,
+    pub addr: Ipv6Addr,
+    /// Absent for entries still INCOMPLETE or FAILED.
+    pub mac: Option<MacAddr>,
+    /// `NUD_*` state bits.
+    pub state: u16,
+}
+
+impl Neighbour {
+    /// REACHABLE, STALE, DELAY, PROBE and PERMANENT entries carry a MAC the
+    /// kernel itself would use; INCOMPLETE/FAILED/NOARP do not.
+    pub fn is_usable(&self) -> bool {
+        let usable = libc::NUD_REACHABLE
+            | libc::NUD_STALE
+            | libc::NUD_DELAY
+            | libc::NUD_PROBE
+            | libc::NUD_PERMANENT;
+        self.mac.is_some() && self.state & usable != 0
+    }
+}
+
+/// The kernel's answer to "how do I reach this IPv6 address".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub oif: u32,
+    /// `None` when the destination is on-link.
+    pub gateway: Option<Ipv6Addr>,
+    pub prefsrc: Option<Ipv6Addr>,
+}
+
+impl Route {
+    /// The address whose neighbour entry gives the next hop's MAC.
+    pub fn next_hop(&self, dst: Ipv6Addr) -> Ipv6Addr {
+        self.gateway.unwrap_or(dst)
+    }
+}
+
+/// A `NETLINK_ROUTE` socket.
+pub struct Netlink {
+    fd: OwnedFd,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+/// Error for a reply that does not parse; names what was wrong.
+fn bad_reply(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("malformed netlink reply: {what}"),
+    )
+}
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// Appends one `rtattr` (4-byte header + payload, padded to 4).
+fn push_attr(msg: &mut Vec<u8>, kind: u16, payload: &[u8]) {
+    let len = 4 + payload.len();
+    msg.extend_from_slice(&(len as u16).to_ne_bytes());
+    msg.extend_from_slice(&kind.to_ne_bytes());
+    msg.extend_from_slice(payload);
+    msg.resize(align4(msg.len()), 0);
+}
+
+/// Iterates `(type, payload)` over a run of `rtattr`s; stops at the first malformed one.
+fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        let len = u16::from_ne_bytes([*b.first()?, *b.get(1)?]) as usize;
+        let kind = u16::from_ne_bytes([*b.get(2)?, *b.get(3)?]) & 0x3fff; // strip NLA_F_* bits
+        if len < 4 || len > b.len() {
+            return None;
+        }
+        let payload = &b[4..len];
+        b = b.get(align4(len)..).unwrap_or(&[]);
+        Some((kind, payload))
+    })
+}
+
+fn read_u16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn read_u32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn ipv6_from(b: &[u8]) -> Option<Ipv6Addr> {
+    let a: [u8; 16] = b.try_into().ok()?;
+    Some(Ipv6Addr::from(a))
+}
+
+fn mac_from(b: &[u8]) -> Option<MacAddr> {
+    let a: [u8; 6] = b.try_into().ok()?;
+    Some(MacAddr(a))
+}
+
+fn parse_link(body: &[u8]) -> Option<LinkInfo> {
+    let ifindex = read_u32(body, 4)?;
+    let flags = read_u32(body, 8)?;
+    let mut info = LinkInfo {
+        name: String::new(),
+        ifindex,
+        mtu: 0,
+        mac: None,
+        up: flags & libc::IFF_UP as u32 != 0,
+    };
+    for (kind, p) in attrs(body.get(IFINFOMSG_LEN..)?) {
+        match kind {
+            libc::IFLA_IFNAME => {
+                let end = p.iter().position(|&c| c == 0).unwrap_or(p.len());
+                info.name = String::from_utf8_lossy(&p[..end]).into_owned();
+            }
+            libc::IFLA_MTU => info.mtu = read_u32(p, 0)?,
+            libc::IFLA_ADDRESS => info.mac = mac_from(p),
+            _ => {}
+        }
+    }
+    Some(info)
+}
+
+fn parse_neigh(body: &[u8]) -> Option<Neighbour> {
+    if *body.first()? != libc::AF_INET6 as u8 {
+        return None;
+    }
+    let ifindex = read_u32(body, 4)?;
+    let state = read_u16(body, 8)?;
+    let mut addr = None;
+    let mut mac = None;
+    for (kind, p) in attrs(body.get(NDMSG_LEN..)?) {
+        match kind {
+            libc::NDA_DST => addr = ipv6_from(p),
+            libc::NDA_LLADDR => mac = mac_from(p),
+            _ => {}
+        }
+    }
+    Some(Neighbour {
+        ifindex,
+        addr: addr?,
+        mac,
+        state,
+    })
+}
+
+fn parse_route(body: &[u8]) -> Option<Route> {
+    let mut oif = None;
+    let mut gateway = None;
+    let mut prefsrc = None;
+    for (kind, p) in attrs(body.get(RTMSG_LEN..)?) {
+        match kind {
+            libc::RTA_OIF => oif = read_u32(p, 0),
+            libc::RTA_GATEWAY => gateway = ipv6_from(p),
+            libc::RTA_PREFSRC => prefsrc = ipv6_from(p),
+            _ => {}
+        }
+    }
+    Some(Route {
+        oif: oif?,
+        gateway,
+        prefsrc,
+    })
+}
+
+impl Netlink {
+    /// Opens a `NETLINK_ROUTE` socket in the calling thread's network namespace.
+    pub fn open() -> io::Result<Netlink> {
+        // SAFETY: plain socket(2) call; the result is checked before use.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh, valid descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: sockaddr_nl is plain data; all-zero is "kernel assigns the port id".
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as u16;
+        // SAFETY: sa is a valid sockaddr_nl and the length matches it.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                &sa as *const libc::sockaddr_nl as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Netlink {
+            fd,
+            seq: 1,
+            buf: vec![0; RECV_BUF_LEN],
+        })
+    }
+
+    /// Starts a message: header with length patched by [`Self::transact`].
+    fn header(&mut self, kind: u16, flags: u16) -> Vec<u8> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut m = Vec::with_capacity(128);
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        m.extend_from_slice(&kind.to_ne_bytes());
+        m.extend_from_slice(&(flags | libc::NLM_F_REQUEST as u16).to_ne_bytes());
+        m.extend_from_slice(&self.seq.to_ne_bytes());
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        m
+    }
+
+    /// Sends `msg` and collects the bodies of the replies (for a dump, until
+    /// `NLMSG_DONE`; otherwise until the ack or the single answer).
+    fn transact(&mut self, mut msg: Vec<u8>, dump: bool) -> io::Result<Vec<Vec<u8>>> {
+        let len = msg.len() as u32;
+        msg[..4].copy_from_slice(&len.to_ne_bytes());
+        // SAFETY: msg is a valid buffer of msg.len() bytes; the netlink socket is
+        // unconnected and send() addresses the kernel (port 0).
+        let rc = unsafe { libc::send(self.fd.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let seq = self.seq;
+        let mut out = Vec::new();
+        loop {
+            // SAFETY: self.buf is valid for writes of its full length.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    0,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            let mut rest = &self.buf[..n as usize];
+            while rest.len() >= NLMSG_HDR_LEN {
+                let mlen = read_u32(rest, 0).ok_or_else(|| bad_reply("header"))? as usize;
+                let mtype = read_u16(rest, 4).ok_or_else(|| bad_reply("header"))?;
+                let mseq = read_u32(rest, 8).ok_or_else(|| bad_reply("header"))?;
+                if mlen < NLMSG_HDR_LEN || mlen > rest.len() {
+                    return Err(bad_reply(&format!(
+                        "message length {mlen} of {}",
+                        rest.len()
+                    )));
+                }
+                let body = &rest[NLMSG_HDR_LEN..mlen];
+                rest = rest.get(align4(mlen)..).unwrap_or(&[]);
+                if mseq != seq {
+                    continue; // a late reply to an earlier request
+                }
+                match mtype as i32 {
+                    libc::NLMSG_DONE => return Ok(out),
+                    libc::NLMSG_ERROR => {
+                        let errno =
+                            read_u32(body, 0).ok_or_else(|| bad_reply("error body"))? as i32;
+                        if errno == 0 {
+                            return Ok(out); // ack
+                        }
+                        return Err(io::Error::from_raw_os_error(-errno));
+                    }
+                    _ => {
+                        out.push(body.to_vec());
+                        if !dump {
+                            return Ok(out);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn ifinfomsg(msg: &mut Vec<u8>, ifindex: u32, flags: u32, change: u32) {
+        msg.push(libc::AF_UNSPEC as u8);
+        msg.push(0);
+        msg.extend_from_slice(&0u16.to_ne_bytes());
+        msg.extend_from_slice(&(ifindex as i32).to_ne_bytes());
+        msg.extend_from_slice(&flags.to_ne_bytes());
+        msg.extend_from_slice(&change.to_ne_bytes());
+    }
+
+    /// Looks a link up by name. `NotFound` names the link.
+    pub fn link_by_name(&mut self, name: &str) -> io::Result<LinkInfo> {
+        let mut m = self.header(libc::RTM_GETLINK, 0);
+        Self::ifinfomsg(&mut m, 0, 0, 0);
+        let mut cname = name.as_bytes().to_vec();
+        cname.push(0);
+        push_attr(&mut m, libc::IFLA_IFNAME, &cname);
+        let replies = self.transact(m, false).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENODEV) {
+                io::Error::new(io::ErrorKind::NotFound, format!("no link named {name:?}"))
+            } else {
+                e
+            }
+        })?;
+        replies
+            .first()
+            .and_then(|b| parse_link(b))
+            .ok_or_else(|| bad_reply(&format!("RTM_NEWLINK for {name:?}")))
+    }
+
+    /// Looks a link up by index.
+    pub fn link_by_index(&mut self, ifindex: u32) -> io::Result<LinkInfo> {
+        let mut m = self.header(libc::RTM_GETLINK, 0);
+        Self::ifinfomsg(&mut m, ifindex, 0, 0);
+        let replies = self.transact(m, false)?;
+        replies
+            .first()
+            .and_then(|b| parse_link(b))
+            .ok_or_else(|| bad_reply(&format!("RTM_NEWLINK for ifindex {ifindex}")))
+    }
+
+    /// RTM_NEWLINK on an existing link with the given attributes.
+    fn set_link(
+        &mut self,
+        ifindex: u32,
+        flags: u32,
+        change: u32,
+        attrs: &[(u16, &[u8])],
+    ) -> io::Result<()> {
+        let mut m = self.header(libc::RTM_NEWLINK, libc::NLM_F_ACK as u16);
+        Self::ifinfomsg(&mut m, ifindex, flags, change);
+        for (kind, payload) in attrs {
+            push_attr(&mut m, *kind, payload);
+        }
+        self.transact(m, false).map(drop)
+    }
+
+    /// Sets the link administratively up or down.
+    pub fn set_up(&mut self, ifindex: u32, up: bool) -> io::Result<()> {
+        let flag = libc::IFF_UP as u32;
+        self.set_link(ifindex, if up { flag } else { 0 }, flag, &[])
+    }
+
+    pub fn set_mtu(&mut self, ifindex: u32, mtu: u32) -> io::Result<()> {
+        self.set_link(ifindex, 0, 0, &[(libc::IFLA_MTU, &mtu.to_ne_bytes())])
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("set MTU {mtu} on ifindex {ifindex}: {e}"))
+            })
+    }
+
+    pub fn set_mac(&mut self, ifindex: u32, mac: MacAddr) -> io::Result<()> {
+        self.set_link(ifindex, 0, 0, &[(libc::IFLA_ADDRESS, &mac.0)])
+    }
+
+    /// Moves a link into the network namespace referred to by `netns_fd`
+    /// (an open `/run/netns/NAME` or `/proc/PID/ns/net`).
+    pub fn move_to_netns(&mut self, ifindex: u32, netns_fd: RawFd) -> io::Result<()> {
+        self.set_link(
+            ifindex,
+            0,
+            0,
+            &[(libc::IFLA_NET_NS_FD, &(netns_fd as u32).to_ne_bytes())],
+        )
+    }
+
+    /// Dumps the IPv6 neighbour table (all interfaces).
+    pub fn neighbours(&mut self) -> io::Result<Vec<Neighbour>> {
+        let mut m = self.header(libc::RTM_GETNEIGH, libc::NLM_F_DUMP as u16);
+        m.push(libc::AF_INET6 as u8);
+        m.extend_from_slice(&[0; NDMSG_LEN - 1]);
+        let replies = self.transact(m, true)?;
+        Ok(replies.iter().filter_map(|b| parse_neigh(b)).collect())
+    }
+
+    /// The neighbour entry for `addr` on `ifindex`, usable or not.
+    pub fn neighbour(&mut self, ifindex: u32, addr: Ipv6Addr) -> io::Result<Option<Neighbour>> {
+        Ok(self
+            .neighbours()?
+            .into_iter()
+            .find(|n| n.ifindex == ifindex && n.addr == addr))
+    }
+
+    /// Asks the kernel which route it would use for `dst` (`ip -6 route get`).
+    pub fn route_get(&mut self, dst: Ipv6Addr) -> io::Result<Route> {
+        let mut m = self.header(libc::RTM_GETROUTE, 0);
+        m.push(libc::AF_INET6 as u8);
+        m.push(128); // dst_len
+        m.extend_from_slice(&[0; RTMSG_LEN - 2]);
+        push_attr(&mut m, libc::RTA_DST, &dst.octets());
+        let replies = self
+            .transact(m, false)
+            .map_err(|e| io::Error::new(e.kind(), format!("route lookup for {dst}: {e}")))?;
+        replies.first().and_then(|b| parse_route(b)).ok_or_else(|| {
+            bad_reply(&format!(
+                "RTM_NEWROUTE for {dst} without an output interface"
+            ))
+        })
+    }
+}
+
+/// Makes the kernel start neighbour discovery for `addr`: a one-byte UDP
+/// datagram to the discard port makes it queue the packet and send a
+/// Neighbour Solicitation, exactly as any local sender would, without forging
+/// neighbour-table state over netlink. Link-local addresses need the
+/// interface as scope id.
+pub fn request_resolution(addr: Ipv6Addr, ifindex: u32) -> io::Result<()> {
+    let sock = UdpSocket::bind("[::]:0")?;
+    let dst = std::net::SocketAddrV6::new(addr, 9, 0, ifindex);
+    match sock.send_to(&[0], dst) {
+        Ok(_) => Ok(()),
+        // The kernel reports a failed earlier resolution on the next send; the
+        // request itself still went out.
+        Err(e) if e.raw_os_error() == Some(libc::EHOSTUNREACH) => Ok(()),
+        Err(e) => Err(io::Error::new(
+            e.kind(),
+            format!("resolution request for {addr}: {e}"),
+        )),
+    }
+}
+
+/// How the datapath reaches one underlay destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextHop {
+    pub ifindex: u32,
+    pub src_mac: MacAddr,
+    pub dst_mac: MacAddr,
+}
+
+/// Fast-path cache of underlay next hops, filled from the kernel's route and
+/// neighbour tables.
+///
+/// [`NeighbourCache::lookup`] is a HashMap probe. Misses are recorded and
+/// resolved by [`NeighbourCache::refresh`], which the daemon calls from its
+/// slow path (periodically and after a batch with misses): the fast path
+/// never blocks on netlink.
+pub struct NeighbourCache {
+    nl: Netlink,
+    entries: HashMap<Ipv6Addr, NextHop>,
+    /// Destinations looked up without an entry since the last refresh. A
+    /// `RefCell` so that [`NeighbourCache::lookup`] takes `&self` and can back
+    /// the engine's `UnderlayRoutes::next_hop(&self, ..)` directly.
+    misses: RefCell<Vec<Ipv6Addr>>,
+    last_refresh: Option<Instant>,
+    /// Entries older than this are re-read from the kernel (MAC changes, route changes).
+    max_age: Duration,
+}
+
+impl NeighbourCache {
+    pub fn new(max_age: Duration) -> io::Result<NeighbourCache> {
+        Ok(NeighbourCache {
+            nl: Netlink::open()?,
+            entries: HashMap::new(),
+            misses: RefCell::new(Vec::new()),
+            last_refresh: None,
+            max_age,
+        })
+    }
+
+    /// The cached next hop; a miss is remembered for the next refresh.
+    pub fn lookup(&self, dst: Ipv6Addr) -> Option<NextHop> {
+        let hit = self.entries.get(&dst).copied();
+        if hit.is_none() {
+            let mut misses = self.misses.borrow_mut();
+            if !misses.contains(&dst) {
+                misses.push(dst);
+            }
+        }
+        hit
+    }
+
+    /// Whether [`Self::refresh`] has work: misses pending or entries aged out.
+    pub fn needs_refresh(&self, now: Instant) -> bool {
+        !self.misses.borrow().is_empty()
+            || self
+                .last_refresh
+                .is_none_or(|t| now.duration_since(t) >= self.max_age)
+    }
+
+    /// Resolves one destination through the kernel right now. Unresolved
+    /// neighbours get a resolution request and yield `Ok(None)`.
+    pub fn resolve(&mut self, dst: Ipv6Addr) -> io::Result<Option<NextHop>> {
+        let route = self.nl.route_get(dst)?;
+        let hop = route.next_hop(dst);
+        let link = self.nl.link_by_index(route.oif)?;
+        let Some(src_mac) = link.mac else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "route to {dst} leaves through {} which has no MAC",
+                    link.name
+                ),
+            ));
+        };
+        match self.nl.neighbour(route.oif, hop)? {
+            Some(n) if n.is_usable() => {
+                let dst_mac = n
+                    .mac
+                    .ok_or_else(|| bad_reply("usable neighbour without MAC"))?;
+                let nh = NextHop {
+                    ifindex: route.oif,
+                    src_mac,
+                    dst_mac,
+                };
+                self.entries.insert(dst, nh);
+                Ok(Some(nh))
+            }
+            _ => {
+                request_resolution(hop, route.oif)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Re-resolves every cached destination and every recorded miss.
+    /// Destinations that no longer resolve leave the cache (their traffic is
+    /// then a counted `underlay_unresolved` drop, never a stale MAC).
+    /// Returns the destinations still unresolved.
+    pub fn refresh(&mut self, now: Instant) -> io::Result<Vec<Ipv6Addr>> {
+        let mut todo: Vec<Ipv6Addr> = self.entries.keys().copied().collect();
+        for m in self.misses.get_mut().drain(..) {
+            if !todo.contains(&m) {
+                todo.push(m);
+            }
+        }
+        let mut unresolved = Vec::new();
+        for dst in todo {
+            match self.resolve(dst) {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    self.entries.remove(&dst);
+                    unresolved.push(dst);
+                }
+                Err(e) => {
+                    tracing::debug!(%dst, error = %e, "underlay next hop unresolved");
+                    self.entries.remove(&dst);
+                    unresolved.push(dst);
+                }
+            }
+        }
+        self.last_refresh = Some(now);
+        Ok(unresolved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attrs_stop_on_malformed_length() {
+        let mut m = Vec::new();
+        push_attr(&mut m, 3, b"eth0\0");
+        push_attr(&mut m, 4, &9000u32.to_ne_bytes());
+        let got: Vec<_> = attrs(&m).collect();
+        assert_eq!(
+            got,
+            vec![(3, &b"eth0\0"[..]), (4, &9000u32.to_ne_bytes()[..])]
+        );
+        // Claimed length beyond the buffer: nothing is yielded, no panic.
+        let bad = [0xff, 0x00, 0x01, 0x00, 0xaa];
+        assert_eq!(attrs(&bad).count(), 0);
+        // Length below the header size.
+        assert_eq!(attrs(&[2, 0, 1, 0]).count(), 0);
+    }
+
+    #[test]
+    fn parses_neighbour_message() {
+        let mut b = vec![libc::AF_INET6 as u8, 0, 0, 0];
+        b.extend_from_slice(&7u32.to_ne_bytes());
+        b.extend_from_slice(&(libc::NUD_STALE).to_ne_bytes());
+        b.extend_from_slice(&[0, 1]);
+        let addr: Ipv6Addr = "fd00::2".parse().unwrap();
+        push_attr(&mut b, libc::NDA_DST, &addr.octets());
+        push_attr(&mut b, libc::NDA_LLADDR, &[2, 0, 0, 0, 0, 9]);
+        let n = parse_neigh(&b).unwrap();
+        assert_eq!(
+            n,
+            Neighbour {
+                ifindex: 7,
+                addr,
+                mac: Some(MacAddr([2, 0, 0, 0, 0, 9])),
+                state: libc::NUD_STALE
+            }
+        );
+        assert!(n.is_usable());
+        let incomplete = Neighbour {
+            state: libc::NUD_INCOMPLETE,
+            mac: None,
+            ..n
+        };
+        assert!(!incomplete.is_usable());
+        // Truncated bodies are rejected, not indexed.
+        for cut in 0..NDMSG_LEN {
+            assert!(parse_neigh(&b[..cut]).is_none());
+        }
+    }
+
+    #[test]
+    fn route_next_hop_prefers_gateway() {
+        let dst: Ipv6Addr = "fd00:1::5".parse().unwrap();
+        let gw: Ipv6Addr = "fe80::1".parse().unwrap();
+        let r = Route {
+            oif: 2,
+            gateway: Some(gw),
+            prefsrc: None,
+        };
+        assert_eq!(r.next_hop(dst), gw);
+        assert_eq!(Route { gateway: None, ..r }.next_hop(dst), dst);
+    }
+
+    /// Link facts, route lookup and the neighbour cache against a real veth
+    /// pair: a first lookup misses and triggers resolution, a later refresh
+    /// finds the peer's MAC.
+    #[test]
+    fn neighbour_cache_resolves_peer() {
+        use crate::testnet::{VethPair, MAC_A, MAC_B};
+        let pair = VethPair::new(9000);
+        pair.a.ip(&[
+            "-6",
+            "route",
+            "add",
+            "fd00:99::/64",
+            "via",
+            "fd00::b",
+            "dev",
+            "va",
+        ]);
+        pair.a.run(|| {
+            let mut nl = Netlink::open().unwrap();
+            let va = nl.link_by_name("va").unwrap();
+            assert_eq!((va.mtu, va.mac, va.up), (9000, Some(MacAddr(MAC_A)), true));
+            assert_eq!(nl.link_by_index(va.ifindex).unwrap().name, "va");
+            let e = nl.link_by_name("nonexistent0").unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NotFound);
+            assert!(e.to_string().contains("nonexistent0"), "{e}");
+
+            let peer: Ipv6Addr = "fd00::b".parse().unwrap();
+            let far: Ipv6Addr = "fd00:99::7".parse().unwrap();
+            let r = nl.route_get(far).unwrap();
+            assert_eq!((r.oif, r.gateway), (va.ifindex, Some(peer)));
+            assert_eq!(
+                nl.route_get(peer).unwrap(),
+                Route {
+                    oif: va.ifindex,
+                    gateway: None,
+                    prefsrc: r.prefsrc
+                }
+            );
+            assert!(
+                nl.route_get("2001:db8::1".parse().unwrap()).is_err(),
+                "no default route"
+            );
+
+            let mut cache = NeighbourCache::new(Duration::from_secs(30)).unwrap();
+            let now = Instant::now();
+            assert!(cache.needs_refresh(now));
+            assert_eq!(cache.lookup(far), None);
+            // The first refresh finds no neighbour entry and asks the kernel to resolve.
+            let unresolved = cache.refresh(now).unwrap();
+            assert_eq!(unresolved, vec![far]);
+            assert!(!cache.needs_refresh(now));
+            let want = NextHop {
+                ifindex: va.ifindex,
+                src_mac: MacAddr(MAC_A),
+                dst_mac: MacAddr(MAC_B),
+            };
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while cache.lookup(far).is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+                cache.refresh(Instant::now()).unwrap();
+            }
+            assert_eq!(cache.lookup(far), Some(want));
+            let n = nl
+                .neighbour(va.ifindex, peer)
+                .unwrap()
+                .expect("kernel entry");
+            assert!(n.is_usable(), "state {:#x}", n.state);
+        });
+    }
+}

@@ -1,0 +1,484 @@
+//! Guest ports: persistent tap devices carrying a `virtio_net_hdr` per frame.
+//!
+//! `IFF_VNET_HDR` plus `TUNSETOFFLOAD(CSUM|TSO4|TSO6)` lets the guest's
+//! kernel hand us unsegmented TCP buffers (up to 64 KiB) with a partial
+//! checksum, and lets us hand it coalesced ones: that is what makes tunneled
+//! TSO possible. The device is persistent (`TUNSETPERSIST`) so a daemon
+//! restart keeps the guest's link and addresses; [`TapPort::attach`] picks it
+//! up again.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+
+use wire::vnet::{VnetHdr, VNET_HDR_LEN};
+use wire::MacAddr;
+
+use crate::netlink::Netlink;
+use crate::netns;
+
+/// Largest frame a tap with TSO can hand us: a 64 KiB IP packet plus an
+/// Ethernet header with one VLAN tag. [`TapPort::read`] wants a buffer this big.
+pub const MAX_TAP_FRAME: usize = 65535 + 18;
+
+/// A tap device opened with `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`, non-blocking.
+#[derive(Debug)]
+pub struct TapPort {
+    file: File,
+    name: String,
+}
+
+/// `struct ifreq` as used by TUNSETIFF: name + flags.
+#[repr(C)]
+struct IfReqFlags {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+fn name_bytes(name: &str) -> io::Result<[u8; libc::IFNAMSIZ]> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() >= libc::IFNAMSIZ || b.contains(&0) || b.contains(&b'/') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "invalid interface name {name:?} (1..{} bytes, no NUL or '/')",
+                libc::IFNAMSIZ - 1
+            ),
+        ));
+    }
+    let mut out = [0u8; libc::IFNAMSIZ];
+    out[..b.len()].copy_from_slice(b);
+    Ok(out)
+}
+
+fn ioctl_int(
+    fd: RawFd,
+    req: libc::Ioctl,
+    arg: libc::c_ulong,
+    what: &str,
+    name: &str,
+) -> io::Result<()> {
+    // SAFETY: the tun ioctls used here take their argument by value (an int
+    // or flag word), not as a pointer.
+    if unsafe { libc::ioctl(fd, req, arg) } < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("{what} on tap {name:?}: {e}"),
+        ));
+    }
+    Ok(())
+}
+
+/// True when a [`TapPort::write`] error means the guest's side of the link
+/// is down (the kernel answers EIO): the frame is dropped and the caller
+/// counts it as such rather than as an I/O failure.
+pub fn is_link_down(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EIO)
+}
+
+impl TapPort {
+    /// Opens /dev/net/tun and binds it to tap `name`, creating it if absent.
+    fn open(name: &str) -> io::Result<TapPort> {
+        let ifname = name_bytes(name)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open("/dev/net/tun")
+            .map_err(|e| io::Error::new(e.kind(), format!("open /dev/net/tun: {e}")))?;
+        let mut req = IfReqFlags {
+            name: ifname,
+            flags: (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short,
+            _pad: [0; 22],
+        };
+        // SAFETY: TUNSETIFF reads and writes a struct ifreq; IfReqFlags has
+        // its layout (16-byte name, then the flags union member, 40 bytes total).
+        if unsafe {
+            libc::ioctl(
+                file.as_raw_fd(),
+                libc::TUNSETIFF,
+                &mut req as *mut IfReqFlags,
+            )
+        } < 0
+        {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("TUNSETIFF tap {name:?}: {e}"),
+            ));
+        }
+        let fd = file.as_raw_fd();
+        let hdr_len: libc::c_int = VNET_HDR_LEN as libc::c_int;
+        // SAFETY: TUNSETVNETHDRSZ reads an int through the pointer.
+        if unsafe { libc::ioctl(fd, libc::TUNSETVNETHDRSZ, &hdr_len as *const libc::c_int) } < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("TUNSETVNETHDRSZ on tap {name:?}: {e}"),
+            ));
+        }
+        let offloads = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
+        ioctl_int(
+            fd,
+            libc::TUNSETOFFLOAD,
+            offloads as libc::c_ulong,
+            "TUNSETOFFLOAD",
+            name,
+        )?;
+        Ok(TapPort {
+            file,
+            name: name.to_string(),
+        })
+    }
+
+    /// Creates (or takes over) persistent tap `name` in the calling thread's
+    /// network namespace, sets its MAC and brings it up.
+    ///
+    /// `mac` is the guest-facing device's own address as the guest sees it
+    /// (the guest's NIC MAC).
+    pub fn create(name: &str, mac: MacAddr) -> io::Result<TapPort> {
+        let tap = Self::open(name)?;
+        ioctl_int(
+            tap.file.as_raw_fd(),
+            libc::TUNSETPERSIST,
+            1,
+            "TUNSETPERSIST",
+            name,
+        )?;
+        let mut nl = Netlink::open()?;
+        let link = nl.link_by_name(name)?;
+        nl.set_mac(link.ifindex, mac)
+            .map_err(|e| io::Error::new(e.kind(), format!("set MAC {mac} on tap {name:?}: {e}")))?;
+        nl.set_up(link.ifindex, true)?;
+        Ok(tap)
+    }
+
+    /// Reattaches to an existing persistent tap (after a daemon restart).
+    ///
+    /// The tap must be visible in the calling thread's namespace; for a tap
+    /// already moved into a guest namespace use [`TapPort::attach_in_netns`].
+    /// Fails with `NotFound` rather than creating a new device.
+    pub fn attach(name: &str) -> io::Result<TapPort> {
+        Netlink::open()?.link_by_name(name)?;
+        Self::open(name)
+    }
+
+    /// [`TapPort::attach`] for a tap living in network namespace `netns_name`.
+    /// The returned fd works from any namespace.
+    pub fn attach_in_netns(netns_name: &str, name: &str) -> io::Result<TapPort> {
+        let name = name.to_string();
+        netns::run_in_netns(netns_name, move || TapPort::attach(&name))?
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The tap's fd, for poll/epoll.
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Sets the tap's MTU (call before [`TapPort::move_to_netns`], or from the
+    /// guest's namespace afterwards).
+    pub fn set_mtu(&self, mtu: u32) -> io::Result<()> {
+        let mut nl = Netlink::open()?;
+        let link = nl.link_by_name(&self.name)?;
+        nl.set_mtu(link.ifindex, mtu)
+    }
+
+    /// Moves the tap into network namespace `netns_name` and brings it up
+    /// there (a move takes the link down). The fd keeps working.
+    pub fn move_to_netns(&self, netns_name: &str) -> io::Result<()> {
+        let ns = netns::open_netns(netns_name)?;
+        let mut nl = Netlink::open()?;
+        let link = nl.link_by_name(&self.name)?;
+        nl.move_to_netns(link.ifindex, ns.as_raw_fd())
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("move tap {:?} to netns {netns_name:?}: {e}", self.name),
+                )
+            })?;
+        let name = self.name.clone();
+        netns::run_in_netns(netns_name, move || -> io::Result<()> {
+            let mut nl = Netlink::open()?;
+            let link = nl.link_by_name(&name)?;
+            nl.set_up(link.ifindex, true)
+        })?
+    }
+
+    /// Reads one frame sent by the guest into `buf` (which should be
+    /// [`MAX_TAP_FRAME`] bytes: a shorter buffer is refused rather than
+    /// silently truncating GSO buffers). `Ok(None)` when nothing is queued.
+    pub fn read(&mut self, buf: &mut [u8]) -> io::Result<Option<(VnetHdr, usize)>> {
+        if buf.len() < MAX_TAP_FRAME {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "tap read buffer of {} bytes, need {MAX_TAP_FRAME}",
+                    buf.len()
+                ),
+            ));
+        }
+        let mut hdr = [0u8; VNET_HDR_LEN];
+        let iov = [
+            libc::iovec {
+                iov_base: hdr.as_mut_ptr().cast(),
+                iov_len: hdr.len(),
+            },
+            libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            },
+        ];
+        loop {
+            // SAFETY: both iovecs point to live, writable buffers of the stated lengths.
+            let n = unsafe { libc::readv(self.file.as_raw_fd(), iov.as_ptr(), 2) };
+            if n >= 0 {
+                let n = n as usize;
+                let Some(len) = n.checked_sub(VNET_HDR_LEN) else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "tap {:?} returned {n} bytes, shorter than the vnet header",
+                            self.name
+                        ),
+                    ));
+                };
+                let vnet = VnetHdr::from_bytes(&hdr).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, "vnet header did not parse")
+                })?;
+                return Ok(Some((vnet, len)));
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(None),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Writes one frame to the guest with its vnet header (one `writev`, no copy).
+    /// An error for which [`is_link_down`] holds means the guest link is down.
+    pub fn write(&self, vnet: &VnetHdr, frame: &[u8]) -> io::Result<()> {
+        let hdr = vnet.to_bytes();
+        let iov = [
+            libc::iovec {
+                iov_base: hdr.as_ptr() as *mut libc::c_void,
+                iov_len: hdr.len(),
+            },
+            libc::iovec {
+                iov_base: frame.as_ptr() as *mut libc::c_void,
+                iov_len: frame.len(),
+            },
+        ];
+        loop {
+            // SAFETY: both iovecs point to live buffers of the stated lengths;
+            // writev only reads them.
+            let n = unsafe { libc::writev(self.file.as_raw_fd(), iov.as_ptr(), 2) };
+            if n >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Clears the persistent flag and closes the fd, which destroys the device
+    /// (wherever it lives now).
+    pub fn destroy(self) -> io::Result<()> {
+        ioctl_int(
+            self.file.as_raw_fd(),
+            libc::TUNSETPERSIST,
+            0,
+            "TUNSETPERSIST 0",
+            &self.name,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testnet::Netns;
+    use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
+    use std::net::{TcpStream, UdpSocket};
+    use std::time::{Duration, Instant};
+    use wire::vnet::GSO_TCPV6;
+
+    const GUEST_MAC: [u8; 6] = [0x02, 0x08, 0x20, 0, 0, 0x02];
+    const GW_MAC: [u8; 6] = [0x02, 0x08, 0x20, 0, 0, 0x01];
+    const GUEST: [u8; 16] = [0xfd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+    const GW: [u8; 16] = [0xfd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+
+    /// A tap created in `host`, moved into `guest`, addressed there as
+    /// fd01::2 with a permanent neighbour fd01::1 -> GW_MAC.
+    fn guest_tap(host: &Netns, guest: &Netns) -> TapPort {
+        let gname = guest.name.clone();
+        let tap = host.run(move || {
+            let tap = TapPort::create("dpt0", MacAddr(GUEST_MAC)).expect("create tap");
+            tap.set_mtu(1500).unwrap();
+            tap.move_to_netns(&gname).expect("move tap");
+            tap
+        });
+        guest.ip(&["-6", "addr", "add", "fd01::2/64", "dev", "dpt0", "nodad"]);
+        guest.ip(&[
+            "-6",
+            "neigh",
+            "add",
+            "fd01::1",
+            "lladdr",
+            "02:08:20:00:00:01",
+            "dev",
+            "dpt0",
+            "nud",
+            "permanent",
+        ]);
+        let link = guest.run(|| Netlink::open().unwrap().link_by_name("dpt0").unwrap());
+        assert_eq!(link.mac, Some(MacAddr(GUEST_MAC)));
+        assert_eq!(link.mtu, 1500);
+        assert!(link.up, "tap up after the move");
+        tap
+    }
+
+    fn read_until(tap: &mut TapPort, pred: impl Fn(&VnetHdr, &[u8]) -> bool) -> (VnetHdr, Vec<u8>) {
+        let mut buf = vec![0u8; MAX_TAP_FRAME];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            match tap.read(&mut buf).expect("tap read") {
+                Some((vnet, n)) if pred(&vnet, &buf[..n]) => return (vnet, buf[..n].to_vec()),
+                Some(_) => {}
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        panic!("no matching frame from the tap within 5 s");
+    }
+
+    /// A frame written with a vnet header reaches a UDP socket in the guest.
+    #[test]
+    fn write_reaches_guest_and_link_down_is_eio() {
+        let (host, guest) = (Netns::new(), Netns::new());
+        let tap = guest_tap(&host, &guest);
+        let rx = guest.run(|| {
+            let s = UdpSocket::bind("[fd01::2]:7777").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            s
+        });
+        let mut frame = Vec::new();
+        PacketBuilder::ethernet2(GW_MAC, GUEST_MAC)
+            .ipv6(GW, GUEST, 64)
+            .udp(5555, 7777)
+            .write(&mut frame, b"hello guest")
+            .unwrap();
+        tap.write(&VnetHdr::default(), &frame).expect("tap write");
+        let mut buf = [0u8; 64];
+        let (n, from) = rx.recv_from(&mut buf).expect("guest received the datagram");
+        assert_eq!(&buf[..n], b"hello guest");
+        assert_eq!(from.port(), 5555);
+
+        guest.ip(&["link", "set", "dpt0", "down"]);
+        let e = tap
+            .write(&VnetHdr::default(), &frame)
+            .expect_err("write to a downed tap");
+        assert!(is_link_down(&e), "EIO expected, got {e}");
+        tap.destroy().unwrap();
+        assert!(
+            guest
+                .run(|| Netlink::open().unwrap().link_by_name("dpt0"))
+                .is_err(),
+            "destroyed"
+        );
+    }
+
+    /// TCP from the guest arrives as a TSO buffer: GSO_TCPV6 with gso_size,
+    /// longer than the MTU.
+    #[test]
+    fn guest_tcp_arrives_as_tso_buffer() {
+        let (host, guest) = (Netns::new(), Netns::new());
+        let mut tap = guest_tap(&host, &guest);
+        let sender = std::thread::spawn({
+            let name = guest.name.clone();
+            move || {
+                crate::netns::run_in_netns(&name, || {
+                    use std::io::Write;
+                    let addr = "[fd01::1]:8080".parse().unwrap();
+                    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+                        .expect("handshake");
+                    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+                    let _ = s.write_all(&vec![0x5a; 60000]);
+                    std::thread::sleep(Duration::from_millis(500));
+                })
+                .unwrap()
+            }
+        });
+        let is_syn = |_: &VnetHdr, f: &[u8]| matches!(SlicedPacket::from_ethernet(f), Ok(SlicedPacket { transport: Some(TransportSlice::Tcp(t)), .. }) if t.syn() && t.destination_port() == 8080);
+        let (_, syn) = read_until(&mut tap, is_syn);
+        let Ok(SlicedPacket {
+            transport: Some(TransportSlice::Tcp(t)),
+            ..
+        }) = SlicedPacket::from_ethernet(&syn)
+        else {
+            unreachable!("matched above")
+        };
+        let mut synack = Vec::new();
+        PacketBuilder::ethernet2(GW_MAC, GUEST_MAC)
+            .ipv6(GW, GUEST, 64)
+            .tcp(8080, t.source_port(), 1000, 65535)
+            .syn()
+            .ack(t.sequence_number().wrapping_add(1))
+            .options(&[
+                etherparse::TcpOptionElement::MaximumSegmentSize(1440),
+                etherparse::TcpOptionElement::WindowScale(7),
+            ])
+            .unwrap()
+            .write(&mut synack, &[])
+            .unwrap();
+        tap.write(&VnetHdr::default(), &synack).unwrap();
+        let (vnet, frame) = read_until(&mut tap, |v, _| v.is_gso());
+        assert_eq!(vnet.gso_kind(), GSO_TCPV6);
+        assert!(
+            vnet.gso_size > 0 && vnet.gso_size <= 1440,
+            "gso_size {}",
+            vnet.gso_size
+        );
+        assert!(
+            frame.len() > 1514,
+            "a TSO buffer is longer than one MTU: {}",
+            frame.len()
+        );
+        assert!(vnet.needs_csum(), "TSO buffers carry a partial checksum");
+        assert_eq!(vnet.csum_start, 14 + 40);
+        assert_eq!(vnet.csum_offset, 16);
+        sender.join().unwrap();
+        tap.destroy().unwrap();
+    }
+
+    /// A persistent tap survives its fd and can be attached again by name.
+    #[test]
+    fn persistent_tap_reattaches() {
+        let host = Netns::new();
+        let ok = host.run(|| {
+            let tap = TapPort::create("dpt1", MacAddr(GUEST_MAC)).unwrap();
+            drop(tap);
+            assert!(
+                Netlink::open().unwrap().link_by_name("dpt1").is_ok(),
+                "persistent"
+            );
+            let again = TapPort::attach("dpt1").expect("reattach");
+            assert_eq!(again.name(), "dpt1");
+            again.destroy().unwrap();
+            let missing = TapPort::attach("dpt1").expect_err("gone after destroy");
+            missing.kind() == io::ErrorKind::NotFound
+        });
+        assert!(ok);
+        assert!(TapPort::create("bad/name", MacAddr(GUEST_MAC)).is_err());
+        assert!(TapPort::create("a-name-far-too-long", MacAddr(GUEST_MAC)).is_err());
+    }
+}
