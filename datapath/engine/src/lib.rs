@@ -6,13 +6,27 @@
 //! and the virtual gateway. I/O and time are the caller's: it hands frames in, and
 //! takes frames out of a [`TxBatch`].
 
+pub mod counters;
 pub mod encap;
+pub mod engine;
+pub mod firewall;
+pub mod flow;
 pub mod gateway;
+pub mod layer;
 pub mod output;
+pub mod overlay;
 pub mod port;
+pub mod router;
+pub mod rule;
 pub mod tso;
+pub mod uft;
 
+pub use engine::{Engine, EngineConfig, EngineError, EngineStats, NextHop, UnderlayRoutes};
+pub use firewall::{FlowLimits, FwAction};
+pub use flow::FlowKey;
 pub use output::{TxBatch, TxDest, TxFrame};
 pub use port::{PortConfig, PortId, Vni};
+pub use router::RouteTarget;
+pub use rule::{Direction, PortRange, Predicate, Rule};
 pub use wire::vnet::VnetHdr;
 pub use wire::MacAddr;

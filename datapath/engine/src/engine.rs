@@ -1,0 +1,1255 @@
+//! The [`Engine`]: ports, the tables they share, and the two fast paths.
+//!
+//! Guest to underlay ([`Engine::process_guest`]): parse -> gateway (ARP/NDP/DHCP/echo
+//! answered here) -> anti-spoofing -> unified flow table; on a miss the layers
+//! (firewall -> router -> overlay) compile the flow's action and it is cached ->
+//! path-MTU check (Packet Too Big or IPv4 fragmentation) -> local delivery to another
+//! port, or encapsulation with tunneled TSO into the [`TxBatch`].
+//!
+//! Underlay to guest ([`Engine::process_underlay`]): outer validation -> our underlay
+//! address -> port by (VNI, inner destination MAC) -> anti-spoofing -> unified flow
+//! table / inbound firewall -> coalescer (which rewrites the inner source MAC to the
+//! gateway's) -> [`TxBatch`].
+//!
+//! Every change to ports, rules, routes or V2P bumps the epoch, which invalidates
+//! every cached flow at once (see `uft`). Every drop is counted under a named reason
+//! ([`reason`], plus the names of `tso::TsoDrop`, the gateway's denies and
+//! `wire::meta::UnderlayDrop`); docs/engine.md lists them all.
+
+use crate::counters::DropCounters;
+use crate::encap::OuterTemplate;
+use crate::firewall::{ConnDump, Firewall, FirewallStats, FlowLimits, FwAction};
+use crate::flow::{FlowKey, PROTO_ICMP, PROTO_ICMPV6};
+use crate::gateway::{self, GatewayCounters, GatewayState, GatewayVerdict, MtuBudget, RaInfo};
+use crate::layer::{LayerDump, RuleId};
+use crate::output::{TxBatch, TxDest};
+use crate::overlay::{BoundaryServices, V2p, V2pDump, V2pEntry};
+use crate::port::{PortConfig, PortId, Vni, MIN_PORT_MTU};
+use crate::router::{RouteDump, RouteTarget, Router};
+use crate::rule::{Direction, Finalized, MatchFields, Rule};
+use crate::tso::{self, CoalesceStats, Coalescer};
+use crate::uft::{EncapAction, InAction, OutAction, Uft, UftDump, UftEntry, UftStats};
+use core::fmt;
+use ipnet::IpNet;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
+use wire::meta::{InnerMeta, L3};
+use wire::vnet::VnetHdr;
+use wire::MacAddr;
+
+/// Drop reasons the engine itself produces (the layers' own are in
+/// `firewall::reason`, `router::reason`, `overlay::reason`).
+pub mod reason {
+    /// `process_guest` for a port id that does not exist (datapath-wide counter).
+    pub const UNKNOWN_PORT: &str = "unknown_port";
+    /// A guest frame `wire::meta::parse_inner` refused.
+    pub const GUEST_PARSE: &str = "guest_parse_error";
+    /// Neither IPv4 nor IPv6, and not consumed by the gateway.
+    pub const NOT_IP: &str = "not_ip";
+    /// Source MAC is not the guest's.
+    pub const SPOOFED_SRC_MAC: &str = "spoofed_src_mac";
+    /// Source IP is not the guest's.
+    pub const SPOOFED_SRC_IP: &str = "spoofed_src_ip";
+    /// Destination MAC is not the gateway's (the guest's only neighbour).
+    pub const DST_MAC_NOT_GATEWAY: &str = "dst_mac_not_gateway";
+    /// The flow is addressed to the sending guest itself.
+    pub const HAIRPIN: &str = "hairpin";
+    /// `UnderlayRoutes::next_hop` knows no neighbour for the destination sled.
+    pub const UNDERLAY_UNRESOLVED: &str = "underlay_unresolved";
+    /// Larger than the path MTU and not fragmentable (IPv6, IPv4 with DF, a GSO
+    /// buffer); a Packet Too Big / Fragmentation Needed went to the guest unless
+    /// rate-limited or suppressed (see the gateway counters).
+    pub const PACKET_TOO_BIG: &str = "packet_too_big";
+    /// Outer frame not for this sled's underlay address (datapath-wide).
+    pub const NOT_OUR_UNDERLAY_ADDR: &str = "not_our_underlay_addr";
+    /// Inner frame refused by `parse_inner` (datapath-wide).
+    pub const INNER_PARSE: &str = "inner_parse_error";
+    /// Inner destination MAC is broadcast/multicast: no replication is done
+    /// (datapath-wide).
+    pub const INNER_MULTICAST: &str = "inner_multicast";
+    /// No port has this (VNI, inner destination MAC) (datapath-wide).
+    pub const NO_PORT: &str = "no_port_for_vni_mac";
+    /// Inner destination IP is not the port's.
+    pub const INBOUND_DST_NOT_GUEST: &str = "inbound_dst_not_guest";
+    /// Inbound inner frame that is neither IPv4 nor IPv6.
+    pub const INBOUND_NOT_IP: &str = "inbound_not_ip";
+
+    /// Every reason above.
+    pub const ALL: &[&str] = &[
+        UNKNOWN_PORT,
+        GUEST_PARSE,
+        NOT_IP,
+        SPOOFED_SRC_MAC,
+        SPOOFED_SRC_IP,
+        DST_MAC_NOT_GATEWAY,
+        HAIRPIN,
+        UNDERLAY_UNRESOLVED,
+        PACKET_TOO_BIG,
+        NOT_OUR_UNDERLAY_ADDR,
+        INNER_PARSE,
+        INNER_MULTICAST,
+        NO_PORT,
+        INBOUND_DST_NOT_GUEST,
+        INBOUND_NOT_IP,
+    ];
+}
+
+/// How often `tick` sweeps idle flows out of the tables: a sweep walks every table,
+/// so it runs at most this often however often the caller ticks.
+const SWEEP_INTERVAL_NS: u64 = 1_000_000_000;
+
+/// Sled-wide configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EngineConfig {
+    /// This sled's underlay address: outer source of everything sent, and the only
+    /// outer destination accepted.
+    pub underlay_addr: Ipv6Addr,
+    pub underlay_mtu: u16,
+    /// Sled-wide external jumbo flag (external traffic uses the port MTU only when
+    /// the port's flag is set too).
+    pub external_jumbo: bool,
+    /// Boundary services (underlay address, VNI) for internet-gateway routes.
+    pub boundary_services: Option<(Ipv6Addr, Vni)>,
+    /// Compute the outer UDP checksum (off: zero is allowed for tunnels over IPv6).
+    pub outer_udp_checksum: bool,
+    pub flow: FlowLimits,
+}
+
+impl EngineConfig {
+    /// A 9000-byte underlay, no boundary services, no external jumbo, zero outer UDP
+    /// checksum, the reference's flow limits.
+    pub fn new(underlay_addr: Ipv6Addr) -> Self {
+        EngineConfig {
+            underlay_addr,
+            underlay_mtu: 9000,
+            external_jumbo: false,
+            boundary_services: None,
+            outer_udp_checksum: false,
+            flow: FlowLimits::default(),
+        }
+    }
+}
+
+/// The underlay neighbour to send to, supplied by the daemon's neighbour cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NextHop {
+    pub ifindex: u32,
+    pub src_mac: MacAddr,
+    pub dst_mac: MacAddr,
+}
+
+/// Resolves an underlay destination to the interface and MACs to send it with.
+/// Consulted when a flow is compiled, not per packet; call [`Engine::clear_uft`] when
+/// neighbours change.
+pub trait UnderlayRoutes {
+    fn next_hop(&self, dst: Ipv6Addr) -> Option<NextHop>;
+}
+
+/// Why a management request was refused; the message names the bad value. A refused
+/// request changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum EngineError {
+    /// No port has this name.
+    NoSuchPort(String),
+    /// The request collides with existing state (a name, MAC, address or route).
+    Conflict(String),
+    /// A value is out of range or inconsistent.
+    Invalid(String),
+    /// The thing to remove or show does not exist.
+    NotFound(String),
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::NoSuchPort(n) => write!(f, "no port named {n:?}"),
+            EngineError::Conflict(m) | EngineError::Invalid(m) | EngineError::NotFound(m) => {
+                f.write_str(m)
+            }
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+/// Per-port packet counters.
+#[derive(Clone, Debug, Default)]
+struct PortCounters {
+    /// Toward the guest (delivered).
+    in_packets: u64,
+    in_bytes: u64,
+    /// From the guest (received, before any drop).
+    out_packets: u64,
+    out_bytes: u64,
+    tso_buffers_in: u64,
+    tso_segments_out: u64,
+    local_delivered: u64,
+    drops: DropCounters,
+}
+
+/// A port's statistics as `stats` reports them.
+#[derive(Clone, Debug, Serialize)]
+pub struct PortStats {
+    pub name: String,
+    pub id: PortId,
+    /// Frames and bytes delivered to the guest.
+    pub in_packets: u64,
+    pub in_bytes: u64,
+    /// Frames and bytes received from the guest.
+    pub out_packets: u64,
+    pub out_bytes: u64,
+    /// GSO buffers received from the guest and the underlay frames made of them.
+    pub tso_buffers_in: u64,
+    pub tso_segments_out: u64,
+    /// Frames delivered to another port of this sled without encapsulation.
+    pub local_delivered: u64,
+    pub uft_in: UftStats,
+    pub uft_out: UftStats,
+    pub firewall: FirewallStats,
+    pub gateway: GatewayCounters,
+    /// Drops by reason.
+    pub drops: DropCounters,
+}
+
+/// `stats` output.
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineStats {
+    pub epoch: u64,
+    pub ports: Vec<PortStats>,
+    /// Underlay frames refused by `parse_underlay`, by `UnderlayDrop` name.
+    pub underlay_drops: DropCounters,
+    /// Drops not attributable to a port.
+    pub datapath_drops: DropCounters,
+    /// Coalescing of received segments (all ports).
+    pub coalescer: CoalesceStats,
+    pub v2p_entries: usize,
+}
+
+/// `dump-uft` output for one port.
+#[derive(Clone, Debug, Serialize)]
+pub struct UftPortDump {
+    pub epoch: u64,
+    pub inbound: Vec<UftDump>,
+    pub outbound: Vec<UftDump>,
+}
+
+/// The layers `dump_layer` knows.
+pub const LAYERS: &[&str] = &["firewall", "router"];
+
+struct Port {
+    id: PortId,
+    cfg: PortConfig,
+    gw: GatewayState,
+    fw: Firewall,
+    router: Router,
+    uft_out: Uft<OutAction>,
+    uft_in: Uft<InAction>,
+    c: PortCounters,
+    /// The MTU changed since the last `tick` (which tells the guest with an RA).
+    mtu_changed: bool,
+}
+
+/// A guest address on this sled: where VPC-internal traffic to it is delivered
+/// without encapsulation.
+#[derive(Clone, Copy, Debug)]
+struct LocalDest {
+    port: PortId,
+    mtu: u16,
+}
+
+/// The packet engine of one sled.
+pub struct Engine {
+    cfg: EngineConfig,
+    /// Indexed by `PortId`; `None` is a free id.
+    ports: Vec<Option<Port>>,
+    by_name: HashMap<String, PortId>,
+    /// Inbound dispatch: (VNI, guest MAC) -> port.
+    by_mac: HashMap<(u32, MacAddr), PortId>,
+    /// Local delivery: (VNI, guest IP) -> port.
+    by_ip: HashMap<(u32, IpAddr), LocalDest>,
+    v2p: V2p,
+    epoch: u64,
+    /// Latest `now` seen; used by management calls, which get no clock.
+    now: u64,
+    last_sweep: u64,
+    coalescer: Coalescer,
+    /// Reused buffer for IPv4 fragments before they are encapsulated.
+    scratch: TxBatch,
+    underlay_drops: DropCounters,
+    drops: DropCounters,
+}
+
+fn slot_mut(ports: &mut [Option<Port>], id: PortId) -> Option<&mut Port> {
+    ports.get_mut(id.0 as usize).and_then(Option::as_mut)
+}
+
+impl Engine {
+    /// Refuses an underlay MTU too small to carry a minimum-MTU guest packet, and
+    /// zero flow limits, naming the value.
+    pub fn new(cfg: EngineConfig) -> Result<Engine, EngineError> {
+        let min = MIN_PORT_MTU + gateway::ENCAP_OVERHEAD;
+        if cfg.underlay_mtu < min {
+            return Err(EngineError::Invalid(format!(
+                "underlay MTU {} is below {min} (port minimum {MIN_PORT_MTU} + encapsulation {})",
+                cfg.underlay_mtu,
+                gateway::ENCAP_OVERHEAD
+            )));
+        }
+        if cfg.underlay_addr.is_unspecified() || cfg.underlay_addr.is_multicast() {
+            return Err(EngineError::Invalid(format!(
+                "underlay address {} is not a unicast address",
+                cfg.underlay_addr
+            )));
+        }
+        cfg.flow.validate().map_err(EngineError::Invalid)?;
+        let underlay_drops =
+            DropCounters::with_names(wire::meta::UnderlayDrop::ALL.iter().map(|d| d.name()));
+        Ok(Engine {
+            cfg,
+            ports: Vec::new(),
+            by_name: HashMap::new(),
+            by_mac: HashMap::new(),
+            by_ip: HashMap::new(),
+            v2p: V2p::default(),
+            epoch: 1,
+            now: 0,
+            last_sweep: 0,
+            coalescer: Coalescer::new(),
+            scratch: TxBatch::new(),
+            underlay_drops,
+            drops: DropCounters::default(),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The epoch cached flows are checked against.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn bump(&mut self) {
+        self.epoch += 1;
+    }
+
+    fn boundary(&self) -> Option<BoundaryServices> {
+        self.cfg
+            .boundary_services
+            .map(|(underlay, vni)| BoundaryServices { underlay, vni })
+    }
+
+    fn port_by_name(&self, name: &str) -> Result<&Port, EngineError> {
+        self.by_name
+            .get(name)
+            .and_then(|id| self.ports.get(id.0 as usize))
+            .and_then(Option::as_ref)
+            .ok_or_else(|| EngineError::NoSuchPort(name.to_string()))
+    }
+
+    fn port_by_name_mut(&mut self, name: &str) -> Result<&mut Port, EngineError> {
+        let id = *self
+            .by_name
+            .get(name)
+            .ok_or_else(|| EngineError::NoSuchPort(name.to_string()))?;
+        slot_mut(&mut self.ports, id).ok_or_else(|| EngineError::NoSuchPort(name.to_string()))
+    }
+
+    fn check_port_mtu(&self, mtu: u16) -> Result<(), EngineError> {
+        let max = self.cfg.underlay_mtu - gateway::ENCAP_OVERHEAD;
+        if mtu < MIN_PORT_MTU || mtu > max {
+            return Err(EngineError::Invalid(format!(
+                "port MTU {mtu} is outside {MIN_PORT_MTU}..={max} (underlay MTU {} - encapsulation {})",
+                self.cfg.underlay_mtu,
+                gateway::ENCAP_OVERHEAD
+            )));
+        }
+        Ok(())
+    }
+
+    // ---- Ports ----
+
+    /// Creates a port with the default routes (its VPC subnets -> VPC, and the
+    /// default routes -> internet gateway if boundary services are configured) and
+    /// the default firewall (outbound allow, inbound deny unless established).
+    pub fn add_port(&mut self, cfg: PortConfig) -> Result<PortId, EngineError> {
+        cfg.validate().map_err(EngineError::Invalid)?;
+        self.check_port_mtu(cfg.mtu)?;
+        if self.by_name.contains_key(&cfg.name) {
+            return Err(EngineError::Conflict(format!(
+                "port {:?} already exists",
+                cfg.name
+            )));
+        }
+        let vni = cfg.vni.get();
+        if self.by_mac.contains_key(&(vni, cfg.guest_mac)) {
+            return Err(EngineError::Conflict(format!(
+                "guest MAC {} is already used in VNI {vni}",
+                cfg.guest_mac
+            )));
+        }
+        let ips: Vec<IpAddr> = cfg
+            .ipv4
+            .map(IpAddr::V4)
+            .into_iter()
+            .chain(cfg.ipv6.map(IpAddr::V6))
+            .collect();
+        for ip in &ips {
+            if self.by_ip.contains_key(&(vni, *ip)) {
+                return Err(EngineError::Conflict(format!(
+                    "address {ip} is already used in VNI {vni}"
+                )));
+            }
+        }
+        let mut router = Router::default();
+        let subnets = [
+            cfg.vpc_subnet4.map(IpNet::V4),
+            cfg.vpc_subnet6.map(IpNet::V6),
+        ];
+        for net in subnets.into_iter().flatten() {
+            router
+                .add(net, RouteTarget::VpcSubnet, None)
+                .map_err(EngineError::Invalid)?;
+        }
+        if self.cfg.boundary_services.is_some() {
+            for net in ["0.0.0.0/0", "::/0"] {
+                let net: IpNet = net.parse().map_err(|_| EngineError::Invalid(net.into()))?;
+                if router.dump_routes().iter().all(|r| r.dst != net) {
+                    router
+                        .add(net, RouteTarget::InternetGateway, None)
+                        .map_err(EngineError::Invalid)?;
+                }
+            }
+        }
+        let id = PortId(
+            self.ports
+                .iter()
+                .position(Option::is_none)
+                .unwrap_or(self.ports.len()) as u32,
+        );
+        let lim = self.cfg.flow;
+        let port = Port {
+            id,
+            gw: GatewayState::new(self.now),
+            fw: Firewall::new(lim),
+            router,
+            uft_out: Uft::new(lim.uft_limit, lim.other_ns),
+            uft_in: Uft::new(lim.uft_limit, lim.other_ns),
+            c: PortCounters::default(),
+            mtu_changed: false,
+            cfg,
+        };
+        for ip in ips {
+            self.by_ip.insert(
+                (vni, ip),
+                LocalDest {
+                    port: id,
+                    mtu: port.cfg.mtu,
+                },
+            );
+        }
+        self.by_mac.insert((vni, port.cfg.guest_mac), id);
+        self.by_name.insert(port.cfg.name.clone(), id);
+        match self.ports.get_mut(id.0 as usize) {
+            Some(slot) => *slot = Some(port),
+            None => self.ports.push(Some(port)),
+        }
+        self.bump();
+        Ok(id)
+    }
+
+    /// Deletes a port and everything it owns; its id may be reused.
+    pub fn remove_port(&mut self, name: &str) -> Result<PortId, EngineError> {
+        let id = self.port_by_name(name)?.id;
+        let Some(p) = self.ports.get_mut(id.0 as usize).and_then(Option::take) else {
+            return Err(EngineError::NoSuchPort(name.to_string()));
+        };
+        let vni = p.cfg.vni.get();
+        self.by_name.remove(name);
+        self.by_mac.remove(&(vni, p.cfg.guest_mac));
+        for ip in [p.cfg.ipv4.map(IpAddr::V4), p.cfg.ipv6.map(IpAddr::V6)]
+            .into_iter()
+            .flatten()
+        {
+            self.by_ip.remove(&(vni, ip));
+        }
+        self.bump();
+        Ok(id)
+    }
+
+    pub fn port_id(&self, name: &str) -> Option<PortId> {
+        self.by_name.get(name).copied()
+    }
+
+    pub fn port_config(&self, name: &str) -> Result<&PortConfig, EngineError> {
+        self.port_by_name(name).map(|p| &p.cfg)
+    }
+
+    /// Every port, by id.
+    pub fn list_ports(&self) -> Vec<(PortId, PortConfig)> {
+        self.ports
+            .iter()
+            .flatten()
+            .map(|p| (p.id, p.cfg.clone()))
+            .collect()
+    }
+
+    /// Changes a port's MTU. The guest hears of it through an RA at the next `tick`.
+    pub fn set_port_mtu(&mut self, name: &str, mtu: u16) -> Result<(), EngineError> {
+        self.check_port_mtu(mtu)?;
+        let p = self.port_by_name_mut(name)?;
+        if p.cfg.mtu == mtu {
+            return Ok(());
+        }
+        p.cfg.mtu = mtu;
+        p.mtu_changed = true;
+        let vni = p.cfg.vni.get();
+        for ip in [p.cfg.ipv4.map(IpAddr::V4), p.cfg.ipv6.map(IpAddr::V6)]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(d) = self.by_ip.get_mut(&(vni, ip)) {
+                d.mtu = mtu;
+            }
+        }
+        self.bump();
+        Ok(())
+    }
+
+    // ---- V2P ----
+
+    /// Maps a guest address of VPC `vni` to the sled hosting it and the guest's MAC.
+    pub fn set_v2p(
+        &mut self,
+        vni: Vni,
+        ip: IpAddr,
+        underlay: Ipv6Addr,
+        mac: MacAddr,
+    ) -> Result<(), EngineError> {
+        self.v2p
+            .set(vni, ip, V2pEntry { underlay, mac })
+            .map_err(EngineError::Invalid)?;
+        self.bump();
+        Ok(())
+    }
+
+    pub fn clear_v2p(&mut self, vni: Vni, ip: IpAddr) -> Result<(), EngineError> {
+        self.v2p.clear(vni, ip).map_err(EngineError::NotFound)?;
+        self.bump();
+        Ok(())
+    }
+
+    pub fn dump_v2p(&self) -> Vec<V2pDump> {
+        self.v2p.dump()
+    }
+
+    // ---- Routes ----
+
+    pub fn add_route(
+        &mut self,
+        port: &str,
+        dst: IpNet,
+        target: RouteTarget,
+        mtu: Option<u16>,
+    ) -> Result<(), EngineError> {
+        let p = self.port_by_name_mut(port)?;
+        p.router.add(dst, target, mtu).map_err(|e| {
+            if e.contains("already exists") {
+                EngineError::Conflict(e)
+            } else {
+                EngineError::Invalid(e)
+            }
+        })?;
+        self.bump();
+        Ok(())
+    }
+
+    pub fn del_route(&mut self, port: &str, dst: IpNet) -> Result<(), EngineError> {
+        self.port_by_name_mut(port)?
+            .router
+            .del(dst)
+            .map_err(EngineError::NotFound)?;
+        self.bump();
+        Ok(())
+    }
+
+    pub fn dump_routes(&self, port: &str) -> Result<Vec<RouteDump>, EngineError> {
+        Ok(self.port_by_name(port)?.router.dump_routes())
+    }
+
+    // ---- Firewall ----
+
+    pub fn add_fw_rule(
+        &mut self,
+        port: &str,
+        dir: Direction,
+        rule: Rule<Finalized, FwAction>,
+    ) -> Result<RuleId, EngineError> {
+        let id = self.port_by_name_mut(port)?.fw.layer_mut().add(dir, rule);
+        self.bump();
+        Ok(id)
+    }
+
+    pub fn rm_fw_rule(
+        &mut self,
+        port: &str,
+        dir: Direction,
+        id: RuleId,
+    ) -> Result<(), EngineError> {
+        if !self.port_by_name_mut(port)?.fw.layer_mut().remove(dir, id) {
+            return Err(EngineError::NotFound(format!(
+                "port {port:?} has no {dir} firewall rule {id}"
+            )));
+        }
+        self.bump();
+        Ok(())
+    }
+
+    /// Replaces every firewall rule of the port. Established connections stay (the
+    /// firewall is stateful); new flows meet the new rules.
+    pub fn set_fw_rules(
+        &mut self,
+        port: &str,
+        rules: Vec<(Direction, Rule<Finalized, FwAction>)>,
+    ) -> Result<Vec<RuleId>, EngineError> {
+        let layer = self.port_by_name_mut(port)?.fw.layer_mut();
+        layer.clear();
+        let ids = rules.into_iter().map(|(d, r)| layer.add(d, r)).collect();
+        self.bump();
+        Ok(ids)
+    }
+
+    // ---- Inspection ----
+
+    pub fn dump_layer(&self, port: &str, layer: &str) -> Result<LayerDump, EngineError> {
+        let p = self.port_by_name(port)?;
+        match layer {
+            "firewall" => Ok(p.fw.dump()),
+            "router" => Ok(p.router.dump()),
+            _ => Err(EngineError::NotFound(format!(
+                "no layer {layer:?} (layers: {})",
+                LAYERS.join(", ")
+            ))),
+        }
+    }
+
+    pub fn dump_uft(&self, port: &str) -> Result<UftPortDump, EngineError> {
+        let p = self.port_by_name(port)?;
+        Ok(UftPortDump {
+            epoch: self.epoch,
+            inbound: p.uft_in.dump(self.epoch, self.now),
+            outbound: p.uft_out.dump(self.epoch, self.now),
+        })
+    }
+
+    /// Forgets the port's cached flows (they are recompiled on their next packet).
+    pub fn clear_uft(&mut self, port: &str) -> Result<(), EngineError> {
+        let p = self.port_by_name_mut(port)?;
+        p.uft_in.clear();
+        p.uft_out.clear();
+        Ok(())
+    }
+
+    /// The port's tracked connections (`dump-tcp-flows`, UDP and ICMP included).
+    pub fn dump_tcp_flows(&self, port: &str) -> Result<Vec<ConnDump>, EngineError> {
+        Ok(self.port_by_name(port)?.fw.dump_flows(self.now))
+    }
+
+    pub fn mtu_budget(&self, port: &str) -> Result<MtuBudget, EngineError> {
+        let p = self.port_by_name(port)?;
+        Ok(gateway::mtu_budget(
+            &p.cfg,
+            self.cfg.underlay_mtu,
+            self.cfg.external_jumbo,
+        ))
+    }
+
+    pub fn ra_info(&self, port: &str) -> Result<Option<RaInfo>, EngineError> {
+        let p = self.port_by_name(port)?;
+        Ok(gateway::ra_info(&p.cfg, &p.gw))
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            epoch: self.epoch,
+            ports: self
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| PortStats {
+                    name: p.cfg.name.clone(),
+                    id: p.id,
+                    in_packets: p.c.in_packets,
+                    in_bytes: p.c.in_bytes,
+                    out_packets: p.c.out_packets,
+                    out_bytes: p.c.out_bytes,
+                    tso_buffers_in: p.c.tso_buffers_in,
+                    tso_segments_out: p.c.tso_segments_out,
+                    local_delivered: p.c.local_delivered,
+                    uft_in: p.uft_in.stats(),
+                    uft_out: p.uft_out.stats(),
+                    firewall: p.fw.stats(),
+                    gateway: p.gw.counters().clone(),
+                    drops: p.c.drops.clone(),
+                })
+                .collect(),
+            underlay_drops: self.underlay_drops.clone(),
+            datapath_drops: self.drops.clone(),
+            coalescer: self.coalescer.stats(),
+            v2p_entries: self.v2p.len(),
+        }
+    }
+
+    // ---- Fast path ----
+
+    /// One frame from guest port `port` (with the tap's `virtio_net_hdr`).
+    pub fn process_guest(
+        &mut self,
+        port: PortId,
+        vnet: VnetHdr,
+        frame: &[u8],
+        now: u64,
+        routes: &dyn UnderlayRoutes,
+        out: &mut TxBatch,
+    ) {
+        self.now = self.now.max(now);
+        let epoch = self.epoch;
+        let boundary = self.boundary();
+        let Engine {
+            cfg: ecfg,
+            ports,
+            by_ip,
+            v2p,
+            scratch,
+            drops,
+            ..
+        } = self;
+        let Some(p) = slot_mut(ports, port) else {
+            drops.inc(reason::UNKNOWN_PORT);
+            return;
+        };
+        p.c.out_packets += 1;
+        p.c.out_bytes += frame.len() as u64;
+        let meta = match wire::meta::parse_inner(frame) {
+            Ok(m) => m,
+            Err(_) => {
+                p.c.drops.inc(reason::GUEST_PARSE);
+                return;
+            }
+        };
+        match gateway::handle_from_guest(&p.cfg, &mut p.gw, port, &meta, frame, now, out) {
+            GatewayVerdict::NotForGateway => {}
+            GatewayVerdict::Replied => return,
+            GatewayVerdict::Deny(r) => {
+                p.c.drops.inc(r);
+                return;
+            }
+        }
+        if let Err(r) = check_guest_source(&p.cfg, &meta) {
+            p.c.drops.inc(r);
+            return;
+        }
+        if vnet.is_gso() {
+            p.c.tso_buffers_in += 1;
+        }
+        // The parser guarantees ip_end <= frame.len(); Ethernet padding stays behind.
+        let frame = frame.get(..meta.ip_end).unwrap_or(frame);
+        let key = FlowKey::from_meta(p.cfg.vni.get(), &meta);
+        let env = CompileEnv {
+            ecfg,
+            by_ip,
+            v2p,
+            boundary,
+            routes,
+            epoch,
+            now,
+        };
+        let Port {
+            cfg,
+            gw,
+            fw,
+            router,
+            uft_out,
+            uft_in,
+            c,
+            ..
+        } = p;
+        let entry = match uft_out.lookup(&key, epoch, now) {
+            Some(e)
+                if matches!(e.action, OutAction::Drop(_))
+                    || fw.track(Direction::Out, &key, meta.tcp_flags, now) =>
+            {
+                e
+            }
+            Some(e) => match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, &meta) {
+                Ok(n) => {
+                    *e = n;
+                    e
+                }
+                Err(r) => {
+                    c.drops.inc(r);
+                    return;
+                }
+            },
+            None => match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, &meta) {
+                Ok(n) => uft_out.insert(key, n),
+                Err(r) => {
+                    c.drops.inc(r);
+                    return;
+                }
+            },
+        };
+        let path_mtu = entry.path_mtu;
+        let fragment = if too_big(&meta, &vnet, path_mtu) {
+            if meta.l3 == L3::Ipv4 && !meta.dont_fragment && !vnet.is_gso() {
+                true
+            } else {
+                gateway::packet_too_big(cfg, gw, port, &meta, frame, path_mtu, now, out);
+                c.drops.inc(reason::PACKET_TOO_BIG);
+                return;
+            }
+        } else {
+            false
+        };
+        let local = match &entry.action {
+            OutAction::Drop(r) => {
+                c.drops.inc(r);
+                return;
+            }
+            OutAction::Local { port: dst } => *dst,
+            OutAction::Encap(e) => {
+                let dest = TxDest::Underlay { ifindex: e.ifindex };
+                let seg_payload = if e.internal {
+                    tso::internal_segment_size(ecfg.underlay_mtu, &meta)
+                } else {
+                    usize::from(vnet.gso_size)
+                };
+                if fragment {
+                    scratch.clear();
+                    if let Err(r) = gateway::fragment_ipv4(&meta, frame, path_mtu, dest, scratch) {
+                        c.drops.inc(r);
+                        return;
+                    }
+                    for (_, frag) in scratch.iter() {
+                        let res = wire::meta::parse_inner(frag)
+                            .map_err(|_| reason::GUEST_PARSE)
+                            .and_then(|fm| {
+                                tso::segment(
+                                    frag,
+                                    &VnetHdr::default(),
+                                    &fm,
+                                    seg_payload,
+                                    0,
+                                    &e.outer,
+                                    e.inner_dst_mac,
+                                    dest,
+                                    out,
+                                )
+                                .map_err(|d| d.name())
+                            });
+                        if let Err(r) = res {
+                            c.drops.inc(r);
+                        }
+                    }
+                    return;
+                }
+                let guest_mss = u32::from(vnet.gso_size);
+                match tso::segment(
+                    frame,
+                    &vnet,
+                    &meta,
+                    seg_payload,
+                    guest_mss,
+                    &e.outer,
+                    e.inner_dst_mac,
+                    dest,
+                    out,
+                ) {
+                    Ok(n) => {
+                        if vnet.is_gso() {
+                            c.tso_segments_out += n as u64;
+                        }
+                    }
+                    Err(d) => c.drops.inc(d.name()),
+                }
+                return;
+            }
+        };
+        if fragment {
+            scratch.clear();
+            let dest = TxDest::Port {
+                port: local,
+                vnet: VnetHdr::default(),
+            };
+            if let Err(r) = gateway::fragment_ipv4(&meta, frame, path_mtu, dest, scratch) {
+                c.drops.inc(r);
+                return;
+            }
+            for (_, frag) in scratch.iter() {
+                match wire::meta::parse_inner(frag) {
+                    Ok(fm) => {
+                        deliver_local(ports, epoch, local, VnetHdr::default(), frag, &fm, now, out)
+                    }
+                    Err(_) => {
+                        if let Some(p) = slot_mut(ports, port) {
+                            p.c.drops.inc(reason::GUEST_PARSE);
+                        }
+                    }
+                }
+            }
+        } else {
+            deliver_local(ports, epoch, local, vnet, frame, &meta, now, out);
+        }
+    }
+
+    /// One frame from the underlay.
+    pub fn process_underlay(
+        &mut self,
+        frame: &[u8],
+        now: u64,
+        _routes: &dyn UnderlayRoutes,
+        out: &mut TxBatch,
+    ) {
+        self.now = self.now.max(now);
+        let um = match wire::meta::parse_underlay(frame) {
+            Ok(m) => m,
+            Err(d) => {
+                self.underlay_drops.inc(d.name());
+                return;
+            }
+        };
+        if um.outer_dst != self.cfg.underlay_addr {
+            self.drops.inc(reason::NOT_OUR_UNDERLAY_ADDR);
+            return;
+        }
+        let Some(inner) = frame.get(um.inner_off..um.inner_end) else {
+            self.underlay_drops
+                .inc(wire::meta::UnderlayDrop::InnerTruncated.name());
+            return;
+        };
+        let meta = match wire::meta::parse_inner(inner) {
+            Ok(m) => m,
+            Err(_) => {
+                self.drops.inc(reason::INNER_PARSE);
+                return;
+            }
+        };
+        if meta.dst_mac.is_multicast() {
+            self.drops.inc(reason::INNER_MULTICAST);
+            return;
+        }
+        let Some(&port) = self.by_mac.get(&(um.vni, meta.dst_mac)) else {
+            self.drops.inc(reason::NO_PORT);
+            return;
+        };
+        let epoch = self.epoch;
+        let Some(p) = slot_mut(&mut self.ports, port) else {
+            self.drops.inc(reason::NO_PORT);
+            return;
+        };
+        let key = FlowKey::from_meta(um.vni, &meta);
+        if let Err(r) = inbound_verdict(p, &key, &meta, epoch, now) {
+            p.c.drops.inc(r);
+            return;
+        }
+        let inner = inner.get(..meta.ip_end).unwrap_or(inner);
+        p.c.in_packets += 1;
+        p.c.in_bytes += inner.len() as u64;
+        self.coalescer
+            .push(port, inner, &meta, um.mss, p.cfg.gateway_mac, out);
+    }
+
+    /// Flushes frames held for coalescing; call after each receive batch.
+    pub fn end_of_batch(&mut self, out: &mut TxBatch) {
+        self.coalescer.flush(out);
+    }
+
+    /// Timers: RAs (periodic, and after an MTU change) and, at most once a second,
+    /// the sweep of idle connections and cached flows.
+    pub fn tick(&mut self, now: u64, out: &mut TxBatch) {
+        self.now = self.now.max(now);
+        let sweep = now.saturating_sub(self.last_sweep) >= SWEEP_INTERVAL_NS;
+        let epoch = self.epoch;
+        for p in self.ports.iter_mut().flatten() {
+            if p.mtu_changed {
+                gateway::on_mtu_change(&p.cfg, &mut p.gw, p.id, now, out);
+                p.mtu_changed = false;
+            }
+            gateway::tick(&p.cfg, &mut p.gw, p.id, now, out);
+            if sweep {
+                let Port {
+                    fw,
+                    uft_out,
+                    uft_in,
+                    ..
+                } = p;
+                fw.expire(now, |k| {
+                    uft_out.remove(k);
+                    uft_in.remove(&k.reversed());
+                });
+                uft_out.expire(epoch, now);
+                uft_in.expire(epoch, now);
+            }
+        }
+        if sweep {
+            self.last_sweep = now;
+        }
+    }
+}
+
+/// Outbound anti-spoofing: the guest may only send from its own MAC and addresses,
+/// and only to its gateway.
+fn check_guest_source(cfg: &PortConfig, m: &InnerMeta) -> Result<(), &'static str> {
+    if m.src_mac != cfg.guest_mac {
+        return Err(reason::SPOOFED_SRC_MAC);
+    }
+    let own = match (m.l3, m.src_ip) {
+        (L3::Ipv4, IpAddr::V4(a)) => cfg.ipv4 == Some(a),
+        (L3::Ipv6, IpAddr::V6(a)) => cfg.ipv6 == Some(a),
+        (L3::Ipv4 | L3::Ipv6, _) => false,
+        _ => return Err(reason::NOT_IP),
+    };
+    if !own {
+        return Err(reason::SPOOFED_SRC_IP);
+    }
+    if m.dst_mac != cfg.gateway_mac {
+        return Err(reason::DST_MAC_NOT_GATEWAY);
+    }
+    Ok(())
+}
+
+/// Whether the packet (each segment, for a GSO buffer) exceeds the path MTU.
+fn too_big(m: &InnerMeta, vnet: &VnetHdr, path_mtu: u16) -> bool {
+    let whole = m.ip_end.saturating_sub(m.l3_off);
+    let largest = if vnet.is_gso() {
+        let hdrs = m.payload_off.saturating_sub(m.l3_off);
+        whole.min(usize::from(vnet.gso_size) + hdrs)
+    } else {
+        whole
+    };
+    largest > usize::from(path_mtu)
+}
+
+fn match_fields(key: &FlowKey, m: &InnerMeta) -> MatchFields {
+    MatchFields {
+        key: *key,
+        icmp_type: (m.proto == PROTO_ICMP || m.proto == PROTO_ICMPV6).then_some(m.icmp_type),
+    }
+}
+
+/// What compiling an outbound flow reads besides the port itself.
+struct CompileEnv<'a> {
+    ecfg: &'a EngineConfig,
+    by_ip: &'a HashMap<(u32, IpAddr), LocalDest>,
+    v2p: &'a V2p,
+    boundary: Option<BoundaryServices>,
+    routes: &'a dyn UnderlayRoutes,
+    epoch: u64,
+    now: u64,
+}
+
+/// Runs the outbound layers for the first packet of a flow (or after its cached
+/// entry went stale): firewall -> router -> overlay. Policy outcomes (denies, no
+/// route, no V2P mapping) are cached as drop entries, which the next epoch clears;
+/// an unresolved underlay neighbour is an uncached `Err`, so the flow is retried on
+/// its next packet.
+#[allow(clippy::too_many_arguments)]
+fn compile_outbound(
+    env: &CompileEnv<'_>,
+    cfg: &PortConfig,
+    port: PortId,
+    fw: &mut Firewall,
+    router: &mut Router,
+    uft_in: &mut Uft<InAction>,
+    key: &FlowKey,
+    m: &InnerMeta,
+) -> Result<UftEntry<OutAction>, &'static str> {
+    let entry = |action, path_mtu| UftEntry {
+        epoch: env.epoch,
+        action,
+        path_mtu,
+        created: env.now,
+        last_hit: env.now,
+        hits: 0,
+    };
+    let f = match_fields(key, m);
+    match fw.decide(Direction::Out, &f, m.tcp_flags, env.now) {
+        Ok(true) => uft_in.remove(&key.reversed()),
+        Ok(false) => {}
+        Err(r) => return Ok(entry(OutAction::Drop(r), cfg.mtu)),
+    }
+    let route = match router.lookup(&f) {
+        Ok(r) => r,
+        Err(r) => return Ok(entry(OutAction::Drop(r), cfg.mtu)),
+    };
+    let vni = cfg.vni.get();
+    let (underlay_dst, outer_vni, inner_dst_mac, internal, path_mtu) = match route.target {
+        RouteTarget::VpcSubnet => {
+            if let Some(d) = env.by_ip.get(&(vni, key.dst_ip)) {
+                if d.port == port {
+                    return Ok(entry(OutAction::Drop(reason::HAIRPIN), cfg.mtu));
+                }
+                let mtu = route.mtu.unwrap_or(cfg.mtu.min(d.mtu));
+                return Ok(entry(OutAction::Local { port: d.port }, mtu));
+            }
+            let Some(v) = env.v2p.get(cfg.vni, key.dst_ip) else {
+                return Ok(entry(
+                    OutAction::Drop(crate::overlay::reason::NO_V2P),
+                    cfg.mtu,
+                ));
+            };
+            (
+                v.underlay,
+                cfg.vni,
+                v.mac,
+                true,
+                route.mtu.unwrap_or(cfg.mtu),
+            )
+        }
+        RouteTarget::InternetGateway => {
+            let Some(b) = env.boundary else {
+                return Ok(entry(
+                    OutAction::Drop(crate::overlay::reason::NO_BOUNDARY),
+                    cfg.mtu,
+                ));
+            };
+            let mtu = route
+                .mtu
+                .unwrap_or_else(|| gateway::external_path_mtu(cfg, env.ecfg.external_jumbo));
+            (b.underlay, b.vni, m.dst_mac, false, mtu)
+        }
+        // The router reports Drop targets as errors; kept for exhaustiveness.
+        RouteTarget::Drop => {
+            return Ok(entry(
+                OutAction::Drop(crate::router::reason::ROUTE_DROP),
+                cfg.mtu,
+            ))
+        }
+    };
+    let Some(hop) = env.routes.next_hop(underlay_dst) else {
+        return Err(reason::UNDERLAY_UNRESOLVED);
+    };
+    let outer = OuterTemplate::new(
+        hop.src_mac,
+        hop.dst_mac,
+        env.ecfg.underlay_addr,
+        underlay_dst,
+        key.udp_src_port(),
+        key.flow_label(),
+        outer_vni,
+        false,
+        env.ecfg.outer_udp_checksum,
+    );
+    Ok(entry(
+        OutAction::Encap(Box::new(EncapAction {
+            outer,
+            ifindex: hop.ifindex,
+            inner_dst_mac,
+            internal,
+            underlay_dst,
+            vni: outer_vni.get(),
+        })),
+        path_mtu,
+    ))
+}
+
+/// Inbound checks for a frame bound to port `p` (from the underlay or another local
+/// port): the destination must be the guest, then the cached flow or the inbound
+/// firewall decides.
+fn inbound_verdict(
+    p: &mut Port,
+    key: &FlowKey,
+    m: &InnerMeta,
+    epoch: u64,
+    now: u64,
+) -> Result<(), &'static str> {
+    let own = match (m.l3, m.dst_ip) {
+        (L3::Ipv4, IpAddr::V4(a)) => p.cfg.ipv4 == Some(a),
+        (L3::Ipv6, IpAddr::V6(a)) => p.cfg.ipv6 == Some(a),
+        (L3::Ipv4 | L3::Ipv6, _) => false,
+        _ => return Err(reason::INBOUND_NOT_IP),
+    };
+    if !own {
+        return Err(reason::INBOUND_DST_NOT_GUEST);
+    }
+    let Port {
+        fw,
+        uft_in,
+        uft_out,
+        ..
+    } = p;
+    let action = match uft_in.lookup(key, epoch, now) {
+        Some(e)
+            if matches!(e.action, InAction::Drop(_))
+                || fw.track(Direction::In, key, m.tcp_flags, now) =>
+        {
+            e.action
+        }
+        cached => {
+            let f = match_fields(key, m);
+            let action = match fw.decide(Direction::In, &f, m.tcp_flags, now) {
+                Ok(created) => {
+                    if created {
+                        uft_out.remove(&key.reversed());
+                    }
+                    InAction::Deliver
+                }
+                Err(r) => InAction::Drop(r),
+            };
+            let n = UftEntry {
+                epoch,
+                action,
+                path_mtu: 0,
+                created: now,
+                last_hit: now,
+                hits: 0,
+            };
+            match cached {
+                Some(e) => *e = n,
+                None => {
+                    uft_in.insert(*key, n);
+                }
+            }
+            action
+        }
+    };
+    match action {
+        InAction::Deliver => Ok(()),
+        InAction::Drop(r) => Err(r),
+    }
+}
+
+/// Same-sled delivery: the destination port's inbound checks, then the frame goes to
+/// its tap as it is (a partial checksum or GSO buffer is fine for a tap), with the
+/// MACs a frame from the gateway has.
+#[allow(clippy::too_many_arguments)]
+fn deliver_local(
+    ports: &mut [Option<Port>],
+    epoch: u64,
+    dst: PortId,
+    vnet: VnetHdr,
+    frame: &[u8],
+    m: &InnerMeta,
+    now: u64,
+    out: &mut TxBatch,
+) {
+    let Some(p) = slot_mut(ports, dst) else {
+        return;
+    };
+    let key = FlowKey::from_meta(p.cfg.vni.get(), m);
+    if let Err(r) = inbound_verdict(p, &key, m, epoch, now) {
+        p.c.drops.inc(r);
+        return;
+    }
+    let buf = out.push(TxDest::Port { port: dst, vnet }, frame.len());
+    buf.copy_from_slice(frame);
+    if let Some(macs) = buf.get_mut(..12) {
+        macs[..6].copy_from_slice(p.cfg.guest_mac.as_bytes());
+        macs[6..].copy_from_slice(p.cfg.gateway_mac.as_bytes());
+    }
+    p.c.in_packets += 1;
+    p.c.in_bytes += frame.len() as u64;
+    p.c.local_delivered += 1;
+}

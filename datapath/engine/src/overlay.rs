@@ -1,0 +1,175 @@
+//! The overlay layer's tables: virtual-to-physical (V2P) mappings and boundary
+//! services.
+//!
+//! V2P says which sled hosts a guest address of a VPC and which MAC the guest has:
+//! the outer IPv6 destination and the inner destination MAC of every frame sent to
+//! it. Boundary services is where traffic routed to the internet gateway goes: the
+//! rack's switches, reached at an underlay address in a VNI of their own.
+
+use crate::port::Vni;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
+use wire::MacAddr;
+
+/// The VNI boundary services listen on unless configured otherwise (the reference's).
+pub const DEFAULT_BOUNDARY_VNI: u32 = 99;
+
+/// Where a virtual address lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct V2pEntry {
+    /// The underlay address of the sled hosting the guest.
+    pub underlay: Ipv6Addr,
+    /// The guest's MAC.
+    pub mac: MacAddr,
+}
+
+/// One mapping in `dump_v2p`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct V2pDump {
+    pub vni: Vni,
+    pub ip: IpAddr,
+    pub underlay: Ipv6Addr,
+    pub mac: MacAddr,
+}
+
+/// Boundary services: the rack's exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoundaryServices {
+    pub underlay: Ipv6Addr,
+    pub vni: Vni,
+}
+
+/// Drop reasons this layer produces.
+pub mod reason {
+    /// A VPC-internal destination with no V2P mapping (and no local port).
+    pub const NO_V2P: &str = "no_v2p";
+    /// An internet-gateway route on a sled without boundary services.
+    pub const NO_BOUNDARY: &str = "no_boundary_services";
+}
+
+/// The V2P table of the whole sled (all VPCs).
+#[derive(Clone, Debug, Default)]
+pub struct V2p {
+    map: HashMap<(Vni, IpAddr), V2pEntry>,
+}
+
+impl V2p {
+    /// Adds or replaces a mapping; returns the one it replaced.
+    pub fn set(&mut self, vni: Vni, ip: IpAddr, e: V2pEntry) -> Result<Option<V2pEntry>, String> {
+        if !e.mac.is_unicast() {
+            return Err(format!(
+                "V2P MAC {} for {ip} is not a unicast address",
+                e.mac
+            ));
+        }
+        if e.underlay.is_unspecified() || e.underlay.is_multicast() {
+            return Err(format!(
+                "V2P underlay address {} for {ip} is not a unicast address",
+                e.underlay
+            ));
+        }
+        if ip.is_unspecified() || ip.is_multicast() {
+            return Err(format!("V2P virtual address {ip} is not a unicast address"));
+        }
+        Ok(self.map.insert((vni, ip), e))
+    }
+
+    pub fn clear(&mut self, vni: Vni, ip: IpAddr) -> Result<V2pEntry, String> {
+        self.map
+            .remove(&(vni, ip))
+            .ok_or_else(|| format!("no V2P mapping for {ip} in VNI {vni}"))
+    }
+
+    pub fn get(&self, vni: Vni, ip: IpAddr) -> Option<&V2pEntry> {
+        self.map.get(&(vni, ip))
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// All mappings, ordered by VNI then address.
+    pub fn dump(&self) -> Vec<V2pDump> {
+        let mut v: Vec<V2pDump> = self
+            .map
+            .iter()
+            .map(|(&(vni, ip), e)| V2pDump {
+                vni,
+                ip,
+                underlay: e.underlay,
+                mac: e.mac,
+            })
+            .collect();
+        v.sort_by_key(|d| (d.vni, d.ip));
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_replace_clear_dump() {
+        let mut t = V2p::default();
+        let vni = Vni::new(10).unwrap();
+        let ip: IpAddr = "172.30.0.6".parse().unwrap();
+        let e = V2pEntry {
+            underlay: "fd00:99::2".parse().unwrap(),
+            mac: "a8:40:25:ff:00:02".parse().unwrap(),
+        };
+        assert_eq!(t.set(vni, ip, e).unwrap(), None);
+        let moved = V2pEntry {
+            underlay: "fd00:99::3".parse().unwrap(),
+            ..e
+        };
+        assert_eq!(t.set(vni, ip, moved).unwrap(), Some(e));
+        assert_eq!(t.get(vni, ip), Some(&moved));
+        // Other VPCs do not see it.
+        assert_eq!(t.get(Vni::new(11).unwrap(), ip), None);
+        assert_eq!(t.dump()[0].underlay, moved.underlay);
+        assert_eq!(t.clear(vni, ip).unwrap(), moved);
+        let err = t.clear(vni, ip).unwrap_err();
+        assert!(err.contains("172.30.0.6") && err.contains("10"), "{err}");
+    }
+
+    #[test]
+    fn refuses_non_unicast_naming_it() {
+        let mut t = V2p::default();
+        let vni = Vni::new(10).unwrap();
+        let good = V2pEntry {
+            underlay: "fd00:99::2".parse().unwrap(),
+            mac: "a8:40:25:ff:00:02".parse().unwrap(),
+        };
+        let e = t
+            .set(
+                vni,
+                "1.1.1.1".parse().unwrap(),
+                V2pEntry {
+                    mac: MacAddr::BROADCAST,
+                    ..good
+                },
+            )
+            .unwrap_err();
+        assert!(e.contains("ff:ff:ff:ff:ff:ff"), "{e}");
+        let e = t
+            .set(
+                vni,
+                "1.1.1.1".parse().unwrap(),
+                V2pEntry {
+                    underlay: "ff02::1".parse().unwrap(),
+                    ..good
+                },
+            )
+            .unwrap_err();
+        assert!(e.contains("ff02::1"), "{e}");
+        let e = t.set(vni, "224.0.0.1".parse().unwrap(), good).unwrap_err();
+        assert!(e.contains("224.0.0.1"), "{e}");
+        assert!(t.is_empty());
+    }
+}

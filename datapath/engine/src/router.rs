@@ -1,0 +1,274 @@
+//! The router layer: per port, longest-prefix match over IPv4 and IPv6 routes.
+//!
+//! Routes are rules of a [`Layer`] whose only predicate is the destination prefix and
+//! whose priority is `128 - prefix length`, so the layer's "first match in priority
+//! order" is exactly longest-prefix match (an IPv4 prefix never matches an IPv6
+//! address, so the two families share one table without interfering). Lookups only
+//! happen on flow-table misses; a linear scan over a port's handful of routes is
+//! cheaper there than maintaining a trie.
+
+use crate::layer::{Layer, LayerDump, RuleId};
+use crate::rule::{Direction, MatchFields, Predicate, Rule};
+use core::fmt;
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+/// Where a route sends traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteTarget {
+    /// Inside the VPC: the overlay's V2P table names the sled.
+    VpcSubnet,
+    /// Out of the rack through boundary services.
+    InternetGateway,
+    /// Discard (counted as `route_drop`).
+    Drop,
+}
+
+impl fmt::Display for RouteTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RouteTarget::VpcSubnet => "vpc_subnet",
+            RouteTarget::InternetGateway => "internet_gateway",
+            RouteTarget::Drop => "drop",
+        })
+    }
+}
+
+/// A route's action: its target and an optional path MTU overriding the default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteAction {
+    pub target: RouteTarget,
+    pub mtu: Option<u16>,
+}
+
+impl fmt::Display for RouteAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.mtu {
+            Some(m) => write!(f, "{} mtu={m}", self.target),
+            None => write!(f, "{}", self.target),
+        }
+    }
+}
+
+/// One route in `dump_routes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RouteDump {
+    pub dst: IpNet,
+    pub target: RouteTarget,
+    pub mtu: Option<u16>,
+    /// Flows this route decided.
+    pub hits: u64,
+}
+
+/// Drop reasons this layer produces.
+pub mod reason {
+    /// No route covers the destination.
+    pub const NO_ROUTE: &str = "no_route";
+    /// The covering route's target is `Drop`.
+    pub const ROUTE_DROP: &str = "route_drop";
+}
+
+/// One port's routing table.
+#[derive(Clone, Debug)]
+pub struct Router {
+    layer: Layer<RouteAction>,
+}
+
+impl Default for Router {
+    fn default() -> Self {
+        Router {
+            layer: Layer::new("router"),
+        }
+    }
+}
+
+fn priority_of(dst: &IpNet) -> u16 {
+    128 - u16::from(dst.prefix_len())
+}
+
+impl Router {
+    fn find(&self, dst: &IpNet) -> Option<RuleId> {
+        self.layer
+            .rules(Direction::Out)
+            .find(|(_, r)| r.predicates() == [Predicate::DstIp(*dst)])
+            .map(|(id, _)| id)
+    }
+
+    /// Adds a route; the prefix is truncated to its network (10.1.2.3/8 is
+    /// 10.0.0.0/8). Refuses a second route for the same prefix and MTUs below the
+    /// IPv6 minimum, naming the value.
+    pub fn add(&mut self, dst: IpNet, target: RouteTarget, mtu: Option<u16>) -> Result<(), String> {
+        let dst = dst.trunc();
+        if let Some(m) = mtu {
+            if m < crate::port::MIN_PORT_MTU {
+                return Err(format!(
+                    "route MTU {m} for {dst} is below the minimum of {}",
+                    crate::port::MIN_PORT_MTU
+                ));
+            }
+        }
+        if self.find(&dst).is_some() {
+            return Err(format!("a route for {dst} already exists"));
+        }
+        let rule = Rule::new(priority_of(&dst), RouteAction { target, mtu })
+            .matching(Predicate::DstIp(dst))
+            .finalize()?;
+        self.layer.add(Direction::Out, rule);
+        Ok(())
+    }
+
+    /// Removes the route for exactly `dst`.
+    pub fn del(&mut self, dst: IpNet) -> Result<(), String> {
+        let dst = dst.trunc();
+        match self.find(&dst) {
+            Some(id) => {
+                self.layer.remove(Direction::Out, id);
+                Ok(())
+            }
+            None => Err(format!("no route for {dst}")),
+        }
+    }
+
+    /// The longest-prefix route for `f.key.dst_ip`.
+    pub fn lookup(&mut self, f: &MatchFields) -> Result<RouteAction, &'static str> {
+        match self.layer.evaluate(Direction::Out, f) {
+            Some((_, a)) if a.target == RouteTarget::Drop => {
+                self.layer.count_deny(Direction::Out);
+                Err(reason::ROUTE_DROP)
+            }
+            Some((_, a)) => Ok(*a),
+            None => {
+                self.layer.count_deny(Direction::Out);
+                Err(reason::NO_ROUTE)
+            }
+        }
+    }
+
+    pub fn dump_routes(&self) -> Vec<RouteDump> {
+        let d = self.layer.dump(("", ""));
+        self.layer
+            .rules(Direction::Out)
+            .zip(d.outbound.rules)
+            .filter_map(|((_, r), rd)| match r.predicates() {
+                [Predicate::DstIp(dst)] => Some(RouteDump {
+                    dst: *dst,
+                    target: r.action().target,
+                    mtu: r.action().mtu,
+                    hits: rd.hits,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn dump(&self) -> LayerDump {
+        self.layer.dump(("none", "drop (no_route)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flow::FlowKey;
+
+    fn to(dst: &str) -> MatchFields {
+        let dst_ip: std::net::IpAddr = dst.parse().unwrap();
+        let src_ip = if dst_ip.is_ipv4() {
+            "10.0.0.1".parse().unwrap()
+        } else {
+            "fd00::1".parse().unwrap()
+        };
+        MatchFields {
+            key: FlowKey {
+                vni: 1,
+                proto: 17,
+                src_ip,
+                dst_ip,
+                src_port: 1,
+                dst_port: 2,
+            },
+            icmp_type: None,
+        }
+    }
+
+    #[test]
+    fn longest_prefix_wins_in_both_families() {
+        let mut r = Router::default();
+        r.add(
+            "0.0.0.0/0".parse().unwrap(),
+            RouteTarget::InternetGateway,
+            None,
+        )
+        .unwrap();
+        r.add("10.0.0.0/8".parse().unwrap(), RouteTarget::VpcSubnet, None)
+            .unwrap();
+        r.add("10.1.0.0/16".parse().unwrap(), RouteTarget::Drop, None)
+            .unwrap();
+        r.add(
+            "10.1.2.0/24".parse().unwrap(),
+            RouteTarget::InternetGateway,
+            Some(1420),
+        )
+        .unwrap();
+        r.add("::/0".parse().unwrap(), RouteTarget::InternetGateway, None)
+            .unwrap();
+        r.add("fd00::/64".parse().unwrap(), RouteTarget::VpcSubnet, None)
+            .unwrap();
+        assert_eq!(
+            r.lookup(&to("8.8.8.8")).unwrap().target,
+            RouteTarget::InternetGateway
+        );
+        assert_eq!(
+            r.lookup(&to("10.9.0.1")).unwrap().target,
+            RouteTarget::VpcSubnet
+        );
+        assert_eq!(r.lookup(&to("10.1.9.1")), Err(reason::ROUTE_DROP));
+        assert_eq!(
+            r.lookup(&to("10.1.2.3")).unwrap(),
+            RouteAction {
+                target: RouteTarget::InternetGateway,
+                mtu: Some(1420)
+            }
+        );
+        assert_eq!(
+            r.lookup(&to("fd00::9")).unwrap().target,
+            RouteTarget::VpcSubnet
+        );
+        assert_eq!(
+            r.lookup(&to("2001:db8::1")).unwrap().target,
+            RouteTarget::InternetGateway
+        );
+        r.del("::/0".parse().unwrap()).unwrap();
+        assert_eq!(r.lookup(&to("2001:db8::1")), Err(reason::NO_ROUTE));
+        let d = r.dump_routes();
+        assert_eq!(d.len(), 5);
+        // Dumped in evaluation order: longest prefixes first.
+        let lens: Vec<u8> = d.iter().map(|r| r.dst.prefix_len()).collect();
+        assert_eq!(lens, vec![64, 24, 16, 8, 0]);
+        assert_eq!(d[1].dst.to_string(), "10.1.2.0/24");
+        assert_eq!(d[1].hits, 1);
+    }
+
+    #[test]
+    fn refusals_name_the_value() {
+        let mut r = Router::default();
+        r.add("10.1.2.3/8".parse().unwrap(), RouteTarget::VpcSubnet, None)
+            .unwrap();
+        let e = r
+            .add("10.0.0.0/8".parse().unwrap(), RouteTarget::Drop, None)
+            .unwrap_err();
+        assert!(e.contains("10.0.0.0/8"), "{e}");
+        let e = r.del("192.168.0.0/16".parse().unwrap()).unwrap_err();
+        assert!(e.contains("192.168.0.0/16"), "{e}");
+        let e = r
+            .add(
+                "1.0.0.0/8".parse().unwrap(),
+                RouteTarget::VpcSubnet,
+                Some(500),
+            )
+            .unwrap_err();
+        assert!(e.contains("500"), "{e}");
+        assert_eq!(r.dump_routes().len(), 1);
+    }
+}

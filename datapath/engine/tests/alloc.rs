@@ -1,0 +1,78 @@
+//! The fast path allocates nothing: once a flow is cached and the output batch has
+//! its capacity, encapsulating, decapsulating and coalescing a packet must not touch
+//! the heap. A counting global allocator checks it.
+
+mod common;
+
+use common::*;
+use engine::{TxBatch, VnetHdr};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: defers every operation to the system allocator; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn cached_flows_allocate_nothing_per_packet() {
+    let (mut a, pa, mut b, _pb) = two_sleds();
+    let (g1, g2) = (guest(1), guest(2));
+    let tcp = frame(
+        &g1,
+        Some(g2.v4),
+        None,
+        L4::Tcp {
+            sport: 40000,
+            dport: 80,
+            syn: false,
+        },
+        &[7u8; 1200],
+    );
+    let icmp6 = frame(&g1, None, Some(g2.v6), L4::Icmp { id: 9, seq: 1 }, b"ping");
+    let mut out_a = TxBatch::new();
+    let mut out_b = TxBatch::new();
+    let mut round = |now: u64, out_a: &mut TxBatch, out_b: &mut TxBatch| {
+        out_a.clear();
+        out_b.clear();
+        for f in [&tcp, &icmp6] {
+            a.process_guest(pa, VnetHdr::default(), f, now, &Fabric, out_a);
+        }
+        for (_, u) in out_a.iter() {
+            b.process_underlay(u, now, &Fabric, out_b);
+        }
+        b.end_of_batch(out_b);
+        assert_eq!(out_b.len(), 2);
+    };
+    // Warm up: compile the flows, size the batches and the coalescer's buffers.
+    for now in 0..4 {
+        round(now, &mut out_a, &mut out_b);
+    }
+    let before = ALLOCS.load(Ordering::Relaxed);
+    assert!(before > 0, "the counting allocator is in use");
+    for now in 4..1004 {
+        round(now, &mut out_a, &mut out_b);
+    }
+    let n = ALLOCS.load(Ordering::Relaxed) - before;
+    assert_eq!(n, 0, "{n} allocations in 1000 rounds of 2 packets each way");
+}

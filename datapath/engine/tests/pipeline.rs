@@ -1,0 +1,408 @@
+//! Pipeline tests: guest frame in -> underlay frame out (checked with an independent
+//! decoder) -> a second engine -> the original frame delivered to the other guest.
+
+mod common;
+
+use common::*;
+use engine::{Direction, FwAction, Predicate, RouteTarget, Rule, TxBatch, TxDest, VnetHdr, Vni};
+use proptest::prelude::*;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+fn frames(out: &TxBatch) -> Vec<(TxDest, Vec<u8>)> {
+    out.iter().map(|(d, f)| (d, f.to_vec())).collect()
+}
+
+/// Sends `f` from guest 1 on sled A and returns what sled B hands guest 2.
+fn a_to_b(
+    a: &mut engine::Engine,
+    pa: engine::PortId,
+    b: &mut engine::Engine,
+    f: &[u8],
+    now: u64,
+) -> Vec<(TxDest, Vec<u8>)> {
+    let mut out = TxBatch::new();
+    a.process_guest(pa, VnetHdr::default(), f, now, &Fabric, &mut out);
+    let wire = frames(&out);
+    let mut out_b = TxBatch::new();
+    for (d, u) in &wire {
+        assert_eq!(*d, TxDest::Underlay { ifindex: IFINDEX });
+        b.process_underlay(u, now, &Fabric, &mut out_b);
+    }
+    b.end_of_batch(&mut out_b);
+    frames(&out_b)
+}
+
+fn expect_delivered(original: &[u8], got: &[(TxDest, Vec<u8>)], to: &Guest, port: engine::PortId) {
+    assert_eq!(got.len(), 1, "one frame delivered");
+    let (d, f) = &got[0];
+    assert!(
+        matches!(d, TxDest::Port { port: p, .. } if *p == port),
+        "{d:?}"
+    );
+    assert_eq!(&f[0..6], &to.mac.0, "inner dst MAC is the guest's");
+    assert_eq!(&f[6..12], &to.gw_mac.0, "inner src MAC is the gateway's");
+    assert_eq!(&f[12..], &original[12..], "the rest is the original frame");
+}
+
+#[test]
+fn icmp_v4_crosses_two_sleds_and_the_reply_comes_back() {
+    let (mut a, pa, mut b, pb) = two_sleds();
+    let (g1, g2) = (guest(1), guest(2));
+    let ping = frame(
+        &g1,
+        Some(g2.v4),
+        None,
+        L4::Icmp { id: 77, seq: 1 },
+        b"hello",
+    );
+    let mut out = TxBatch::new();
+    a.process_guest(pa, VnetHdr::default(), &ping, 10, &Fabric, &mut out);
+    assert_eq!(out.len(), 1);
+    let (_, u) = out.frame(0).unwrap();
+    let d = decode_underlay(u);
+    assert_eq!(d.src, SLED_A.parse::<Ipv6Addr>().unwrap());
+    assert_eq!(d.dst, SLED_B.parse::<Ipv6Addr>().unwrap());
+    assert_eq!(d.vni, VNI);
+    assert!(d.udp_src >= 49152);
+    assert_eq!(&d.inner[0..6], &g2.mac.0, "inner dst MAC from V2P");
+    assert_eq!(&d.inner[6..], &ping[6..]);
+    // Same flow, same outer port and label.
+    let mut out2 = TxBatch::new();
+    a.process_guest(pa, VnetHdr::default(), &ping, 11, &Fabric, &mut out2);
+    let d2 = decode_underlay(out2.frame(0).unwrap().1);
+    assert_eq!((d2.udp_src, d2.flow_label), (d.udp_src, d.flow_label));
+
+    let got = a_to_b(&mut a, pa, &mut b, &ping, 12);
+    expect_delivered(&ping, &got, &g2, pb);
+
+    // The echo reply from guest 2 reaches guest 1 through A's stateful firewall
+    // (A has an inbound VPC rule too, so also check an outside-like flow below).
+    let mut reply = TxBatch::new();
+    let pong = {
+        let mut buf = Vec::new();
+        etherparse::PacketBuilder::ethernet2(g2.mac.0, g2.gw_mac.0)
+            .ipv4(g2.v4.octets(), g1.v4.octets(), 64)
+            .icmpv4_echo_reply(77, 1)
+            .write(&mut buf, b"hello")
+            .unwrap();
+        buf
+    };
+    b.process_guest(pb, VnetHdr::default(), &pong, 13, &Fabric, &mut reply);
+    let mut back = TxBatch::new();
+    a.process_underlay(reply.frame(0).unwrap().1, 13, &Fabric, &mut back);
+    a.end_of_batch(&mut back);
+    expect_delivered(&pong, &frames(&back), &g1, pa);
+    let s = a.stats();
+    assert_eq!(s.ports[0].uft_out.hits, 2);
+    assert_eq!(s.ports[0].in_packets, 1);
+}
+
+#[test]
+fn stateful_firewall_admits_replies_only() {
+    let (mut a, pa, mut b, pb) = two_sleds();
+    let (g1, g2) = (guest(1), guest(2));
+    // Remove A's inbound VPC rules: A only admits replies now.
+    a.set_fw_rules("ga", vec![]).unwrap();
+    // B opens TCP to A: denied at A.
+    let syn = frame(
+        &g2,
+        Some(g1.v4),
+        None,
+        L4::Tcp {
+            sport: 5000,
+            dport: 22,
+            syn: true,
+        },
+        b"",
+    );
+    let got = a_to_b(&mut b, pb, &mut a, &syn, 1);
+    assert!(got.is_empty());
+    assert_eq!(a.stats().ports[0].drops.get("fw_deny_in"), 1);
+    // A opens TCP to B; B's reply is admitted at A.
+    let syn = frame(
+        &g1,
+        Some(g2.v4),
+        None,
+        L4::Tcp {
+            sport: 40000,
+            dport: 80,
+            syn: true,
+        },
+        b"",
+    );
+    expect_delivered(&syn, &a_to_b(&mut a, pa, &mut b, &syn, 2), &g2, pb);
+    let synack = frame(
+        &g2,
+        Some(g1.v4),
+        None,
+        L4::Tcp {
+            sport: 80,
+            dport: 40000,
+            syn: true,
+        },
+        b"",
+    );
+    expect_delivered(&synack, &a_to_b(&mut b, pb, &mut a, &synack, 3), &g1, pa);
+    let flows = a.dump_tcp_flows("ga").unwrap();
+    assert_eq!(flows.len(), 1);
+    assert_eq!(flows[0].initiator, Direction::Out);
+}
+
+#[test]
+fn same_sled_guests_are_delivered_without_encapsulation() {
+    let (mut a, pa) = sled(SLED_A, 1);
+    let g3 = guest(3);
+    let p3 = a.add_port(port_config(&g3)).unwrap();
+    let r = Rule::new(1, FwAction::Allow).finalize().unwrap();
+    a.add_fw_rule("gc", Direction::In, r).unwrap();
+    let f = frame(
+        &guest(1),
+        None,
+        Some(g3.v6),
+        L4::Udp { sport: 1, dport: 2 },
+        b"local",
+    );
+    let mut out = TxBatch::new();
+    a.process_guest(pa, VnetHdr::default(), &f, 1, &Fabric, &mut out);
+    expect_delivered(&f, &frames(&out), &g3, p3);
+    assert_eq!(a.stats().ports[1].local_delivered, 1);
+}
+
+#[test]
+fn rule_changes_invalidate_cached_flows() {
+    let (mut a, pa, _b, _) = two_sleds();
+    let f = frame(
+        &guest(1),
+        Some(guest(2).v4),
+        None,
+        L4::Udp {
+            sport: 9,
+            dport: 53,
+        },
+        b"q",
+    );
+    let mut out = TxBatch::new();
+    a.process_guest(pa, VnetHdr::default(), &f, 1, &Fabric, &mut out);
+    assert_eq!(out.len(), 1);
+    let deny = Rule::new(1, FwAction::Deny)
+        .matching(Predicate::DstIp("172.30.0.6/32".parse().unwrap()))
+        .finalize()
+        .unwrap();
+    let id = a.add_fw_rule("ga", Direction::Out, deny).unwrap();
+    // The established UDP flow survives (stateful), a new one is denied.
+    out.clear();
+    a.process_guest(pa, VnetHdr::default(), &f, 2, &Fabric, &mut out);
+    assert_eq!(out.len(), 1);
+    let f2 = frame(
+        &guest(1),
+        Some(guest(2).v4),
+        None,
+        L4::Udp {
+            sport: 10,
+            dport: 53,
+        },
+        b"q",
+    );
+    out.clear();
+    a.process_guest(pa, VnetHdr::default(), &f2, 3, &Fabric, &mut out);
+    assert!(out.is_empty());
+    assert_eq!(a.stats().ports[0].drops.get("fw_deny_out"), 1);
+    a.rm_fw_rule("ga", Direction::Out, id).unwrap();
+    out.clear();
+    a.process_guest(pa, VnetHdr::default(), &f2, 4, &Fabric, &mut out);
+    assert_eq!(out.len(), 1, "recompiled after the rule went away");
+    // V2P moves: the next packet goes to the new sled.
+    let g2 = guest(2);
+    a.set_v2p(
+        Vni::new(VNI).unwrap(),
+        IpAddr::V4(g2.v4),
+        "fd00:99::9".parse().unwrap(),
+        g2.mac,
+    )
+    .unwrap();
+    out.clear();
+    a.process_guest(pa, VnetHdr::default(), &f, 5, &Fabric, &mut out);
+    assert_eq!(
+        decode_underlay(out.frame(0).unwrap().1).dst,
+        "fd00:99::9".parse::<Ipv6Addr>().unwrap()
+    );
+}
+
+/// Sends one guest frame and returns the port's or datapath's counter for `reason`.
+fn drop_count(e: &engine::Engine, reason: &str) -> u64 {
+    let s = e.stats();
+    s.ports.iter().map(|p| p.drops.get(reason)).sum::<u64>()
+        + s.datapath_drops.get(reason)
+        + s.underlay_drops.get(reason)
+}
+
+#[test]
+fn every_outbound_drop_reason_is_counted() {
+    let g1 = guest(1);
+    let g2 = guest(2);
+    let udp = L4::Udp { sport: 1, dport: 2 };
+    let good = frame(&g1, Some(g2.v4), None, udp, b"x");
+    let mut spoof_mac = good.clone();
+    spoof_mac[6..12].copy_from_slice(&[0xa8, 0x40, 0x25, 0xff, 0, 9]);
+    let mut spoof_ip = frame(&guest(3), Some(g2.v4), None, udp, b"x");
+    spoof_ip[6..12].copy_from_slice(&g1.mac.0);
+    let mut not_gw = good.clone();
+    not_gw[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+    let hairpin = frame(&g1, Some(g1.v4), None, udp, b"x");
+    let no_v2p = frame(&g1, Some("172.30.0.99".parse().unwrap()), None, udp, b"x");
+    let external = frame(&g1, Some("8.8.8.8".parse().unwrap()), None, udp, b"x");
+    let big = frame(&g1, None, Some(g2.v6), udp, &vec![0u8; 8500]);
+    let cases: Vec<(&str, Vec<u8>, &dyn engine::UnderlayRoutes)> = vec![
+        ("guest_parse_error", good[..20].to_vec(), &Fabric),
+        ("spoofed_src_mac", spoof_mac, &Fabric),
+        ("spoofed_src_ip", spoof_ip, &Fabric),
+        ("dst_mac_not_gateway", not_gw, &Fabric),
+        ("hairpin", hairpin, &Fabric),
+        ("no_v2p", no_v2p, &Fabric),
+        ("no_route", external, &Fabric),
+        ("underlay_unresolved", good.clone(), &NoFabric),
+        ("packet_too_big", big, &Fabric),
+    ];
+    for (reason, f, routes) in cases {
+        let (mut a, pa, _b, _) = two_sleds();
+        let mut out = TxBatch::new();
+        a.process_guest(pa, VnetHdr::default(), &f, 1, routes, &mut out);
+        assert_eq!(drop_count(&a, reason), 1, "{reason}");
+        let underlay = out
+            .iter()
+            .filter(|(d, _)| matches!(d, TxDest::Underlay { .. }))
+            .count();
+        assert_eq!(underlay, 0, "{reason}: nothing sent to the underlay");
+    }
+    // Route targets.
+    let (mut a, pa, _b, _) = two_sleds();
+    a.add_route("ga", "8.8.8.0/24".parse().unwrap(), RouteTarget::Drop, None)
+        .unwrap();
+    a.add_route(
+        "ga",
+        "9.9.9.0/24".parse().unwrap(),
+        RouteTarget::InternetGateway,
+        None,
+    )
+    .unwrap();
+    let mut out = TxBatch::new();
+    a.process_guest(
+        pa,
+        VnetHdr::default(),
+        &frame(&g1, Some("8.8.8.8".parse().unwrap()), None, udp, b"x"),
+        1,
+        &Fabric,
+        &mut out,
+    );
+    assert_eq!(drop_count(&a, "route_drop"), 1);
+    a.process_guest(
+        pa,
+        VnetHdr::default(),
+        &frame(&g1, Some("9.9.9.9".parse().unwrap()), None, udp, b"x"),
+        1,
+        &Fabric,
+        &mut out,
+    );
+    assert_eq!(drop_count(&a, "no_boundary_services"), 1);
+    a.process_guest(
+        engine::PortId(42),
+        VnetHdr::default(),
+        &good,
+        1,
+        &Fabric,
+        &mut out,
+    );
+    assert_eq!(drop_count(&a, "unknown_port"), 1);
+    assert!(out.is_empty());
+}
+
+#[test]
+fn every_inbound_drop_reason_is_counted() {
+    let (g1, g2) = (guest(1), guest(2));
+    let (mut a, pa, b, _) = two_sleds();
+    let f = frame(&g1, Some(g2.v4), None, L4::Udp { sport: 1, dport: 2 }, b"x");
+    let mut out = TxBatch::new();
+    a.process_guest(pa, VnetHdr::default(), &f, 1, &Fabric, &mut out);
+    let good = out.frame(0).unwrap().1.to_vec();
+    let inner_off = good.len() - f.len();
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![("truncated", good[..40].to_vec())];
+    let mut other_sled = good.clone();
+    other_sled[14 + 24 + 15] ^= 1;
+    cases.push(("not_our_underlay_addr", other_sled));
+    let mut bcast = good.clone();
+    bcast[inner_off..inner_off + 6].copy_from_slice(&[0xff; 6]);
+    cases.push(("inner_multicast", bcast));
+    let mut unknown_mac = good.clone();
+    unknown_mac[inner_off + 5] = 0x33;
+    cases.push(("no_port_for_vni_mac", unknown_mac));
+    // Guest 2's MAC but another address (sled A maps .99 to guest 2's MAC on B).
+    let stray: Ipv4Addr = "172.30.0.99".parse().unwrap();
+    a.set_v2p(
+        Vni::new(VNI).unwrap(),
+        IpAddr::V4(stray),
+        SLED_B.parse().unwrap(),
+        g2.mac,
+    )
+    .unwrap();
+    out.clear();
+    a.process_guest(
+        pa,
+        VnetHdr::default(),
+        &frame(&g1, Some(stray), None, L4::Udp { sport: 1, dport: 2 }, b"x"),
+        2,
+        &Fabric,
+        &mut out,
+    );
+    cases.push(("inbound_dst_not_guest", out.frame(0).unwrap().1.to_vec()));
+    let mut garbage_inner = good.clone();
+    garbage_inner[inner_off + 14] = 0x47; // IPv4 with IHL 7 past the packet: unparsable
+    garbage_inner[inner_off + 15..]
+        .iter_mut()
+        .for_each(|b| *b = 0xff);
+    cases.push(("inner_parse_error", garbage_inner));
+    for (reason, u) in cases {
+        let mut b2 = engine::Engine::new(b.config().clone()).unwrap();
+        let _ = b2.add_port(port_config(&g2)).unwrap();
+        let mut out = TxBatch::new();
+        b2.process_underlay(&u, 1, &Fabric, &mut out);
+        b2.end_of_batch(&mut out);
+        assert!(out.is_empty(), "{reason}");
+        assert_eq!(drop_count(&b2, reason), 1, "{reason}: {:?}", b2.stats());
+    }
+}
+
+fn arb_l4() -> impl Strategy<Value = L4> {
+    prop_oneof![
+        (1024u16.., 1u16..1024, any::<bool>()).prop_map(|(sport, dport, syn)| L4::Tcp {
+            sport,
+            dport,
+            syn
+        }),
+        (any::<u16>(), any::<u16>()).prop_map(|(sport, dport)| L4::Udp { sport, dport }),
+        (any::<u16>(), any::<u16>()).prop_map(|(id, seq)| L4::Icmp { id, seq }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// decapsulate(encapsulate(frame)) delivers the original inner frame, v4 and v6.
+    #[test]
+    fn round_trip_between_two_sleds(
+        l4 in arb_l4(),
+        v6 in any::<bool>(),
+        payload in proptest::collection::vec(any::<u8>(), 0..1400),
+    ) {
+        let (mut a, pa, mut b, pb) = two_sleds();
+        let (g1, g2) = (guest(1), guest(2));
+        let (d4, d6): (Option<Ipv4Addr>, Option<Ipv6Addr>) = if v6 { (None, Some(g2.v6)) } else { (Some(g2.v4), None) };
+        let f = frame(&g1, d4, d6, l4, &payload);
+        let got = a_to_b(&mut a, pa, &mut b, &f, 1);
+        prop_assert_eq!(got.len(), 1);
+        let to_b = matches!(got[0].0, TxDest::Port { port, .. } if port == pb);
+        prop_assert!(to_b);
+        prop_assert_eq!(&got[0].1[0..6], &g2.mac.0[..]);
+        prop_assert_eq!(&got[0].1[6..12], &g2.gw_mac.0[..]);
+        prop_assert_eq!(&got[0].1[12..], &f[12..]);
+    }
+}
