@@ -92,6 +92,20 @@ impl FromStr for MacAddr {
     }
 }
 
+/// MACs travel through the API and the state files as "aa:bb:cc:dd:ee:ff" strings.
+impl serde::Serialize for MacAddr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for MacAddr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,19 +138,5 @@ mod tests {
             MacAddr::from_ipv6_multicast(&g).to_string(),
             "33:33:ff:00:12:34"
         );
-    }
-}
-
-/// MACs travel through the API and the state files as "aa:bb:cc:dd:ee:ff" strings.
-impl serde::Serialize for MacAddr {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for MacAddr {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
     }
 }

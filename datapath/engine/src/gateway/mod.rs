@@ -1,1 +1,333 @@
 //! The virtual gateway: what the datapath answers for the guest itself.
+//!
+//! A guest sees one router on its link: MAC `gateway_mac`, IPv4 `gateway_ipv4`, IPv6
+//! fe80::EUI-64(gateway_mac). That router does not exist anywhere; every frame the
+//! guest sends passes through [`handle_from_guest`] before the firewall, and the
+//! frames a router would answer (ARP, NDP, Router Solicitation, DHCPv4/v6, echo to the
+//! gateway) are answered here by building whole reply frames into the `TxBatch`.
+//! The timers a router runs (unsolicited Router Advertisements) run from [`tick`], and
+//! the ICMP errors a router on the path would send (Packet Too Big, Fragmentation
+//! Needed) come from [`packet_too_big`]. Behaviour matches the reference (OPTE) as
+//! described in docs/gateway.md; where we go further (unsolicited RAs, DHCP option 26)
+//! the doc says so.
+//!
+//! Every frame the gateway consumes without answering is a `Deny` with a reason that
+//! is also the name of its counter in [`GatewayCounters`].
+
+mod arp;
+mod dhcp4;
+mod dhcp6;
+mod frag;
+mod frame;
+mod icmp;
+mod mtu;
+mod ndp;
+mod ptb;
+mod ra;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod vectors;
+
+pub use frag::fragment_ipv4;
+pub use mtu::{external_path_mtu, mtu_budget, MtuBudget, ENCAP_OVERHEAD};
+pub use ptb::packet_too_big;
+pub use ra::{on_mtu_change, ra_info, tick, RaInfo};
+
+use crate::output::TxBatch;
+use crate::port::{PortConfig, PortId};
+use std::net::IpAddr;
+use wire::meta::{InnerMeta, L3};
+
+/// What the gateway did with a guest frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatewayVerdict {
+    /// Not addressed to the gateway: continue to the firewall and router.
+    NotForGateway,
+    /// Consumed; zero or more replies were appended to the batch.
+    Replied,
+    /// Consumed and dropped; the reason is the name of the counter that was bumped.
+    Deny(&'static str),
+}
+
+/// Per-port gateway counters. Field names are the names used in logs, the API and
+/// docs/gateway.md; each `Deny` reason is one of them.
+#[derive(serde::Serialize, Default, Clone, Debug, PartialEq, Eq)]
+pub struct GatewayCounters {
+    pub arp_replies: u64,
+    pub na_sent: u64,
+    pub ra_solicited: u64,
+    pub ra_unsolicited: u64,
+    /// RAs sent because the port MTU changed.
+    pub ra_mtu_change: u64,
+    pub echo_replies: u64,
+    pub dhcp4_replies: u64,
+    /// DHCPNAKs (a REQUEST for an address that is not the port's); also in
+    /// `dhcp4_replies`.
+    pub dhcp4_naks: u64,
+    pub dhcp6_replies: u64,
+    /// ICMPv6 Packet Too Big and ICMPv4 Fragmentation Needed sent.
+    pub ptb_sent: u64,
+    pub ptb_rate_limited: u64,
+    /// Packets too big for which RFC 1122/4443 forbid an ICMP error (an ICMP error,
+    /// a non-first fragment, a multicast or unspecified source, IPv4 without DF) or
+    /// the port lacks the gateway address to send it from.
+    pub ptb_suppressed: u64,
+
+    // Denies: one counter per reason.
+    /// A frame for the gateway whose source MAC is not the guest's.
+    pub src_mac_not_guest: u64,
+    /// ARP that does not parse as Ethernet/IPv4 ARP.
+    pub arp_malformed: u64,
+    /// Any ARP other than a request for the gateway's IPv4 from the guest's own
+    /// addresses (gratuitous ARP, replies, probes, requests for other hosts).
+    pub denied_arp: u64,
+    /// Router Solicitation failing RFC 4861 §6.1.1 validation (hop limit 255, code 0,
+    /// checksum, options, source fe80::/10 or ::, destination ff02::2 or the gateway).
+    pub rs_invalid: u64,
+    /// Neighbor Solicitation failing RFC 4861 §7.1.1 validation.
+    pub ns_invalid: u64,
+    /// A valid Neighbor Solicitation for an address other than the gateway's (e.g.
+    /// the guest's duplicate address detection): nobody else is on the link.
+    pub ns_not_gateway: u64,
+    /// NDP types the gateway does not accept from a guest (RA, NA, Redirect).
+    pub denied_ndp: u64,
+    /// NDP from a port without IPv6.
+    pub ndp_no_ipv6: u64,
+    /// Echo request to the gateway with a bad checksum or length.
+    pub echo_malformed: u64,
+    /// Traffic to a gateway address other than echo/DHCP (including fragments).
+    pub to_gateway_unhandled: u64,
+    pub dhcp4_malformed: u64,
+    /// DHCPv4 messages that need no answer (RELEASE, DECLINE, unknown types, other
+    /// clients' hardware addresses).
+    pub dhcp4_ignored: u64,
+    pub dhcp4_no_ipv4: u64,
+    pub dhcp6_malformed: u64,
+    /// DHCPv6 messages that need no answer (or are for another server).
+    pub dhcp6_ignored: u64,
+    pub dhcp6_no_ipv6: u64,
+}
+
+/// Deny reasons; each names (and bumps) a [`GatewayCounters`] field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Deny {
+    SrcMacNotGuest,
+    ArpMalformed,
+    DeniedArp,
+    RsInvalid,
+    NsInvalid,
+    NsNotGateway,
+    DeniedNdp,
+    NdpNoIpv6,
+    EchoMalformed,
+    ToGatewayUnhandled,
+    Dhcp4Malformed,
+    Dhcp4Ignored,
+    Dhcp4NoIpv4,
+    Dhcp6Malformed,
+    Dhcp6Ignored,
+    Dhcp6NoIpv6,
+}
+
+impl GatewayCounters {
+    /// Bumps the counter of `d` and returns its name.
+    fn deny(&mut self, d: Deny) -> &'static str {
+        let (c, name) = match d {
+            Deny::SrcMacNotGuest => (&mut self.src_mac_not_guest, "src_mac_not_guest"),
+            Deny::ArpMalformed => (&mut self.arp_malformed, "arp_malformed"),
+            Deny::DeniedArp => (&mut self.denied_arp, "denied_arp"),
+            Deny::RsInvalid => (&mut self.rs_invalid, "rs_invalid"),
+            Deny::NsInvalid => (&mut self.ns_invalid, "ns_invalid"),
+            Deny::NsNotGateway => (&mut self.ns_not_gateway, "ns_not_gateway"),
+            Deny::DeniedNdp => (&mut self.denied_ndp, "denied_ndp"),
+            Deny::NdpNoIpv6 => (&mut self.ndp_no_ipv6, "ndp_no_ipv6"),
+            Deny::EchoMalformed => (&mut self.echo_malformed, "echo_malformed"),
+            Deny::ToGatewayUnhandled => (&mut self.to_gateway_unhandled, "to_gateway_unhandled"),
+            Deny::Dhcp4Malformed => (&mut self.dhcp4_malformed, "dhcp4_malformed"),
+            Deny::Dhcp4Ignored => (&mut self.dhcp4_ignored, "dhcp4_ignored"),
+            Deny::Dhcp4NoIpv4 => (&mut self.dhcp4_no_ipv4, "dhcp4_no_ipv4"),
+            Deny::Dhcp6Malformed => (&mut self.dhcp6_malformed, "dhcp6_malformed"),
+            Deny::Dhcp6Ignored => (&mut self.dhcp6_ignored, "dhcp6_ignored"),
+            Deny::Dhcp6NoIpv6 => (&mut self.dhcp6_no_ipv6, "dhcp6_no_ipv6"),
+        };
+        *c += 1;
+        name
+    }
+}
+
+/// Per-port gateway state: RA timers, the PTB token bucket, counters.
+#[derive(Clone, Debug)]
+pub struct GatewayState {
+    counters: GatewayCounters,
+    ra: ra::RaTimer,
+    ptb: ptb::TokenBucket,
+}
+
+impl GatewayState {
+    /// State for a port that comes up at `now` (monotonic ns): the first unsolicited
+    /// RA is due immediately.
+    pub fn new(now: u64) -> Self {
+        GatewayState {
+            counters: GatewayCounters::default(),
+            ra: ra::RaTimer::new(now),
+            ptb: ptb::TokenBucket::new(now),
+        }
+    }
+
+    pub fn counters(&self) -> &GatewayCounters {
+        &self.counters
+    }
+
+    fn deny(&mut self, d: Deny) -> GatewayVerdict {
+        GatewayVerdict::Deny(self.counters.deny(d))
+    }
+}
+
+/// UDP ports of DHCP.
+const DHCP4_CLIENT_PORT: u16 = 68;
+const DHCP4_SERVER_PORT: u16 = 67;
+const DHCP6_CLIENT_PORT: u16 = 546;
+const DHCP6_SERVER_PORT: u16 = 547;
+
+/// Called for every frame from the guest before firewall/routing. Answers ARP for the
+/// gateway IPv4 (other ARP denied), ICMP echo to the gateway (IPv4 address, IPv6
+/// link-local fe80::EUI-64(gateway MAC)), NDP NS for the gateway -> NA, RS -> RA,
+/// DHCPv4 (UDP 68->67), DHCPv6 (UDP 546->547 to ff02::1:2); other NDP types 133-137
+/// are denied. Replies are appended to `out` for the port.
+pub fn handle_from_guest(
+    cfg: &PortConfig,
+    st: &mut GatewayState,
+    port: PortId,
+    meta: &InnerMeta,
+    frame: &[u8],
+    now: u64,
+    out: &mut TxBatch,
+) -> GatewayVerdict {
+    let Some(kind) = classify(cfg, meta) else {
+        return GatewayVerdict::NotForGateway;
+    };
+    // Everything below is for the gateway; the gateway answers only the guest itself
+    // (replies go to the guest MAC, so a spoofed source could not receive them anyway,
+    // but it must not trigger state changes or counters as if it were the guest).
+    if meta.src_mac != cfg.guest_mac {
+        return st.deny(Deny::SrcMacNotGuest);
+    }
+    let r = match kind {
+        ForGateway::Arp => arp::handle(cfg, port, meta, frame, out),
+        ForGateway::Ndp => ndp::handle(cfg, st, port, meta, frame, now, out),
+        ForGateway::Echo4 => icmp::echo4(cfg, port, meta, frame, out),
+        ForGateway::Echo6 => icmp::echo6(cfg, port, meta, frame, out),
+        ForGateway::Dhcp4 => dhcp4::handle(cfg, port, meta, frame, out),
+        ForGateway::Dhcp6 => dhcp6::handle(cfg, port, meta, frame, out),
+        ForGateway::OtherToGateway => Err(Deny::ToGatewayUnhandled),
+    };
+    match r {
+        Ok(sent) => {
+            let c = &mut st.counters;
+            match sent {
+                Sent::ArpReply => c.arp_replies += 1,
+                Sent::Na => c.na_sent += 1,
+                Sent::SolicitedRa => {
+                    c.ra_solicited += 1;
+                    st.ra.solicited_sent(now, cfg.mtu);
+                }
+                Sent::EchoReply => c.echo_replies += 1,
+                Sent::Dhcp4 { nak } => {
+                    c.dhcp4_replies += 1;
+                    c.dhcp4_naks += nak as u64;
+                }
+                Sent::Dhcp6 => c.dhcp6_replies += 1,
+            }
+            GatewayVerdict::Replied
+        }
+        Err(d) => st.deny(d),
+    }
+}
+
+/// What a handler sent, for the counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sent {
+    ArpReply,
+    Na,
+    SolicitedRa,
+    EchoReply,
+    Dhcp4 { nak: bool },
+    Dhcp6,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ForGateway {
+    Arp,
+    Ndp,
+    Echo4,
+    Echo6,
+    Dhcp4,
+    Dhcp6,
+    OtherToGateway,
+}
+
+/// ICMPv6 types of NDP that a router handles (RS, RA, NS, NA, Redirect).
+fn is_ndp_type(t: u8) -> bool {
+    (wire::icmpv6::msg::ROUTER_SOLICIT..=wire::icmpv6::msg::REDIRECT).contains(&t)
+}
+
+/// Decides from the metadata alone whether a frame is the gateway's business.
+fn classify(cfg: &PortConfig, meta: &InnerMeta) -> Option<ForGateway> {
+    match (meta.l3, meta.dst_ip) {
+        (L3::Arp, _) => Some(ForGateway::Arp),
+        (L3::Ipv4, IpAddr::V4(dst)) => {
+            let to_gw = Some(dst) == cfg.gateway_ipv4;
+            if meta.proto == frame::PROTO_UDP
+                && !meta.fragment
+                && meta.src_port == DHCP4_CLIENT_PORT
+                && meta.dst_port == DHCP4_SERVER_PORT
+                && (to_gw || dst.is_broadcast())
+            {
+                Some(ForGateway::Dhcp4)
+            } else if !to_gw {
+                None
+            } else if meta.proto == frame::PROTO_ICMP
+                && !meta.fragment
+                && meta.icmp_type == wire::icmpv4::msg::ECHO_REQUEST
+            {
+                Some(ForGateway::Echo4)
+            } else {
+                Some(ForGateway::OtherToGateway)
+            }
+        }
+        (L3::Ipv6, IpAddr::V6(dst)) => {
+            let to_gw = dst == cfg.gateway_ipv6();
+            if meta.proto == frame::PROTO_ICMPV6 && !meta.fragment && is_ndp_type(meta.icmp_type) {
+                Some(ForGateway::Ndp)
+            } else if meta.proto == frame::PROTO_UDP
+                && !meta.fragment
+                && meta.src_port == DHCP6_CLIENT_PORT
+                && meta.dst_port == DHCP6_SERVER_PORT
+                && dst == dhcp6::ALL_DHCP_AGENTS
+            {
+                Some(ForGateway::Dhcp6)
+            } else if !to_gw {
+                None
+            } else if meta.proto == frame::PROTO_ICMPV6
+                && !meta.fragment
+                && meta.icmp_type == wire::icmpv6::msg::ECHO_REQUEST
+            {
+                Some(ForGateway::Echo6)
+            } else {
+                Some(ForGateway::OtherToGateway)
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The IP packet of a frame (L3 header to `ip_end`), bounds-checked: the metadata
+/// comes from our parser, but a mismatch must be a deny, not a panic.
+fn l4_bytes<'a>(meta: &InnerMeta, frame: &'a [u8]) -> Option<&'a [u8]> {
+    frame.get(meta.l4_off..meta.ip_end)
+}
+
+#[cfg(test)]
+pub(crate) mod test_util;
