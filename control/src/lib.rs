@@ -1,1 +1,17 @@
-//! See the crate description.
+//! The control plane of the overlay datapath: the versioned API spoken over a Unix
+//! socket ([`api`]), the daemon's configuration ([`config`]), its persisted state
+//! ([`state`]), the request handling shared by the daemon and its tests
+//! ([`controller`]), the socket server and client ([`server`], [`client`]), and the
+//! glue that runs the engine over the I/O edge ([`datapath`]).
+
+pub mod api;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod controller;
+pub mod daemon;
+pub mod datapath;
+pub mod ra_listen;
+pub mod server;
+pub mod state;
+pub mod underlay;

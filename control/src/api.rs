@@ -1,0 +1,689 @@
+//! The control API: what `xdeadm` (or any orchestrator) may ask `overlayd`, and what it
+//! answers.
+//!
+//! The protocol is one JSON object per line over a Unix stream socket, both ways:
+//! `{"version":1,"op":"set-v2p",...}` and `{"version":1,"ok":{...}}` or
+//! `{"version":1,"error":"..."}`. The version is checked before anything else is
+//! decoded, so a client built for another protocol gets a clear refusal instead of a
+//! confusing field error. Types here are the stable surface: the engine's own types
+//! appear only where they are already plain data with a stable serde form
+//! ([`PortConfig`], [`Vni`], [`MacAddr`]); inspection results the engine produces
+//! (stats, MTU budget, RA, layer and flow dumps) travel as the engine serialises them.
+
+use core::fmt;
+use core::str::FromStr;
+use engine::{PortConfig, Vni};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, Ipv6Addr};
+use wire::MacAddr;
+
+/// The protocol version this build speaks.
+pub const API_VERSION: u32 = 1;
+
+/// Where the daemon listens unless told otherwise.
+pub const DEFAULT_API_SOCKET: &str = "/run/overlayd/api.sock";
+
+/// Requests are refused above this size: no legitimate request comes close (a full
+/// firewall rule set is a few hundred KiB at most), and an unbounded line would let a
+/// client make the daemon allocate without limit.
+pub const MAX_LINE: usize = 4 << 20;
+
+/// One request on the wire.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RequestEnvelope {
+    pub version: u32,
+    #[serde(flatten)]
+    pub request: Request,
+}
+
+/// One response on the wire.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResponseEnvelope {
+    pub version: u32,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// Success with a typed reply, or a refusal whose text names the bad value. A refused
+/// request has changed nothing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Ok(Reply),
+    Error(String),
+}
+
+/// Every verb of the admin tool (bar `ra listen`, which runs inside a guest).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    CreatePort(CreatePort),
+    DeletePort {
+        name: String,
+    },
+    ListPorts,
+    SetV2p(V2pEntry),
+    ClearV2p {
+        vpc_ip: IpAddr,
+        vni: Vni,
+    },
+    DumpV2p,
+    AddRouterEntry {
+        port: String,
+        #[serde(flatten)]
+        entry: RouteEntry,
+    },
+    DelRouterEntry {
+        port: String,
+        dest: IpNet,
+    },
+    DumpRoutes {
+        port: String,
+    },
+    AddFwRule {
+        port: String,
+        rule: FwRule,
+    },
+    RmFwRule {
+        port: String,
+        direction: Direction,
+        priority: u16,
+        filters: FwFilters,
+    },
+    SetFwRules {
+        port: String,
+        rules: Vec<FwRule>,
+    },
+    DumpLayer {
+        port: String,
+        layer: String,
+    },
+    DumpUft {
+        port: String,
+    },
+    ClearUft {
+        port: String,
+    },
+    Stats {
+        port: Option<String>,
+    },
+    Mtu {
+        port: String,
+    },
+    Ra {
+        port: String,
+    },
+}
+
+impl Request {
+    /// Whether the request changes configuration (and so the persisted state).
+    pub fn is_mutation(&self) -> bool {
+        matches!(
+            self,
+            Request::CreatePort(_)
+                | Request::DeletePort { .. }
+                | Request::SetV2p(_)
+                | Request::ClearV2p { .. }
+                | Request::AddRouterEntry { .. }
+                | Request::DelRouterEntry { .. }
+                | Request::AddFwRule { .. }
+                | Request::RmFwRule { .. }
+                | Request::SetFwRules { .. }
+        )
+    }
+}
+
+/// `create-xde`: the port's configuration plus where its tap goes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreatePort {
+    pub config: PortConfig,
+    /// Network namespace (by name, as `ip netns` knows it) to move the tap into; the
+    /// daemon's own namespace when absent.
+    #[serde(default)]
+    pub netns: Option<String>,
+}
+
+/// A virtual-to-physical mapping: the guest `vpc_ip` in VPC `vni` has MAC `vpc_mac`
+/// and lives on the sled whose underlay address is `underlay_ip`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct V2pEntry {
+    pub vpc_ip: IpAddr,
+    pub vpc_mac: MacAddr,
+    pub underlay_ip: Ipv6Addr,
+    pub vni: Vni,
+}
+
+/// Where the router sends traffic matching a destination prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteTarget {
+    /// Inside the VPC: the overlay layer looks the destination up in V2P.
+    Subnet,
+    /// Out of the rack through boundary services (the internet gateway).
+    Igw,
+    /// Discarded (counted).
+    Drop,
+}
+
+impl FromStr for RouteTarget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "subnet" => Ok(RouteTarget::Subnet),
+            "igw" => Ok(RouteTarget::Igw),
+            "drop" => Ok(RouteTarget::Drop),
+            _ => Err(format!(
+                "invalid route target {s:?}: expected subnet, igw or drop"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for RouteTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RouteTarget::Subnet => "subnet",
+            RouteTarget::Igw => "igw",
+            RouteTarget::Drop => "drop",
+        })
+    }
+}
+
+/// One router entry of a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteEntry {
+    pub dest: IpNet,
+    pub target: RouteTarget,
+    /// Path MTU of this route when it differs from the port's (e.g. an external
+    /// destination known to take less than the jumbo MTU).
+    #[serde(default)]
+    pub mtu: Option<u16>,
+}
+
+/// Which way a firewall rule looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Traffic arriving at the guest.
+    In,
+    /// Traffic the guest sends.
+    Out,
+}
+
+impl FromStr for Direction {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "in" => Ok(Direction::In),
+            "out" => Ok(Direction::Out),
+            _ => Err(format!("invalid direction {s:?}: expected in or out")),
+        }
+    }
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Direction::In => "in",
+            Direction::Out => "out",
+        })
+    }
+}
+
+/// What a matching firewall rule does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FwAction {
+    Allow,
+    Deny,
+}
+
+impl FromStr for FwAction {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "allow" => Ok(FwAction::Allow),
+            "deny" => Ok(FwAction::Deny),
+            _ => Err(format!(
+                "invalid firewall action {s:?}: expected allow or deny"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for FwAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FwAction::Allow => "allow",
+            FwAction::Deny => "deny",
+        })
+    }
+}
+
+/// The remote end a firewall rule matches: the source for inbound rules, the
+/// destination for outbound ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FwHost {
+    Any,
+    Ip(IpAddr),
+    Subnet(IpNet),
+}
+
+impl FromStr for FwHost {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "any" {
+            return Ok(FwHost::Any);
+        }
+        if s.contains('/') {
+            return s
+                .parse()
+                .map(FwHost::Subnet)
+                .map_err(|_| format!("invalid subnet {s:?}"));
+        }
+        s.parse().map(FwHost::Ip).map_err(|_| {
+            format!("invalid firewall host {s:?}: expected any, an IP address or a prefix")
+        })
+    }
+}
+
+impl fmt::Display for FwHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FwHost::Any => f.write_str("any"),
+            FwHost::Ip(ip) => write!(f, "{ip}"),
+            FwHost::Subnet(net) => write!(f, "{net}"),
+        }
+    }
+}
+
+/// The protocol a firewall rule matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FwProto {
+    Any,
+    Tcp,
+    Udp,
+    Icmp,
+    Icmp6,
+}
+
+impl FwProto {
+    /// Only TCP and UDP have ports to filter on.
+    pub fn has_ports(self) -> bool {
+        matches!(self, FwProto::Tcp | FwProto::Udp)
+    }
+}
+
+impl FromStr for FwProto {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "any" => Ok(FwProto::Any),
+            "tcp" => Ok(FwProto::Tcp),
+            "udp" => Ok(FwProto::Udp),
+            "icmp" => Ok(FwProto::Icmp),
+            "icmp6" => Ok(FwProto::Icmp6),
+            _ => Err(format!(
+                "invalid protocol {s:?}: expected any, tcp, udp, icmp or icmp6"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for FwProto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FwProto::Any => "any",
+            FwProto::Tcp => "tcp",
+            FwProto::Udp => "udp",
+            FwProto::Icmp => "icmp",
+            FwProto::Icmp6 => "icmp6",
+        })
+    }
+}
+
+/// The match part of a firewall rule.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FwFilters {
+    pub host: FwHost,
+    pub proto: FwProto,
+    /// Destination ports (inbound: the guest's service; outbound: the remote's);
+    /// empty means any. Only for TCP/UDP.
+    #[serde(default)]
+    pub ports: Vec<u16>,
+}
+
+impl FwFilters {
+    /// Refuses filters that could never match as written, naming the value.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.ports.is_empty() && !self.proto.has_ports() {
+            return Err(format!(
+                "ports {:?} given for protocol {}, which has no ports",
+                self.ports, self.proto
+            ));
+        }
+        if self.ports.contains(&0) {
+            return Err("port 0 cannot be matched".into());
+        }
+        Ok(())
+    }
+}
+
+/// One firewall rule. Rules are evaluated in ascending priority; the first match
+/// decides. A rule is identified by (direction, priority, filters).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FwRule {
+    pub direction: Direction,
+    pub priority: u16,
+    pub action: FwAction,
+    pub filters: FwFilters,
+}
+
+impl FwRule {
+    pub fn same_identity(&self, direction: Direction, priority: u16, filters: &FwFilters) -> bool {
+        self.direction == direction && self.priority == priority && &self.filters == filters
+    }
+}
+
+impl fmt::Display for FwRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} prio={} {} host={} proto={}",
+            self.direction, self.priority, self.action, self.filters.host, self.filters.proto
+        )?;
+        if !self.filters.ports.is_empty() {
+            let ports: Vec<String> = self.filters.ports.iter().map(|p| p.to_string()).collect();
+            write!(f, " ports={}", ports.join(","))?;
+        }
+        Ok(())
+    }
+}
+
+/// A port as `list-ports` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortInfo {
+    pub config: PortConfig,
+    pub netns: Option<String>,
+}
+
+/// A successful answer; the variant says what it carries.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "data", rename_all = "kebab-case")]
+pub enum Reply {
+    /// A change was applied (and persisted).
+    Done,
+    Ports(Vec<PortInfo>),
+    V2p(Vec<V2pEntry>),
+    Routes(Vec<RouteEntry>),
+    FwRules(Vec<FwRule>),
+    /// Engine-produced inspection results (stats, MTU budget, RA, layer and flow
+    /// dumps), exactly as the engine serialises them.
+    Inspect(serde_json::Value),
+}
+
+/// Decodes one request line, refusing other protocol versions before looking at the
+/// rest. The error is the text to send back.
+pub fn decode_request(line: &[u8]) -> Result<Request, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(line).map_err(|e| format!("request is not valid JSON: {e}"))?;
+    check_version(&value)?;
+    let env: RequestEnvelope =
+        serde_json::from_value(value).map_err(|e| format!("invalid request: {e}"))?;
+    Ok(env.request)
+}
+
+/// Decodes one response line, refusing other protocol versions.
+pub fn decode_response(line: &[u8]) -> Result<Outcome, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(line).map_err(|e| format!("response is not valid JSON: {e}"))?;
+    check_version(&value)?;
+    let env: ResponseEnvelope =
+        serde_json::from_value(value).map_err(|e| format!("invalid response: {e}"))?;
+    Ok(env.outcome)
+}
+
+fn check_version(value: &serde_json::Value) -> Result<(), String> {
+    match value.get("version") {
+        None => Err(format!(
+            "message has no \"version\" field (this side speaks version {API_VERSION})"
+        )),
+        Some(v) if v.as_u64() == Some(u64::from(API_VERSION)) => Ok(()),
+        Some(v) => Err(format!(
+            "unsupported API version {v} (this side speaks version {API_VERSION})"
+        )),
+    }
+}
+
+/// Encodes a request as one line (with the trailing newline).
+pub fn encode_request(request: &Request) -> Vec<u8> {
+    encode_line(&RequestEnvelope {
+        version: API_VERSION,
+        request: request.clone(),
+    })
+}
+
+/// Encodes a response as one line (with the trailing newline).
+pub fn encode_response(outcome: Outcome) -> Vec<u8> {
+    encode_line(&ResponseEnvelope {
+        version: API_VERSION,
+        outcome,
+    })
+}
+
+fn encode_line<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serialising these types cannot fail: no maps with non-string keys, no
+    // non-finite floats. Should that ever change, the peer gets an error line rather
+    // than the daemon panicking.
+    let mut out = serde_json::to_vec(v).unwrap_or_else(|e| {
+        format!(
+            "{{\"version\":{API_VERSION},\"error\":\"cannot encode message: {}\"}}",
+            e.to_string().replace('"', "'")
+        )
+        .into_bytes()
+    });
+    out.push(b'\n');
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn sample_port(name: &str, last: u8) -> PortConfig {
+        PortConfig {
+            name: name.into(),
+            guest_mac: MacAddr([0xa8, 0x40, 0x25, 0xff, 0x00, last]),
+            gateway_mac: "a8:40:25:00:00:01".parse().unwrap(),
+            ipv4: Some(format!("172.30.0.{last}").parse().unwrap()),
+            ipv6: Some(format!("fd00:1122:3344:100::{last}").parse().unwrap()),
+            vpc_subnet4: Some("172.30.0.0/22".parse().unwrap()),
+            vpc_subnet6: Some("fd00:1122:3344:100::/64".parse().unwrap()),
+            gateway_ipv4: Some("172.30.0.1".parse().unwrap()),
+            vni: Vni::new(1701).unwrap(),
+            mtu: 8500,
+            external_jumbo: false,
+            dns_servers4: vec!["1.1.1.1".parse().unwrap()],
+            dns_servers6: vec![],
+            hostname: Some("web".into()),
+            domain: None,
+        }
+    }
+
+    fn all_requests() -> Vec<Request> {
+        let filters = FwFilters {
+            host: FwHost::Subnet("10.0.0.0/8".parse().unwrap()),
+            proto: FwProto::Tcp,
+            ports: vec![22, 443],
+        };
+        let rule = FwRule {
+            direction: Direction::In,
+            priority: 100,
+            action: FwAction::Allow,
+            filters: filters.clone(),
+        };
+        vec![
+            Request::CreatePort(CreatePort {
+                config: sample_port("opte0", 5),
+                netns: Some("guest0".into()),
+            }),
+            Request::DeletePort {
+                name: "opte0".into(),
+            },
+            Request::ListPorts,
+            Request::SetV2p(V2pEntry {
+                vpc_ip: "172.30.0.6".parse().unwrap(),
+                vpc_mac: "a8:40:25:ff:00:06".parse().unwrap(),
+                underlay_ip: "fd00:99::2".parse().unwrap(),
+                vni: Vni::new(1701).unwrap(),
+            }),
+            Request::ClearV2p {
+                vpc_ip: "fd00:1122:3344:100::6".parse().unwrap(),
+                vni: Vni::new(1701).unwrap(),
+            },
+            Request::DumpV2p,
+            Request::AddRouterEntry {
+                port: "opte0".into(),
+                entry: RouteEntry {
+                    dest: "0.0.0.0/0".parse().unwrap(),
+                    target: RouteTarget::Igw,
+                    mtu: Some(1500),
+                },
+            },
+            Request::DelRouterEntry {
+                port: "opte0".into(),
+                dest: "::/0".parse().unwrap(),
+            },
+            Request::DumpRoutes {
+                port: "opte0".into(),
+            },
+            Request::AddFwRule {
+                port: "opte0".into(),
+                rule: rule.clone(),
+            },
+            Request::RmFwRule {
+                port: "opte0".into(),
+                direction: Direction::In,
+                priority: 100,
+                filters,
+            },
+            Request::SetFwRules {
+                port: "opte0".into(),
+                rules: vec![rule],
+            },
+            Request::DumpLayer {
+                port: "opte0".into(),
+                layer: "firewall".into(),
+            },
+            Request::DumpUft {
+                port: "opte0".into(),
+            },
+            Request::ClearUft {
+                port: "opte0".into(),
+            },
+            Request::Stats { port: None },
+            Request::Stats {
+                port: Some("opte0".into()),
+            },
+            Request::Mtu {
+                port: "opte0".into(),
+            },
+            Request::Ra {
+                port: "opte0".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_request_round_trips() {
+        for req in all_requests() {
+            let line = encode_request(&req);
+            assert_eq!(line.last(), Some(&b'\n'));
+            assert_eq!(
+                line.iter().filter(|&&b| b == b'\n').count(),
+                1,
+                "one line per request"
+            );
+            assert_eq!(decode_request(&line).unwrap(), req);
+        }
+    }
+
+    #[test]
+    fn wire_form_is_versioned_and_tagged() {
+        let line = encode_request(&Request::Mtu { port: "p".into() });
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["op"], "mtu");
+        assert_eq!(v["port"], "p");
+    }
+
+    #[test]
+    fn every_reply_round_trips() {
+        let replies = vec![
+            Outcome::Ok(Reply::Done),
+            Outcome::Ok(Reply::Ports(vec![PortInfo {
+                config: sample_port("opte1", 7),
+                netns: None,
+            }])),
+            Outcome::Ok(Reply::Inspect(serde_json::json!({"drops": {"bad_vni": 3}}))),
+            Outcome::Error("invalid MAC address \"zz\"".into()),
+        ];
+        for r in replies {
+            assert_eq!(decode_response(&encode_response(r.clone())).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn other_versions_are_refused_by_name() {
+        let e = decode_request(br#"{"version":2,"op":"list-ports"}"#).unwrap_err();
+        assert!(e.contains("unsupported API version 2"), "{e}");
+        let e = decode_request(br#"{"op":"list-ports"}"#).unwrap_err();
+        assert!(e.contains("version"), "{e}");
+        let e = decode_response(br#"{"version":"1","ok":{"kind":"done"}}"#).unwrap_err();
+        assert!(e.contains("\"1\""), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = decode_request(
+            br#"{"version":1,"op":"set-v2p","vpc_ip":"10.0.0.1","vpc_mac":"zz:00:00:00:00:00","underlay_ip":"fd00::1","vni":5}"#,
+        )
+        .unwrap_err();
+        assert!(e.contains("zz:00:00:00:00:00"), "{e}");
+        let e =
+            decode_request(br#"{"version":1,"op":"clear-v2p","vpc_ip":"10.0.0.1","vni":16777216}"#)
+                .unwrap_err();
+        assert!(e.contains("16777216"), "{e}");
+        let e = decode_request(br#"{"version":1,"op":"frobnicate"}"#).unwrap_err();
+        assert!(e.contains("frobnicate"), "{e}");
+    }
+
+    #[test]
+    fn cli_words_parse_and_print_back() {
+        for s in ["subnet", "igw", "drop"] {
+            assert_eq!(s.parse::<RouteTarget>().unwrap().to_string(), s);
+        }
+        for s in ["any", "10.1.2.3", "fd00::/64"] {
+            assert_eq!(s.parse::<FwHost>().unwrap().to_string(), s);
+        }
+        assert!("router"
+            .parse::<RouteTarget>()
+            .unwrap_err()
+            .contains("router"));
+        assert!("vni=7".parse::<FwHost>().unwrap_err().contains("vni=7"));
+        assert!("sctp".parse::<FwProto>().unwrap_err().contains("sctp"));
+    }
+
+    #[test]
+    fn filters_refuse_ports_without_a_port_protocol() {
+        let f = FwFilters {
+            host: FwHost::Any,
+            proto: FwProto::Icmp,
+            ports: vec![80],
+        };
+        assert!(f.validate().unwrap_err().contains("80"));
+    }
+}

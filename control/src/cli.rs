@@ -1,0 +1,769 @@
+//! `xdeadm`'s command line: parsing (clap), turning commands into API requests, and
+//! printing the answers as tables or JSON.
+//!
+//! Parsing lives in the library so tests can check that every verb builds the request
+//! it should and that bad values are refused by name before anything is sent.
+
+use crate::api::{
+    CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule, PortInfo, Reply, Request,
+    RouteEntry, RouteTarget, V2pEntry, DEFAULT_API_SOCKET,
+};
+use crate::config::parse_vni;
+use clap::{Args, Parser, Subcommand};
+use engine::port::DEFAULT_PORT_MTU;
+use engine::{PortConfig, Vni};
+use ipnet::IpNet;
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv6Addr};
+use std::path::PathBuf;
+use wire::MacAddr;
+
+#[derive(Debug, Parser)]
+#[command(name = "xdeadm", version, about = "Administer the overlayd datapath")]
+pub struct Cli {
+    /// The daemon's API socket.
+    #[arg(long, global = true, value_name = "PATH", default_value = DEFAULT_API_SOCKET)]
+    pub socket: PathBuf,
+    /// Print machine-readable JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a guest port (a tap device) and its gateway.
+    CreateXde(CreateXde),
+    /// Delete a port and its routes and firewall rules.
+    DeleteXde { name: String },
+    /// List ports.
+    ListPorts,
+    /// Map a guest's VPC address to its MAC and the sled hosting it.
+    SetV2p {
+        vpc_ip: IpAddr,
+        #[arg(value_parser = parse_mac)]
+        vpc_mac: MacAddr,
+        underlay_ip: Ipv6Addr,
+        #[arg(value_parser = parse_vni)]
+        vni: Vni,
+    },
+    /// Remove a V2P mapping.
+    ClearV2p {
+        vpc_ip: IpAddr,
+        #[arg(value_parser = parse_vni)]
+        vni: Vni,
+    },
+    /// Show all V2P mappings.
+    DumpV2p,
+    /// Add a router entry: DEST is a prefix, TARGET one of subnet, igw, drop.
+    AddRouterEntry {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        dest: IpNet,
+        target: RouteTarget,
+        /// Path MTU for this destination, when smaller than the port's.
+        #[arg(long, value_parser = parse_mtu)]
+        mtu: Option<u16>,
+    },
+    /// Remove the router entry for DEST.
+    DelRouterEntry {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        dest: IpNet,
+    },
+    /// Show a port's router entries.
+    DumpRoutes { port: String },
+    /// Add one firewall rule.
+    AddFwRule {
+        port: String,
+        #[command(flatten)]
+        rule: RuleArgs,
+        #[arg(long, default_value = "allow")]
+        action: FwAction,
+    },
+    /// Remove the firewall rule with this direction, priority and filters.
+    RmFwRule {
+        port: String,
+        #[command(flatten)]
+        rule: RuleArgs,
+    },
+    /// Replace all of a port's firewall rules. Each --rule is
+    /// "direction=in priority=10 action=allow host=any proto=tcp ports=22,443";
+    /// no --rule clears the set.
+    SetFwRules {
+        port: String,
+        #[arg(long = "rule", value_parser = parse_rule)]
+        rules: Vec<FwRule>,
+    },
+    /// Show a layer's rules and flows (gateway, firewall, router, overlay).
+    DumpLayer { port: String, layer: String },
+    /// Show the unified flow table of a port.
+    DumpUft { port: String },
+    /// Empty the unified flow table of a port.
+    ClearUft { port: String },
+    /// Counters: datapath-wide, or one port's.
+    Stats { port: Option<String> },
+    /// The MTU budget of a port: underlay MTU, overhead, segment sizes, warnings.
+    Mtu { port: String },
+    /// `ra PORT`: the RA a port advertises; `ra listen IFACE`: solicit one (in a guest).
+    Ra(RaArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CreateXde {
+    pub name: String,
+    #[arg(long, value_parser = parse_mac)]
+    pub guest_mac: MacAddr,
+    /// The guest's private address (one IPv4 and/or one IPv6).
+    #[arg(long = "private-ip", required = true)]
+    pub private_ip: Vec<IpAddr>,
+    /// The VPC subnet (one IPv4 and/or one IPv6).
+    #[arg(long = "vpc-subnet", value_parser = parse_net)]
+    pub vpc_subnet: Vec<IpNet>,
+    #[arg(long, value_parser = parse_mac)]
+    pub gateway_mac: MacAddr,
+    /// The gateway's IPv4 address (its IPv6 address is derived from the gateway MAC).
+    #[arg(long)]
+    pub gateway_ip: Option<IpAddr>,
+    #[arg(long, value_parser = parse_vni)]
+    pub vpc_vni: Vni,
+    #[arg(long, default_value_t = DEFAULT_PORT_MTU, value_parser = parse_mtu)]
+    pub mtu: u16,
+    /// Let external traffic use the port MTU (needs the daemon's sled-wide flag too).
+    #[arg(long)]
+    pub external_jumbo: bool,
+    /// Move the tap into this network namespace.
+    #[arg(long)]
+    pub netns: Option<String>,
+    #[arg(long = "dns-server")]
+    pub dns_server: Vec<IpAddr>,
+    #[arg(long)]
+    pub hostname: Option<String>,
+    #[arg(long)]
+    pub domain: Option<String>,
+}
+
+/// Direction, priority and filters of a firewall rule, as flags.
+#[derive(Debug, Args)]
+pub struct RuleArgs {
+    #[arg(long)]
+    pub direction: Direction,
+    #[arg(long)]
+    pub priority: u16,
+    /// any, an address or a prefix.
+    #[arg(long, default_value = "any")]
+    pub host: FwHost,
+    #[arg(long, default_value = "any")]
+    pub proto: FwProto,
+    /// Destination ports, comma separated (TCP/UDP only).
+    #[arg(long, value_delimiter = ',')]
+    pub ports: Vec<u16>,
+}
+
+impl RuleArgs {
+    fn filters(&self) -> FwFilters {
+        FwFilters {
+            host: self.host,
+            proto: self.proto,
+            ports: self.ports.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct RaArgs {
+    /// The port whose RA to show.
+    pub port: Option<String>,
+    #[command(subcommand)]
+    pub listen: Option<RaCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RaCommand {
+    /// Send a Router Solicitation on IFACE and print the RA received (runs locally,
+    /// no daemon needed).
+    Listen {
+        iface: String,
+        #[arg(long, default_value_t = 5)]
+        timeout: u64,
+    },
+}
+
+/// What a parsed command does.
+#[derive(Debug, PartialEq)]
+pub enum Action {
+    /// Ask the daemon.
+    Call(Request),
+    /// Solicit an RA locally.
+    RaListen { iface: String, timeout_s: u64 },
+}
+
+pub fn parse_mac(s: &str) -> Result<MacAddr, String> {
+    s.parse()
+        .map_err(|e: wire::mac::ParseMacError| e.to_string())
+}
+
+pub fn parse_net(s: &str) -> Result<IpNet, String> {
+    s.parse()
+        .map_err(|_| format!("invalid prefix {s:?}: expected e.g. 10.0.0.0/24 or fd00::/64"))
+}
+
+pub fn parse_mtu(s: &str) -> Result<u16, String> {
+    let v: u32 = s
+        .parse()
+        .map_err(|_| format!("invalid MTU {s:?}: expected a number"))?;
+    let min = engine::port::MIN_PORT_MTU;
+    if v < u32::from(min) {
+        return Err(format!("MTU {v} is below {min}"));
+    }
+    u16::try_from(v).map_err(|_| format!("MTU {v} is above 65535"))
+}
+
+/// Parses "direction=in priority=10 action=allow host=any proto=tcp ports=22,443".
+pub fn parse_rule(s: &str) -> Result<FwRule, String> {
+    let (mut direction, mut priority, mut action) = (None, None, FwAction::Allow);
+    let (mut host, mut proto, mut ports) = (FwHost::Any, FwProto::Any, Vec::new());
+    for word in s.split_whitespace() {
+        let (k, v) = word
+            .split_once('=')
+            .ok_or_else(|| format!("rule {s:?}: {word:?} is not key=value"))?;
+        match k {
+            "direction" | "dir" => direction = Some(v.parse()?),
+            "priority" | "prio" => {
+                priority = Some(
+                    v.parse::<u16>()
+                        .map_err(|_| format!("rule {s:?}: invalid priority {v:?}"))?,
+                )
+            }
+            "action" => action = v.parse()?,
+            "host" => host = v.parse()?,
+            "proto" | "protocol" => proto = v.parse()?,
+            "ports" | "port" => {
+                for p in v.split(',') {
+                    ports.push(
+                        p.parse::<u16>()
+                            .map_err(|_| format!("rule {s:?}: invalid port {p:?}"))?,
+                    );
+                }
+            }
+            _ => return Err(format!("rule {s:?}: unknown key {k:?}")),
+        }
+    }
+    let rule = FwRule {
+        direction: direction.ok_or_else(|| format!("rule {s:?}: needs direction=in|out"))?,
+        priority: priority.ok_or_else(|| format!("rule {s:?}: needs priority=N"))?,
+        action,
+        filters: FwFilters { host, proto, ports },
+    };
+    rule.filters
+        .validate()
+        .map_err(|e| format!("rule {s:?}: {e}"))?;
+    Ok(rule)
+}
+
+impl CreateXde {
+    /// Builds the port configuration, refusing what it cannot hold by name.
+    pub fn to_config(&self) -> Result<PortConfig, String> {
+        fn one<T: Copy + std::fmt::Display>(what: &str, v: &[T]) -> Result<Option<T>, String> {
+            match v {
+                [] => Ok(None),
+                [x] => Ok(Some(*x)),
+                _ => Err(format!(
+                    "more than one {what}: {}",
+                    v.iter()
+                        .map(|x| x.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+            }
+        }
+        let v4: Vec<_> = self
+            .private_ip
+            .iter()
+            .filter_map(|ip| match ip {
+                IpAddr::V4(a) => Some(*a),
+                IpAddr::V6(_) => None,
+            })
+            .collect();
+        let v6: Vec<_> = self
+            .private_ip
+            .iter()
+            .filter_map(|ip| match ip {
+                IpAddr::V6(a) => Some(*a),
+                IpAddr::V4(_) => None,
+            })
+            .collect();
+        let n4: Vec<_> = self
+            .vpc_subnet
+            .iter()
+            .filter_map(|n| match n {
+                IpNet::V4(n) => Some(*n),
+                IpNet::V6(_) => None,
+            })
+            .collect();
+        let n6: Vec<_> = self
+            .vpc_subnet
+            .iter()
+            .filter_map(|n| match n {
+                IpNet::V6(n) => Some(*n),
+                IpNet::V4(_) => None,
+            })
+            .collect();
+        let gateway_ipv4 = match self.gateway_ip {
+            None => None,
+            Some(IpAddr::V4(a)) => Some(a),
+            Some(IpAddr::V6(a)) => {
+                return Err(format!(
+                    "gateway IP {a} is IPv6: the gateway's IPv6 address is always fe80::EUI-64(gateway MAC); give its IPv4 address"
+                ))
+            }
+        };
+        let cfg = PortConfig {
+            name: self.name.clone(),
+            guest_mac: self.guest_mac,
+            gateway_mac: self.gateway_mac,
+            ipv4: one("IPv4 private IP", &v4)?,
+            ipv6: one("IPv6 private IP", &v6)?,
+            vpc_subnet4: one("IPv4 VPC subnet", &n4)?,
+            vpc_subnet6: one("IPv6 VPC subnet", &n6)?,
+            gateway_ipv4,
+            vni: self.vpc_vni,
+            mtu: self.mtu,
+            external_jumbo: self.external_jumbo,
+            dns_servers4: self
+                .dns_server
+                .iter()
+                .filter_map(|ip| match ip {
+                    IpAddr::V4(a) => Some(*a),
+                    IpAddr::V6(_) => None,
+                })
+                .collect(),
+            dns_servers6: self
+                .dns_server
+                .iter()
+                .filter_map(|ip| match ip {
+                    IpAddr::V6(a) => Some(*a),
+                    IpAddr::V4(_) => None,
+                })
+                .collect(),
+            hostname: self.hostname.clone(),
+            domain: self.domain.clone(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+impl Command {
+    /// Turns the command into what to do; errors name the bad value.
+    pub fn action(self) -> Result<Action, String> {
+        let req = match self {
+            Command::CreateXde(c) => Request::CreatePort(CreatePort {
+                config: c.to_config()?,
+                netns: c.netns,
+            }),
+            Command::DeleteXde { name } => Request::DeletePort { name },
+            Command::ListPorts => Request::ListPorts,
+            Command::SetV2p {
+                vpc_ip,
+                vpc_mac,
+                underlay_ip,
+                vni,
+            } => Request::SetV2p(V2pEntry {
+                vpc_ip,
+                vpc_mac,
+                underlay_ip,
+                vni,
+            }),
+            Command::ClearV2p { vpc_ip, vni } => Request::ClearV2p { vpc_ip, vni },
+            Command::DumpV2p => Request::DumpV2p,
+            Command::AddRouterEntry {
+                port,
+                dest,
+                target,
+                mtu,
+            } => Request::AddRouterEntry {
+                port,
+                entry: RouteEntry { dest, target, mtu },
+            },
+            Command::DelRouterEntry { port, dest } => Request::DelRouterEntry { port, dest },
+            Command::DumpRoutes { port } => Request::DumpRoutes { port },
+            Command::AddFwRule { port, rule, action } => {
+                let filters = rule.filters();
+                filters.validate()?;
+                Request::AddFwRule {
+                    port,
+                    rule: FwRule {
+                        direction: rule.direction,
+                        priority: rule.priority,
+                        action,
+                        filters,
+                    },
+                }
+            }
+            Command::RmFwRule { port, rule } => Request::RmFwRule {
+                port,
+                direction: rule.direction,
+                priority: rule.priority,
+                filters: rule.filters(),
+            },
+            Command::SetFwRules { port, rules } => Request::SetFwRules { port, rules },
+            Command::DumpLayer { port, layer } => Request::DumpLayer { port, layer },
+            Command::DumpUft { port } => Request::DumpUft { port },
+            Command::ClearUft { port } => Request::ClearUft { port },
+            Command::Stats { port } => Request::Stats { port },
+            Command::Mtu { port } => Request::Mtu { port },
+            Command::Ra(RaArgs {
+                listen: Some(RaCommand::Listen { iface, timeout }),
+                ..
+            }) => {
+                return Ok(Action::RaListen {
+                    iface,
+                    timeout_s: timeout,
+                })
+            }
+            Command::Ra(RaArgs {
+                port: Some(port), ..
+            }) => Request::Ra { port },
+            Command::Ra(RaArgs { .. }) => {
+                return Err("ra needs a PORT, or `listen IFACE`".into());
+            }
+        };
+        Ok(Action::Call(req))
+    }
+}
+
+/// Renders a reply for people: tables for lists, indented key/value lines for the
+/// engine's inspection results.
+pub fn render(reply: &Reply) -> String {
+    let mut out = String::new();
+    match reply {
+        Reply::Done => {}
+        Reply::Ports(ports) => render_ports(&mut out, ports),
+        Reply::V2p(entries) => {
+            let rows = entries
+                .iter()
+                .map(|e| {
+                    vec![
+                        e.vni.to_string(),
+                        e.vpc_ip.to_string(),
+                        e.vpc_mac.to_string(),
+                        e.underlay_ip.to_string(),
+                    ]
+                })
+                .collect();
+            table(&mut out, &["VNI", "VPC IP", "VPC MAC", "UNDERLAY IP"], rows);
+        }
+        Reply::Routes(routes) => {
+            let rows = routes
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.dest.to_string(),
+                        r.target.to_string(),
+                        r.mtu.map_or("-".into(), |m| m.to_string()),
+                    ]
+                })
+                .collect();
+            table(&mut out, &["DEST", "TARGET", "MTU"], rows);
+        }
+        Reply::FwRules(rules) => {
+            for r in rules {
+                let _ = writeln!(out, "{r}");
+            }
+        }
+        Reply::Inspect(v) => render_value(&mut out, v, 0),
+    }
+    out
+}
+
+fn render_ports(out: &mut String, ports: &[PortInfo]) {
+    let rows = ports
+        .iter()
+        .map(|p| {
+            let c = &p.config;
+            let ips: Vec<String> = c
+                .ipv4
+                .map(|a| a.to_string())
+                .into_iter()
+                .chain(c.ipv6.map(|a| a.to_string()))
+                .collect();
+            vec![
+                c.name.clone(),
+                c.guest_mac.to_string(),
+                ips.join(","),
+                c.vni.to_string(),
+                c.mtu.to_string(),
+                p.netns.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(out, &["NAME", "MAC", "IP", "VNI", "MTU", "NETNS"], rows);
+}
+
+fn table(out: &mut String, head: &[&str], rows: Vec<Vec<String>>) {
+    let mut width: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |out: &mut String, cells: &mut dyn Iterator<Item = &str>| {
+        let mut s = String::new();
+        for (c, w) in cells.zip(&width) {
+            let _ = write!(s, "{c:<w$}  ");
+        }
+        let _ = writeln!(out, "{}", s.trim_end());
+    };
+    line(out, &mut head.iter().copied());
+    for r in &rows {
+        line(out, &mut r.iter().map(String::as_str));
+    }
+}
+
+/// Prints nested objects as indented `key: value` lines and arrays of objects as
+/// numbered entries, so any engine result is readable without a per-type printer.
+fn render_value(out: &mut String, v: &serde_json::Value, depth: usize) {
+    let pad = "  ".repeat(depth);
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                if v.is_object()
+                    || v.as_array()
+                        .is_some_and(|a| a.iter().any(|x| !x.is_string() && !x.is_number()))
+                {
+                    let _ = writeln!(out, "{pad}{k}:");
+                    render_value(out, v, depth + 1);
+                } else {
+                    let _ = writeln!(out, "{pad}{k}: {}", scalar(v));
+                }
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                if v.is_object() || v.is_array() {
+                    let _ = writeln!(out, "{pad}[{i}]");
+                    render_value(out, v, depth + 1);
+                } else {
+                    let _ = writeln!(out, "{pad}{}", scalar(v));
+                }
+            }
+        }
+        other => {
+            let _ = writeln!(out, "{pad}{}", scalar(other));
+        }
+    }
+}
+
+fn scalar(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        serde_json::Value::Array(a) => a.iter().map(scalar).collect::<Vec<_>>().join(", "),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Action, String> {
+        let cli = Cli::try_parse_from(std::iter::once("xdeadm").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.command.action()
+    }
+
+    const CREATE: &[&str] = &[
+        "create-xde",
+        "opte0",
+        "--guest-mac",
+        "a8:40:25:ff:00:01",
+        "--private-ip",
+        "172.30.0.5",
+        "--private-ip",
+        "fd00:1122:3344:100::5",
+        "--vpc-subnet",
+        "172.30.0.0/22",
+        "--vpc-subnet",
+        "fd00:1122:3344:100::/64",
+        "--gateway-mac",
+        "a8:40:25:00:00:01",
+        "--gateway-ip",
+        "172.30.0.1",
+        "--vpc-vni",
+        "1701",
+    ];
+
+    fn with(extra: &[&'static str]) -> Vec<&'static str> {
+        CREATE.iter().chain(extra).copied().collect()
+    }
+
+    #[test]
+    fn create_xde_builds_the_port() {
+        let a = parse(&with(&[
+            "--mtu",
+            "8500",
+            "--netns",
+            "g0",
+            "--dns-server",
+            "1.1.1.1",
+        ]))
+        .unwrap();
+        let Action::Call(Request::CreatePort(c)) = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(c.netns.as_deref(), Some("g0"));
+        let p = c.config;
+        assert_eq!(p.mtu, 8500);
+        assert_eq!(p.ipv4.unwrap().to_string(), "172.30.0.5");
+        assert_eq!(p.ipv6.unwrap().to_string(), "fd00:1122:3344:100::5");
+        assert_eq!(p.vni.get(), 1701);
+        assert_eq!(p.dns_servers4.len(), 1);
+        let Action::Call(Request::CreatePort(c)) = parse(CREATE).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.config.mtu, DEFAULT_PORT_MTU);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let mut bad_mac = CREATE.to_vec();
+        bad_mac[3] = "zz:40:25:ff:00:01";
+        let e = parse(&bad_mac).unwrap_err();
+        assert!(
+            e.contains("invalid MAC address \"zz:40:25:ff:00:01\""),
+            "{e}"
+        );
+        let e = parse(&with(&["--mtu", "100"])).unwrap_err();
+        assert!(e.contains("MTU 100 is below 1280"), "{e}");
+        let e = parse(&with(&["--private-ip", "172.30.0.6"])).unwrap_err();
+        assert!(e.contains("172.30.0.5, 172.30.0.6"), "{e}");
+        let mut big_vni = CREATE.to_vec();
+        *big_vni.last_mut().unwrap() = "16777216";
+        let e = parse(&big_vni).unwrap_err();
+        assert!(e.contains("16777216"), "{e}");
+        let e = parse(&["set-v2p", "10.0.0.1", "a8:40:25:ff:00:01", "10.0.0.2", "5"]).unwrap_err();
+        assert!(e.contains("10.0.0.2"), "{e}");
+        let e = parse(&["add-router-entry", "p", "10.0.0.0/33", "subnet"]).unwrap_err();
+        assert!(e.contains("10.0.0.0/33"), "{e}");
+        let e = parse(&["add-router-entry", "p", "10.0.0.0/8", "router"]).unwrap_err();
+        assert!(e.contains("router"), "{e}");
+        let e = parse(&["ra"]).unwrap_err();
+        assert!(e.contains("PORT"), "{e}");
+    }
+
+    #[test]
+    fn verbs_map_to_requests() {
+        assert_eq!(
+            parse(&[
+                "set-v2p",
+                "172.30.0.6",
+                "a8:40:25:ff:00:06",
+                "fd00:99::2",
+                "1701"
+            ])
+            .unwrap(),
+            Action::Call(Request::SetV2p(V2pEntry {
+                vpc_ip: "172.30.0.6".parse().unwrap(),
+                vpc_mac: "a8:40:25:ff:00:06".parse().unwrap(),
+                underlay_ip: "fd00:99::2".parse().unwrap(),
+                vni: Vni::new(1701).unwrap(),
+            }))
+        );
+        assert_eq!(
+            parse(&["add-router-entry", "p", "0.0.0.0/0", "igw", "--mtu", "1500"]).unwrap(),
+            Action::Call(Request::AddRouterEntry {
+                port: "p".into(),
+                entry: RouteEntry {
+                    dest: "0.0.0.0/0".parse().unwrap(),
+                    target: RouteTarget::Igw,
+                    mtu: Some(1500)
+                }
+            })
+        );
+        assert_eq!(
+            parse(&["--json", "stats"]).unwrap(),
+            Action::Call(Request::Stats { port: None })
+        );
+        assert_eq!(
+            parse(&["ra", "opte0"]).unwrap(),
+            Action::Call(Request::Ra {
+                port: "opte0".into()
+            })
+        );
+        assert_eq!(
+            parse(&["ra", "listen", "eth0", "--timeout", "2"]).unwrap(),
+            Action::RaListen {
+                iface: "eth0".into(),
+                timeout_s: 2
+            }
+        );
+        let a = parse(&[
+            "add-fw-rule",
+            "p",
+            "--direction",
+            "in",
+            "--priority",
+            "10",
+            "--proto",
+            "tcp",
+            "--ports",
+            "22,443",
+        ])
+        .unwrap();
+        let Action::Call(Request::AddFwRule { rule, .. }) = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(rule.filters.ports, [22, 443]);
+        assert_eq!(rule.action, FwAction::Allow);
+        let e = parse(&[
+            "add-fw-rule",
+            "p",
+            "--direction",
+            "in",
+            "--priority",
+            "10",
+            "--proto",
+            "icmp",
+            "--ports",
+            "22",
+        ])
+        .unwrap_err();
+        assert!(e.contains("22"), "{e}");
+    }
+
+    #[test]
+    fn rule_strings() {
+        let r =
+            parse_rule("direction=out priority=5 action=deny host=10.0.0.0/8 proto=udp ports=53")
+                .unwrap();
+        assert_eq!(
+            r.to_string(),
+            "out prio=5 deny host=10.0.0.0/8 proto=udp ports=53"
+        );
+        assert!(parse_rule("priority=5").unwrap_err().contains("direction"));
+        assert!(parse_rule("dir=in prio=5 colour=red")
+            .unwrap_err()
+            .contains("colour"));
+        assert!(parse_rule("dir=in prio=x").unwrap_err().contains("\"x\""));
+    }
+
+    #[test]
+    fn renders_tables_and_values() {
+        let s = render(&Reply::Routes(vec![RouteEntry {
+            dest: "0.0.0.0/0".parse().unwrap(),
+            target: RouteTarget::Igw,
+            mtu: None,
+        }]));
+        assert_eq!(s, "DEST       TARGET  MTU\n0.0.0.0/0  igw     -\n");
+        let s = render(&Reply::Inspect(serde_json::json!({
+            "port": "opte0",
+            "drops": {"bad_vni": 2},
+            "warnings": ["a", "b"],
+        })));
+        assert_eq!(s, "drops:\n  bad_vni: 2\nport: opte0\nwarnings: a, b\n");
+    }
+}

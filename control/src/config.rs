@@ -1,0 +1,413 @@
+//! `overlayd`'s configuration: a TOML or JSON file, command-line flags that override
+//! it, and the resolved [`DaemonConfig`] the daemon runs with.
+
+use crate::api::DEFAULT_API_SOCKET;
+use clap::Parser;
+use core::fmt;
+use core::str::FromStr;
+use engine::Vni;
+use serde::{Deserialize, Serialize};
+use std::net::Ipv6Addr;
+use std::path::{Path, PathBuf};
+
+/// Where ports, V2P, routes and firewall rules are kept across restarts by default.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/overlayd";
+
+/// The VNI boundary services use for traffic leaving the rack unless configured.
+pub const DEFAULT_BOUNDARY_VNI: u32 = 99;
+
+/// How the XDP steering program is attached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpMode {
+    /// In the driver: the fast path, and what multi-buffer (jumbo) frames need.
+    #[default]
+    Native,
+    /// Generic, after the kernel built an skb: works on any driver, slower, and may
+    /// hand AF_XDP unsegmented GSO packets.
+    Skb,
+}
+
+impl FromStr for XdpMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "native" => Ok(XdpMode::Native),
+            "skb" => Ok(XdpMode::Skb),
+            _ => Err(format!("invalid XDP mode {s:?}: expected native or skb")),
+        }
+    }
+}
+
+impl fmt::Display for XdpMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            XdpMode::Native => "native",
+            XdpMode::Skb => "skb",
+        })
+    }
+}
+
+/// A set of CPU cores, written like `0,1`, `0-3` or `0-1,6`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CoreList(Vec<usize>);
+
+/// Core numbers above this are refused: `sched_setaffinity`'s `cpu_set_t` holds 1024.
+pub const MAX_CORE: usize = 1023;
+
+impl CoreList {
+    pub fn cores(&self) -> &[usize] {
+        &self.0
+    }
+}
+
+impl FromStr for CoreList {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("invalid core list {s:?}: {why}");
+        let num = |t: &str| -> Result<usize, String> {
+            let n: usize = t
+                .trim()
+                .parse()
+                .map_err(|_| bad(&format!("{t:?} is not a core number")))?;
+            if n > MAX_CORE {
+                return Err(bad(&format!("core {n} is above {MAX_CORE}")));
+            }
+            Ok(n)
+        };
+        let mut cores = Vec::new();
+        for part in s.split(',') {
+            match part.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b) = (num(a)?, num(b)?);
+                    if a > b {
+                        return Err(bad(&format!("range {a}-{b} is backwards")));
+                    }
+                    cores.extend(a..=b);
+                }
+                None => cores.push(num(part)?),
+            }
+        }
+        cores.sort_unstable();
+        cores.dedup();
+        Ok(CoreList(cores))
+    }
+}
+
+impl TryFrom<String> for CoreList {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<CoreList> for String {
+    fn from(c: CoreList) -> String {
+        c.to_string()
+    }
+}
+
+impl fmt::Display for CoreList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|c| c.to_string()).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+/// The config file's shape: every field optional, so a file can set a few and flags
+/// the rest. Unknown keys are refused so a typo does not silently fall back to a
+/// default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    #[serde(default)]
+    pub underlay: Vec<String>,
+    pub underlay_addr: Option<Ipv6Addr>,
+    pub api_socket: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub cores: Option<CoreList>,
+    #[serde(default)]
+    pub external_jumbo: bool,
+    pub boundary_services: Option<Ipv6Addr>,
+    pub boundary_vni: Option<Vni>,
+    pub xdp_mode: Option<XdpMode>,
+    pub log_level: Option<String>,
+}
+
+impl FileConfig {
+    /// Reads a TOML file, or JSON when the name ends in `.json`.
+    pub fn load(path: &Path) -> Result<FileConfig, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        if path.extension().is_some_and(|e| e == "json") {
+            serde_json::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+        } else {
+            toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+        }
+    }
+}
+
+/// `overlayd`'s command line. Flags override the config file.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "overlayd",
+    version,
+    about = "Geneve/IPv6 overlay datapath daemon"
+)]
+pub struct DaemonArgs {
+    /// Config file (TOML, or JSON if the name ends in .json).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Underlay interface (repeatable).
+    #[arg(long, value_name = "IFACE")]
+    pub underlay: Vec<String>,
+    /// This sled's underlay IPv6 address (outer source, and what the XDP program steers).
+    #[arg(long, value_name = "IPV6")]
+    pub underlay_addr: Option<Ipv6Addr>,
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Cores to run workers on, e.g. 0,1 or 0-1.
+    #[arg(long, value_name = "LIST")]
+    pub cores: Option<CoreList>,
+    /// Sled-wide: external traffic may use the port MTU (needs the port flag too).
+    #[arg(long)]
+    pub external_jumbo: bool,
+    /// Underlay address of boundary services (where traffic leaving the rack goes).
+    #[arg(long, value_name = "UNDERLAY_ADDR")]
+    pub boundary_services: Option<Ipv6Addr>,
+    #[arg(long, value_name = "N", value_parser = parse_vni)]
+    pub boundary_vni: Option<Vni>,
+    #[arg(long, value_name = "native|skb")]
+    pub xdp_mode: Option<XdpMode>,
+    /// tracing filter, e.g. info or overlayd=debug.
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+}
+
+/// Parses a VNI argument, naming the value when it is not a 24-bit number.
+pub fn parse_vni(s: &str) -> Result<Vni, String> {
+    let n: u32 = s
+        .parse()
+        .map_err(|_| format!("invalid VNI {s:?}: expected a number below 2^24"))?;
+    Vni::new(n)
+}
+
+/// What the daemon runs with, file and flags merged and defaults filled in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DaemonConfig {
+    pub underlay: Vec<String>,
+    pub underlay_addr: Ipv6Addr,
+    pub api_socket: PathBuf,
+    pub state_dir: PathBuf,
+    /// Cores for the workers; empty means "do not pin" (one worker, anywhere).
+    pub cores: Vec<usize>,
+    pub external_jumbo: bool,
+    pub boundary_services: Option<Ipv6Addr>,
+    pub boundary_vni: Vni,
+    pub xdp_mode: XdpMode,
+    pub log_level: String,
+}
+
+impl DaemonConfig {
+    /// Merges the config file (if any) and the flags; flags win. Repeated
+    /// `--underlay` flags replace the file's list rather than adding to it, so the
+    /// command line alone says what is used when it says anything.
+    pub fn resolve(args: &DaemonArgs) -> Result<DaemonConfig, String> {
+        let file = match &args.config {
+            Some(p) => FileConfig::load(p)?,
+            None => FileConfig::default(),
+        };
+        Self::merge(file, args)
+    }
+
+    fn merge(file: FileConfig, args: &DaemonArgs) -> Result<DaemonConfig, String> {
+        let underlay = if args.underlay.is_empty() {
+            file.underlay
+        } else {
+            args.underlay.clone()
+        };
+        if underlay.is_empty() {
+            return Err(
+                "no underlay interface: give --underlay IFACE or `underlay` in the config file"
+                    .into(),
+            );
+        }
+        for name in &underlay {
+            if name.is_empty() || name.len() > 15 || name.contains('/') {
+                return Err(format!("invalid underlay interface name {name:?}"));
+            }
+        }
+        let underlay_addr = args.underlay_addr.or(file.underlay_addr).ok_or(
+            "no underlay address: give --underlay-addr IPV6 or `underlay-addr` in the config file",
+        )?;
+        if underlay_addr.is_unspecified() || underlay_addr.is_multicast() {
+            return Err(format!(
+                "underlay address {underlay_addr} is not a unicast address"
+            ));
+        }
+        let boundary_vni = match args.boundary_vni.or(file.boundary_vni) {
+            Some(v) => v,
+            None => Vni::new(DEFAULT_BOUNDARY_VNI)?,
+        };
+        Ok(DaemonConfig {
+            underlay,
+            underlay_addr,
+            api_socket: args
+                .api_socket
+                .clone()
+                .or(file.api_socket)
+                .unwrap_or_else(|| DEFAULT_API_SOCKET.into()),
+            state_dir: args
+                .state_dir
+                .clone()
+                .or(file.state_dir)
+                .unwrap_or_else(|| DEFAULT_STATE_DIR.into()),
+            cores: args
+                .cores
+                .clone()
+                .or(file.cores)
+                .map(|c| c.0)
+                .unwrap_or_default(),
+            external_jumbo: args.external_jumbo || file.external_jumbo,
+            boundary_services: args.boundary_services.or(file.boundary_services),
+            boundary_vni,
+            xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
+            log_level: args
+                .log_level
+                .clone()
+                .or(file.log_level)
+                .unwrap_or_else(|| "info".into()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Result<DaemonArgs, clap::Error> {
+        DaemonArgs::try_parse_from(std::iter::once("overlayd").chain(v.iter().copied()))
+    }
+
+    #[test]
+    fn core_lists() {
+        let c: CoreList = "0-2,5,1".parse().unwrap();
+        assert_eq!(c.cores(), &[0, 1, 2, 5]);
+        assert_eq!(c.to_string(), "0,1,2,5");
+        assert!("3-1".parse::<CoreList>().unwrap_err().contains("3-1"));
+        assert!("a".parse::<CoreList>().unwrap_err().contains("\"a\""));
+        assert!("4096".parse::<CoreList>().unwrap_err().contains("4096"));
+        assert!("".parse::<CoreList>().is_err());
+    }
+
+    #[test]
+    fn flags_alone() {
+        let a = args(&[
+            "--underlay",
+            "eth0",
+            "--underlay",
+            "eth1",
+            "--underlay-addr",
+            "fd00:99::1",
+            "--cores",
+            "0-1",
+            "--xdp-mode",
+            "skb",
+            "--boundary-vni",
+            "1234",
+        ])
+        .unwrap();
+        let c = DaemonConfig::resolve(&a).unwrap();
+        assert_eq!(c.underlay, ["eth0", "eth1"]);
+        assert_eq!(c.underlay_addr, "fd00:99::1".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(c.cores, [0, 1]);
+        assert_eq!(c.xdp_mode, XdpMode::Skb);
+        assert_eq!(c.boundary_vni.get(), 1234);
+        assert_eq!(c.api_socket, PathBuf::from(DEFAULT_API_SOCKET));
+        assert_eq!(c.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
+        assert!(!c.external_jumbo);
+    }
+
+    #[test]
+    fn defaults_and_refusals() {
+        let c = DaemonConfig::resolve(
+            &args(&["--underlay", "eth0", "--underlay-addr", "fd00::1"]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(c.boundary_vni.get(), DEFAULT_BOUNDARY_VNI);
+        assert_eq!(c.xdp_mode, XdpMode::Native);
+        assert_eq!(c.log_level, "info");
+        let e = DaemonConfig::resolve(&args(&["--underlay-addr", "fd00::1"]).unwrap()).unwrap_err();
+        assert!(e.contains("--underlay"), "{e}");
+        let e = DaemonConfig::resolve(&args(&["--underlay", "eth0"]).unwrap()).unwrap_err();
+        assert!(e.contains("--underlay-addr"), "{e}");
+        let e = args(&["--boundary-vni", "16777216"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("16777216"), "{e}");
+        let e = args(&["--xdp-mode", "turbo"]).unwrap_err().to_string();
+        assert!(e.contains("turbo"), "{e}");
+        let e = DaemonConfig::resolve(
+            &args(&["--underlay", "eth0", "--underlay-addr", "ff02::1"]).unwrap(),
+        )
+        .unwrap_err();
+        assert!(e.contains("ff02::1"), "{e}");
+    }
+
+    #[test]
+    fn toml_file_with_flag_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("overlayd.toml");
+        std::fs::write(
+            &path,
+            r#"
+underlay = ["eth0"]
+underlay-addr = "fd00:99::1"
+cores = "0-1"
+external-jumbo = true
+boundary-services = "fd00:99::ff"
+boundary-vni = 77
+xdp-mode = "skb"
+state-dir = "/tmp/s"
+"#,
+        )
+        .unwrap();
+        let a = args(&[
+            "--config",
+            path.to_str().unwrap(),
+            "--underlay",
+            "veth9",
+            "--xdp-mode",
+            "native",
+        ])
+        .unwrap();
+        let c = DaemonConfig::resolve(&a).unwrap();
+        assert_eq!(c.underlay, ["veth9"]);
+        assert_eq!(c.xdp_mode, XdpMode::Native);
+        assert_eq!(c.cores, [0, 1]);
+        assert!(c.external_jumbo);
+        assert_eq!(c.boundary_vni.get(), 77);
+        assert_eq!(c.state_dir, PathBuf::from("/tmp/s"));
+        assert_eq!(
+            c.boundary_services,
+            Some("fd00:99::ff".parse::<Ipv6Addr>().unwrap())
+        );
+    }
+
+    #[test]
+    fn json_file_and_unknown_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.json");
+        std::fs::write(&path, r#"{"underlay":["eth0"],"underlay-addr":"fd00::1"}"#).unwrap();
+        let c =
+            DaemonConfig::resolve(&args(&["--config", path.to_str().unwrap()]).unwrap()).unwrap();
+        assert_eq!(c.underlay, ["eth0"]);
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "underlai = [\"eth0\"]\n").unwrap();
+        let e = FileConfig::load(&bad).unwrap_err();
+        assert!(e.contains("underlai"), "{e}");
+    }
+}

@@ -1,0 +1,532 @@
+//! `xdeadm ra listen IFACE`: run inside a guest, solicit a Router Advertisement on
+//! IFACE and report what the router (our datapath's gateway) says.
+//!
+//! This checks the datapath from the guest's side with nothing but a raw ICMPv6
+//! socket: it shows exactly what the guest's kernel would learn (MTU, flags,
+//! lifetimes), which is what matters when a guest ends up with the wrong MTU. The
+//! messages are built and parsed with `wire::ndp`, the same code the gateway uses,
+//! but the checksum is verified independently by the kernel on receive and our
+//! own parse verifies it again against the addresses the packet arrived with.
+
+use serde::Serialize;
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::Ipv6Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+use wire::icmpv6::msg;
+use wire::ndp::{self, PrefixInfo};
+use wire::MacAddr;
+
+/// All-routers link-local multicast (RFC 4291), where a Router Solicitation goes.
+pub const ALL_ROUTERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
+
+/// What the guest learnt from one Router Advertisement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RaReport {
+    pub interface: String,
+    /// The router's address (its IPv6 source).
+    pub source: Ipv6Addr,
+    pub destination: Ipv6Addr,
+    /// The IPv6 hop limit the RA arrived with: RFC 4861 §6.1.2 requires 255 (proof it
+    /// was not forwarded).
+    pub ip_hop_limit: Option<u8>,
+    /// The hop limit the router tells hosts to use (0 = unspecified).
+    pub cur_hop_limit: u8,
+    pub managed: bool,
+    pub other: bool,
+    pub router_lifetime_s: u16,
+    pub reachable_ms: u32,
+    pub retrans_ms: u32,
+    pub mtu: Option<u32>,
+    pub source_lladdr: Option<MacAddr>,
+    pub prefix: Option<PrefixInfo>,
+    /// How long after the last Router Solicitation the RA arrived (an unsolicited
+    /// RA may arrive sooner than any answer could).
+    pub after_ms: u128,
+}
+
+impl RaReport {
+    /// Decodes an ICMPv6 message received from `source` to `destination` as a Router
+    /// Advertisement; anything else (or a bad checksum) is an error naming why.
+    pub fn decode(
+        interface: &str,
+        msg_bytes: &[u8],
+        source: Ipv6Addr,
+        destination: Ipv6Addr,
+        ip_hop_limit: Option<u8>,
+        after: Duration,
+    ) -> Result<RaReport, String> {
+        let p = ndp::Packet::new_checked(msg_bytes)
+            .map_err(|e| format!("ICMPv6 message from {source}: {e}"))?;
+        match ndp::Repr::parse(&p, source, destination)
+            .map_err(|e| format!("NDP message from {source}: {e}"))?
+        {
+            ndp::Repr::RouterAdvert {
+                hop_limit,
+                managed,
+                other,
+                router_lifetime,
+                reachable_time,
+                retrans_time,
+                lladdr,
+                mtu,
+                prefix_info,
+            } => Ok(RaReport {
+                interface: interface.to_string(),
+                source,
+                destination,
+                ip_hop_limit,
+                cur_hop_limit: hop_limit,
+                managed,
+                other,
+                router_lifetime_s: router_lifetime,
+                reachable_ms: reachable_time,
+                retrans_ms: retrans_time,
+                mtu,
+                source_lladdr: lladdr,
+                prefix: prefix_info,
+                after_ms: after.as_millis(),
+            }),
+            other => Err(format!("message from {source} is not an RA: {other}")),
+        }
+    }
+
+    /// Problems a guest would have with this RA, per RFC 4861 and our gateway's
+    /// contract.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.ip_hop_limit.is_some_and(|h| h != 255) {
+            w.push(format!(
+                "IPv6 hop limit {} is not 255: hosts discard this RA",
+                self.ip_hop_limit.unwrap_or(0)
+            ));
+        }
+        if !is_link_local(self.source) {
+            w.push(format!(
+                "source {} is not link-local: hosts discard this RA",
+                self.source
+            ));
+        }
+        match self.mtu {
+            None => w.push("no MTU option: the guest keeps its link's MTU".into()),
+            Some(m) if m < 1280 => w.push(format!("MTU {m} is below 1280: hosts ignore it")),
+            Some(_) => {}
+        }
+        if self.router_lifetime_s == 0 {
+            w.push("router lifetime 0: not a default router".into());
+        }
+        w
+    }
+}
+
+fn is_link_local(a: Ipv6Addr) -> bool {
+    a.segments()[0] & 0xffc0 == 0xfe80
+}
+
+impl core::fmt::Display for RaReport {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+        writeln!(f, "Router Advertisement on {}", self.interface)?;
+        writeln!(f, "  from                {}", self.source)?;
+        writeln!(f, "  to                  {}", self.destination)?;
+        writeln!(
+            f,
+            "  IPv6 hop limit      {}",
+            opt(self.ip_hop_limit.map(|h| h.to_string()))
+        )?;
+        writeln!(f, "  cur hop limit       {}", self.cur_hop_limit)?;
+        writeln!(
+            f,
+            "  flags               M={} O={}",
+            u8::from(self.managed),
+            u8::from(self.other)
+        )?;
+        writeln!(f, "  router lifetime     {} s", self.router_lifetime_s)?;
+        writeln!(f, "  reachable time      {} ms", self.reachable_ms)?;
+        writeln!(f, "  retrans timer       {} ms", self.retrans_ms)?;
+        writeln!(
+            f,
+            "  MTU                 {}",
+            opt(self.mtu.map(|m| m.to_string()))
+        )?;
+        writeln!(
+            f,
+            "  source link-layer   {}",
+            opt(self.source_lladdr.map(|m| m.to_string()))
+        )?;
+        if let Some(p) = &self.prefix {
+            writeln!(
+                f,
+                "  prefix              {}/{} L={} A={} valid {} s preferred {} s",
+                p.prefix,
+                p.prefix_len,
+                u8::from(p.on_link),
+                u8::from(p.autonomous),
+                p.valid_lifetime,
+                p.preferred_lifetime
+            )?;
+        }
+        writeln!(f, "  received after      {} ms", self.after_ms)?;
+        for w in self.warnings() {
+            writeln!(f, "  warning: {w}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The Router Solicitation we send: no options when we have no MAC to offer.
+pub fn router_solicitation(lladdr: Option<MacAddr>) -> Result<Vec<u8>, String> {
+    let repr = ndp::Repr::RouterSolicit { lladdr };
+    let mut buf = vec![0u8; repr.buffer_len()];
+    let mut p = ndp::Packet::new_unchecked(&mut buf[..]);
+    // The kernel computes the checksum of ICMPv6 raw sockets itself (RFC 3542 §3.1),
+    // with the source address it picks; the one emitted here is overwritten.
+    repr.emit(&mut p, Ipv6Addr::UNSPECIFIED, ALL_ROUTERS)
+        .map_err(|e| format!("cannot build Router Solicitation: {e}"))?;
+    Ok(buf)
+}
+
+/// Sends a Router Solicitation on `iface` and waits up to `timeout` for an RA.
+/// RAs that fail validation are reported on stderr and waiting continues.
+pub fn listen(iface: &str, timeout: Duration) -> Result<RaReport, String> {
+    let link = dpio::netlink::Netlink::open()
+        .and_then(|mut nl| nl.link_by_name(iface))
+        .map_err(|e| format!("interface {iface:?}: {e}"))?;
+    let sock = RawIcmp6::open(iface, link.ifindex)
+        .map_err(|e| format!("raw ICMPv6 socket on {iface:?}: {e} (needs root or CAP_NET_RAW)"))?;
+    let rs = router_solicitation(link.mac.filter(|m| m.is_unicast()))?;
+    let start = Instant::now();
+    let deadline = start + timeout;
+    let mut buf = vec![0u8; 65536];
+    let mut sent = 0u32;
+    let mut next_send = start;
+    let mut sent_at = start;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(if sent == 0 {
+                format!(
+                    "could not send a Router Solicitation on {iface:?} within {} s (no usable link-local address yet?)",
+                    timeout.as_secs_f32()
+                )
+            } else {
+                format!(
+                    "no Router Advertisement on {iface:?} within {} s ({sent} solicitations sent)",
+                    timeout.as_secs_f32()
+                )
+            });
+        }
+        if sent < MAX_RTR_SOLICITATIONS && now >= next_send {
+            match sock.send_to(&rs, ALL_ROUTERS, link.ifindex) {
+                Ok(()) => {
+                    sent += 1;
+                    sent_at = now;
+                    next_send = now + RTR_SOLICITATION_INTERVAL;
+                }
+                // The link-local address is still tentative (DAD runs for about a
+                // second after the link comes up): try again shortly.
+                Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+                    next_send = now + Duration::from_millis(200);
+                }
+                Err(e) => return Err(format!("send Router Solicitation on {iface:?}: {e}")),
+            }
+        }
+        let wait = deadline.min(next_send.max(now + Duration::from_millis(1))) - now;
+        let Some(rx) = sock
+            .recv(&mut buf, wait)
+            .map_err(|e| format!("receive on {iface:?}: {e}"))?
+        else {
+            continue;
+        };
+        if rx.ifindex.is_some_and(|i| i != link.ifindex) {
+            continue;
+        }
+        let Some(msg_bytes) = buf.get(..rx.len) else {
+            continue;
+        };
+        if msg_bytes.first() != Some(&msg::ROUTER_ADVERT) {
+            continue;
+        }
+        let dst = rx.destination.unwrap_or(Ipv6Addr::UNSPECIFIED);
+        match RaReport::decode(
+            iface,
+            msg_bytes,
+            rx.source,
+            dst,
+            rx.hop_limit,
+            sent_at.elapsed(),
+        ) {
+            Ok(r) => return Ok(r),
+            Err(e) => eprintln!("ignoring: {e}"),
+        }
+    }
+}
+
+/// RFC 4861 §10 host constants: at most 3 solicitations, 4 s apart.
+const MAX_RTR_SOLICITATIONS: u32 = 3;
+const RTR_SOLICITATION_INTERVAL: Duration = Duration::from_secs(4);
+
+/// What one `recvmsg` on the raw socket yielded.
+struct Received {
+    len: usize,
+    source: Ipv6Addr,
+    destination: Option<Ipv6Addr>,
+    ifindex: Option<u32>,
+    hop_limit: Option<u8>,
+}
+
+/// A raw ICMPv6 socket bound to one interface, filtered to Router Advertisements.
+struct RawIcmp6 {
+    fd: OwnedFd,
+}
+
+/// `ICMP6_FILTER` from <netinet/icmp6.h> (not in the libc crate).
+const ICMP6_FILTER: libc::c_int = 1;
+
+impl RawIcmp6 {
+    fn open(iface: &str, ifindex: u32) -> io::Result<RawIcmp6> {
+        // SAFETY: socket(2) with constant arguments; the result is checked.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_INET6,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::IPPROTO_ICMPV6,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        let s = RawIcmp6 {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        };
+        // Block every ICMPv6 type, then pass type 134 (bit set = blocked).
+        let mut filter = [u32::MAX; 8];
+        let ra = usize::from(msg::ROUTER_ADVERT);
+        filter[ra >> 5] &= !(1u32 << (ra & 31));
+        s.setsockopt(libc::IPPROTO_ICMPV6, ICMP6_FILTER, &filter)?;
+        let hops: libc::c_int = 255;
+        s.setsockopt(libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS, &hops)?;
+        s.setsockopt(libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, &hops)?;
+        let idx = ifindex as libc::c_int;
+        s.setsockopt(libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_IF, &idx)?;
+        let on: libc::c_int = 1;
+        s.setsockopt(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, &on)?;
+        s.setsockopt(libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, &on)?;
+        let name = iface.as_bytes();
+        // SAFETY: SO_BINDTODEVICE reads `name.len()` bytes from the pointer.
+        let r = unsafe {
+            libc::setsockopt(
+                s.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_BINDTODEVICE,
+                name.as_ptr().cast(),
+                name.len() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(s)
+    }
+
+    fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn setsockopt<T>(&self, level: libc::c_int, name: libc::c_int, v: &T) -> io::Result<()> {
+        // SAFETY: `v` is a live value of the size passed; setsockopt only reads it.
+        let r = unsafe {
+            libc::setsockopt(
+                self.raw(),
+                level,
+                name,
+                (v as *const T).cast(),
+                size_of::<T>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("setsockopt {name}: {e}")));
+        }
+        Ok(())
+    }
+
+    fn send_to(&self, msg_bytes: &[u8], dst: Ipv6Addr, ifindex: u32) -> io::Result<()> {
+        // SAFETY: sockaddr_in6 is plain data; all-zero is a valid value.
+        let mut sa: libc::sockaddr_in6 = unsafe { zeroed() };
+        sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        sa.sin6_addr.s6_addr = dst.octets();
+        sa.sin6_scope_id = ifindex;
+        // SAFETY: the buffer and address are live for the call, with their sizes.
+        let n = unsafe {
+            libc::sendto(
+                self.raw(),
+                msg_bytes.as_ptr().cast(),
+                msg_bytes.len(),
+                0,
+                (&sa as *const libc::sockaddr_in6).cast(),
+                size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Waits up to `wait` for one message; `None` on timeout or interruption.
+    fn recv(&self, buf: &mut [u8], wait: Duration) -> io::Result<Option<Received>> {
+        let mut pfd = libc::pollfd {
+            fd: self.raw(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = wait.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        // SAFETY: plain C structs; all-zero is valid.
+        let mut sa: libc::sockaddr_in6 = unsafe { zeroed() };
+        // Room for IPV6_PKTINFO and IPV6_HOPLIMIT control messages, 8-byte aligned.
+        let mut cbuf = [0u64; 16];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: all-zero msghdr is valid; fields are set below.
+        let mut mh: libc::msghdr = unsafe { zeroed() };
+        mh.msg_name = (&mut sa as *mut libc::sockaddr_in6).cast();
+        mh.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+        mh.msg_iov = &mut iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = cbuf.as_mut_ptr().cast();
+        mh.msg_controllen = size_of::<[u64; 16]>();
+        // SAFETY: every pointer in `mh` refers to a live buffer of the stated size.
+        let n = unsafe { libc::recvmsg(self.raw(), &mut mh, libc::MSG_DONTWAIT) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => Ok(None),
+                _ => Err(e),
+            };
+        }
+        let mut rx = Received {
+            len: (n as usize).min(buf.len()),
+            source: Ipv6Addr::from(sa.sin6_addr.s6_addr),
+            destination: None,
+            ifindex: None,
+            hop_limit: None,
+        };
+        // SAFETY: the CMSG_* walk stays within msg_controllen as the kernel set it;
+        // each payload is read unaligned after checking its length.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&mh);
+            while !c.is_null() {
+                let data = libc::CMSG_DATA(c);
+                let len = (*c).cmsg_len as usize;
+                let have = len.saturating_sub(libc::CMSG_LEN(0) as usize);
+                if (*c).cmsg_level == libc::IPPROTO_IPV6 {
+                    if (*c).cmsg_type == libc::IPV6_PKTINFO
+                        && have >= size_of::<libc::in6_pktinfo>()
+                    {
+                        let pi: libc::in6_pktinfo = std::ptr::read_unaligned(data.cast());
+                        rx.destination = Some(Ipv6Addr::from(pi.ipi6_addr.s6_addr));
+                        rx.ifindex = Some(pi.ipi6_ifindex);
+                    } else if (*c).cmsg_type == libc::IPV6_HOPLIMIT
+                        && have >= size_of::<libc::c_int>()
+                    {
+                        let h: libc::c_int = std::ptr::read_unaligned(data.cast());
+                        rx.hop_limit = u8::try_from(h).ok();
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&mh, c);
+            }
+        }
+        Ok(Some(rx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ra_bytes(mtu: Option<u32>, src: Ipv6Addr, dst: Ipv6Addr) -> Vec<u8> {
+        let repr = ndp::Repr::RouterAdvert {
+            hop_limit: 255,
+            managed: true,
+            other: false,
+            router_lifetime: 9000,
+            reachable_time: 0,
+            retrans_time: 0,
+            lladdr: Some("a8:40:25:00:00:01".parse().unwrap()),
+            mtu,
+            prefix_info: None,
+        };
+        let mut b = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut ndp::Packet::new_unchecked(&mut b[..]), src, dst)
+            .unwrap();
+        b
+    }
+
+    #[test]
+    fn solicitation_bytes() {
+        let rs = router_solicitation(Some("a8:40:25:ff:00:01".parse().unwrap())).unwrap();
+        // type 133, code 0, checksum (overwritten by the kernel), reserved, SLLA option.
+        assert_eq!(rs.len(), 16);
+        assert_eq!(&rs[..2], &[133, 0]);
+        assert_eq!(&rs[4..8], &[0, 0, 0, 0]);
+        assert_eq!(&rs[8..16], &[1, 1, 0xa8, 0x40, 0x25, 0xff, 0x00, 0x01]);
+        assert_eq!(router_solicitation(None).unwrap().len(), 8);
+    }
+
+    #[test]
+    fn decodes_the_gateway_ra() {
+        let src: Ipv6Addr = "fe80::aa40:25ff:fe00:1".parse().unwrap();
+        let dst: Ipv6Addr = "fe80::aa40:25ff:feff:1".parse().unwrap();
+        let b = ra_bytes(Some(8500), src, dst);
+        let r =
+            RaReport::decode("eth0", &b, src, dst, Some(255), Duration::from_millis(3)).unwrap();
+        assert_eq!(r.mtu, Some(8500));
+        assert!(r.managed && !r.other);
+        assert_eq!(r.router_lifetime_s, 9000);
+        assert_eq!(r.cur_hop_limit, 255);
+        assert_eq!(r.source_lladdr.unwrap().to_string(), "a8:40:25:00:00:01");
+        assert!(r.warnings().is_empty(), "{:?}", r.warnings());
+        let text = r.to_string();
+        assert!(text.contains("MTU                 8500"), "{text}");
+        assert!(text.contains("M=1 O=0"), "{text}");
+    }
+
+    #[test]
+    fn refuses_bad_checksums_and_warns_on_bad_ras() {
+        let src: Ipv6Addr = "fe80::1".parse().unwrap();
+        let dst: Ipv6Addr = "ff02::1".parse().unwrap();
+        let mut b = ra_bytes(Some(8500), src, dst);
+        b[2] ^= 0xff;
+        let e = RaReport::decode("eth0", &b, src, dst, Some(255), Duration::ZERO).unwrap_err();
+        assert!(e.contains("checksum"), "{e}");
+        let global: Ipv6Addr = "fd00::1".parse().unwrap();
+        let b = ra_bytes(None, global, dst);
+        let r = RaReport::decode("eth0", &b, global, dst, Some(64), Duration::ZERO).unwrap();
+        let w = r.warnings().join("\n");
+        assert!(w.contains("hop limit 64"), "{w}");
+        assert!(w.contains("fd00::1"), "{w}");
+        assert!(w.contains("no MTU option"), "{w}");
+        // Truncated input is an error, not a panic.
+        for cut in 0..b.len() {
+            let _ = RaReport::decode("eth0", &b[..cut], global, dst, None, Duration::ZERO);
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The daemon's persisted configuration: ports, V2P mappings, routes and firewall
+//! rules, kept in one JSON file in the state directory and restored at start.
+//!
+//! The file is the control plane's intent, not the engine's memory: on restart the
+//! daemon replays it through the same request handling the API uses, so a restored
+//! port is validated exactly like a new one. Writes are atomic (temporary file, fsync,
+//! rename, fsync of the directory), so a crash leaves either the old or the new file.
+
+use crate::api::{FwRule, PortInfo, RouteEntry, V2pEntry};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// Bumped when the file's shape changes incompatibly.
+pub const STATE_FORMAT: u32 = 1;
+
+const STATE_FILE: &str = "state.json";
+
+/// Everything configured through the API.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    /// Ports in creation order (the order they are restored in).
+    pub ports: Vec<PortInfo>,
+    pub v2p: Vec<V2pEntry>,
+    /// Router entries by port name.
+    pub routes: BTreeMap<String, Vec<RouteEntry>>,
+    /// Firewall rules by port name.
+    pub fw_rules: BTreeMap<String, Vec<FwRule>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StateFile {
+    format: u32,
+    #[serde(flatten)]
+    state: State,
+}
+
+/// The state file in one directory.
+#[derive(Clone, Debug)]
+pub struct StateStore {
+    dir: PathBuf,
+}
+
+impl StateStore {
+    /// Creates the directory (mode 0700: the file describes tenants' networks) if
+    /// needed.
+    pub fn open(dir: &Path) -> Result<StateStore, String> {
+        fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create state directory {}: {e}", dir.display()))?;
+        Ok(StateStore {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(STATE_FILE)
+    }
+
+    /// Reads the saved state; an absent file is an empty state (first start).
+    pub fn load(&self) -> Result<State, String> {
+        let path = self.path();
+        let text = match fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(State::default()),
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        let file: StateFile = serde_json::from_slice(&text)
+            .map_err(|e| format!("state file {} is unreadable: {e}", path.display()))?;
+        if file.format != STATE_FORMAT {
+            return Err(format!(
+                "state file {} has format {} (this build reads {STATE_FORMAT})",
+                path.display(),
+                file.format
+            ));
+        }
+        Ok(file.state)
+    }
+
+    /// Replaces the saved state atomically.
+    pub fn save(&self, state: &State) -> Result<(), String> {
+        let path = self.path();
+        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
+        let body = serde_json::to_vec_pretty(&StateFile {
+            format: STATE_FORMAT,
+            state: state.clone(),
+        })
+        .map_err(|e| format!("cannot encode state: {e}"))?;
+        let write = || -> std::io::Result<()> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)?;
+            // The rename is durable only once the directory entry is.
+            File::open(&self.dir)?.sync_all()
+        };
+        write().map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::tests::sample_port;
+    use crate::api::{Direction, FwAction, FwFilters, FwHost, FwProto, RouteTarget};
+    use engine::Vni;
+
+    fn sample_state() -> State {
+        let mut s = State {
+            ports: vec![
+                PortInfo {
+                    config: sample_port("opte0", 5),
+                    netns: Some("g0".into()),
+                },
+                PortInfo {
+                    config: sample_port("opte1", 6),
+                    netns: None,
+                },
+            ],
+            v2p: vec![V2pEntry {
+                vpc_ip: "172.30.0.9".parse().unwrap(),
+                vpc_mac: "a8:40:25:ff:00:09".parse().unwrap(),
+                underlay_ip: "fd00:99::2".parse().unwrap(),
+                vni: Vni::new(1701).unwrap(),
+            }],
+            ..State::default()
+        };
+        s.routes.insert(
+            "opte0".into(),
+            vec![RouteEntry {
+                dest: "0.0.0.0/0".parse().unwrap(),
+                target: RouteTarget::Igw,
+                mtu: None,
+            }],
+        );
+        s.fw_rules.insert(
+            "opte0".into(),
+            vec![FwRule {
+                direction: Direction::In,
+                priority: 10,
+                action: FwAction::Allow,
+                filters: FwFilters {
+                    host: FwHost::Any,
+                    proto: FwProto::Tcp,
+                    ports: vec![22],
+                },
+            }],
+        );
+        s
+    }
+
+    #[test]
+    fn round_trip_and_atomic_replace() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(&dir.path().join("sub")).unwrap();
+        assert_eq!(store.load().unwrap(), State::default());
+        let s = sample_state();
+        store.save(&s).unwrap();
+        assert_eq!(store.load().unwrap(), s);
+        store.save(&State::default()).unwrap();
+        assert_eq!(store.load().unwrap(), State::default());
+        let names: Vec<_> = fs::read_dir(dir.path().join("sub"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [STATE_FILE], "no temporary file left behind");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = fs::metadata(store.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn refuses_corrupt_or_foreign_files_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        fs::write(store.path(), b"{not json").unwrap();
+        assert!(store.load().unwrap_err().contains("state.json"));
+        fs::write(
+            store.path(),
+            br#"{"format":7,"ports":[],"v2p":[],"routes":{},"fw_rules":{}}"#,
+        )
+        .unwrap();
+        assert!(store.load().unwrap_err().contains("format 7"));
+    }
+}
