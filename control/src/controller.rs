@@ -9,8 +9,8 @@
 //! lost on restart.
 
 use crate::api::{
-    CreatePort, Direction, FwFilters, FwRule, Outcome, PortInfo, Reply, Request, RouteEntry,
-    V2pEntry,
+    CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule, Outcome, PortInfo, Reply,
+    Request, RouteEntry, V2pEntry,
 };
 use crate::state::{State, StateStore};
 use engine::{PortConfig, Vni};
@@ -55,6 +55,34 @@ pub struct Controller<D: Dataplane> {
     /// Absent in tests that do not persist.
     store: Option<StateStore>,
 }
+
+/// The firewall a new port starts with, like a VPC's default rules: traffic from the
+/// port's own VPC subnets may come in (the engine itself denies unsolicited inbound
+/// traffic; outbound is allowed and its replies are tracked). Operators replace these
+/// with `set-fw-rules` like any other rule.
+fn default_vpc_rules(cfg: &PortConfig) -> Vec<FwRule> {
+    let subnets = [
+        cfg.vpc_subnet4.map(IpNet::V4),
+        cfg.vpc_subnet6.map(IpNet::V6),
+    ];
+    subnets
+        .into_iter()
+        .flatten()
+        .map(|net| FwRule {
+            direction: Direction::In,
+            priority: DEFAULT_VPC_RULE_PRIORITY,
+            action: FwAction::Allow,
+            filters: FwFilters {
+                host: FwHost::Subnet(net),
+                proto: FwProto::Any,
+                ports: vec![],
+            },
+        })
+        .collect()
+}
+
+/// Priority of the default rules: after anything an operator is likely to add.
+const DEFAULT_VPC_RULE_PRIORITY: u16 = 65534;
 
 impl<D: Dataplane> Controller<D> {
     pub fn new(dp: D, store: Option<StateStore>) -> Self {
@@ -211,11 +239,17 @@ impl<D: Dataplane> Controller<D> {
                 return Err(e);
             }
         };
+        let rules = default_vpc_rules(&info.config);
+        if let Err(e) = self.dp.set_fw_rules(&name, &rules) {
+            let _ = self.dp.remove_port(&name);
+            return Err(e);
+        }
         let mut next = self.state.clone();
         next.ports.push(info);
         if !routes.is_empty() {
             next.routes.insert(name.clone(), routes);
         }
+        next.fw_rules.insert(name.clone(), rules);
         self.commit(next, |dp| {
             let _ = dp.remove_port(&name);
         })
@@ -700,7 +734,11 @@ pub(crate) mod tests {
                 filters: rule.filters.clone(),
             },
         );
-        assert!(c.state().fw_rules.is_empty());
+        // What is left is what the port started with.
+        assert_eq!(
+            c.state().fw_rules["opte0"],
+            default_vpc_rules(&c.state().ports[0].config)
+        );
     }
 
     #[test]
@@ -746,7 +784,7 @@ pub(crate) mod tests {
             None,
         );
         let refused = picky.restore(saved);
-        assert_eq!(refused.len(), 2, "{refused:?}"); // the port, then its route
+        assert_eq!(refused.len(), 3, "{refused:?}"); // the port, its routes, its rules
         assert!(picky.state().ports.is_empty());
     }
 
