@@ -178,7 +178,7 @@ impl OuterTemplate {
         }
         let hlen = self.header_len(mss_option.is_some());
         let total = hlen + inner.len();
-        let buf = out.push(dest, total);
+        let buf = out.push_unzeroed(dest, total);
         buf[hlen..total].copy_from_slice(inner);
         self.write_header(&mut buf[..total], inner.len(), mss_option);
         total

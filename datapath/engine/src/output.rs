@@ -25,9 +25,15 @@ pub struct TxFrame {
 }
 
 /// Frames produced by one or more `process_*` calls.
+///
+/// `buf` only grows: `clear` resets `used`, so the bytes of earlier batches stay
+/// initialized and [`TxBatch::push_unzeroed`] can hand them out without a memset (the
+/// TSO path writes every byte of its frames, and zeroing 64 KiB first would be a third
+/// pass over the data).
 #[derive(Default, Debug)]
 pub struct TxBatch {
     buf: Vec<u8>,
+    used: usize,
     frames: Vec<TxFrame>,
 }
 
@@ -38,7 +44,7 @@ impl TxBatch {
 
     /// Drops all frames, keeping the capacity.
     pub fn clear(&mut self) {
-        self.buf.clear();
+        self.used = 0;
         self.frames.clear();
     }
 
@@ -52,13 +58,26 @@ impl TxBatch {
 
     /// Appends a zeroed frame of `len` bytes and returns it for the caller to fill.
     pub fn push(&mut self, dest: TxDest, len: usize) -> &mut [u8] {
-        let start = self.buf.len();
-        self.buf.resize(start + len, 0);
+        let frame = self.push_unzeroed(dest, len);
+        frame.fill(0);
+        frame
+    }
+
+    /// Appends a frame of `len` bytes whose contents are left over from earlier
+    /// frames: for emitters that write every byte (a frame they leave partly written
+    /// would carry stale bytes of another frame).
+    pub fn push_unzeroed(&mut self, dest: TxDest, len: usize) -> &mut [u8] {
+        let start = self.used;
+        let end = start + len;
+        if self.buf.len() < end {
+            self.buf.resize(end, 0);
+        }
+        self.used = end;
         self.frames.push(TxFrame {
             dest,
-            range: start..start + len,
+            range: start..end,
         });
-        &mut self.buf[start..]
+        &mut self.buf[start..end]
     }
 
     /// Shrinks the most recently pushed frame to `len` bytes (for emitters that reserve
@@ -67,14 +86,14 @@ impl TxBatch {
         if let Some(f) = self.frames.last_mut() {
             let new_end = f.range.start + len.min(f.range.len());
             f.range.end = new_end;
-            self.buf.truncate(new_end);
+            self.used = new_end;
         }
     }
 
     /// Removes the most recently pushed frame (an emitter that found it cannot finish).
     pub fn pop(&mut self) {
         if let Some(f) = self.frames.pop() {
-            self.buf.truncate(f.range.start);
+            self.used = f.range.start;
         }
     }
 
@@ -117,5 +136,17 @@ mod tests {
         assert_eq!(b.iter().next().unwrap().1, &[7; 10]);
         b.clear();
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn reuse_after_clear_zeroes_only_when_asked() {
+        let mut b = TxBatch::new();
+        let d = TxDest::Underlay { ifindex: 1 };
+        b.push(d, 8).copy_from_slice(&[9; 8]);
+        b.clear();
+        assert_eq!(b.push_unzeroed(d, 4), &[9; 4]);
+        assert_eq!(b.push(d, 4), &[0; 4]);
+        assert_eq!(b.push(d, 16), &[0; 16]);
+        assert_eq!(b.len(), 3);
     }
 }

@@ -18,8 +18,8 @@
 //! offload flags, so the guest's own stack drops it.
 
 use super::{
-    copy_and_sum, pseudo_header, MAX_SEGMENTS, PROTO_TCP, TCP_CSUM_OFFSET, TCP_CWR, TCP_FIN,
-    TCP_MIN_HEADER, TCP_PSH,
+    pseudo_header, MAX_SEGMENTS, PROTO_TCP, TCP_CSUM_OFFSET, TCP_CWR, TCP_FIN, TCP_MIN_HEADER,
+    TCP_PSH,
 };
 use crate::output::{TxBatch, TxDest};
 use crate::port::PortId;
@@ -322,7 +322,7 @@ impl Coalescer {
         let (hdrs, end) = (m.payload_off, m.ip_end);
         p.buf[..hdrs].copy_from_slice(&frame[..hdrs]);
         p.buf[6..12].copy_from_slice(gateway_mac.as_bytes());
-        let psum = copy_and_sum(&mut p.buf[hdrs..end], &frame[hdrs..end]);
+        let psum = checksum::copy_and_sum(&mut p.buf[hdrs..end], &frame[hdrs..end], 0);
         if !tcp_sum_ok(m, &frame[m.l4_off..hdrs], psum, end - hdrs) {
             return false;
         }
@@ -405,7 +405,7 @@ impl Coalescer {
         let p = &mut self.slots[i];
         let (hdrs, end) = (m.payload_off, m.ip_end);
         let n = end - hdrs;
-        let psum = copy_and_sum(&mut p.buf[p.len..p.len + n], &frame[hdrs..end]);
+        let psum = checksum::copy_and_sum(&mut p.buf[p.len..p.len + n], &frame[hdrs..end], 0);
         if !tcp_sum_ok(m, &frame[m.l4_off..hdrs], psum, n) {
             return false;
         }
@@ -461,7 +461,7 @@ impl Coalescer {
             self.stats.gso_frames_out += 1;
         }
         self.stats.frames_out += 1;
-        out.push(TxDest::Port { port: p.port, vnet }, p.len)
+        out.push_unzeroed(TxDest::Port { port: p.port, vnet }, p.len)
             .copy_from_slice(frame);
     }
 
@@ -477,7 +477,7 @@ impl Coalescer {
         out: &mut TxBatch,
     ) {
         let (l4, hdrs, end) = (m.l4_off, m.payload_off, m.ip_end);
-        let buf = out.push(
+        let buf = out.push_unzeroed(
             TxDest::Port {
                 port,
                 vnet: VnetHdr::default(),
@@ -486,7 +486,7 @@ impl Coalescer {
         );
         buf[..hdrs].copy_from_slice(&frame[..hdrs]);
         buf[6..12].copy_from_slice(gateway_mac.as_bytes());
-        let psum = copy_and_sum(&mut buf[hdrs..end], &frame[hdrs..end]);
+        let psum = checksum::copy_and_sum(&mut buf[hdrs..end], &frame[hdrs..end], 0);
         let payload = end - hdrs;
         let flags = frame[l4 + 13];
         let vnet = if !tcp_sum_ok(m, &frame[l4..hdrs], psum, payload) {
@@ -516,7 +516,7 @@ impl Coalescer {
 
     /// A frame passed on as is (bar the source MAC), with no offload claims.
     fn emit_raw(&mut self, port: PortId, frame: &[u8], gateway_mac: MacAddr, out: &mut TxBatch) {
-        let buf = out.push(
+        let buf = out.push_unzeroed(
             TxDest::Port {
                 port,
                 vnet: VnetHdr::default(),

@@ -9,8 +9,8 @@
 //! option, and the receiver hands its guest a GSO frame with that `gso_size` (a Linux
 //! guest refuses segments larger than its MTU allows unless they come as GSO).
 //!
-//! Every byte of payload is copied exactly once, and checksummed right after, while it
-//! is still in L1 ([`copy_and_sum`]). See docs/mtu-and-tso.md for the MTU budget and worked examples.
+//! Every byte of payload is copied exactly once, and checksummed in the same pass
+//! ([`wire::checksum::copy_and_sum`]). See docs/mtu-and-tso.md for the MTU budget and worked examples.
 
 mod coalesce;
 
@@ -186,29 +186,6 @@ fn finish(acc: u64) -> u16 {
     }
 }
 
-/// Copies `src` into `dst` (same length) and returns the one's-complement sum of the
-/// bytes as big-endian 16-bit words (unfolded; add it to other sums).
-///
-/// The copy is a plain `memcpy` and the sum then reads the destination while it is
-/// still in L1: at TSO segment sizes (<= 9 KiB) that is faster than a fused loop,
-/// because both halves vectorize. The sum adds little-endian 32-bit words into a u64
-/// (no carry chain, so the compiler vectorizes it); 2^16 = 1 mod 0xffff makes 32-bit
-/// words equivalent to their 16-bit halves, and RFC 1071 §2(B) byte-order independence
-/// turns the little-endian sum into the big-endian one by swapping the folded result's
-/// bytes. Up to 2^32 words cannot overflow the accumulator.
-pub(crate) fn copy_and_sum(dst: &mut [u8], src: &[u8]) -> u64 {
-    let n = dst.len().min(src.len());
-    debug_assert_eq!(dst.len(), src.len());
-    let dst = &mut dst[..n];
-    dst.copy_from_slice(&src[..n]);
-    let words = dst.chunks_exact(4);
-    let rest = words.remainder();
-    let acc: u64 = words
-        .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-        .sum();
-    u64::from(checksum::fold(acc).swap_bytes()) + checksum::sum(rest, 0)
-}
-
 /// Where `csum_offset` must point for the inner protocol, if it has an L4 checksum
 /// that `NEEDS_CSUM` may ask for.
 fn l4_csum_offset(proto: u8) -> Option<usize> {
@@ -345,7 +322,7 @@ pub fn segment(
         let end = (start + seg_payload).min(payload.len());
         let seg = &payload[start..end];
         let inner_len = hdrs + seg.len();
-        let buf = out.push(dest, hlen + inner_len);
+        let buf = out.push_unzeroed(dest, hlen + inner_len);
         let inner = &mut buf[hlen..];
         inner[..hdrs].copy_from_slice(&frame[..hdrs]);
         inner[0..6].copy_from_slice(inner_dst_mac.as_bytes());
@@ -377,7 +354,7 @@ pub fn segment(
         th[16..18].copy_from_slice(&[0, 0]);
         let acc = pseudo_header(meta, PROTO_TCP, th_len + seg.len());
         let acc = checksum::sum(th, acc);
-        let acc = acc + copy_and_sum(&mut inner[hdrs..], seg);
+        let acc = checksum::copy_and_sum(&mut inner[hdrs..], seg, acc);
         let c = finish(acc);
         inner[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
 
@@ -420,14 +397,14 @@ fn encapsulate_one(
         return Err(TsoDrop::TooBig);
     }
     let hlen = outer.header_len(false);
-    let buf = out.push(dest, hlen + inner_len);
+    let buf = out.push_unzeroed(dest, hlen + inner_len);
     let inner = &mut buf[hlen..];
     match csum {
         Some((start, field)) => {
             inner[..start].copy_from_slice(&frame[..start]);
             // The field holds the guest's pseudo-header sum: summing over it is the
             // NEEDS_CSUM contract.
-            let acc = copy_and_sum(&mut inner[start..], &frame[start..inner_len]);
+            let acc = checksum::copy_and_sum(&mut inner[start..], &frame[start..inner_len], 0);
             inner[field..field + 2].copy_from_slice(&finish(acc).to_be_bytes());
         }
         None => inner.copy_from_slice(&frame[..inner_len]),
