@@ -1,0 +1,124 @@
+//! The whole engine, fed arbitrary frames from a guest port and from the underlay.
+//!
+//! One engine lives across inputs (like a daemon), so flow tables, the firewall's
+//! connection table and the coalescer accumulate state between frames. Whatever comes
+//! in, the engine must not panic, and what it emits must be well formed: every
+//! underlay frame parses as our own Geneve and fits the underlay MTU, and every frame
+//! to a guest fits a 64 KiB GSO buffer.
+#![no_main]
+
+use engine::{
+    Direction, Engine, EngineConfig, FwAction, MacAddr, NextHop, PortConfig, PortId, Predicate,
+    Rule, TxBatch, TxDest, UnderlayRoutes, VnetHdr, Vni,
+};
+use libfuzzer_sys::fuzz_target;
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Mutex, OnceLock};
+use wire::meta::parse_underlay;
+
+const UNDERLAY_MTU: usize = 9000;
+
+struct Routes;
+
+impl UnderlayRoutes for Routes {
+    fn next_hop(&self, _dst: Ipv6Addr) -> Option<NextHop> {
+        Some(NextHop {
+            ifindex: 2,
+            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+        })
+    }
+}
+
+struct Sled {
+    engine: Engine,
+    ports: [PortId; 2],
+    now: u64,
+    out: TxBatch,
+}
+
+fn port(name: &str, n: u8) -> PortConfig {
+    PortConfig {
+        name: name.into(),
+        guest_mac: MacAddr([0xa8, 0x40, 0x25, 0xff, 0, n]),
+        gateway_mac: MacAddr([0xa8, 0x40, 0x25, 0, 0, 1]),
+        ipv4: Some([172, 30, 0, n].into()),
+        ipv6: Some(format!("fd00:1122:3344:100::{n}").parse().unwrap()),
+        vpc_subnet4: Some("172.30.0.0/22".parse().unwrap()),
+        vpc_subnet6: Some("fd00:1122:3344:100::/64".parse().unwrap()),
+        gateway_ipv4: Some([172, 30, 0, 1].into()),
+        vni: Vni::new(1701).unwrap(),
+        mtu: 8500,
+        external_jumbo: n % 2 == 0,
+        dns_servers4: vec![],
+        dns_servers6: vec![],
+        hostname: None,
+        domain: None,
+    }
+}
+
+fn sled() -> Sled {
+    let mut cfg = EngineConfig::new("fd00:99::1".parse().unwrap());
+    cfg.boundary_services = Some(("fd00:99::ff".parse().unwrap(), Vni::new(99).unwrap()));
+    let mut engine = Engine::new(cfg).unwrap();
+    let a = engine.add_port(port("opte0", 5)).unwrap();
+    let b = engine.add_port(port("opte1", 6)).unwrap();
+    for name in ["opte0", "opte1"] {
+        for net in ["172.30.0.0/22", "fd00:1122:3344:100::/64"] {
+            let r = Rule::new(100, FwAction::Allow)
+                .matching(Predicate::SrcIp(net.parse().unwrap()))
+                .finalize()
+                .unwrap();
+            engine.add_fw_rule(name, Direction::In, r).unwrap();
+        }
+    }
+    let vni = Vni::new(1701).unwrap();
+    let remote: Ipv6Addr = "fd00:99::2".parse().unwrap();
+    for n in 7..9u8 {
+        let mac = MacAddr([0xa8, 0x40, 0x25, 0xff, 0, n]);
+        engine.set_v2p(vni, IpAddr::from([172, 30, 0, n]), remote, mac).unwrap();
+        let v6: IpAddr = format!("fd00:1122:3344:100::{n}").parse().unwrap();
+        engine.set_v2p(vni, v6, remote, mac).unwrap();
+    }
+    Sled {
+        engine,
+        ports: [a, b],
+        now: 1,
+        out: TxBatch::new(),
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    static SLED: OnceLock<Mutex<Sled>> = OnceLock::new();
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
+    let mut s = SLED.get_or_init(|| Mutex::new(sled())).lock().unwrap();
+    let s = &mut *s;
+    s.now += u64::from(sel) * 10_000_000;
+    s.out.clear();
+    match sel % 3 {
+        0 | 1 => {
+            let Some(vnet) = VnetHdr::from_bytes(rest) else {
+                return;
+            };
+            let port = s.ports[usize::from(sel % 2)];
+            s.engine
+                .process_guest(port, vnet, &rest[10..], s.now, &Routes, &mut s.out);
+        }
+        _ => s.engine.process_underlay(rest, s.now, &Routes, &mut s.out),
+    }
+    s.engine.end_of_batch(&mut s.out);
+    s.engine.tick(s.now, &mut s.out);
+    for (dest, frame) in s.out.iter() {
+        match dest {
+            TxDest::Underlay { .. } => {
+                assert!(frame.len() <= 14 + UNDERLAY_MTU, "{} bytes", frame.len());
+                if let Err(e) = parse_underlay(frame) {
+                    panic!("we emitted an underlay frame we refuse: {e}");
+                }
+            }
+            TxDest::Port { .. } => assert!(frame.len() <= 14 + 65535),
+        }
+    }
+});
