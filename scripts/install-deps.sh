@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what building and testing the datapath needs on a fresh Debian machine:
-# clang/llvm/libbpf-dev build the XDP program; iproute2 builds test topologies;
-# tshark, ndisc6 and scapy are the independent decoders the tests check against;
-# iperf3 measures throughput in the demo. Idempotent and quiet.
+# clang/llvm/libbpf-dev build the XDP program; iproute2, iputils-ping and procps
+# (sysctl) build and probe the test topologies; tshark, tcpdump, ndisc6 (rdisc6) and
+# scapy are the independent decoders the tests check against; iperf3 measures
+# throughput in the demo. Idempotent and quiet: it installs only what is missing.
 set -euo pipefail
 
 need_apt=()
-for pkg in clang llvm libbpf-dev iproute2 tshark tcpdump iperf3 ethtool ndisc6 python3; do
+for pkg in clang llvm libbpf-dev iproute2 iputils-ping procps tshark tcpdump iperf3 \
+    ethtool ndisc6 python3; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -16,7 +18,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-python3 -c 'import scapy' 2>/dev/null || python3 -m pip install -q scapy
+# scapy for whichever python3 is first on PATH (the tests run `python3`): pip where
+# that python allows it, else Debian's package (for the system python).
+if ! python3 -c 'import scapy' 2>/dev/null; then
+    python3 -m pip install -q scapy 2>/dev/null ||
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-scapy >/dev/null
+    python3 -c 'import scapy' || { echo "scapy is not importable by $(command -v python3)" >&2; exit 1; }
+fi
 
 if command -v rustup >/dev/null; then
     rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy

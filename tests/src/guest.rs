@@ -1,0 +1,385 @@
+//! Guests: a namespace holding the tap port a sled's daemon created for it, configured
+//! the way a VM's OS would be (addresses, routes via the virtual gateway).
+
+use crate::cmd::{Cmd, Outcome};
+use crate::netns::Netns;
+use crate::poll::poll_until;
+use crate::rack::Sled;
+use crate::{Error, Result};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+/// The gateway MAC every port shows its guest (the value the reference uses).
+pub const GATEWAY_MAC: &str = "a8:40:25:ff:77:77";
+/// The IPv4 gateway of the default VPC subnet.
+pub const GATEWAY_IPV4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+pub const VPC_SUBNET4: &str = "10.0.0.0/24";
+pub const VPC_SUBNET6: &str = "fd00:1::/64";
+/// The guest MTU of a rack with a 9000-byte underlay (500 bytes kept for the
+/// encapsulation and headroom).
+pub const JUMBO_MTU: u16 = 8500;
+
+/// How a guest's port is created and its OS configured.
+#[derive(Clone, Debug)]
+pub struct GuestSpec {
+    /// Short name: the tap device's name (at most 15 bytes) and the guest
+    /// namespace's suffix.
+    pub name: String,
+    /// Index of the sled whose daemon hosts the port.
+    pub sled: usize,
+    pub mac: String,
+    pub vni: u32,
+    pub ipv4: Option<Ipv4Addr>,
+    pub ipv6: Option<Ipv6Addr>,
+    pub subnet4: String,
+    pub subnet6: String,
+    pub gateway_ipv4: Ipv4Addr,
+    pub gateway_mac: String,
+    /// `--mtu` for create-xde; `None` leaves the daemon's default (1500).
+    pub mtu: Option<u16>,
+    /// The port's (instance-level) external jumbo flag.
+    pub external_jumbo: bool,
+    /// Sources allowed inbound by the port's firewall (which denies inbound by
+    /// default, like the reference): the VPC's own subnets unless a test says
+    /// otherwise, as the control plane's default "allow internal inbound" rule does.
+    pub allow_inbound_from: Vec<String>,
+}
+
+impl GuestSpec {
+    /// A dual-stack guest numbered `n` (1..=200) on `sled`: MAC a8:40:25:f0:00:n,
+    /// 10.0.0.(10+n) and fd00:1::(10+n) in VNI 10, port MTU 8500.
+    pub fn dual(name: &str, sled: usize, n: u8) -> GuestSpec {
+        let host = n.saturating_add(10);
+        GuestSpec {
+            name: name.to_string(),
+            sled,
+            mac: format!("a8:40:25:f0:00:{n:02x}"),
+            vni: 10,
+            ipv4: Some(Ipv4Addr::new(10, 0, 0, host)),
+            ipv6: Some(Ipv6Addr::new(0xfd00, 1, 0, 0, 0, 0, 0, u16::from(host))),
+            subnet4: VPC_SUBNET4.to_string(),
+            subnet6: VPC_SUBNET6.to_string(),
+            gateway_ipv4: GATEWAY_IPV4,
+            gateway_mac: GATEWAY_MAC.to_string(),
+            mtu: Some(JUMBO_MTU),
+            external_jumbo: false,
+            allow_inbound_from: vec![VPC_SUBNET4.to_string(), VPC_SUBNET6.to_string()],
+        }
+    }
+
+    /// Like [`GuestSpec::dual`] with only IPv4.
+    pub fn v4(name: &str, sled: usize, n: u8) -> GuestSpec {
+        GuestSpec {
+            ipv6: None,
+            ..GuestSpec::dual(name, sled, n)
+        }
+    }
+
+    /// Like [`GuestSpec::dual`] with only IPv6.
+    pub fn v6(name: &str, sled: usize, n: u8) -> GuestSpec {
+        GuestSpec {
+            ipv4: None,
+            ..GuestSpec::dual(name, sled, n)
+        }
+    }
+
+    pub fn vni(mut self, vni: u32) -> GuestSpec {
+        self.vni = vni;
+        self
+    }
+
+    pub fn mtu(mut self, mtu: Option<u16>) -> GuestSpec {
+        self.mtu = mtu;
+        self
+    }
+
+    pub fn external_jumbo(mut self, on: bool) -> GuestSpec {
+        self.external_jumbo = on;
+        self
+    }
+
+    /// The guest's private addresses (what V2P maps).
+    pub fn addresses(&self) -> Vec<IpAddr> {
+        self.ipv4
+            .map(IpAddr::V4)
+            .into_iter()
+            .chain(self.ipv6.map(IpAddr::V6))
+            .collect()
+    }
+
+    /// The gateway's IPv6 address as the guest sees it: fe80::EUI-64(gateway MAC).
+    pub fn gateway_ipv6(&self) -> Result<Ipv6Addr> {
+        link_local_eui64(&self.gateway_mac)
+    }
+
+    /// The `xdeadm create-xde` arguments for this port, its tap moved into
+    /// namespace `netns`.
+    pub fn create_args(&self, netns: &str) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "create-xde".into(),
+            self.name.clone(),
+            "--guest-mac".into(),
+            self.mac.clone(),
+            "--gateway-mac".into(),
+            self.gateway_mac.clone(),
+            "--vpc-vni".into(),
+            self.vni.to_string(),
+            "--netns".into(),
+            netns.into(),
+        ];
+        if let Some(ip) = self.ipv4 {
+            a.extend([
+                "--private-ip".into(),
+                ip.to_string(),
+                "--vpc-subnet".into(),
+                self.subnet4.clone(),
+                "--gateway-ip".into(),
+                self.gateway_ipv4.to_string(),
+            ]);
+        }
+        if let Some(ip) = self.ipv6 {
+            a.extend([
+                "--private-ip".into(),
+                ip.to_string(),
+                "--vpc-subnet".into(),
+                self.subnet6.clone(),
+            ]);
+        }
+        if let Some(mtu) = self.mtu {
+            a.extend(["--mtu".into(), mtu.to_string()]);
+        }
+        if self.external_jumbo {
+            a.push("--external-jumbo".into());
+        }
+        a
+    }
+}
+
+/// fe80::/64 with the modified EUI-64 interface identifier of `mac` (RFC 4291 app. A).
+pub fn link_local_eui64(mac: &str) -> Result<Ipv6Addr> {
+    let bytes: Vec<u8> = mac
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<Result<_, _>>()
+        .map_err(|e| Error::new(format!("MAC {mac:?}: {e}")))?;
+    let [a, b, c, d, e, f] = bytes[..] else {
+        return Err(Error::new(format!("MAC {mac:?} does not have 6 bytes")));
+    };
+    let seg = |hi: u8, lo: u8| u16::from_be_bytes([hi, lo]);
+    Ok(Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        seg(a ^ 0x02, b),
+        seg(c, 0xff),
+        seg(0xfe, d),
+        seg(e, f),
+    ))
+}
+
+/// A configured guest.
+#[derive(Debug)]
+pub struct Guest {
+    pub spec: GuestSpec,
+    pub ns: Netns,
+}
+
+impl Guest {
+    /// Creates the port on `sled` with its tap moved into a new namespace `ns_name`,
+    /// allows inbound traffic from `spec.allow_inbound_from`, then configures the
+    /// guest OS side:
+    /// - IPv6 forwarding off and accept_ra on (a host, not a router: the kernel
+    ///   applies the RA's MTU), DAD off;
+    /// - IPv4 as a /32 with an on-link route to the gateway and a default route via it
+    ///   (what the datapath's DHCP hands out);
+    /// - IPv6 as a /128 with a default route via the gateway's link-local address (the
+    ///   RA adds the same one; ours has a higher metric so they do not clash).
+    pub fn create(sled: &Sled, ns_name: &str, spec: GuestSpec) -> Result<Guest> {
+        let ns = Netns::create(
+            ns_name,
+            &[
+                ("net.ipv6.conf.all.forwarding", "0"),
+                ("net.ipv6.conf.default.accept_ra", "1"),
+                ("net.ipv6.conf.all.accept_dad", "0"),
+                ("net.ipv6.conf.default.accept_dad", "0"),
+            ],
+        )?;
+        let args = spec.create_args(ns.name());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        sled.admin(&refs)?;
+        for (i, host) in spec.allow_inbound_from.iter().enumerate() {
+            let priority = (100 + i).to_string();
+            sled.admin(&[
+                "add-fw-rule",
+                &spec.name,
+                "--direction",
+                "in",
+                "--priority",
+                &priority,
+                "--host",
+                host,
+                "--proto",
+                "any",
+                "--action",
+                "allow",
+            ])?;
+        }
+        let guest = Guest { spec, ns };
+        let ifname = guest.spec.name.clone();
+        poll_until(
+            &format!("tap {ifname} to appear in {}", guest.ns.name()),
+            Duration::from_secs(10),
+            || guest.ns.ip(&["link", "show", &ifname]),
+        )?;
+        for (key, value) in [("forwarding", "0"), ("accept_ra", "1"), ("accept_dad", "0")] {
+            guest
+                .ns
+                .sysctl(&format!("net.ipv6.conf.{ifname}.{key}"), value)?;
+        }
+        guest.ns.ip(&["link", "set", &ifname, "up"])?;
+        if let Some(ip) = guest.spec.ipv4 {
+            let gw = guest.spec.gateway_ipv4.to_string();
+            guest
+                .ns
+                .ip(&["addr", "add", &format!("{ip}/32"), "dev", &ifname])?;
+            guest
+                .ns
+                .ip(&["route", "add", &gw, "dev", &ifname, "scope", "link"])?;
+            guest
+                .ns
+                .ip(&["route", "add", "default", "via", &gw, "dev", &ifname])?;
+        }
+        if let Some(ip) = guest.spec.ipv6 {
+            let gw = guest.spec.gateway_ipv6()?.to_string();
+            guest.ns.ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("{ip}/128"),
+                "dev",
+                &ifname,
+                "nodad",
+            ])?;
+            guest.ns.ip(&[
+                "-6", "route", "add", "default", "via", &gw, "dev", &ifname, "metric", "2048",
+            ])?;
+        }
+        Ok(guest)
+    }
+
+    /// The guest's IPv4 address (an error for an IPv6-only guest).
+    pub fn ipv4(&self) -> Result<IpAddr> {
+        self.spec
+            .ipv4
+            .map(IpAddr::V4)
+            .ok_or_else(|| Error::new(format!("guest {} has no IPv4 address", self.spec.name)))
+    }
+
+    /// The guest's IPv6 address (an error for an IPv4-only guest).
+    pub fn ipv6(&self) -> Result<IpAddr> {
+        self.spec
+            .ipv6
+            .map(IpAddr::V6)
+            .ok_or_else(|| Error::new(format!("guest {} has no IPv6 address", self.spec.name)))
+    }
+
+    pub fn ifname(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// A command to run inside the guest.
+    pub fn cmd(&self, program: &str) -> Cmd {
+        self.ns.cmd(program)
+    }
+
+    /// Runs inside the guest; requires success; returns stdout.
+    pub fn run(&self, program: &str, args: &[&str]) -> Result<String> {
+        self.ns.run(program, args)
+    }
+
+    /// One ping of `size` payload bytes with fragmentation forbidden; the outcome
+    /// whatever it was (for checks that traffic does NOT pass).
+    pub fn ping_once(&self, target: IpAddr, size: usize) -> Result<Outcome> {
+        let family = if target.is_ipv4() { "-4" } else { "-6" };
+        self.ns.output(
+            "ping",
+            &[
+                family,
+                "-c",
+                "1",
+                "-W",
+                "1",
+                "-M",
+                "do",
+                "-s",
+                &size.to_string(),
+                &target.to_string(),
+            ],
+        )
+    }
+
+    /// Pings until one reply comes back (the first packets may wait for neighbour
+    /// resolution on the underlay), at most `timeout`.
+    pub fn ping(&self, target: IpAddr, size: usize, timeout: Duration) -> Result<()> {
+        poll_until(
+            &format!(
+                "{} to get a {size}-byte ping reply from {target}",
+                self.spec.name
+            ),
+            timeout,
+            || {
+                let o = self.ping_once(target, size)?;
+                if o.status.success() {
+                    Ok(())
+                } else {
+                    Err(Error::new(format!(
+                        "{}{}",
+                        o.stdout.trim(),
+                        o.stderr.trim()
+                    )))
+                }
+            },
+        )
+    }
+
+    /// The kernel's IPv6 MTU for the guest's interface (what an RA's MTU option set).
+    pub fn ipv6_mtu(&self) -> Result<u32> {
+        let key = format!("net.ipv6.conf.{}.mtu", self.spec.name);
+        let v = self.ns.read_sysctl(&key)?;
+        v.parse()
+            .map_err(|_| Error::new(format!("{key} is {v:?}, not a number")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eui64_of_reference_gateway_mac() {
+        assert_eq!(
+            link_local_eui64("a8:40:25:ff:77:77").unwrap(),
+            "fe80::aa40:25ff:feff:7777".parse::<Ipv6Addr>().unwrap()
+        );
+        assert!(link_local_eui64("a8:40:25:ff:77").is_err());
+        assert!(link_local_eui64("zz:40:25:ff:77:77").is_err());
+    }
+
+    #[test]
+    fn specs_number_guests_and_pick_families() {
+        let g = GuestSpec::dual("vm3", 1, 3);
+        assert_eq!(g.mac, "a8:40:25:f0:00:03");
+        assert_eq!(
+            g.addresses(),
+            vec![
+                IpAddr::from([10, 0, 0, 13]),
+                "fd00:1::d".parse::<IpAddr>().unwrap()
+            ]
+        );
+        assert_eq!(GuestSpec::v4("a", 0, 1).addresses().len(), 1);
+        assert!(GuestSpec::v6("a", 0, 1).ipv4.is_none());
+        let args = GuestSpec::v4("a", 0, 1).mtu(None).create_args("ns");
+        assert!(!args.contains(&"--mtu".to_string()), "{args:?}");
+    }
+}

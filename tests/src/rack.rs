@@ -1,0 +1,355 @@
+//! The rack: a switch namespace with a bridge, sled namespaces joined to it by veth
+//! pairs, one `overlayd` per sled, and guests behind the daemons' ports.
+
+use crate::bins::{bins, Bins};
+use crate::cmd::Cmd;
+use crate::daemon::{xdeadm, DaemonPaths, Overlayd};
+use crate::guest::{Guest, GuestSpec};
+use crate::netns::{sweep_stale, unique_id, Netns};
+use crate::poll::poll_until;
+use crate::{Context, Error, Result};
+use std::net::Ipv6Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Underlay MTU of every link in the rack (the switch ports and the sleds' NICs).
+pub const UNDERLAY_MTU: u16 = 9000;
+
+/// The sleds' underlay interface name (inside each sled's own namespace).
+pub const UNDERLAY_IF: &str = "ul0";
+
+/// The bridge's name inside the switch namespace.
+pub const BRIDGE: &str = "br0";
+
+/// Sled `i`'s underlay address: `fd00:99::(i+1)` in a /64 shared by the rack.
+pub fn sled_underlay_addr(i: usize) -> Ipv6Addr {
+    let host = u16::try_from(i + 1).unwrap_or(u16::MAX);
+    Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, host)
+}
+
+/// What to build.
+#[derive(Clone, Debug)]
+pub struct RackSpec {
+    /// Start of every namespace name: lets a person (or the demo's exit trap) tell
+    /// whose namespaces these are.
+    pub prefix: String,
+    pub sleds: usize,
+}
+
+impl RackSpec {
+    pub fn new(prefix: &str, sleds: usize) -> RackSpec {
+        RackSpec {
+            prefix: prefix.to_string(),
+            sleds,
+        }
+    }
+}
+
+/// One sled: its namespace, underlay link and (once started) daemon.
+#[derive(Debug)]
+pub struct Sled {
+    pub index: usize,
+    pub ns: Netns,
+    /// Underlay interface inside `ns`.
+    pub underlay_if: String,
+    /// The sled's end of the veth on the switch's bridge (in the switch namespace):
+    /// where captures see this sled's underlay traffic.
+    pub bridge_port: String,
+    pub addr: Ipv6Addr,
+    daemon: Option<Overlayd>,
+    dir: PathBuf,
+}
+
+impl Sled {
+    pub fn daemon(&self) -> Result<&Overlayd> {
+        self.daemon
+            .as_ref()
+            .ok_or_else(|| Error::new(format!("sled {} has no running overlayd", self.index)))
+    }
+
+    pub fn daemon_mut(&mut self) -> Result<&mut Overlayd> {
+        let i = self.index;
+        self.daemon
+            .as_mut()
+            .ok_or_else(|| Error::new(format!("sled {i} has no running overlayd")))
+    }
+
+    /// `xdeadm ARGS...` against this sled's daemon.
+    pub fn xdeadm(&self, args: &[&str]) -> Result<Cmd> {
+        let socket = self.daemon()?.paths().api_socket.clone();
+        Ok(xdeadm(&bins()?.xdeadm, &socket, args))
+    }
+
+    /// Runs `xdeadm ARGS...` and requires success; returns its stdout.
+    pub fn admin(&self, args: &[&str]) -> Result<String> {
+        self.xdeadm(args)?.run()
+    }
+
+    /// Where this sled's daemon keeps its socket, state and log.
+    pub fn daemon_paths(&self) -> DaemonPaths {
+        DaemonPaths::under(&self.dir)
+    }
+}
+
+/// A built rack. Dropping it stops the daemons, then deletes the guest, sled and
+/// switch namespaces (with every interface in them) and the temporary directory.
+#[derive(Debug)]
+pub struct Rack {
+    pub id: String,
+    pub switch: Netns,
+    pub sleds: Vec<Sled>,
+    pub guests: Vec<Guest>,
+    dir: PathBuf,
+}
+
+impl Rack {
+    /// Builds the switch and the sleds and checks that every sled reaches every other
+    /// over the bridge with a full-size (9000-byte) unfragmented packet. No daemons yet.
+    pub fn build(spec: &RackSpec) -> Result<Rack> {
+        crate::require_root()?;
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| {
+            if let Err(e) = sweep_stale(&spec.prefix) {
+                eprintln!("e2e: sweeping stale namespaces: {e}");
+            }
+        });
+        let id = unique_id(&spec.prefix);
+        let switch = Netns::create(&format!("{id}-sw"), &[])?;
+        let dir = std::env::temp_dir().join(&id);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // From here on, `rack`'s Drop cleans up whatever was created so far.
+        let mut rack = Rack {
+            switch,
+            id,
+            sleds: Vec::new(),
+            guests: Vec::new(),
+            dir,
+        };
+        let sw = &rack.switch;
+        sw.ip(&["link", "add", BRIDGE, "mtu", "9000", "type", "bridge"])?;
+        // No snooping: NDP multicast must reach every sled without an IGMP/MLD querier.
+        sw.ip(&[
+            "link",
+            "set",
+            BRIDGE,
+            "type",
+            "bridge",
+            "mcast_snooping",
+            "0",
+        ])?;
+        sw.ip(&["link", "set", BRIDGE, "up"])?;
+        for i in 0..spec.sleds {
+            let sled = rack.add_sled(i)?;
+            rack.sleds.push(sled);
+        }
+        rack.check_underlay()?;
+        Ok(rack)
+    }
+
+    fn add_sled(&self, index: usize) -> Result<Sled> {
+        let ns = Netns::create(
+            &format!("{}-s{index}", self.id),
+            // DAD off: addresses usable at once instead of after ~1 s of probing.
+            &[
+                ("net.ipv6.conf.all.accept_dad", "0"),
+                ("net.ipv6.conf.default.accept_dad", "0"),
+            ],
+        )?;
+        let bridge_port = format!("s{index}");
+        let mtu = UNDERLAY_MTU.to_string();
+        // Both ends are created directly in their namespaces: nothing ever appears in
+        // the root namespace, so parallel racks cannot collide on interface names.
+        Cmd::new("ip")
+            .args(["link", "add", UNDERLAY_IF, "netns", ns.name(), "mtu", &mtu])
+            .args(["type", "veth", "peer", "name", &bridge_port])
+            .args(["netns", self.switch.name(), "mtu", &mtu])
+            .run()?;
+        self.switch
+            .ip(&["link", "set", &bridge_port, "master", BRIDGE, "up"])?;
+        let addr = sled_underlay_addr(index);
+        ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{addr}/64"),
+            "dev",
+            UNDERLAY_IF,
+            "nodad",
+        ])?;
+        ns.ip(&["link", "set", UNDERLAY_IF, "up"])?;
+        let dir = self.dir.join(format!("sled{index}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Sled {
+            index,
+            ns,
+            underlay_if: UNDERLAY_IF.to_string(),
+            bridge_port,
+            addr,
+            daemon: None,
+            dir,
+        })
+    }
+
+    /// Every sled pings every other with an 8952-byte ICMPv6 payload (IPv6 40 + ICMPv6
+    /// 8 + 8952 = 9000) and the don't-fragment policy, so a smaller MTU anywhere on
+    /// the path fails here rather than later in a confusing way.
+    pub fn check_underlay(&self) -> Result<()> {
+        for a in &self.sleds {
+            for b in &self.sleds {
+                if a.index == b.index {
+                    continue;
+                }
+                let target = b.addr.to_string();
+                poll_until(
+                    &format!("sled {} to reach sled {} ({target})", a.index, b.index),
+                    Duration::from_secs(15),
+                    || {
+                        a.ns.run(
+                            "ping",
+                            &[
+                                "-6", "-c", "1", "-W", "1", "-M", "do", "-s", "8952", &target,
+                            ],
+                        )
+                    },
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts `overlayd` on sled `index` with `--underlay ul0 --underlay-addr ADDR`,
+    /// its socket and state in the rack's temporary directory, and `extra` flags.
+    /// Returns once the daemon answers `xdeadm list-ports`.
+    pub fn start_daemon(&mut self, index: usize, extra: &[&str]) -> Result<()> {
+        let Bins {
+            overlayd,
+            xdeadm: admin,
+        } = bins()?.clone();
+        let sled = self.sled(index)?;
+        if sled.daemon.is_some() {
+            return Err(Error::new(format!("sled {index} already runs overlayd")));
+        }
+        let paths = sled.daemon_paths();
+        let mut args: Vec<String> = [
+            "--underlay",
+            &sled.underlay_if,
+            "--underlay-addr",
+            &sled.addr.to_string(),
+            "--api-socket",
+            &paths.api_socket.display().to_string(),
+            "--state-dir",
+            &paths.state_dir.display().to_string(),
+            "--log-level",
+            "info",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let socket = paths.api_socket.clone();
+        let daemon = Overlayd::start(
+            &sled.ns,
+            &overlayd,
+            &args,
+            paths,
+            &format!("overlayd on sled {index}"),
+            || xdeadm(&admin, &socket, &["list-ports"]).run().map(drop),
+        )?;
+        self.sled_mut(index)?.daemon = Some(daemon);
+        Ok(())
+    }
+
+    /// Starts a daemon on every sled (same extra flags for all).
+    pub fn start_daemons(&mut self, extra: &[&str]) -> Result<()> {
+        for i in 0..self.sleds.len() {
+            self.start_daemon(i, extra)?;
+        }
+        Ok(())
+    }
+
+    pub fn sled(&self, index: usize) -> Result<&Sled> {
+        self.sleds
+            .get(index)
+            .ok_or_else(|| Error::new(format!("no sled {index} (rack has {})", self.sleds.len())))
+    }
+
+    pub fn sled_mut(&mut self, index: usize) -> Result<&mut Sled> {
+        let n = self.sleds.len();
+        self.sleds
+            .get_mut(index)
+            .ok_or_else(|| Error::new(format!("no sled {index} (rack has {n})")))
+    }
+
+    /// Creates the guest's port on its sled (tap moved into a new guest namespace),
+    /// configures the guest's addresses and routes, and returns its index in
+    /// `self.guests`. V2P is not touched: see [`Rack::publish_v2p`].
+    pub fn add_guest(&mut self, spec: GuestSpec) -> Result<usize> {
+        let ns_name = format!("{}-{}", self.id, spec.name);
+        let sled = self.sled(spec.sled)?;
+        let guest = Guest::create(sled, &ns_name, spec)?;
+        self.guests.push(guest);
+        Ok(self.guests.len() - 1)
+    }
+
+    /// The guest named `name`.
+    pub fn guest(&self, name: &str) -> Result<&Guest> {
+        self.guests
+            .iter()
+            .find(|g| g.spec.name == name)
+            .ok_or_else(|| Error::new(format!("no guest named {name:?}")))
+    }
+
+    /// Tells every sled where every guest lives (`xdeadm set-v2p` for each guest
+    /// address on each sled), as the control plane would.
+    pub fn publish_v2p(&self) -> Result<()> {
+        for sled in &self.sleds {
+            for g in &self.guests {
+                let host = self.sled(g.spec.sled)?.addr.to_string();
+                for ip in g.spec.addresses() {
+                    sled.admin(&[
+                        "set-v2p",
+                        &ip.to_string(),
+                        &g.spec.mac,
+                        &host,
+                        &g.spec.vni.to_string(),
+                    ])
+                    .with_context(|| {
+                        format!("V2P for guest {} on sled {}", g.spec.name, sled.index)
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tears the rack down without printing the daemons' logs (they are printed by
+    /// default, for failing tests).
+    pub fn teardown_quietly(mut self) {
+        for sled in &mut self.sleds {
+            if let Some(d) = sled.daemon.as_mut() {
+                d.set_log_on_drop(false);
+            }
+        }
+    }
+
+    /// The rack's temporary directory (daemon files, captures).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Rack {
+    fn drop(&mut self) {
+        // Daemons first: they hold the taps, and a process left in a namespace keeps
+        // the namespace alive after `ip netns del`.
+        for sled in &mut self.sleds {
+            sled.daemon.take();
+        }
+        self.guests.clear();
+        self.sleds.clear();
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            eprintln!("e2e cleanup: removing {}: {e}", self.dir.display());
+        }
+        // `switch` is dropped (deleted) after this body returns.
+    }
+}

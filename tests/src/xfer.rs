@@ -1,0 +1,125 @@
+//! Checked TCP transfers between guests with the `e2e-xfer` binary (see its docs):
+//! the receiver compares every byte with the sender's seeded stream.
+
+use crate::guest::Guest;
+use crate::{Context, Error, Result};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// What one side printed: `bytes=N fnv64=HEX secs=S mbit_per_s=R`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    pub bytes: u64,
+    pub fnv64: String,
+    pub secs: f64,
+    pub mbit_per_s: f64,
+}
+
+impl Report {
+    pub fn parse(line: &str) -> Result<Report> {
+        let field = |key: &str| {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+                .ok_or_else(|| Error::new(format!("no {key}= in e2e-xfer output {line:?}")))
+        };
+        let num = |key: &str| -> Result<f64> {
+            let v = field(key)?;
+            v.parse()
+                .map_err(|_| Error::new(format!("{key}={v} is not a number in {line:?}")))
+        };
+        let bytes = field("bytes")?;
+        Ok(Report {
+            bytes: bytes
+                .parse()
+                .map_err(|_| Error::new(format!("bytes={bytes} in {line:?}")))?,
+            fnv64: field("fnv64")?.to_string(),
+            secs: num("secs")?,
+            mbit_per_s: num("mbit_per_s")?,
+        })
+    }
+}
+
+/// Sends `bytes` from `from` to `to` at `to_ip:port` over TCP, requires that the
+/// receiver got exactly the sent stream and that both hashes agree; returns the
+/// receiver's report.
+pub fn transfer(
+    xfer_bin: &Path,
+    from: &Guest,
+    to: &Guest,
+    to_ip: IpAddr,
+    port: u16,
+    bytes: u64,
+    timeout: Duration,
+) -> Result<Report> {
+    let addr = SocketAddr::new(to_ip, port).to_string();
+    let any = SocketAddr::new(
+        if to_ip.is_ipv4() {
+            IpAddr::from([0u8; 4])
+        } else {
+            IpAddr::from([0u16; 8])
+        },
+        port,
+    )
+    .to_string();
+    let bin = xfer_bin.display().to_string();
+    let seed = u64::from(std::process::id()) ^ bytes;
+    let recv_cmd = to
+        .cmd(&bin)
+        .args(["recv", &any, &bytes.to_string(), &seed.to_string()]);
+    let receiver = recv_cmd.spawn_with(Stdio::piped(), Stdio::piped())?;
+    let sent = from
+        .cmd(&bin)
+        .args(["send", &addr, &bytes.to_string(), &seed.to_string()])
+        .timeout(timeout)
+        .run();
+    let started = Instant::now();
+    // The receiver ends right after the sender (it read everything) or fails on its
+    // own; give it a short grace and kill it otherwise.
+    let mut receiver = receiver;
+    while receiver.try_wait()?.is_none() && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if receiver.try_wait()?.is_none() {
+        receiver.kill()?;
+    }
+    let out = receiver.wait_with_output()?;
+    let recv_stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let recv_stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        return Err(Error::new(format!(
+            "receiver `{}` failed ({}): {}{}",
+            recv_cmd.display(),
+            out.status,
+            recv_stderr.trim(),
+            match &sent {
+                Err(e) => format!("; sender: {e}"),
+                Ok(_) => String::new(),
+            }
+        )));
+    }
+    let sent = Report::parse(sent.context("sender")?.trim())?;
+    let got = Report::parse(recv_stdout.trim())?;
+    if sent.bytes != bytes || got.bytes != bytes || sent.fnv64 != got.fnv64 {
+        return Err(Error::new(format!(
+            "sent {sent:?} but received {got:?} (expected {bytes} bytes)"
+        )));
+    }
+    Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_report_line() {
+        let r = Report::parse("bytes=10 fnv64=00ff secs=1.500 mbit_per_s=0.1").unwrap();
+        assert_eq!(r.bytes, 10);
+        assert_eq!(r.fnv64, "00ff");
+        assert!((r.secs - 1.5).abs() < 1e-9);
+        assert!(Report::parse("bytes=x fnv64=0 secs=1 mbit_per_s=1").is_err());
+        assert!(Report::parse("fnv64=0").is_err());
+    }
+}
