@@ -53,6 +53,9 @@ pub mod reason {
     pub const SPOOFED_SRC_IP: &str = "spoofed_src_ip";
     /// Destination MAC is not the gateway's (the guest's only neighbour).
     pub const DST_MAC_NOT_GATEWAY: &str = "dst_mac_not_gateway";
+    /// Link-scoped traffic the gateway does not answer (MLD reports, DAD probes,
+    /// IGMP, link-local multicast): it has nowhere to go beyond the guest's link.
+    pub const LINK_LOCAL_ONLY: &str = "link_local_only";
     /// The flow is addressed to the sending guest itself.
     pub const HAIRPIN: &str = "hairpin";
     /// `UnderlayRoutes::next_hop` knows no neighbour for the destination sled.
@@ -83,6 +86,7 @@ pub mod reason {
         SPOOFED_SRC_MAC,
         SPOOFED_SRC_IP,
         DST_MAC_NOT_GATEWAY,
+        LINK_LOCAL_ONLY,
         HAIRPIN,
         UNDERLAY_UNRESOLVED,
         PACKET_TOO_BIG,
@@ -1005,6 +1009,9 @@ fn check_guest_source(cfg: &PortConfig, m: &InnerMeta) -> Result<(), &'static st
     if m.src_mac != cfg.guest_mac {
         return Err(reason::SPOOFED_SRC_MAC);
     }
+    if is_link_scoped(m) {
+        return Err(reason::LINK_LOCAL_ONLY);
+    }
     let own = match (m.l3, m.src_ip) {
         (L3::Ipv4, IpAddr::V4(a)) => cfg.ipv4 == Some(a),
         (L3::Ipv6, IpAddr::V6(a)) => cfg.ipv6 == Some(a),
@@ -1018,6 +1025,22 @@ fn check_guest_source(cfg: &PortConfig, m: &InnerMeta) -> Result<(), &'static st
         return Err(reason::DST_MAC_NOT_GATEWAY);
     }
     Ok(())
+}
+
+/// Traffic that by its addresses never leaves the guest's link: IPv6 from a
+/// link-local or unspecified source or to a link-local unicast or link-scoped multicast
+/// destination (ff02::/16), and IPv4 to 224.0.0.0/24 or the broadcast address. Guests
+/// send such packets as part of normal operation (DAD, MLD, IGMP), so they are not
+/// counted as spoofing.
+fn is_link_scoped(m: &InnerMeta) -> bool {
+    match (m.src_ip, m.dst_ip) {
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let ll = |a: &std::net::Ipv6Addr| a.segments()[0] & 0xffc0 == 0xfe80;
+            s.is_unspecified() || ll(&s) || ll(&d) || d.segments()[0] & 0xff0f == 0xff02
+        }
+        (IpAddr::V4(_), IpAddr::V4(d)) => d.is_broadcast() || d.octets()[..3] == [224, 0, 0],
+        _ => false,
+    }
 }
 
 /// Whether the packet (each segment, for a GSO buffer) exceeds the path MTU.

