@@ -1,0 +1,78 @@
+//! A counting wrapper around the system allocator.
+//!
+//! Counts are kept per thread: libtest runs each test on its own thread while the
+//! harness itself allocates (output capture, channels), and criterion may allocate
+//! between samples; only the allocations made by the thread that runs the packets
+//! say anything about the engine (which spawns no threads).
+//!
+//! Use: in the final binary,
+//! `#[global_allocator] static A: bench::alloc::CountingAlloc = bench::alloc::CountingAlloc;`
+//! then read [`thread_allocations`] before and after the code under test.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+thread_local! {
+    // `const` initialisation and a type without `Drop`: the slot needs no lazy
+    // registration, so touching it from inside the allocator cannot recurse into it.
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    static BYTES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The system allocator, counting every `alloc`, `alloc_zeroed` and `realloc` (a
+/// reallocation is heap work on the packet path just like a fresh allocation).
+/// Frees are not counted: a steady state that frees must have allocated first.
+pub struct CountingAlloc;
+
+fn record(bytes: usize) {
+    // `try_with`: during thread teardown the slot may be gone; such allocations are
+    // not the engine's (it runs no code at thread exit), so skipping them is correct.
+    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+    let _ = BYTES.try_with(|c| c.set(c.get() + bytes as u64));
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
+// `System`'s guarantees (and the caller's obligations) carry over as they are; the
+// counting touches only a thread-local `Cell`, which never allocates.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        record(layout.size());
+        // SAFETY: forwarded as is; the caller upholds `GlobalAlloc::alloc`'s contract.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        record(layout.size());
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator, i.e. from `System`, with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        record(new_size);
+        // SAFETY: `ptr` came from `System` with `layout`; the caller upholds the rest.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Allocations (including reallocations) made by the calling thread so far. Zero
+/// forever if [`CountingAlloc`] is not the global allocator of this binary.
+pub fn thread_allocations() -> u64 {
+    ALLOCS.with(Cell::get)
+}
+
+/// Bytes requested by those allocations.
+pub fn thread_allocated_bytes() -> u64 {
+    BYTES.with(Cell::get)
+}
+
+/// Allocations and bytes made by `f` on this thread.
+pub fn count<R>(f: impl FnOnce() -> R) -> (R, u64, u64) {
+    let (a0, b0) = (thread_allocations(), thread_allocated_bytes());
+    let r = f();
+    (r, thread_allocations() - a0, thread_allocated_bytes() - b0)
+}
