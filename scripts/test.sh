@@ -9,6 +9,9 @@ bash scripts/install-deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --exclude e2e
+# Every parser and the whole engine under libFuzzer for a short while (seeded with
+# the scapy vectors); see docs/testing.md for longer campaigns.
+bash scripts/fuzz-smoke.sh
 # The end-to-end tests run in release mode: the harness then drives the release
 # overlayd/xdeadm (it builds `-p control` in the test's own profile, see
 # tests/src/bins.rs); a debug datapath is too slow for the 200 MB transfer on a
