@@ -16,10 +16,10 @@ use wire::ethernet::ethertype;
 use wire::geneve::{self, OxideOption, GENEVE_PORT};
 use wire::MacAddr;
 
-/// Outer Ethernet 14 + IPv6 40 + UDP 8 + Geneve 8.
-pub const ENCAP_OVERHEAD: usize = 70;
+/// Outer Ethernet 14 + IPv6 40 + UDP 8 + Geneve 8 (defined once, in `wire::geneve`).
+pub use wire::geneve::ENCAP_LEN as ENCAP_OVERHEAD;
 /// [`ENCAP_OVERHEAD`] plus the 8-byte Oxide Mss option that every TSO segment carries.
-pub const ENCAP_OVERHEAD_WITH_MSS: usize = 78;
+pub use wire::geneve::ENCAP_LEN_WITH_MSS as ENCAP_OVERHEAD_WITH_MSS;
 
 /// Outer IPv6 hop limit (opte-facts).
 pub const OUTER_HOP_LIMIT: u8 = 128;

@@ -12,14 +12,15 @@
 //! gateway's) -> [`TxBatch`].
 //!
 //! Every change to ports, rules, routes or V2P bumps the epoch, which invalidates
-//! every cached flow at once (see `uft`). Every drop is counted under a named reason
+//! every cached flow at once (see `uft`); so does [`Engine::invalidate_next_hops`],
+//! which the daemon calls when an underlay neighbour changes. Every drop is counted under a named reason
 //! ([`reason`], plus the names of `tso::TsoDrop`, the gateway's denies and
 //! `wire::meta::UnderlayDrop`); docs/engine.md lists them all.
 
 use crate::counters::DropCounters;
 use crate::encap::OuterTemplate;
-use crate::firewall::{ConnDump, Firewall, FirewallStats, FlowLimits, FwAction};
-use crate::flow::{FlowKey, PROTO_ICMP, PROTO_ICMPV6};
+use crate::firewall::{ConnDump, Decision, Firewall, FirewallStats, FlowLimits, FwAction};
+use crate::flow::{quoted_flow, FlowKey, PROTO_ICMP, PROTO_ICMPV6};
 use crate::gateway::{self, GatewayCounters, GatewayState, GatewayVerdict, MtuBudget, RaInfo};
 use crate::layer::{LayerDump, RuleId};
 use crate::output::{TxBatch, TxDest};
@@ -118,11 +119,20 @@ pub struct EngineConfig {
     /// Compute the outer UDP checksum (off: zero is allowed for tunnels over IPv6).
     pub outer_udp_checksum: bool,
     pub flow: FlowLimits,
+    /// Key of the flow and connection tables' hash (SipHash-1-3). Remote peers choose
+    /// inbound flow keys, so with a known key they could pick colliding flows and
+    /// slow a port's lookups down; the daemon must pass a random value per process
+    /// (the engine makes no syscalls, so it cannot draw one). The outer UDP source
+    /// port and flow label do not use it: they must survive restarts.
+    /// Never serialized: it is a secret.
+    #[serde(skip)]
+    pub hash_seed: u64,
 }
 
 impl EngineConfig {
     /// A 9000-byte underlay, no boundary services, no external jumbo, zero outer UDP
-    /// checksum, the reference's flow limits.
+    /// checksum, the reference's flow limits, and a fixed hash seed (deterministic
+    /// for tests; a daemon sets [`EngineConfig::hash_seed`] to a random value).
     pub fn new(underlay_addr: Ipv6Addr) -> Self {
         EngineConfig {
             underlay_addr,
@@ -131,6 +141,7 @@ impl EngineConfig {
             boundary_services: None,
             outer_udp_checksum: false,
             flow: FlowLimits::default(),
+            hash_seed: 0x6f76_6572_6c61_7964,
         }
     }
 }
@@ -144,8 +155,9 @@ pub struct NextHop {
 }
 
 /// Resolves an underlay destination to the interface and MACs to send it with.
-/// Consulted when a flow is compiled, not per packet; call [`Engine::clear_uft`] when
-/// neighbours change.
+/// Consulted when a flow is compiled, not per packet: the result is built into the
+/// flow's cached outer header, so call [`Engine::invalidate_next_hops`] whenever a
+/// neighbour's interface or MAC changes or it disappears.
 pub trait UnderlayRoutes {
     fn next_hop(&self, dst: Ipv6Addr) -> Option<NextHop>;
 }
@@ -280,6 +292,9 @@ pub struct Engine {
     coalescer: Coalescer,
     /// Reused buffer for IPv4 fragments before they are encapsulated.
     scratch: TxBatch,
+    /// Reused copy of a guest frame whose partial checksum is completed before it
+    /// is fragmented.
+    csum_buf: Vec<u8>,
     underlay_drops: DropCounters,
     drops: DropCounters,
 }
@@ -292,12 +307,12 @@ impl Engine {
     /// Refuses an underlay MTU too small to carry a minimum-MTU guest packet, and
     /// zero flow limits, naming the value.
     pub fn new(cfg: EngineConfig) -> Result<Engine, EngineError> {
-        let min = MIN_PORT_MTU + gateway::ENCAP_OVERHEAD;
+        let min = MIN_PORT_MTU + gateway::ENCAP_BUDGET;
         if cfg.underlay_mtu < min {
             return Err(EngineError::Invalid(format!(
                 "underlay MTU {} is below {min} (port minimum {MIN_PORT_MTU} + encapsulation {})",
                 cfg.underlay_mtu,
-                gateway::ENCAP_OVERHEAD
+                gateway::ENCAP_BUDGET
             )));
         }
         if cfg.underlay_addr.is_unspecified() || cfg.underlay_addr.is_multicast() {
@@ -321,6 +336,7 @@ impl Engine {
             last_sweep: 0,
             coalescer: Coalescer::new(),
             scratch: TxBatch::new(),
+            csum_buf: Vec::new(),
             underlay_drops,
             drops: DropCounters::default(),
         })
@@ -337,6 +353,15 @@ impl Engine {
 
     fn bump(&mut self) {
         self.epoch += 1;
+    }
+
+    /// Makes every cached flow recompile on its next packet, which asks
+    /// [`UnderlayRoutes::next_hop`] again and rebuilds the outer header (interface,
+    /// source and destination MAC). The daemon calls this when its neighbour cache
+    /// changes or drops an entry: a busy flow never goes idle long enough to be
+    /// recompiled otherwise. Connections are kept; only cached decisions go.
+    pub fn invalidate_next_hops(&mut self) {
+        self.bump();
     }
 
     fn boundary(&self) -> Option<BoundaryServices> {
@@ -362,15 +387,21 @@ impl Engine {
     }
 
     fn check_port_mtu(&self, mtu: u16) -> Result<(), EngineError> {
-        let max = self.cfg.underlay_mtu - gateway::ENCAP_OVERHEAD;
+        let max = self.max_inner_mtu();
         if mtu < MIN_PORT_MTU || mtu > max {
             return Err(EngineError::Invalid(format!(
                 "port MTU {mtu} is outside {MIN_PORT_MTU}..={max} (underlay MTU {} - encapsulation {})",
                 self.cfg.underlay_mtu,
-                gateway::ENCAP_OVERHEAD
+                gateway::ENCAP_BUDGET
             )));
         }
         Ok(())
+    }
+
+    /// Largest guest IP packet the underlay carries once encapsulated (`new` checked
+    /// that the underlay MTU exceeds the encapsulation).
+    fn max_inner_mtu(&self) -> u16 {
+        self.cfg.underlay_mtu.saturating_sub(gateway::ENCAP_BUDGET)
     }
 
     // ---- Ports ----
@@ -437,10 +468,10 @@ impl Engine {
         let port = Port {
             id,
             gw: GatewayState::new(self.now),
-            fw: Firewall::new(lim),
+            fw: Firewall::new(lim, self.cfg.hash_seed),
             router,
-            uft_out: Uft::new(lim.uft_limit, lim.other_ns),
-            uft_in: Uft::new(lim.uft_limit, lim.other_ns),
+            uft_out: Uft::new(lim.uft_limit, lim.other_ns, self.cfg.hash_seed),
+            uft_in: Uft::new(lim.uft_limit, lim.other_ns, self.cfg.hash_seed),
             c: PortCounters::default(),
             mtu_changed: false,
             cfg,
@@ -551,6 +582,9 @@ impl Engine {
 
     // ---- Routes ----
 
+    /// Adds a route to a port. A route MTU can only lower a flow's path MTU (the
+    /// flow gets the smaller of it and the MTU its path has anyway), and may not
+    /// exceed what the underlay carries after encapsulation.
     pub fn add_route(
         &mut self,
         port: &str,
@@ -558,6 +592,14 @@ impl Engine {
         target: RouteTarget,
         mtu: Option<u16>,
     ) -> Result<(), EngineError> {
+        let max = self.max_inner_mtu();
+        if let Some(m) = mtu.filter(|m| *m > max) {
+            return Err(EngineError::Invalid(format!(
+                "route MTU {m} for {dst} exceeds {max} (underlay MTU {} - encapsulation {})",
+                self.cfg.underlay_mtu,
+                gateway::ENCAP_BUDGET
+            )));
+        }
         let p = self.port_by_name_mut(port)?;
         p.router.add(dst, target, mtu).map_err(|e| {
             if e.contains("already exists") {
@@ -727,6 +769,7 @@ impl Engine {
             by_ip,
             v2p,
             scratch,
+            csum_buf,
             drops,
             ..
         } = self;
@@ -781,23 +824,21 @@ impl Engine {
             ..
         } = p;
         let entry = match uft_out.lookup(&key, epoch, now) {
-            Some(e)
-                if matches!(e.action, OutAction::Drop(_))
-                    || fw.track(Direction::Out, &key, meta.tcp_flags, now) =>
-            {
-                e
+            Some(e) if !e.needs_conn || fw.track(Direction::Out, &key, meta.tcp_flags, now) => e,
+            Some(e) => {
+                match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, &meta, frame) {
+                    Ok(n) => {
+                        *e = n;
+                        e
+                    }
+                    Err(r) => {
+                        c.drops.inc(r);
+                        return;
+                    }
+                }
             }
-            Some(e) => match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, &meta) {
-                Ok(n) => {
-                    *e = n;
-                    e
-                }
-                Err(r) => {
-                    c.drops.inc(r);
-                    return;
-                }
-            },
-            None => match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, &meta) {
+            None => match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, &meta, frame)
+            {
                 Ok(n) => uft_out.insert(key, n),
                 Err(r) => {
                     c.drops.inc(r);
@@ -805,6 +846,12 @@ impl Engine {
                 }
             },
         };
+        // A cached drop wins over the size check: a denied or unroutable flow gets no
+        // Packet Too Big and is counted under its own reason.
+        if let OutAction::Drop(r) = &entry.action {
+            c.drops.inc(r);
+            return;
+        }
         let path_mtu = entry.path_mtu;
         let fragment = if too_big(&meta, &vnet, path_mtu) {
             if meta.l3 == L3::Ipv4 && !meta.dont_fragment && !vnet.is_gso() {
@@ -817,11 +864,22 @@ impl Engine {
         } else {
             false
         };
-        let local = match &entry.action {
-            OutAction::Drop(r) => {
-                c.drops.inc(r);
+        // Fragments leave without the guest's checksum offload request, so a partial
+        // checksum is completed on a copy of the frame before it is cut up.
+        let frame: &[u8] = if fragment && vnet.needs_csum() {
+            csum_buf.clear();
+            csum_buf.extend_from_slice(frame);
+            if let Err(d) = tso::complete_checksum(csum_buf, &vnet) {
+                c.drops.inc(d.name());
                 return;
             }
+            csum_buf
+        } else {
+            frame
+        };
+        let local = match &entry.action {
+            // Handled above.
+            OutAction::Drop(_) => return,
             OutAction::Local { port: dst } => *dst,
             OutAction::Encap(e) => {
                 let dest = TxDest::Underlay { ifindex: e.ifindex };
@@ -954,7 +1012,7 @@ impl Engine {
             return;
         };
         let key = FlowKey::from_meta(um.vni, &meta);
-        if let Err(r) = inbound_verdict(p, &key, &meta, epoch, now) {
+        if let Err(r) = inbound_verdict(p, &key, &meta, inner, epoch, now) {
             p.c.drops.inc(r);
             return;
         }
@@ -1062,6 +1120,15 @@ fn match_fields(key: &FlowKey, m: &InnerMeta) -> MatchFields {
     }
 }
 
+/// For an ICMP error, the flow of the packet it quotes (see `flow::quoted_flow`).
+fn quoted(key: &FlowKey, m: &InnerMeta, frame: &[u8]) -> Option<FlowKey> {
+    if !key.is_icmp_error() {
+        return None;
+    }
+    let body = frame.get(m.payload_off..m.ip_end)?;
+    quoted_flow(key.vni, key.proto, body)
+}
+
 /// What compiling an outbound flow reads besides the port itself.
 struct CompileEnv<'a> {
     ecfg: &'a EngineConfig,
@@ -1088,68 +1155,73 @@ fn compile_outbound(
     uft_in: &mut Uft<InAction>,
     key: &FlowKey,
     m: &InnerMeta,
+    frame: &[u8],
 ) -> Result<UftEntry<OutAction>, &'static str> {
-    let entry = |action, path_mtu| UftEntry {
+    let drop = |r| UftEntry {
         epoch: env.epoch,
-        action,
-        path_mtu,
+        action: OutAction::Drop(r),
+        path_mtu: cfg.mtu,
+        needs_conn: false,
         created: env.now,
         last_hit: env.now,
         hits: 0,
     };
     let f = match_fields(key, m);
-    match fw.decide(Direction::Out, &f, m.tcp_flags, env.now) {
-        Ok(true) => uft_in.remove(&key.reversed()),
-        Ok(false) => {}
-        Err(r) => return Ok(entry(OutAction::Drop(r), cfg.mtu)),
+    let decision = match fw.decide(
+        Direction::Out,
+        &f,
+        m.tcp_flags,
+        quoted(key, m, frame).as_ref(),
+        env.now,
+    ) {
+        Ok(d) => d,
+        Err(r) => return Ok(drop(r)),
+    };
+    if decision == Decision::Created {
+        uft_in.remove(&key.reversed());
     }
+    let entry = |action, path_mtu| UftEntry {
+        epoch: env.epoch,
+        action,
+        path_mtu,
+        needs_conn: decision.needs_conn(),
+        created: env.now,
+        last_hit: env.now,
+        hits: 0,
+    };
     let route = match router.lookup(&f) {
         Ok(r) => r,
-        Err(r) => return Ok(entry(OutAction::Drop(r), cfg.mtu)),
+        Err(r) => return Ok(drop(r)),
     };
+    // A route's MTU can lower a flow's path MTU, never raise it above what the path
+    // carries.
+    let path = |computed: u16| route.mtu.map_or(computed, |r| r.min(computed));
     let vni = cfg.vni.get();
     let (underlay_dst, outer_vni, inner_dst_mac, internal, path_mtu) = match route.target {
         RouteTarget::VpcSubnet => {
             if let Some(d) = env.by_ip.get(&(vni, key.dst_ip)) {
                 if d.port == port {
-                    return Ok(entry(OutAction::Drop(reason::HAIRPIN), cfg.mtu));
+                    return Ok(drop(reason::HAIRPIN));
                 }
-                let mtu = route.mtu.unwrap_or(cfg.mtu.min(d.mtu));
-                return Ok(entry(OutAction::Local { port: d.port }, mtu));
+                return Ok(entry(
+                    OutAction::Local { port: d.port },
+                    path(cfg.mtu.min(d.mtu)),
+                ));
             }
             let Some(v) = env.v2p.get(cfg.vni, key.dst_ip) else {
-                return Ok(entry(
-                    OutAction::Drop(crate::overlay::reason::NO_V2P),
-                    cfg.mtu,
-                ));
+                return Ok(drop(crate::overlay::reason::NO_V2P));
             };
-            (
-                v.underlay,
-                cfg.vni,
-                v.mac,
-                true,
-                route.mtu.unwrap_or(cfg.mtu),
-            )
+            (v.underlay, cfg.vni, v.mac, true, path(cfg.mtu))
         }
         RouteTarget::InternetGateway => {
             let Some(b) = env.boundary else {
-                return Ok(entry(
-                    OutAction::Drop(crate::overlay::reason::NO_BOUNDARY),
-                    cfg.mtu,
-                ));
+                return Ok(drop(crate::overlay::reason::NO_BOUNDARY));
             };
-            let mtu = route
-                .mtu
-                .unwrap_or_else(|| gateway::external_path_mtu(cfg, env.ecfg.external_jumbo));
+            let mtu = path(gateway::external_path_mtu(cfg, env.ecfg.external_jumbo));
             (b.underlay, b.vni, m.dst_mac, false, mtu)
         }
         // The router reports Drop targets as errors; kept for exhaustiveness.
-        RouteTarget::Drop => {
-            return Ok(entry(
-                OutAction::Drop(crate::router::reason::ROUTE_DROP),
-                cfg.mtu,
-            ))
-        }
+        RouteTarget::Drop => return Ok(drop(crate::router::reason::ROUTE_DROP)),
     };
     let Some(hop) = env.routes.next_hop(underlay_dst) else {
         return Err(reason::UNDERLAY_UNRESOLVED);
@@ -1180,11 +1252,13 @@ fn compile_outbound(
 
 /// Inbound checks for a frame bound to port `p` (from the underlay or another local
 /// port): the destination must be the guest, then the cached flow or the inbound
-/// firewall decides.
+/// firewall decides. `frame` is the inner Ethernet frame `m` describes (read for the
+/// packet an ICMP error quotes).
 fn inbound_verdict(
     p: &mut Port,
     key: &FlowKey,
     m: &InnerMeta,
+    frame: &[u8],
     epoch: u64,
     now: u64,
 ) -> Result<(), &'static str> {
@@ -1204,27 +1278,28 @@ fn inbound_verdict(
         ..
     } = p;
     let action = match uft_in.lookup(key, epoch, now) {
-        Some(e)
-            if matches!(e.action, InAction::Drop(_))
-                || fw.track(Direction::In, key, m.tcp_flags, now) =>
-        {
-            e.action
-        }
+        Some(e) if !e.needs_conn || fw.track(Direction::In, key, m.tcp_flags, now) => e.action,
         cached => {
             let f = match_fields(key, m);
-            let action = match fw.decide(Direction::In, &f, m.tcp_flags, now) {
-                Ok(created) => {
-                    if created {
-                        uft_out.remove(&key.reversed());
+            let q = quoted(key, m, frame);
+            let (action, needs_conn) =
+                match fw.decide(Direction::In, &f, m.tcp_flags, q.as_ref(), now) {
+                    Ok(d) => {
+                        if d == Decision::Created {
+                            uft_out.remove(&key.reversed());
+                        }
+                        (InAction::Deliver, d.needs_conn())
                     }
-                    InAction::Deliver
-                }
-                Err(r) => InAction::Drop(r),
-            };
+                    // Depends on this segment's flags, not on the flow: a later SYN
+                    // of the same flow must be decided afresh, so nothing is cached.
+                    Err(r) if r == crate::firewall::reason::MIDSTREAM_IN => return Err(r),
+                    Err(r) => (InAction::Drop(r), false),
+                };
             let n = UftEntry {
                 epoch,
                 action,
                 path_mtu: 0,
+                needs_conn,
                 created: now,
                 last_hit: now,
                 hits: 0,
@@ -1262,7 +1337,7 @@ fn deliver_local(
         return;
     };
     let key = FlowKey::from_meta(p.cfg.vni.get(), m);
-    if let Err(r) = inbound_verdict(p, &key, m, epoch, now) {
+    if let Err(r) = inbound_verdict(p, &key, m, frame, epoch, now) {
         p.c.drops.inc(r);
         return;
     }

@@ -9,10 +9,21 @@
 //! TCP connections are tracked from the guest's point of view on the flags alone (no
 //! sequence-number checks), which is enough to choose the right idle timeout:
 //! half-open connections expire in seconds, established ones in hours, closed ones
-//! after TIME-WAIT. The table has a size limit; a full table evicts a connection that
-//! is closing or half-open if it finds one quickly, and otherwise refuses the new flow.
+//! after TIME-WAIT. Only a full handshake establishes an inbound connection (the
+//! peer's SYN, the guest's SYN|ACK, the peer's ACK), and a TCP flow first seen
+//! without a SYN (mid-stream, e.g. after a daemon restart) is picked up only from the
+//! guest's side: remote peers cannot create long-lived entries on their own.
+//!
+//! ICMP: only echo requests open connections (their replies are then admitted).
+//! Every other ICMP message is decided by the rules alone and tracked by nothing;
+//! an ICMP error is also admitted, in either direction, when the packet it quotes
+//! belongs to a live connection (a "related" packet; the decision is not cached).
+//!
+//! The table has a size limit; a full table evicts an expired, half-open (or
+//! unanswered) or closed connection if it finds one among the first few it inspects,
+//! and otherwise refuses the new flow.
 
-use crate::flow::{FlowKey, FlowMap, PROTO_TCP};
+use crate::flow::{flow_map, FlowKey, FlowMap, PROTO_TCP};
 use crate::layer::{Layer, LayerDump};
 use crate::rule::{Direction, MatchFields};
 use core::fmt;
@@ -43,6 +54,34 @@ pub mod reason {
     pub const DENY_IN: &str = "fw_deny_in";
     /// The connection table is full of live connections.
     pub const TABLE_FULL: &str = "fw_table_full";
+    /// Inbound TCP without SYN and without a connection: even with an allowing rule,
+    /// a remote peer opens a connection only with a SYN (mid-stream flows are picked
+    /// up from the guest's side only).
+    pub const MIDSTREAM_IN: &str = "fw_midstream_in";
+}
+
+/// How [`Firewall::decide`] admitted a flow's first packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// A new connection was created: a decision cached for the other direction (a
+    /// deny, taken before the connection existed) is out of date.
+    Created,
+    /// An existing connection covers the packet.
+    Tracked,
+    /// A rule allowed it and nothing is tracked (ICMP other than echo requests): the
+    /// decision holds until the rules change.
+    Stateless,
+    /// An ICMP error quoting a packet of a live connection: holds for this packet
+    /// only.
+    Related,
+}
+
+impl Decision {
+    /// Whether a cached decision must be confirmed by [`Firewall::track`] on every
+    /// later packet (false only for stateless decisions, which hold for the epoch).
+    pub fn needs_conn(self) -> bool {
+        self != Decision::Stateless
+    }
 }
 
 const NS_PER_SEC: u64 = 1_000_000_000;
@@ -103,6 +142,8 @@ pub enum TcpState {
     SynSent,
     /// The guest received a SYN.
     SynRcvd,
+    /// ...and answered it with SYN|ACK; the peer's ACK completes the handshake.
+    SynAckSent,
     Established,
     /// The guest sent the first FIN.
     FinWait1,
@@ -138,7 +179,11 @@ impl TcpState {
             (SynSent, In) if syn && ack => Established,
             // Simultaneous open.
             (SynSent, In) if syn => SynRcvd,
-            (SynRcvd, _) if ack && !syn => Established,
+            // Only the side that did not send the SYN (the guest) moves a passive
+            // open on, and only the peer's ACK of that completes it: a remote peer
+            // cannot establish a connection with its own ACK.
+            (SynRcvd, Out) if ack => SynAckSent,
+            (SynAckSent, In) if ack => Established,
             (Established, Out) if fin => FinWait1,
             (Established, In) if fin => CloseWait,
             (FinWait1 | FinWait2, In) if fin => TimeWait,
@@ -152,19 +197,24 @@ impl TcpState {
     fn timeout(self, l: &FlowLimits) -> u64 {
         use TcpState::*;
         match self {
-            Closed | SynSent | SynRcvd => l.tcp_incipient_ns,
+            Closed | SynSent | SynRcvd | SynAckSent => l.tcp_incipient_ns,
             Established => l.tcp_established_ns,
             TimeWait => l.tcp_time_wait_ns,
             FinWait1 | FinWait2 | CloseWait | LastAck => l.other_ns,
         }
     }
 
-    /// Worth keeping less than an established connection when the table is full.
-    fn evictable(self) -> bool {
+    /// Half-open: the first to go when the table is full.
+    fn incipient(self) -> bool {
         matches!(
             self,
-            TcpState::Closed | TcpState::TimeWait | TcpState::SynSent | TcpState::SynRcvd
+            TcpState::SynSent | TcpState::SynRcvd | TcpState::SynAckSent
         )
+    }
+
+    /// Closed: the next to go.
+    fn closed(self) -> bool {
+        matches!(self, TcpState::Closed | TcpState::TimeWait)
     }
 }
 
@@ -174,6 +224,8 @@ struct Conn {
     tcp: Option<TcpState>,
     /// Who sent the first packet.
     initiator: Direction,
+    /// A packet went the other way (for non-TCP flows: answered, not just offered).
+    replied: bool,
     created: u64,
     last_seen: u64,
 }
@@ -185,6 +237,23 @@ impl Conn {
 
     fn live(&self, now: u64, l: &FlowLimits) -> bool {
         now.saturating_sub(self.last_seen) < self.timeout(l)
+    }
+
+    /// Eviction preference, lowest first; `None` for connections a full table keeps
+    /// (established, closing, or answered non-TCP flows). Expired entries go first,
+    /// then half-open TCP and unanswered non-TCP flows (what a flood from remote
+    /// peers creates), then closed TCP.
+    fn eviction_rank(&self, now: u64, l: &FlowLimits) -> Option<u8> {
+        if !self.live(now, l) {
+            return Some(0);
+        }
+        match self.tcp {
+            Some(s) if s.incipient() => Some(1),
+            Some(s) if s.closed() => Some(2),
+            Some(_) => None,
+            None if !self.replied => Some(1),
+            None => None,
+        }
     }
 }
 
@@ -222,10 +291,11 @@ pub struct Firewall {
 }
 
 impl Firewall {
-    pub fn new(limits: FlowLimits) -> Self {
+    /// `hash_seed` keys the connection table's hash (see `flow`).
+    pub fn new(limits: FlowLimits, hash_seed: u64) -> Self {
         Firewall {
             layer: Layer::new("firewall"),
-            conns: FlowMap::default(),
+            conns: flow_map(hash_seed),
             limits,
             stats: FirewallStats::default(),
         }
@@ -251,21 +321,38 @@ impl Firewall {
         }
     }
 
-    /// Decides the first packet of a flow (a flow-table miss) and tracks it. `Ok(true)`
-    /// when this created the connection: a decision cached for the other direction
-    /// (a deny, taken before the connection existed) is then out of date.
+    /// Decides the first packet of a flow (a flow-table miss) and tracks it.
+    /// `quoted` is, for an ICMP error, the flow of the packet it quotes (in that
+    /// packet's own orientation), if it could be read.
     pub fn decide(
         &mut self,
         dir: Direction,
         f: &MatchFields,
         tcp_flags: u8,
+        quoted: Option<&FlowKey>,
         now: u64,
-    ) -> Result<bool, &'static str> {
+    ) -> Result<Decision, &'static str> {
         let ck = Self::conn_key(dir, &f.key);
         if let Some(c) = self.conns.get(&ck) {
             if c.live(now, &self.limits) {
                 self.track(dir, &f.key, tcp_flags, now);
-                return Ok(false);
+                return Ok(Decision::Tracked);
+            }
+        }
+        if f.key.is_icmp_error() {
+            // The quoted packet went the other way: an error toward the guest quotes
+            // something the guest sent.
+            let back = match dir {
+                Direction::In => Direction::Out,
+                Direction::Out => Direction::In,
+            };
+            let related = quoted.is_some_and(|q| {
+                self.conns
+                    .get(&Self::conn_key(back, q))
+                    .is_some_and(|c| c.live(now, &self.limits))
+            });
+            if related {
+                return Ok(Decision::Related);
             }
         }
         let allowed = match self.layer.evaluate(dir, f) {
@@ -279,14 +366,21 @@ impl Firewall {
                 Direction::Out => reason::DENY_OUT,
             });
         }
+        if !f.key.opens_connection() {
+            return Ok(Decision::Stateless);
+        }
+        let is_tcp = f.key.proto == PROTO_TCP;
+        let syn = tcp_flags & SYN != 0;
+        if is_tcp && !syn && dir == Direction::In {
+            return Err(reason::MIDSTREAM_IN);
+        }
         if !self.conns.contains_key(&ck) && self.conns.len() >= self.limits.fw_flow_limit {
             self.evict_one(now)?;
         }
-        let is_tcp = f.key.proto == PROTO_TCP;
-        // A TCP flow first seen without a SYN (e.g. after a daemon restart) is
-        // picked up as established; with a SYN the state machine starts from Closed.
+        // With a SYN the state machine starts from Closed; a TCP flow the guest sends
+        // without one (e.g. after a daemon restart) is picked up as established.
         let tcp = is_tcp.then(|| {
-            if tcp_flags & SYN != 0 {
+            if syn {
                 TcpState::Closed.next(dir, tcp_flags)
             } else {
                 TcpState::Established.next(dir, tcp_flags)
@@ -297,21 +391,26 @@ impl Firewall {
             Conn {
                 tcp,
                 initiator: dir,
+                replied: false,
                 created: now,
                 last_seen: now,
             },
         );
         self.stats.flows_created += 1;
-        Ok(true)
+        Ok(Decision::Created)
     }
 
+    /// Frees one entry of a full table: the best-ranked (see `Conn::eviction_rank`)
+    /// of the first [`EVICT_SCAN`] entries, or `TABLE_FULL` if none of them may go.
     fn evict_one(&mut self, now: u64) -> Result<(), &'static str> {
+        let limits = &self.limits;
         let victim = self
             .conns
             .iter()
             .take(EVICT_SCAN)
-            .find(|(_, c)| !c.live(now, &self.limits) || c.tcp.is_some_and(TcpState::evictable))
-            .map(|(k, _)| *k);
+            .filter_map(|(k, c)| c.eviction_rank(now, limits).map(|r| (r, *k)))
+            .min_by_key(|(r, _)| *r)
+            .map(|(_, k)| k);
         match victim {
             Some(k) => {
                 self.conns.remove(&k);
@@ -330,6 +429,7 @@ impl Firewall {
         match self.conns.get_mut(&ck) {
             Some(c) if c.live(now, limits) => {
                 c.last_seen = now;
+                c.replied |= dir != c.initiator;
                 if let Some(s) = c.tcp.as_mut() {
                     *s = s.next(dir, tcp_flags);
                 }
@@ -405,6 +505,8 @@ mod tests {
                 dst_ip: "10.0.0.9".parse().unwrap(),
                 src_port: sp,
                 dst_port: dp,
+                icmp_type: 0,
+                icmp_code: 0,
             },
             icmp_type: None,
         }
@@ -437,8 +539,8 @@ mod tests {
     fn server_handshake_passive_close_and_reset() {
         let seq = [
             (Closed, Direction::In, SYN, SynRcvd),
-            (SynRcvd, Direction::Out, SYN | ACK, SynRcvd),
-            (SynRcvd, Direction::In, ACK, Established),
+            (SynRcvd, Direction::Out, SYN | ACK, SynAckSent),
+            (SynAckSent, Direction::In, ACK, Established),
             (Established, Direction::In, FIN | ACK, CloseWait),
             (CloseWait, Direction::Out, FIN | ACK, LastAck),
             (LastAck, Direction::In, ACK, Closed),
@@ -453,23 +555,26 @@ mod tests {
 
     #[test]
     fn outbound_flow_permits_replies_only() {
-        let mut fw = Firewall::new(FlowLimits::default());
+        let mut fw = Firewall::new(FlowLimits::default(), 1);
         let f = out_fields(40000, 80);
         // Unsolicited inbound is denied by default.
         assert_eq!(
-            fw.decide(Direction::In, &reply(&f), SYN | ACK, 0),
+            fw.decide(Direction::In, &reply(&f), SYN | ACK, None, 0),
             Err(reason::DENY_IN)
         );
-        assert_eq!(fw.decide(Direction::Out, &f, SYN, 1), Ok(true));
+        assert_eq!(
+            fw.decide(Direction::Out, &f, SYN, None, 1),
+            Ok(Decision::Created)
+        );
         assert_eq!(fw.tcp_state(&f.key), Some(SynSent));
         assert_eq!(
-            fw.decide(Direction::In, &reply(&f), SYN | ACK, 2),
-            Ok(false)
+            fw.decide(Direction::In, &reply(&f), SYN | ACK, None, 2),
+            Ok(Decision::Tracked)
         );
         assert_eq!(fw.tcp_state(&f.key), Some(Established));
         // A different port on the same host is still denied.
         assert_eq!(
-            fw.decide(Direction::In, &reply(&out_fields(40001, 80)), SYN, 3),
+            fw.decide(Direction::In, &reply(&out_fields(40001, 80)), SYN, None, 3),
             Err(reason::DENY_IN)
         );
         assert_eq!(fw.dump().inbound.denied, 2);
@@ -477,7 +582,7 @@ mod tests {
 
     #[test]
     fn inbound_rule_admits_and_outbound_rule_denies() {
-        let mut fw = Firewall::new(FlowLimits::default());
+        let mut fw = Firewall::new(FlowLimits::default(), 1);
         let r = Rule::new(100, FwAction::Allow)
             .matching(Predicate::Proto(PROTO_TCP))
             .matching(Predicate::DstPort(PortRange::single(22)))
@@ -490,16 +595,19 @@ mod tests {
             .unwrap();
         fw.layer_mut().add(Direction::Out, d);
         let inbound = reply(&out_fields(22, 5555)); // 10.0.0.9:5555 -> guest:22
-        assert_eq!(fw.decide(Direction::In, &inbound, SYN, 0), Ok(true));
+        assert_eq!(
+            fw.decide(Direction::In, &inbound, SYN, None, 0),
+            Ok(Decision::Created)
+        );
         // The guest's reply is allowed by the connection despite the deny rule.
         assert_eq!(
-            fw.decide(Direction::Out, &reply(&inbound), SYN | ACK, 1),
-            Ok(false)
+            fw.decide(Direction::Out, &reply(&inbound), SYN | ACK, None, 1),
+            Ok(Decision::Tracked)
         );
-        assert_eq!(fw.tcp_state(&reply(&inbound).key), Some(SynRcvd));
+        assert_eq!(fw.tcp_state(&reply(&inbound).key), Some(SynAckSent));
         // A new outbound flow to that host is denied.
         assert_eq!(
-            fw.decide(Direction::Out, &out_fields(1, 2), SYN, 2),
+            fw.decide(Direction::Out, &out_fields(1, 2), SYN, None, 2),
             Err(reason::DENY_OUT)
         );
     }
@@ -507,9 +615,9 @@ mod tests {
     #[test]
     fn timeouts_follow_the_tcp_state() {
         let l = FlowLimits::default();
-        let mut fw = Firewall::new(l);
+        let mut fw = Firewall::new(l, 1);
         let f = out_fields(1000, 80);
-        fw.decide(Direction::Out, &f, SYN, 0).unwrap();
+        fw.decide(Direction::Out, &f, SYN, None, 0).unwrap();
         // Half-open: gone after 5 s.
         assert!(fw.track(Direction::Out, &f.key, SYN, 4 * S));
         let mut gone = vec![];
@@ -517,15 +625,15 @@ mod tests {
         assert_eq!(gone, vec![f.key]);
         assert_eq!(fw.stats().flows_expired, 1);
         // Established: survives 5 s and 60 s idle, expires after 8000 s.
-        fw.decide(Direction::Out, &f, SYN, 10 * S).unwrap();
-        fw.decide(Direction::In, &reply(&f), SYN | ACK, 10 * S)
+        fw.decide(Direction::Out, &f, SYN, None, 10 * S).unwrap();
+        fw.decide(Direction::In, &reply(&f), SYN | ACK, None, 10 * S)
             .unwrap();
         fw.expire(100 * S, |_| {});
         assert_eq!(fw.stats().flows, 1);
         assert!(!fw.track(Direction::Out, &f.key, ACK, 8011 * S));
         // Time-wait: 120 s.
         let g = out_fields(1001, 80);
-        fw.decide(Direction::Out, &g, SYN, 0).unwrap();
+        fw.decide(Direction::Out, &g, SYN, None, 0).unwrap();
         for (dir, fl) in [
             (Direction::In, SYN | ACK),
             (Direction::Out, FIN | ACK),
@@ -549,21 +657,244 @@ mod tests {
             fw_flow_limit: 2,
             ..FlowLimits::default()
         };
-        let mut fw = Firewall::new(l);
+        let mut fw = Firewall::new(l, 1);
         let a = out_fields(1, 80);
         let b = out_fields(2, 80);
-        fw.decide(Direction::Out, &a, SYN, 0).unwrap();
-        fw.decide(Direction::Out, &b, ACK, 0).unwrap(); // picked up established
-                                                        // `a` is half-open, so it is evicted for the newcomer.
-        fw.decide(Direction::Out, &out_fields(3, 80), ACK, 1)
+        fw.decide(Direction::Out, &a, SYN, None, 0).unwrap();
+        fw.decide(Direction::Out, &b, ACK, None, 0).unwrap(); // picked up established
+                                                              // `a` is half-open, so it is evicted for the newcomer.
+        fw.decide(Direction::Out, &out_fields(3, 80), ACK, None, 1)
             .unwrap();
         assert_eq!(fw.stats().flows_evicted, 1);
         assert_eq!(fw.tcp_state(&a.key), None);
         // Two established flows: nothing to evict, the new flow is refused.
         assert_eq!(
-            fw.decide(Direction::Out, &out_fields(4, 80), ACK, 2),
+            fw.decide(Direction::Out, &out_fields(4, 80), ACK, None, 2),
             Err(reason::TABLE_FULL)
         );
         assert_eq!(fw.stats().flows, 2);
+    }
+
+    #[test]
+    fn a_remote_peer_cannot_complete_its_own_handshake() {
+        // Peer SYN then peer ACK, without the guest's SYN|ACK: still half-open.
+        assert_eq!(Closed.next(Direction::In, SYN), SynRcvd);
+        assert_eq!(SynRcvd.next(Direction::In, ACK), SynRcvd);
+        assert_eq!(SynRcvd.next(Direction::In, SYN | ACK), SynRcvd);
+        // The guest's SYN|ACK alone does not establish either: the peer must answer.
+        assert_eq!(SynRcvd.next(Direction::Out, SYN | ACK), SynAckSent);
+        assert_eq!(SynAckSent.next(Direction::Out, ACK), SynAckSent);
+        assert_eq!(SynAckSent.next(Direction::In, ACK), Established);
+    }
+
+    fn allow_in_443() -> Firewall {
+        let l = FlowLimits {
+            fw_flow_limit: 64,
+            ..FlowLimits::default()
+        };
+        let mut fw = Firewall::new(l, 0x5eed);
+        let r = Rule::new(100, FwAction::Allow)
+            .matching(Predicate::Proto(PROTO_TCP))
+            .matching(Predicate::DstPort(PortRange::single(443)))
+            .finalize()
+            .unwrap();
+        fw.layer_mut().add(Direction::In, r);
+        fw
+    }
+
+    #[test]
+    fn mid_stream_pickup_is_for_the_guest_side_only() {
+        let mut fw = allow_in_443();
+        let inbound = reply(&out_fields(443, 5555));
+        assert_eq!(
+            fw.decide(Direction::In, &inbound, ACK, None, 0),
+            Err(reason::MIDSTREAM_IN)
+        );
+        assert_eq!(fw.stats().flows, 0);
+        // The guest's own segment of the same flow picks it up; the peer's then pass.
+        let out = reply(&inbound);
+        assert_eq!(
+            fw.decide(Direction::Out, &out, ACK, None, 1),
+            Ok(Decision::Created)
+        );
+        assert_eq!(fw.tcp_state(&out.key), Some(Established));
+        assert_eq!(
+            fw.decide(Direction::In, &inbound, ACK, None, 2),
+            Ok(Decision::Tracked)
+        );
+    }
+
+    #[test]
+    fn inbound_floods_do_not_fill_the_table_with_established_entries() {
+        let mut fw = allow_in_443();
+        // One ACK from each of many source ports: nothing is created.
+        for sp in 1000..11000u16 {
+            let f = reply(&out_fields(443, sp));
+            assert_eq!(
+                fw.decide(Direction::In, &f, ACK, None, 0),
+                Err(reason::MIDSTREAM_IN)
+            );
+        }
+        assert_eq!(fw.stats().flows, 0);
+        // SYNs, each followed by the peer's own ACK: the table fills with half-open
+        // entries only, which new connections may evict.
+        for sp in 1000..11000u16 {
+            let f = reply(&out_fields(443, sp));
+            fw.decide(Direction::In, &f, SYN, None, 1).unwrap();
+            assert!(fw.track(Direction::In, &f.key, ACK, 1));
+        }
+        assert_eq!(fw.stats().flows, 64);
+        assert!(fw
+            .dump_flows(1)
+            .iter()
+            .all(|c| c.tcp_state == Some(SynRcvd)));
+        // The guest can still open connections, and a real inbound handshake works.
+        assert_eq!(
+            fw.decide(Direction::Out, &out_fields(40000, 80), SYN, None, 2),
+            Ok(Decision::Created)
+        );
+        let f = reply(&out_fields(443, 20000));
+        fw.decide(Direction::In, &f, SYN, None, 2).unwrap();
+        assert!(fw.track(Direction::Out, &f.key.reversed(), SYN | ACK, 2));
+        assert!(fw.track(Direction::In, &f.key, ACK, 2));
+        assert_eq!(fw.tcp_state(&f.key.reversed()), Some(Established));
+    }
+
+    #[test]
+    fn eviction_prefers_unanswered_flows() {
+        let l = FlowLimits {
+            fw_flow_limit: 2,
+            ..FlowLimits::default()
+        };
+        let mut fw = Firewall::new(l, 1);
+        let udp = |sp| {
+            let mut f = out_fields(sp, 53);
+            f.key.proto = crate::flow::PROTO_UDP;
+            f
+        };
+        let (a, b, c) = (udp(1), udp(2), udp(3));
+        fw.decide(Direction::Out, &a, 0, None, 0).unwrap();
+        fw.decide(Direction::Out, &b, 0, None, 0).unwrap();
+        // `a` is answered, `b` is not: `b` goes.
+        assert!(fw.track(Direction::In, &a.key.reversed(), 0, 0));
+        fw.decide(Direction::Out, &c, 0, None, 1).unwrap();
+        let keys: Vec<u16> = fw.dump_flows(1).iter().map(|d| d.key.src_port).collect();
+        assert_eq!(keys, vec![1, 3]);
+    }
+
+    fn icmp(t: u8, code: u8, id: u16) -> MatchFields {
+        let mut f = out_fields(0, 0);
+        f.key.proto = crate::flow::PROTO_ICMP;
+        f.key.icmp_type = t;
+        f.key.icmp_code = code;
+        f.key.src_port = id;
+        f.key.dst_port = id;
+        f.icmp_type = Some(t);
+        f
+    }
+
+    #[test]
+    fn icmp_echo_is_tracked_and_other_types_are_decided_alone() {
+        let mut fw = Firewall::new(FlowLimits::default(), 1);
+        let req = icmp(8, 0, 9);
+        let mut rep = req;
+        rep.key = req.key.reversed();
+        rep.icmp_type = Some(0);
+        assert_eq!(
+            fw.decide(Direction::Out, &req, 0, None, 0),
+            Ok(Decision::Created)
+        );
+        assert_eq!(
+            fw.decide(Direction::In, &rep, 0, None, 0),
+            Ok(Decision::Tracked)
+        );
+        // The echo connection admits no other type from that host.
+        let mut unreach = icmp(3, 1, 0);
+        unreach.key = unreach.key.reversed();
+        assert_eq!(
+            fw.decide(Direction::In, &unreach, 0, None, 0),
+            Err(reason::DENY_IN)
+        );
+        // An outbound error is allowed by the default rule but opens nothing, so
+        // nothing comes back in on it.
+        let err = icmp(3, 3, 0);
+        assert_eq!(
+            fw.decide(Direction::Out, &err, 0, None, 0),
+            Ok(Decision::Stateless)
+        );
+        assert_eq!(fw.stats().flows, 1);
+        let mut back = err;
+        back.key = err.key.reversed();
+        assert_eq!(
+            fw.decide(Direction::In, &back, 0, None, 0),
+            Err(reason::DENY_IN)
+        );
+        // An inbound allow for type 3 admits type 3 only, and tracks nothing.
+        let r = Rule::new(100, FwAction::Allow)
+            .matching(Predicate::IcmpType(3))
+            .finalize()
+            .unwrap();
+        fw.layer_mut().add(Direction::In, r);
+        assert_eq!(
+            fw.decide(Direction::In, &unreach, 0, None, 0),
+            Ok(Decision::Stateless)
+        );
+        let mut exceeded = icmp(11, 0, 0);
+        exceeded.key = exceeded.key.reversed();
+        assert_eq!(
+            fw.decide(Direction::In, &exceeded, 0, None, 0),
+            Err(reason::DENY_IN)
+        );
+        assert_eq!(fw.stats().flows, 1);
+    }
+
+    #[test]
+    fn icmp_errors_about_live_connections_are_related() {
+        let mut fw = Firewall::new(FlowLimits::default(), 1);
+        let tcp = out_fields(40000, 443);
+        fw.decide(Direction::Out, &tcp, SYN, None, 0).unwrap();
+        let mut exceeded = icmp(11, 0, 0);
+        exceeded.key = exceeded.key.reversed();
+        // Quoting the guest's own packet: admitted, nothing created.
+        assert_eq!(
+            fw.decide(Direction::In, &exceeded, 0, Some(&tcp.key), 1),
+            Ok(Decision::Related)
+        );
+        assert_eq!(fw.stats().flows, 1);
+        // Quoting another flow, or nothing: the rules (default deny) decide.
+        let other = out_fields(40001, 443).key;
+        for q in [Some(&other), None] {
+            assert_eq!(
+                fw.decide(Direction::In, &exceeded, 0, q, 1),
+                Err(reason::DENY_IN)
+            );
+        }
+        // Once the connection has expired, the same quote is no longer related.
+        assert_eq!(
+            fw.decide(Direction::In, &exceeded, 0, Some(&tcp.key), 10 * S),
+            Err(reason::DENY_IN)
+        );
+        // An outbound error about an inbound-created connection is related too.
+        let mut fw = Firewall::new(FlowLimits::default(), 1);
+        fw.layer_mut().add(
+            Direction::Out,
+            Rule::new(1, FwAction::Deny).finalize().unwrap(),
+        );
+        fw.layer_mut().add(
+            Direction::In,
+            Rule::new(1, FwAction::Allow).finalize().unwrap(),
+        );
+        let mut udp_in = reply(&out_fields(53, 3000));
+        udp_in.key.proto = crate::flow::PROTO_UDP;
+        fw.decide(Direction::In, &udp_in, 0, None, 0).unwrap();
+        let unreach = icmp(3, 3, 0);
+        assert_eq!(
+            fw.decide(Direction::Out, &unreach, 0, Some(&udp_in.key), 0),
+            Ok(Decision::Related)
+        );
+        assert_eq!(
+            fw.decide(Direction::Out, &unreach, 0, None, 0),
+            Err(reason::DENY_OUT)
+        );
     }
 }

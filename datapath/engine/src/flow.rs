@@ -1,21 +1,24 @@
-//! The flow key and its hash.
+//! The flow key and its two hashes.
 //!
-//! One hash serves three purposes, so that the same flow always gets the same values:
-//! the unified flow table's bucket, the outer UDP source port (ECMP spreading on the
-//! underlay) and the outer IPv6 flow label.
+//! [`FlowKey::hash64`] is a fixed, unkeyed function of the key. It chooses the outer
+//! UDP source port (ECMP spreading on the underlay) and the outer IPv6 flow label, so
+//! it must give the same values in every process and after every restart: a changed
+//! value moves the flow to a new ECMP path, with reordering. It is an FxHash-style
+//! multiply-rotate over five 64-bit words followed by the MurmurHash3 64-bit
+//! finalizer, so the bits used for `% 16384` and those used for the flow label are
+//! well mixed.
 //!
-//! The hash is written here rather than taken from `std`: `std`'s SipHash is keyed
-//! randomly per process, so a restarted daemon would move every flow to a new UDP
-//! source port (a new ECMP path, with reordering), and it is several times slower
-//! than needed for a 37-byte key. This one is an FxHash-style multiply-rotate over
-//! five 64-bit words followed by the MurmurHash3 64-bit finalizer, so that the low
-//! bits used for `% 16384` and the bits used for the flow label are well mixed. It is
-//! not keyed: a guest can pick colliding 5-tuples, but the tables it indexes are per
-//! port, so a guest can only slow down its own port.
+//! The flow and connection tables are hashed differently: with SipHash-1-3 keyed by
+//! a per-process seed ([`FlowHashBuilder::new`], from `EngineConfig::hash_seed`).
+//! Inbound keys are chosen by remote peers, so an unkeyed table hash would let anyone
+//! on the internet pick colliding 5-tuples and turn a port's table lookups into
+//! linear scans. The engine makes no syscalls, so the caller supplies the seed.
 
 use core::hash::{BuildHasher, Hash, Hasher};
 use serde::Serialize;
 use std::net::IpAddr;
+use wire::icmpv4::msg::{ECHO_REPLY as ICMP_ECHO_REPLY, ECHO_REQUEST as ICMP_ECHO_REQUEST};
+use wire::icmpv6::msg::{ECHO_REPLY as ICMPV6_ECHO_REPLY, ECHO_REQUEST as ICMPV6_ECHO_REQUEST};
 use wire::meta::InnerMeta;
 
 /// IANA protocol numbers the engine looks at.
@@ -30,11 +33,16 @@ pub const UDP_SRC_PORT_BASE: u16 = 49152;
 /// Number of ports in that range.
 pub const UDP_SRC_PORT_SPAN: u16 = 16384;
 
-/// A flow as the guest sees it: VPC, protocol, addresses and ports.
+/// A flow as the guest sees it: VPC, protocol, addresses, ports and, for ICMP, the
+/// message type.
 ///
-/// For ICMP and ICMPv6 the echo identifier is put in *both* ports, so that a request
-/// and its reply are each other's [`FlowKey::reversed`] key (the stateful firewall
-/// relies on that).
+/// ICMP and ICMPv6 carry their type in the key, so a rule on the type decides each
+/// type separately and a connection opened by one type admits no other. An echo
+/// request and its reply are each other's [`FlowKey::reversed`] key: the echo
+/// identifier is put in *both* ports and `reversed` swaps the request and reply types
+/// (the stateful firewall relies on that). Other ICMP messages have ports 0 and carry
+/// their code too, so that a rule's decision for one (type, code) is not cached for
+/// another.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct FlowKey {
     pub vni: u32,
@@ -43,26 +51,60 @@ pub struct FlowKey {
     pub dst_ip: IpAddr,
     pub src_port: u16,
     pub dst_port: u16,
+    /// ICMP/ICMPv6 type; 0 for other protocols.
+    pub icmp_type: u8,
+    /// ICMP/ICMPv6 code of messages other than echo; 0 otherwise.
+    pub icmp_code: u8,
+}
+
+/// Whether `t` is an echo request or reply of ICMP protocol `proto`.
+fn is_echo(proto: u8, t: u8) -> bool {
+    match proto {
+        PROTO_ICMP => matches!(t, ICMP_ECHO_REQUEST | ICMP_ECHO_REPLY),
+        PROTO_ICMPV6 => matches!(t, ICMPV6_ECHO_REQUEST | ICMPV6_ECHO_REPLY),
+        _ => false,
+    }
+}
+
+/// The echo type answering `t` (request <-> reply); other types map to themselves.
+fn echo_peer(proto: u8, t: u8) -> u8 {
+    match (proto, t) {
+        (PROTO_ICMP, ICMP_ECHO_REQUEST) => ICMP_ECHO_REPLY,
+        (PROTO_ICMP, ICMP_ECHO_REPLY) => ICMP_ECHO_REQUEST,
+        (PROTO_ICMPV6, ICMPV6_ECHO_REQUEST) => ICMPV6_ECHO_REPLY,
+        (PROTO_ICMPV6, ICMPV6_ECHO_REPLY) => ICMPV6_ECHO_REQUEST,
+        _ => t,
+    }
 }
 
 impl FlowKey {
     /// The key of a parsed guest frame in VPC `vni`.
     pub fn from_meta(vni: u32, m: &InnerMeta) -> FlowKey {
-        let (src_port, dst_port) = match m.proto {
-            PROTO_ICMP | PROTO_ICMPV6 => (m.src_port, m.src_port),
-            _ => (m.src_port, m.dst_port),
-        };
-        FlowKey {
+        let mut k = FlowKey {
             vni,
             proto: m.proto,
             src_ip: m.src_ip,
             dst_ip: m.dst_ip,
-            src_port,
-            dst_port,
+            src_port: m.src_port,
+            dst_port: m.dst_port,
+            icmp_type: 0,
+            icmp_code: 0,
+        };
+        if k.is_icmp() {
+            k.icmp_type = m.icmp_type;
+            if is_echo(m.proto, m.icmp_type) {
+                // The parser puts the echo identifier in src_port.
+                k.dst_port = m.src_port;
+            } else {
+                k.src_port = 0;
+                k.dst_port = 0;
+                k.icmp_code = m.icmp_code;
+            }
         }
+        k
     }
 
-    /// The same flow seen from the other end.
+    /// The same flow seen from the other end (for echo, the reply's key).
     pub fn reversed(&self) -> FlowKey {
         FlowKey {
             vni: self.vni,
@@ -71,10 +113,40 @@ impl FlowKey {
             dst_ip: self.src_ip,
             src_port: self.dst_port,
             dst_port: self.src_port,
+            icmp_type: echo_peer(self.proto, self.icmp_type),
+            icmp_code: self.icmp_code,
         }
     }
 
-    /// The flow's 64-bit hash; stable across processes and machines.
+    /// ICMP or ICMPv6.
+    pub fn is_icmp(&self) -> bool {
+        self.proto == PROTO_ICMP || self.proto == PROTO_ICMPV6
+    }
+
+    /// An ICMP error message (destination unreachable, packet too big, time exceeded,
+    /// parameter problem, and ICMPv4's source quench and redirect): it quotes a packet
+    /// of another flow and is never the start of a connection.
+    pub fn is_icmp_error(&self) -> bool {
+        match self.proto {
+            PROTO_ICMP => wire::icmpv4::msg::is_error(self.icmp_type),
+            PROTO_ICMPV6 => wire::icmpv6::msg::is_error(self.icmp_type),
+            _ => false,
+        }
+    }
+
+    /// Whether the first packet of this flow may open a tracked connection: every
+    /// protocol but ICMP, and of ICMP only echo requests (the only ICMP exchange the
+    /// firewall follows; a reply or any other message is decided by the rules alone).
+    pub fn opens_connection(&self) -> bool {
+        match self.proto {
+            PROTO_ICMP => self.icmp_type == ICMP_ECHO_REQUEST,
+            PROTO_ICMPV6 => self.icmp_type == ICMPV6_ECHO_REQUEST,
+            _ => true,
+        }
+    }
+
+    /// The flow's fixed 64-bit hash (ECMP port and flow label); stable across
+    /// processes and machines. Not used for tables (see the module doc).
     pub fn hash64(&self) -> u64 {
         const K: u64 = 0x517c_c1b7_2722_0a95;
         let (s_hi, s_lo) = ip_words(self.src_ip);
@@ -87,7 +159,17 @@ impl FlowKey {
         for w in [s_hi, s_lo, d_hi, d_lo, tail] {
             h = (h.rotate_left(5) ^ w).wrapping_mul(K);
         }
+        // ICMP type and code are mixed in only when set, so that the values of
+        // every other flow stay what they were before ICMP types joined the key.
+        let icmp = self.icmp_word();
+        if icmp != 0 {
+            h = (h.rotate_left(5) ^ icmp).wrapping_mul(K);
+        }
         fmix64(h)
+    }
+
+    fn icmp_word(&self) -> u64 {
+        (u64::from(self.icmp_type) << 8) | u64::from(self.icmp_code)
     }
 
     /// Outer UDP source port: 49152 + hash % 16384.
@@ -102,8 +184,97 @@ impl FlowKey {
     }
 }
 
-/// An address as two 64-bit words; IPv4 in its IPv4-mapped IPv6 form, so the two
-/// families never share a value.
+/// The flow an ICMP error quotes: `body` is the error's payload after its 8-byte
+/// header, which starts with the offending packet's IP header and at least 8 bytes
+/// of its L4 header (RFC 792, RFC 4443). `icmp_proto` is the error's own protocol:
+/// ICMP quotes IPv4, ICMPv6 quotes IPv6. The key is the quoted packet's own
+/// orientation (its source first). `None` if the quote is too short or not the
+/// expected IP version, or (IPv6) its extension headers do not reach the L4 header
+/// within the quote.
+pub fn quoted_flow(vni: u32, icmp_proto: u8, body: &[u8]) -> Option<FlowKey> {
+    let (src_ip, dst_ip, proto, l4) = match icmp_proto {
+        PROTO_ICMP => {
+            let h = body.get(..20)?;
+            if h[0] >> 4 != 4 {
+                return None;
+            }
+            let ihl = usize::from(h[0] & 0x0f) * 4;
+            let src: [u8; 4] = h[12..16].try_into().ok()?;
+            let dst: [u8; 4] = h[16..20].try_into().ok()?;
+            // A non-first fragment has no L4 header.
+            let frag_off = u16::from_be_bytes([h[6], h[7]]) & 0x1fff;
+            if ihl < 20 || frag_off != 0 {
+                return None;
+            }
+            (IpAddr::from(src), IpAddr::from(dst), h[9], body.get(ihl..)?)
+        }
+        PROTO_ICMPV6 => {
+            let h = body.get(..40)?;
+            if h[0] >> 4 != 6 {
+                return None;
+            }
+            let src: [u8; 16] = h[8..24].try_into().ok()?;
+            let dst: [u8; 16] = h[24..40].try_into().ok()?;
+            let (mut nh, mut off) = (h[6], 40usize);
+            // Hop-by-hop, routing, destination options and fragment headers; bounded
+            // by the quote's length, as each header is at least 8 bytes.
+            loop {
+                match nh {
+                    0 | 43 | 60 => {
+                        let e = body.get(off..off + 2)?;
+                        nh = e[0];
+                        off += (usize::from(e[1]) + 1) * 8;
+                    }
+                    44 => {
+                        let e = body.get(off..off + 8)?;
+                        if u16::from_be_bytes([e[2], e[3]]) & 0xfff8 != 0 {
+                            return None;
+                        }
+                        nh = e[0];
+                        off += 8;
+                    }
+                    _ => break,
+                }
+            }
+            (IpAddr::from(src), IpAddr::from(dst), nh, body.get(off..)?)
+        }
+        _ => return None,
+    };
+    let mut k = FlowKey {
+        vni,
+        proto,
+        src_ip,
+        dst_ip,
+        src_port: 0,
+        dst_port: 0,
+        icmp_type: 0,
+        icmp_code: 0,
+    };
+    match proto {
+        PROTO_TCP | PROTO_UDP => {
+            let p = l4.get(..4)?;
+            k.src_port = u16::from_be_bytes([p[0], p[1]]);
+            k.dst_port = u16::from_be_bytes([p[2], p[3]]);
+        }
+        p if p == icmp_proto => {
+            let h = l4.get(..8)?;
+            k.icmp_type = h[0];
+            if is_echo(p, h[0]) {
+                let id = u16::from_be_bytes([h[4], h[5]]);
+                (k.src_port, k.dst_port) = (id, id);
+            } else {
+                k.icmp_code = h[1];
+            }
+        }
+        _ => {}
+    }
+    Some(k)
+}
+
+/// An address as two 64-bit words; IPv4 in its IPv4-mapped IPv6 form. An IPv4
+/// address and its mapped IPv6 form (`::ffff:a.b.c.d`) therefore give the same
+/// words: the keys still differ (they compare unequal), but `hash64` does not tell
+/// them apart. The table hash does, as it also hashes the address family.
 fn ip_words(ip: IpAddr) -> (u64, u64) {
     let o = match ip {
         IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
@@ -127,47 +298,131 @@ fn fmix64(mut h: u64) -> u64 {
 }
 
 impl Hash for FlowKey {
+    /// Six words: both addresses, the ports/protocol/VNI word and the address family
+    /// with the ICMP type and code.
     fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash64());
+        let (s_hi, s_lo) = ip_words(self.src_ip);
+        let (d_hi, d_lo) = ip_words(self.dst_ip);
+        let tail = (u64::from(self.src_port) << 48)
+            | (u64::from(self.dst_port) << 32)
+            | (u64::from(self.proto) << 24)
+            | u64::from(self.vni & 0x00ff_ffff);
+        let family =
+            u64::from(self.src_ip.is_ipv6()) << 32 | u64::from(self.dst_ip.is_ipv6()) << 33;
+        for w in [s_hi, s_lo, d_hi, d_lo, tail, family | self.icmp_word()] {
+            state.write_u64(w);
+        }
     }
 }
 
-/// `BuildHasher` for tables keyed by [`FlowKey`]: the key already hashes itself, so
-/// the hasher only passes the value through.
-#[derive(Clone, Copy, Default, Debug)]
-pub struct FlowHashBuilder;
+/// `BuildHasher` for tables keyed by [`FlowKey`]: SipHash-1-3 keyed by a seed.
+#[derive(Clone, Copy, Debug)]
+pub struct FlowHashBuilder {
+    k0: u64,
+    k1: u64,
+}
 
-/// The pass-through hasher built by [`FlowHashBuilder`].
-#[derive(Default)]
-pub struct FlowHasher(u64);
-
-impl Hasher for FlowHasher {
-    fn finish(&self) -> u64 {
-        self.0
+impl FlowHashBuilder {
+    /// A builder keyed by `seed` (the two SipHash keys are derived from it).
+    pub fn new(seed: u64) -> Self {
+        FlowHashBuilder {
+            k0: seed,
+            k1: fmix64(seed ^ 0x9e37_79b9_7f4a_7c15),
+        }
     }
+}
 
-    fn write(&mut self, bytes: &[u8]) {
-        // Only reached if a key other than FlowKey is used; fold the bytes in so the
-        // hasher stays correct, if slow.
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
+/// SipHash with `C` compression and `D` finalization rounds over 64-bit words.
+/// Word writes are SipHash of the words' little-endian bytes; other writes are
+/// folded in as zero-padded words (a different but still keyed function).
+#[derive(Clone, Debug)]
+pub struct SipWords<const C: usize, const D: usize> {
+    v: [u64; 4],
+    len: u64,
+}
+
+/// The hasher built by [`FlowHashBuilder`].
+pub type FlowHasher = SipWords<1, 3>;
+
+impl<const C: usize, const D: usize> SipWords<C, D> {
+    pub fn with_keys(k0: u64, k1: u64) -> Self {
+        SipWords {
+            v: [
+                k0 ^ 0x736f_6d65_7073_6575,
+                k1 ^ 0x646f_7261_6e64_6f6d,
+                k0 ^ 0x6c79_6765_6e65_7261,
+                k1 ^ 0x7465_6462_7974_6573,
+            ],
+            len: 0,
         }
     }
 
+    #[inline(always)]
+    fn round(v: &mut [u64; 4]) {
+        v[0] = v[0].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(13) ^ v[0];
+        v[0] = v[0].rotate_left(32);
+        v[2] = v[2].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(16) ^ v[2];
+        v[0] = v[0].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(21) ^ v[0];
+        v[2] = v[2].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(17) ^ v[2];
+        v[2] = v[2].rotate_left(32);
+    }
+
+    #[inline(always)]
+    fn compress(&mut self, m: u64) {
+        self.v[3] ^= m;
+        for _ in 0..C {
+            Self::round(&mut self.v);
+        }
+        self.v[0] ^= m;
+    }
+}
+
+impl<const C: usize, const D: usize> Hasher for SipWords<C, D> {
+    fn finish(&self) -> u64 {
+        let mut s = self.clone();
+        // The final block: the message length's low byte on top, no tail bytes
+        // (word writes leave none).
+        s.compress((self.len & 0xff) << 56);
+        s.v[2] ^= 0xff;
+        for _ in 0..D {
+            Self::round(&mut s.v);
+        }
+        s.v[0] ^ s.v[1] ^ s.v[2] ^ s.v[3]
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.compress(u64::from_le_bytes(w));
+        }
+        self.len = self.len.wrapping_add(bytes.len() as u64);
+    }
+
     fn write_u64(&mut self, v: u64) {
-        self.0 ^= v;
+        self.compress(v);
+        self.len = self.len.wrapping_add(8);
     }
 }
 
 impl BuildHasher for FlowHashBuilder {
     type Hasher = FlowHasher;
     fn build_hasher(&self) -> FlowHasher {
-        FlowHasher(0)
+        SipWords::with_keys(self.k0, self.k1)
     }
 }
 
 /// A `HashMap` keyed by flows.
 pub type FlowMap<V> = std::collections::HashMap<FlowKey, V, FlowHashBuilder>;
+
+/// An empty [`FlowMap`] hashed with `seed`.
+pub fn flow_map<V>(seed: u64) -> FlowMap<V> {
+    FlowMap::with_hasher(FlowHashBuilder::new(seed))
+}
 
 #[cfg(test)]
 mod tests {
@@ -182,7 +437,26 @@ mod tests {
             dst_ip: "172.30.0.6".parse().unwrap(),
             src_port: sp,
             dst_port: dp,
+            icmp_type: 0,
+            icmp_code: 0,
         }
+    }
+
+    fn icmp(t: u8, code: u8, id: u16) -> InnerMeta {
+        let f = etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
+            .ipv4([172, 30, 0, 5], [172, 30, 0, 6], 64)
+            .icmpv4(etherparse::Icmpv4Type::Unknown {
+                type_u8: t,
+                code_u8: code,
+                bytes5to8: [(id >> 8) as u8, id as u8, 0, 1],
+            });
+        let mut buf = Vec::new();
+        f.write(&mut buf, &[0; 28]).unwrap();
+        wire::meta::parse_inner(&buf).unwrap()
+    }
+
+    fn table_hash(seed: u64, k: &FlowKey) -> u64 {
+        FlowHashBuilder::new(seed).hash_one(k)
     }
 
     /// hash64 of `key(40000, 80)`, recorded once.
@@ -207,6 +481,10 @@ mod tests {
         a.src_ip = "0.0.0.1".parse().unwrap();
         b.src_ip = "::1".parse().unwrap();
         assert_ne!(a.hash64(), b.hash64());
+        // An IPv4 address and its IPv4-mapped form share hash64 but not the table hash.
+        b.src_ip = "::ffff:0.0.0.1".parse().unwrap();
+        assert_eq!(a.hash64(), b.hash64());
+        assert_ne!(table_hash(7, &a), table_hash(7, &b));
     }
 
     #[test]
@@ -220,6 +498,93 @@ mod tests {
         assert!(seen.len() > 3000, "only {} distinct ports", seen.len());
     }
 
+    #[test]
+    fn word_siphash_is_siphash() {
+        // With 2-4 rounds, SipWords over whole words is the reference SipHash-2-4 of
+        // the words' little-endian bytes, as std's (deprecated but specified)
+        // SipHasher computes it; production uses the same code with 1-3 rounds.
+        #[allow(deprecated)]
+        let mut std_h =
+            std::hash::SipHasher::new_with_keys(0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908);
+        let mut ours = SipWords::<2, 4>::with_keys(0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908);
+        for w in [1u64, 0xdead_beef, u64::MAX, 0, 42, 1 << 63] {
+            std_h.write(&w.to_le_bytes());
+            ours.write_u64(w);
+            assert_eq!(ours.finish(), std_h.finish());
+        }
+    }
+
+    #[test]
+    fn table_hash_depends_on_the_seed() {
+        let k = key(40000, 80);
+        assert_eq!(table_hash(1, &k), table_hash(1, &k));
+        assert_ne!(table_hash(1, &k), table_hash(2, &k));
+        // Keys differing in one port differ under every seed.
+        assert_ne!(table_hash(1, &k), table_hash(1, &key(40001, 80)));
+    }
+
+    #[test]
+    fn icmp_type_is_part_of_the_key_and_echo_maps_to_its_reply() {
+        let req = FlowKey::from_meta(1, &icmp(ICMP_ECHO_REQUEST, 0, 77));
+        assert_eq!((req.src_port, req.dst_port, req.icmp_type), (77, 77, 8));
+        assert!(req.opens_connection() && !req.is_icmp_error());
+        let mut reply = FlowKey::from_meta(1, &icmp(ICMP_ECHO_REPLY, 0, 77));
+        reply.src_ip = req.dst_ip;
+        reply.dst_ip = req.src_ip;
+        assert_eq!(req.reversed(), reply);
+        assert!(!reply.opens_connection());
+        // Errors: ports 0, type and code in the key, never a connection.
+        let unreach = FlowKey::from_meta(1, &icmp(3, 3, 77));
+        let other = FlowKey::from_meta(1, &icmp(3, 1, 77));
+        let exceeded = FlowKey::from_meta(1, &icmp(11, 0, 77));
+        assert_eq!((unreach.src_port, unreach.dst_port), (0, 0));
+        assert_eq!((unreach.icmp_type, unreach.icmp_code), (3, 3));
+        assert_ne!(unreach, other);
+        assert_ne!(unreach, exceeded);
+        assert_ne!(unreach.hash64(), other.hash64());
+        assert!(unreach.is_icmp_error() && !unreach.opens_connection());
+        // A timestamp request is no error but opens nothing either.
+        let ts = FlowKey::from_meta(1, &icmp(13, 0, 77));
+        assert!(!ts.is_icmp_error() && !ts.opens_connection());
+    }
+
+    #[test]
+    fn quoted_flows_are_read_from_error_bodies() {
+        // IPv4/UDP quote, as a port-unreachable carries it.
+        let mut q4 = Vec::new();
+        etherparse::PacketBuilder::ipv4([172, 30, 0, 5], [8, 8, 8, 8], 64)
+            .udp(5353, 53)
+            .write(&mut q4, &[1, 2, 3])
+            .unwrap();
+        let k = quoted_flow(9, PROTO_ICMP, &q4[..28]).unwrap();
+        assert_eq!(
+            (k.vni, k.proto, k.src_port, k.dst_port),
+            (9, PROTO_UDP, 5353, 53)
+        );
+        assert_eq!(k.dst_ip, "8.8.8.8".parse::<IpAddr>().unwrap());
+        assert_eq!(quoted_flow(9, PROTO_ICMP, &q4[..23]), None);
+        assert_eq!(quoted_flow(9, PROTO_ICMPV6, &q4), None);
+        // IPv6/TCP behind a destination-options header.
+        let mut q6 = vec![0u8; 40 + 8 + 20];
+        q6[0] = 0x60;
+        q6[6] = 60;
+        q6[8..24].copy_from_slice(&"fd00::5".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        q6[24..40].copy_from_slice(&"fd00::9".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        q6[40] = PROTO_TCP;
+        q6[48..52].copy_from_slice(&[0x9c, 0x40, 0x01, 0xbb]);
+        let k = quoted_flow(9, PROTO_ICMPV6, &q6).unwrap();
+        assert_eq!((k.proto, k.src_port, k.dst_port), (PROTO_TCP, 40000, 443));
+        assert_eq!(quoted_flow(9, PROTO_ICMPV6, &q6[..50]), None);
+        // An ICMP echo quote gives the echo key.
+        let mut qe = Vec::new();
+        etherparse::PacketBuilder::ipv4([172, 30, 0, 5], [8, 8, 8, 8], 64)
+            .icmpv4_echo_request(0x1234, 1)
+            .write(&mut qe, &[])
+            .unwrap();
+        let k = quoted_flow(9, PROTO_ICMP, &qe).unwrap();
+        assert_eq!((k.icmp_type, k.src_port, k.dst_port), (8, 0x1234, 0x1234));
+    }
+
     proptest! {
         #[test]
         fn outer_fields_stay_in_range(sp: u16, dp: u16, vni in 0u32..(1 << 24)) {
@@ -229,6 +594,11 @@ mod tests {
             prop_assert!(p >= 49152);
             prop_assert!(k.flow_label() < (1 << 20));
             prop_assert_eq!(k.reversed().reversed(), k);
+        }
+
+        #[test]
+        fn quoted_flow_never_panics(body: Vec<u8>, v6: bool) {
+            let _ = quoted_flow(1, if v6 { PROTO_ICMPV6 } else { PROTO_ICMP }, &body);
         }
     }
 }

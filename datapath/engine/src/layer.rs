@@ -218,6 +218,8 @@ mod tests {
                 dst_ip: dst.parse().unwrap(),
                 src_port: 1,
                 dst_port: 2,
+                icmp_type: 0,
+                icmp_code: 0,
             },
             icmp_type: None,
         }

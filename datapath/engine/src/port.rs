@@ -141,6 +141,29 @@ impl PortConfig {
         if self.ipv4.is_some() && self.gateway_ipv4.is_none() {
             return Err("a port with an IPv4 address needs a gateway IPv4 address".into());
         }
+        if let Some(ip) = self.ipv4 {
+            // The gateway answers ARP and echo for its own address: a guest holding
+            // it would be unreachable, and would see its own address as its router.
+            if self.gateway_ipv4 == Some(ip) {
+                return Err(format!("private IP {ip} is the gateway's IPv4 address"));
+            }
+            if ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast() || ip.is_loopback() {
+                return Err(format!("private IP {ip} is not a unicast address"));
+            }
+        }
+        if let Some(ip) = self.ipv6 {
+            // Link-local and multicast addresses never leave the guest's link (the
+            // datapath drops such traffic as link_local_only), so they cannot be the
+            // address the VPC routes to the guest.
+            if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() {
+                return Err(format!("private IP {ip} is not a unicast address"));
+            }
+            if ip.segments()[0] & 0xffc0 == 0xfe80 {
+                return Err(format!(
+                    "private IP {ip} is link-local; a port needs a routable IPv6 address"
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -214,5 +237,24 @@ pub(crate) mod tests {
         p.ipv4 = Some("10.0.0.1".parse().unwrap());
         assert!(p.validate().unwrap_err().contains("10.0.0.1"));
         assert!(Vni::new(1 << 24).unwrap_err().contains("16777216"));
+    }
+
+    #[test]
+    fn guest_addresses_must_be_routable_unicast_and_not_the_gateway() {
+        let mut p = sample();
+        p.ipv4 = p.gateway_ipv4;
+        let e = p.validate().unwrap_err();
+        assert!(e.contains("172.30.0.1") && e.contains("gateway"), "{e}");
+        for bad in ["fe80::5", "ff02::1", "::"] {
+            let mut p = sample();
+            p.ipv6 = Some(bad.parse().unwrap());
+            p.vpc_subnet6 = None;
+            let e = p.validate().unwrap_err();
+            assert!(e.contains(bad), "{bad}: {e}");
+        }
+        let mut p = sample();
+        p.ipv4 = Some("224.0.0.5".parse().unwrap());
+        p.vpc_subnet4 = None;
+        assert!(p.validate().unwrap_err().contains("224.0.0.5"));
     }
 }

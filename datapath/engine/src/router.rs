@@ -187,6 +187,8 @@ mod tests {
                 dst_ip,
                 src_port: 1,
                 dst_port: 2,
+                icmp_type: 0,
+                icmp_code: 0,
             },
             icmp_type: None,
         }

@@ -230,6 +230,8 @@ mod tests {
                 dst_ip: dst.parse().unwrap(),
                 src_port: sp,
                 dst_port: dp,
+                icmp_type: 0,
+                icmp_code: 0,
             },
             icmp_type: None,
         }

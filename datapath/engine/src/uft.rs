@@ -12,7 +12,7 @@
 //! the map, which is the slow path.
 
 use crate::encap::OuterTemplate;
-use crate::flow::{FlowKey, FlowMap};
+use crate::flow::{flow_map, FlowKey, FlowMap};
 use crate::port::PortId;
 use serde::Serialize;
 use std::collections::hash_map::Entry;
@@ -92,6 +92,12 @@ pub struct UftEntry<A> {
     pub action: A,
     /// Largest IP packet (inner L3 header onward) the flow's path carries.
     pub path_mtu: u16,
+    /// The firewall admitted the flow because of a connection (or, for an ICMP
+    /// error, a related connection): every hit must confirm it with
+    /// `Firewall::track`, and a flow whose connection is gone is decided again.
+    /// False for drops and for rule-only (stateless) decisions, which hold until the
+    /// epoch changes.
+    pub needs_conn: bool,
     pub created: u64,
     pub last_hit: u64,
     pub hits: u64,
@@ -135,9 +141,9 @@ pub struct Uft<A> {
 
 impl<A: CachedAction> Uft<A> {
     /// `limit` entries at most; space for `limit.min(1024)` is reserved now so that a
-    /// port's first flows do not grow the map.
-    pub fn new(limit: usize, ttl_ns: u64) -> Self {
-        let mut map = FlowMap::default();
+    /// port's first flows do not grow the map. `hash_seed` keys the table's hash.
+    pub fn new(limit: usize, ttl_ns: u64, hash_seed: u64) -> Self {
+        let mut map = flow_map(hash_seed);
         map.reserve(limit.min(1024));
         Uft {
             map,
@@ -276,6 +282,8 @@ mod tests {
             dst_ip: "10.0.0.2".parse().unwrap(),
             src_port: sp,
             dst_port: 53,
+            icmp_type: 0,
+            icmp_code: 0,
         }
     }
 
@@ -284,6 +292,7 @@ mod tests {
             epoch,
             action: InAction::Deliver,
             path_mtu: 1500,
+            needs_conn: true,
             created: now,
             last_hit: now,
             hits: 0,
@@ -292,7 +301,7 @@ mod tests {
 
     #[test]
     fn epoch_change_makes_entries_stale() {
-        let mut t = Uft::new(8, 1000);
+        let mut t = Uft::new(8, 1000, 1);
         t.insert(key(1), entry(1, 0));
         assert!(t.lookup(&key(1), 1, 10).is_some());
         assert!(t.lookup(&key(1), 2, 11).is_none());
@@ -306,7 +315,7 @@ mod tests {
 
     #[test]
     fn idle_entries_expire() {
-        let mut t = Uft::new(8, 1000);
+        let mut t = Uft::new(8, 1000, 1);
         t.insert(key(1), entry(1, 0));
         t.insert(key(2), entry(1, 0));
         // A hit refreshes the idle clock.
@@ -322,7 +331,7 @@ mod tests {
 
     #[test]
     fn full_table_evicts_stale_first() {
-        let mut t = Uft::new(3, 1000);
+        let mut t = Uft::new(3, 1000, 1);
         t.insert(key(1), entry(1, 0));
         t.insert(key(2), entry(2, 0));
         t.insert(key(3), entry(2, 0));

@@ -52,6 +52,23 @@ fn cached_flows_allocate_nothing_per_packet() {
     let icmp6 = frame(&g1, None, Some(g2.v6), L4::Icmp { id: 9, seq: 1 }, b"ping");
     let mut out_a = TxBatch::new();
     let mut out_b = TxBatch::new();
+    // Open the TCP connection first: sled B admits inbound TCP only from a SYN on.
+    let syn = frame(
+        &g1,
+        Some(g2.v4),
+        None,
+        L4::Tcp {
+            sport: 40000,
+            dport: 80,
+            syn: true,
+        },
+        &[],
+    );
+    out_a.clear();
+    a.process_guest(pa, VnetHdr::default(), &syn, 0, &Fabric, &mut out_a);
+    for (_, u) in out_a.iter() {
+        b.process_underlay(u, 0, &Fabric, &mut out_b);
+    }
     let mut round = |now: u64, out_a: &mut TxBatch, out_b: &mut TxBatch| {
         out_a.clear();
         out_b.clear();

@@ -398,6 +398,11 @@ proptest! {
         let (mut a, pa, mut b, pb) = two_sleds();
         let (g1, g2) = (guest(1), guest(2));
         let (d4, d6): (Option<Ipv4Addr>, Option<Ipv6Addr>) = if v6 { (None, Some(g2.v6)) } else { (Some(g2.v4), None) };
+        if let L4::Tcp { sport, dport, syn: false } = l4 {
+            // Sled B admits inbound TCP only from a SYN on.
+            let syn = frame(&g1, d4, d6, L4::Tcp { sport, dport, syn: true }, &[]);
+            prop_assert_eq!(a_to_b(&mut a, pa, &mut b, &syn, 1).len(), 1);
+        }
         let f = frame(&g1, d4, d6, l4, &payload);
         let got = a_to_b(&mut a, pa, &mut b, &f, 1);
         prop_assert_eq!(got.len(), 1);
@@ -407,4 +412,267 @@ proptest! {
         prop_assert_eq!(&got[0].1[6..12], &g2.gw_mac.0[..]);
         prop_assert_eq!(&got[0].1[12..], &f[12..]);
     }
+}
+
+/// Underlay routes whose one neighbour's MAC the test can change.
+struct MovableFabric(std::cell::Cell<[u8; 6]>);
+
+impl engine::UnderlayRoutes for MovableFabric {
+    fn next_hop(&self, _dst: Ipv6Addr) -> Option<engine::NextHop> {
+        Some(engine::NextHop {
+            ifindex: IFINDEX,
+            src_mac: "02:00:00:00:99:01".parse().unwrap(),
+            dst_mac: engine::MacAddr(self.0.get()),
+        })
+    }
+}
+
+#[test]
+fn invalidating_next_hops_recompiles_cached_outer_headers() {
+    let (mut a, pa, _b, _) = two_sleds();
+    let f = frame(
+        &guest(1),
+        Some(guest(2).v4),
+        None,
+        L4::Udp {
+            sport: 9,
+            dport: 53,
+        },
+        b"q",
+    );
+    let routes = MovableFabric(std::cell::Cell::new([2, 0, 0, 0, 0x99, 2]));
+    let mut out = TxBatch::new();
+    let mut send = |a: &mut engine::Engine, now| {
+        out.clear();
+        a.process_guest(pa, VnetHdr::default(), &f, now, &routes, &mut out);
+        out.frame(0).unwrap().1[..6].to_vec()
+    };
+    assert_eq!(send(&mut a, 1), [2, 0, 0, 0, 0x99, 2]);
+    routes.0.set([2, 0, 0, 0, 0x99, 3]);
+    // The flow is cached with the old neighbour until the engine is told.
+    assert_eq!(send(&mut a, 2), [2, 0, 0, 0, 0x99, 2]);
+    let epoch = a.epoch();
+    a.invalidate_next_hops();
+    assert!(a.epoch() > epoch);
+    assert_eq!(send(&mut a, 3), [2, 0, 0, 0, 0x99, 3]);
+    // The connection survived: no new one was created.
+    assert_eq!(a.stats().ports[0].firewall.flows_created, 1);
+}
+
+#[test]
+fn inbound_tcp_without_syn_opens_nothing() {
+    let (mut a, pa, mut b, pb) = two_sleds();
+    let (g1, g2) = (guest(1), guest(2));
+    let ack = frame(
+        &g1,
+        Some(g2.v4),
+        None,
+        L4::Tcp {
+            sport: 40000,
+            dport: 80,
+            syn: false,
+        },
+        b"x",
+    );
+    assert!(a_to_b(&mut a, pa, &mut b, &ack, 1).is_empty());
+    assert_eq!(drop_count(&b, "fw_midstream_in"), 1);
+    assert_eq!(b.stats().ports[0].firewall.flows, 0);
+    // Not cached: the SYN of the same flow is admitted.
+    let syn = frame(
+        &g1,
+        Some(g2.v4),
+        None,
+        L4::Tcp {
+            sport: 40000,
+            dport: 80,
+            syn: true,
+        },
+        b"",
+    );
+    expect_delivered(&syn, &a_to_b(&mut a, pa, &mut b, &syn, 2), &g2, pb);
+}
+
+/// An ICMPv4 message from guest 2 to guest 1 with `quote` as its body.
+fn icmp4_from_g2(t: u8, code: u8, quote: &[u8]) -> Vec<u8> {
+    let (g1, g2) = (guest(1), guest(2));
+    let mut buf = Vec::new();
+    etherparse::PacketBuilder::ethernet2(g2.mac.0, g2.gw_mac.0)
+        .ipv4(g2.v4.octets(), g1.v4.octets(), 64)
+        .icmpv4(etherparse::Icmpv4Type::Unknown {
+            type_u8: t,
+            code_u8: code,
+            bytes5to8: [0; 4],
+        })
+        .write(&mut buf, quote)
+        .unwrap();
+    buf
+}
+
+#[test]
+fn icmp_types_are_decided_separately_and_errors_need_a_related_connection() {
+    let (mut a, pa, mut b, pb) = two_sleds();
+    let (g1, g2) = (guest(1), guest(2));
+    a.set_fw_rules("ga", vec![]).unwrap();
+    let ping = frame(&g1, Some(g2.v4), None, L4::Icmp { id: 77, seq: 1 }, b"ping");
+    expect_delivered(&ping, &a_to_b(&mut a, pa, &mut b, &ping, 1), &g2, pb);
+    // An unrelated error and another message type from the pinged host: denied.
+    let mut udp = Vec::new();
+    etherparse::PacketBuilder::ipv4(g1.v4.octets(), g2.v4.octets(), 64)
+        .udp(5000, 53)
+        .write(&mut udp, b"")
+        .unwrap();
+    for f in [icmp4_from_g2(3, 3, &udp), icmp4_from_g2(13, 0, &[0; 12])] {
+        assert!(a_to_b(&mut b, pb, &mut a, &f, 2).is_empty());
+    }
+    assert_eq!(drop_count(&a, "fw_deny_in"), 2);
+    // An error quoting the ping (IP header + 8 bytes of it) is related: delivered,
+    // without opening anything.
+    let quote = &ping[14..14 + 28];
+    let err = icmp4_from_g2(11, 0, quote);
+    expect_delivered(&err, &a_to_b(&mut b, pb, &mut a, &err, 3), &g1, pa);
+    assert_eq!(a.stats().ports[0].firewall.flows, 1);
+    // The same error type quoting something else is still denied (not cached).
+    let other = icmp4_from_g2(11, 0, &udp);
+    assert!(a_to_b(&mut b, pb, &mut a, &other, 4).is_empty());
+}
+
+/// Clears the IPv4 DF bit of an Ethernet/IPv4 frame and fixes the header checksum.
+fn clear_df(f: &mut [u8]) {
+    f[20] &= !0x40;
+    f[24..26].copy_from_slice(&[0, 0]);
+    let mut sum: u32 = f[14..34]
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    f[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+}
+
+#[test]
+fn fragmenting_completes_a_pending_checksum() {
+    let (mut a, pa) = sled(SLED_A, 1);
+    let g3 = guest(3);
+    let mut c3 = port_config(&g3);
+    c3.mtu = 1500;
+    let p3 = a.add_port(c3).unwrap();
+    let r = Rule::new(1, FwAction::Allow).finalize().unwrap();
+    a.add_fw_rule("gc", Direction::In, r).unwrap();
+    let payload: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 1) as u8).collect();
+    let g1 = guest(1);
+    let good = frame(
+        &g1,
+        Some(g3.v4),
+        None,
+        L4::Udp { sport: 7, dport: 9 },
+        &payload,
+    );
+    let mut f = good.clone();
+    clear_df(&mut f);
+    let mut reference = good.clone();
+    clear_df(&mut reference);
+    // What a guest with checksum offload sends: the folded pseudo-header sum.
+    let udp_len = (f.len() - 34) as u32;
+    let mut sum: u32 = f[26..34]
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum::<u32>()
+        + 17
+        + udp_len;
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    f[40..42].copy_from_slice(&(sum as u16).to_be_bytes());
+    let vnet = VnetHdr {
+        flags: wire::vnet::F_NEEDS_CSUM,
+        csum_start: 34,
+        csum_offset: 6,
+        ..VnetHdr::default()
+    };
+    let mut out = TxBatch::new();
+    a.process_guest(pa, vnet, &f, 1, &Fabric, &mut out);
+    let mut frags: Vec<(usize, Vec<u8>)> = frames(&out)
+        .into_iter()
+        .map(|(d, fr)| {
+            assert!(
+                matches!(d, TxDest::Port { port, .. } if port == p3),
+                "{d:?}"
+            );
+            let off = usize::from(u16::from_be_bytes([fr[20], fr[21]]) & 0x1fff) * 8;
+            let ihl = usize::from(fr[14] & 0x0f) * 4;
+            (off, fr[14 + ihl..].to_vec())
+        })
+        .collect();
+    assert!(frags.len() >= 3, "{} fragments", frags.len());
+    frags.sort();
+    let l4: Vec<u8> = frags.into_iter().flat_map(|(_, p)| p).collect();
+    assert_eq!(
+        l4,
+        reference[34..],
+        "reassembled datagram with a complete checksum"
+    );
+}
+
+#[test]
+fn route_mtus_only_lower_the_path_mtu() {
+    let (mut a, pa) = sled(SLED_A, 1);
+    let g3 = guest(3);
+    let mut c3 = port_config(&g3);
+    c3.mtu = 1500;
+    a.add_port(c3).unwrap();
+    // Above what the underlay carries: refused, naming the limit.
+    let e = a
+        .add_route(
+            "ga",
+            "172.30.0.0/24".parse().unwrap(),
+            RouteTarget::VpcSubnet,
+            Some(8923),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("8922"), "{e}");
+    // A route MTU of 8000 does not raise the 1500 of the destination port.
+    a.add_route(
+        "ga",
+        "172.30.0.0/24".parse().unwrap(),
+        RouteTarget::VpcSubnet,
+        Some(8000),
+    )
+    .unwrap();
+    let f = frame(
+        &guest(1),
+        Some(g3.v4),
+        None,
+        L4::Udp { sport: 7, dport: 9 },
+        &[0; 2000],
+    );
+    let mut out = TxBatch::new();
+    a.process_guest(pa, VnetHdr::default(), &f, 1, &Fabric, &mut out);
+    assert_eq!(drop_count(&a, "packet_too_big"), 1);
+}
+
+#[test]
+fn cached_drops_win_over_the_size_check() {
+    let (mut a, pa, _b, _) = two_sleds();
+    let deny = Rule::new(1, FwAction::Deny)
+        .matching(Predicate::DstIp(
+            "fd00:1122:3344:100::6/128".parse().unwrap(),
+        ))
+        .finalize()
+        .unwrap();
+    a.add_fw_rule("ga", Direction::Out, deny).unwrap();
+    let big = frame(
+        &guest(1),
+        None,
+        Some(guest(2).v6),
+        L4::Udp { sport: 7, dport: 9 },
+        &[0; 8600],
+    );
+    let mut out = TxBatch::new();
+    for now in 1..3 {
+        a.process_guest(pa, VnetHdr::default(), &big, now, &Fabric, &mut out);
+    }
+    assert!(out.is_empty(), "no Packet Too Big for a denied flow");
+    assert_eq!(drop_count(&a, "fw_deny_out"), 2);
+    assert_eq!(drop_count(&a, "packet_too_big"), 0);
 }

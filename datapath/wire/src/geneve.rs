@@ -34,6 +34,10 @@ pub const MSS_OPTION_LEN: usize = OPTION_HEADER_LEN + 4;
 pub const ENCAP_LEN: usize =
     crate::ethernet::HEADER_LEN + crate::ipv6::HEADER_LEN + crate::udp::HEADER_LEN + HEADER_LEN;
 /// Encapsulation overhead with the Mss option (what tunneled TSO segments carry): 78.
+/// Also the MTU budget of the overlay: the underlay MTU limits the outer IP packet
+/// (IPv6 40 + UDP 8 + Geneve 8 + Mss 8 + inner Ethernet 14 = 78 on top of the guest's
+/// IP packet), so a port MTU may be at most underlay MTU - 78. The one definition of
+/// these numbers; the engine uses it for both.
 pub const ENCAP_LEN_WITH_MSS: usize = ENCAP_LEN + MSS_OPTION_LEN;
 
 /// Oxide option types (class [`OXIDE_OPTION_CLASS`]); all are non-critical.

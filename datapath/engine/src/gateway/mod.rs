@@ -31,7 +31,8 @@ mod tests;
 mod vectors;
 
 pub use frag::fragment_ipv4;
-pub use mtu::{external_path_mtu, mtu_budget, MtuBudget, ENCAP_OVERHEAD};
+pub(crate) use mtu::ENCAP_BUDGET;
+pub use mtu::{external_path_mtu, mtu_budget, MtuBudget};
 pub use ptb::packet_too_big;
 pub use ra::{on_mtu_change, ra_info, tick, RaInfo};
 
@@ -217,8 +218,7 @@ pub fn handle_from_guest(
     let r = match kind {
         ForGateway::Arp => arp::handle(cfg, port, meta, frame, out),
         ForGateway::Ndp => ndp::handle(cfg, st, port, meta, frame, now, out),
-        ForGateway::Echo4 => icmp::echo4(cfg, port, meta, frame, out),
-        ForGateway::Echo6 => icmp::echo6(cfg, port, meta, frame, out),
+        ForGateway::Echo => icmp::echo(cfg, port, meta, frame, out),
         ForGateway::Dhcp4 => dhcp4::handle(cfg, port, meta, frame, out),
         ForGateway::Dhcp6 => dhcp6::handle(cfg, port, meta, frame, out),
         ForGateway::OtherToGateway => Err(Deny::ToGatewayUnhandled),
@@ -261,8 +261,7 @@ enum Sent {
 enum ForGateway {
     Arp,
     Ndp,
-    Echo4,
-    Echo6,
+    Echo,
     Dhcp4,
     Dhcp6,
     OtherToGateway,
@@ -292,7 +291,7 @@ fn classify(cfg: &PortConfig, meta: &InnerMeta) -> Option<ForGateway> {
                 && !meta.fragment
                 && meta.icmp_type == wire::icmpv4::msg::ECHO_REQUEST
             {
-                Some(ForGateway::Echo4)
+                Some(ForGateway::Echo)
             } else {
                 Some(ForGateway::OtherToGateway)
             }
@@ -314,7 +313,7 @@ fn classify(cfg: &PortConfig, meta: &InnerMeta) -> Option<ForGateway> {
                 && !meta.fragment
                 && meta.icmp_type == wire::icmpv6::msg::ECHO_REQUEST
             {
-                Some(ForGateway::Echo6)
+                Some(ForGateway::Echo)
             } else {
                 Some(ForGateway::OtherToGateway)
             }

@@ -4,11 +4,11 @@
 use crate::port::PortConfig;
 
 /// Bytes the overlay adds on top of the guest's IP packet inside the underlay MTU:
-/// outer IPv6 40 + UDP 8 + Geneve 8 + Mss option 8 + the inner Ethernet header 14.
-/// (Counted on the outer IP packet, which is what the underlay MTU limits; the outer
-/// Ethernet header is outside the MTU. The reference quotes the same 78 as outer
-/// Ethernet 14 + IPv6 40 + UDP 8 + Geneve 8 + option 8.)
-pub const ENCAP_OVERHEAD: u16 = 78;
+/// [`wire::geneve::ENCAP_LEN_WITH_MSS`] (78), as a `u16` for MTU arithmetic. The
+/// underlay MTU limits the outer IP packet: outer IPv6 40 + UDP 8 + Geneve 8 + Mss
+/// option 8 + the inner Ethernet header 14, which is the same 78 as the outer
+/// Ethernet header plus the rest, since both Ethernet headers are 14 bytes.
+pub(crate) const ENCAP_BUDGET: u16 = wire::geneve::ENCAP_LEN_WITH_MSS as u16;
 
 const IPV4_HDR: u16 = 20;
 const IPV6_HDR: u16 = 40;
@@ -22,7 +22,7 @@ pub const EXTERNAL_DEFAULT_MTU: u16 = 1500;
 #[derive(serde::Serialize, Clone, Debug, PartialEq, Eq)]
 pub struct MtuBudget {
     pub underlay_mtu: u16,
-    /// [`ENCAP_OVERHEAD`]: outer IPv6 40 + UDP 8 + Geneve 8 + Mss option 8 + inner
+    /// [`ENCAP_BUDGET`]: outer IPv6 40 + UDP 8 + Geneve 8 + Mss option 8 + inner
     /// Ethernet 14.
     pub encap_overhead: u16,
     pub port_mtu: u16,
@@ -59,14 +59,14 @@ pub fn external_path_mtu(cfg: &PortConfig, sled_external_jumbo: bool) -> u16 {
 /// configurations that will drop or fragment traffic.
 pub fn mtu_budget(cfg: &PortConfig, underlay_mtu: u16, sled_external_jumbo: bool) -> MtuBudget {
     let u = i32::from(underlay_mtu);
-    let enc = i32::from(ENCAP_OVERHEAD);
+    let enc = i32::from(ENCAP_BUDGET);
     let headroom = u - enc - i32::from(cfg.mtu);
     let mut warnings = Vec::new();
     if headroom < 0 {
         warnings.push(format!(
             "port MTU {} + encapsulation {} = {} exceeds underlay MTU {}: full-size guest packets cannot cross the underlay; lower the port MTU to at most {}",
             cfg.mtu,
-            ENCAP_OVERHEAD,
+            ENCAP_BUDGET,
             i32::from(cfg.mtu) + enc,
             underlay_mtu,
             u - enc
@@ -86,7 +86,7 @@ pub fn mtu_budget(cfg: &PortConfig, underlay_mtu: u16, sled_external_jumbo: bool
     }
     MtuBudget {
         underlay_mtu,
-        encap_overhead: ENCAP_OVERHEAD,
+        encap_overhead: ENCAP_BUDGET,
         port_mtu: cfg.mtu,
         headroom,
         max_internal_tcp_segment_v4: u - enc - i32::from(IPV4_HDR + TCP_HDR),

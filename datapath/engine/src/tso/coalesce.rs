@@ -16,6 +16,15 @@
 //! with the same traffic class, flow label and hop limit. Each segment's TCP checksum
 //! is verified during its copy; a segment that fails is passed on untouched with no
 //! offload flags, so the guest's own stack drops it.
+//!
+//! Where a frame is built: copying each segment once is what keeps coalescing near
+//! memory speed, so the first flow to start a frame builds it directly in the output
+//! batch, as its last frame, and grows it in place while nothing else is pushed after
+//! it ([`Place::Batch`]). That frame is kept complete (lengths, checksums, offload
+//! metadata) after every segment, so it is valid whatever the caller does with the
+//! batch; once something else follows it, it is simply done. Frames of other flows
+//! held at the same time are built in the slot's own buffer and copied to the batch
+//! when flushed ([`Place::Buffer`]), which costs a second copy.
 
 use super::{
     pseudo_header, MAX_SEGMENTS, PROTO_TCP, TCP_CSUM_OFFSET, TCP_CWR, TCP_FIN, TCP_MIN_HEADER,
@@ -76,9 +85,24 @@ enum IdMode {
     Fixed,
 }
 
-/// A frame being built: the first segment's headers followed by the merged payload.
+/// Where a held frame is being built (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// In the slot's buffer; finished and copied to the output when flushed.
+    Buffer,
+    /// In the output batch as frame `index`, complete after every segment, and grown
+    /// in place while it is the batch's last frame.
+    Batch { index: usize },
+}
+
+/// A frame being built: the first segment's headers followed by the merged payload
+/// (in `buf`, or in the output batch with only the headers, as last written, in
+/// `buf`).
 pub(super) struct Pending {
     in_use: bool,
+    place: Place,
+    /// Destination and offload metadata of the frame as it stands in the batch.
+    dest: TxDest,
     port: PortId,
     /// Metadata of the first segment (offsets and flow key of the whole frame).
     meta: InnerMeta,
@@ -96,6 +120,11 @@ pub(super) struct Pending {
     mss: Option<u32>,
     id_mode: IdMode,
     first_id: u16,
+    /// Unfolded sum of the first segment's IPv4 header without its total length and
+    /// checksum (the only fields merging changes); 0 for IPv6.
+    ip_sum: u64,
+    /// [`tcp_pseudo`] of the flow (all merged segments have its addresses).
+    pseudo: u64,
     /// Insertion order, to pick the oldest slot to evict.
     age: u64,
 }
@@ -104,6 +133,11 @@ impl Pending {
     fn new() -> Pending {
         Pending {
             in_use: false,
+            place: Place::Buffer,
+            dest: TxDest::Port {
+                port: PortId(0),
+                vnet: VnetHdr::default(),
+            },
             port: PortId(0),
             meta: placeholder_meta(),
             buf: vec![0u8; SLOT_LEN].into_boxed_slice(),
@@ -116,6 +150,8 @@ impl Pending {
             mss: None,
             id_mode: IdMode::Unknown,
             first_id: 0,
+            ip_sum: 0,
+            pseudo: 0,
             age: 0,
         }
     }
@@ -131,6 +167,143 @@ impl Pending {
 
     fn gso_size(&self) -> usize {
         self.mss.map_or(self.seg_len, |m| m as usize).max(1)
+    }
+
+    /// Takes a first segment (already copied, checksum verified) as a new frame.
+    fn begin(
+        &mut self,
+        port: PortId,
+        frame: &[u8],
+        m: &InnerMeta,
+        mss: Option<u32>,
+        age: u64,
+        place: Place,
+    ) {
+        let (hdrs, end) = (m.payload_off, m.ip_end);
+        self.in_use = true;
+        self.place = place;
+        self.dest = TxDest::Port {
+            port,
+            vnet: VnetHdr::default(),
+        };
+        self.port = port;
+        self.meta = *m;
+        self.len = end;
+        self.next_seq = seq_of(frame, m.l4_off).wrapping_add((end - hdrs) as u32);
+        self.seg_len = end - hdrs;
+        self.segs = 1;
+        self.closed = false;
+        self.end_flags = 0;
+        self.mss = mss;
+        self.id_mode = IdMode::Unknown;
+        self.first_id = u16::from_be_bytes([frame[m.l3_off + 4], frame[m.l3_off + 5]]);
+        self.ip_sum = match m.l3 {
+            L3::Ipv4 => {
+                let h = &frame[m.l3_off..m.l4_off];
+                checksum::sum(
+                    &h[12..],
+                    checksum::sum(&h[4..10], checksum::sum(&h[..2], 0)),
+                )
+            }
+            _ => 0,
+        };
+        self.pseudo = tcp_pseudo(m);
+        self.age = age;
+    }
+
+    /// Takes a following segment (already appended, checksum verified).
+    fn advance(&mut self, frame: &[u8], m: &InnerMeta) {
+        let n = m.ip_end - m.payload_off;
+        if self.id_mode == IdMode::Unknown && m.l3 == L3::Ipv4 {
+            let id = u16::from_be_bytes([frame[m.l3_off + 4], frame[m.l3_off + 5]]);
+            self.id_mode = if id == self.first_id {
+                IdMode::Fixed
+            } else {
+                IdMode::Incrementing
+            };
+        }
+        self.len += n;
+        self.next_seq = self.next_seq.wrapping_add(n as u32);
+        self.segs += 1;
+        self.end_flags = frame[m.l4_off + 13] & END_FLAGS;
+        self.closed = self.end_flags != 0 || n < self.seg_len;
+    }
+
+    /// What finishing the frame needs, copied out so the frame itself may be
+    /// borrowed from `buf`.
+    fn finish(&self) -> Finish {
+        Finish {
+            l3: self.meta.l3,
+            l3_off: self.meta.l3_off,
+            l4_off: self.meta.l4_off,
+            payload_off: self.meta.payload_off,
+            len: self.len,
+            segs: self.segs,
+            end_flags: self.end_flags,
+            gso_size: self.gso_size(),
+            ip_sum: self.ip_sum,
+            pseudo: self.pseudo,
+        }
+    }
+
+    /// After a segment was added to the frame built in the batch (`frame`, the
+    /// batch's last): completes its headers and returns its destination with the
+    /// offload metadata.
+    fn finish_in_batch(&mut self, frame: &mut [u8]) -> TxDest {
+        let vnet = self.finish().apply(frame);
+        let dest = TxDest::Port {
+            port: self.port,
+            vnet,
+        };
+        self.dest = dest;
+        dest
+    }
+}
+
+/// The state [`Finish::apply`] completes a frame from.
+struct Finish {
+    l3: L3,
+    l3_off: usize,
+    l4_off: usize,
+    payload_off: usize,
+    len: usize,
+    segs: u32,
+    end_flags: u8,
+    gso_size: usize,
+    /// Unfolded sum of the IPv4 header without its total length and checksum.
+    ip_sum: u64,
+    /// [`tcp_pseudo`] of the flow.
+    pseudo: u64,
+}
+
+impl Finish {
+    /// Brings the headers of `frame` (`len` bytes) up to date with its segments
+    /// (lengths, IPv4 header checksum, PSH/FIN of the last segment, the pseudo-header
+    /// sum for `NEEDS_CSUM`) and returns its offload metadata. A single segment no
+    /// larger than the `gso_size` stays as it arrived, checksum verified.
+    fn apply(&self, frame: &mut [u8]) -> VnetHdr {
+        let (l3, l4, hdrs) = (self.l3_off, self.l4_off, self.payload_off);
+        let payload = self.len - hdrs;
+        if self.segs == 1 && payload <= self.gso_size {
+            return VnetHdr {
+                flags: F_DATA_VALID,
+                ..VnetHdr::default()
+            };
+        }
+        // `can_start`/`can_merge` kept these within their 16-bit fields.
+        let ip_len = self.len - l3;
+        if self.l3 == L3::Ipv4 {
+            // From the sum kept since the first segment: summing the header just
+            // written would re-read bytes stored in pieces (a store-forwarding stall).
+            let c = !checksum::fold(self.ip_sum + ip_len as u64);
+            frame[l3 + 2..l3 + 4].copy_from_slice(&(ip_len as u16).to_be_bytes());
+            frame[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+        } else {
+            frame[l3 + 4..l3 + 6].copy_from_slice(&((ip_len - 40) as u16).to_be_bytes());
+        }
+        frame[l4 + 13] |= self.end_flags;
+        partial_checksum(frame, l4, self.pseudo, self.len - l4);
+        gso_vnet(self.l3, l4, hdrs, frame[l4 + 13], payload, self.gso_size)
     }
 }
 
@@ -196,10 +369,45 @@ fn seq_of(frame: &[u8], l4: usize) -> u32 {
     u32::from_be_bytes([frame[l4 + 4], frame[l4 + 5], frame[l4 + 6], frame[l4 + 7]])
 }
 
+/// Whether two frames of the flow `m` describes have the same header bytes, except
+/// those finishing a merged frame rewrites: the IPv4 total length and checksum or the
+/// IPv6 payload length (with the neighbouring bytes, for one rule for both families),
+/// and the TCP flags and checksum.
+fn same_fixed_headers(a: &[u8], b: &[u8], m: &InnerMeta) -> bool {
+    let (l3, l4, hdrs) = (m.l3_off, m.l4_off, m.payload_off);
+    [
+        0..l3 + 2,
+        l3 + 6..l3 + 10,
+        l3 + 12..l4 + 13,
+        l4 + 14..l4 + 16,
+        l4 + 18..hdrs,
+    ]
+    .into_iter()
+    .all(|r| a.get(r.clone()) == b.get(r))
+}
+
+/// The TCP pseudo-header sum of a segment's addresses, without the length (added per
+/// use: the sum is linear in it). Kept per held frame, so merging a segment does not
+/// sum the addresses again.
+fn tcp_pseudo(m: &InnerMeta) -> u64 {
+    pseudo_header(m, PROTO_TCP, 0)
+}
+
+/// Copies a first segment into `f` (its length), rewriting the source MAC to
+/// `gateway_mac`, and verifies its TCP checksum during the copy.
+fn copy_first(f: &mut [u8], frame: &[u8], m: &InnerMeta, gateway_mac: MacAddr) -> bool {
+    let (hdrs, end) = (m.payload_off, m.ip_end);
+    f[..hdrs].copy_from_slice(&frame[..hdrs]);
+    f[6..12].copy_from_slice(gateway_mac.as_bytes());
+    let psum = checksum::copy_and_sum(&mut f[hdrs..end], &frame[hdrs..end], 0);
+    tcp_sum_ok(tcp_pseudo(m), &frame[m.l4_off..hdrs], psum, end - hdrs)
+}
+
 /// One's-complement check of a TCP segment: pseudo-header + header (with its checksum
 /// field) + payload sum folds to all ones.
-fn tcp_sum_ok(m: &InnerMeta, header: &[u8], payload_sum: u64, payload_len: usize) -> bool {
-    let acc = pseudo_header(m, PROTO_TCP, header.len() + payload_len);
+/// `pseudo` is the pseudo-header sum without the length (`tcp_pseudo`).
+fn tcp_sum_ok(pseudo: u64, header: &[u8], payload_sum: u64, payload_len: usize) -> bool {
+    let acc = pseudo + (header.len() + payload_len) as u64;
     checksum::fold(checksum::sum(header, acc) + payload_sum) == 0xffff
 }
 
@@ -234,6 +442,10 @@ impl Coalescer {
     /// Geneve Mss option). TCP data is held for merging until [`Self::flush`] or until a
     /// segment that cannot follow it arrives; everything else goes to `out` at once,
     /// after this port's held frames. Every frame's source MAC becomes `gateway_mac`.
+    ///
+    /// One held frame may already be in `out` (its last frame, complete at every
+    /// moment): pass the same batch until [`Self::flush`], and flush before clearing
+    /// it. Frames others push to `out` in between are fine; that frame is then done.
     pub fn push(
         &mut self,
         port: PortId,
@@ -244,6 +456,7 @@ impl Coalescer {
         out: &mut TxBatch,
     ) {
         self.stats.frames_in += 1;
+        self.release_if_not_last(out);
         // Only an MSS that can be a gso_size is used; 0 or > 65535 is treated as absent.
         let mss = mss.filter(|&m| m >= 1 && m <= u32::from(u16::MAX));
         if !is_tcp_segment(frame, meta) {
@@ -253,7 +466,7 @@ impl Coalescer {
         }
         if let Some(i) = self.slots.iter().position(|p| p.same_flow(port, meta)) {
             if self.can_merge(i, frame, meta, mss) {
-                if self.append(i, frame, meta) {
+                if self.append(i, frame, meta, out) {
                     return;
                 }
                 // Bad checksum: keep order, let the guest drop it.
@@ -265,7 +478,7 @@ impl Coalescer {
         }
         if can_start(frame, meta) {
             let i = self.free_slot(out);
-            if self.start(i, port, frame, meta, mss, gateway_mac) {
+            if self.start(i, port, frame, meta, mss, gateway_mac, out) {
                 return;
             }
             self.emit_raw(port, frame, gateway_mac, out);
@@ -276,6 +489,7 @@ impl Coalescer {
 
     /// Writes every held frame to `out` (end of a batch).
     pub fn flush(&mut self, out: &mut TxBatch) {
+        self.release_if_not_last(out);
         for i in 0..self.slots.len() {
             if self.slots[i].in_use {
                 self.flush_slot(i, out);
@@ -307,8 +521,40 @@ impl Coalescer {
         oldest
     }
 
-    /// Copies the first segment into slot `i`, verifying its checksum on the way.
-    /// Returns false (slot left free) if the checksum is wrong.
+    /// The slot whose frame is being built in the output batch, if any.
+    fn in_batch(&self) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|p| p.in_use && matches!(p.place, Place::Batch { .. }))
+    }
+
+    /// Ends the frame built in the batch if it is no longer the batch's last frame
+    /// (something else was pushed after it): it is complete as it stands.
+    ///
+    /// Identified by position, length, destination and the header bytes merging does
+    /// not change, so a batch that was cleared and refilled by others is not mistaken
+    /// for it.
+    fn release_if_not_last(&mut self, out: &TxBatch) {
+        let Some(i) = self.in_batch() else {
+            return;
+        };
+        let p = &self.slots[i];
+        let Place::Batch { index } = p.place else {
+            return;
+        };
+        let still_last = out.len() == index + 1
+            && out.frame(index).is_some_and(|(dest, f)| {
+                dest == p.dest && f.len() == p.len && same_fixed_headers(f, &p.buf, &p.meta)
+            });
+        if !still_last {
+            self.release(i);
+        }
+    }
+
+    /// Copies the first segment into slot `i` (in the batch if no other frame is being
+    /// built there, else in the slot's buffer), verifying its checksum on the way.
+    /// Returns false (slot left free, nothing added to `out`) if the checksum is wrong.
+    #[allow(clippy::too_many_arguments)]
     fn start(
         &mut self,
         i: usize,
@@ -317,28 +563,37 @@ impl Coalescer {
         m: &InnerMeta,
         mss: Option<u32>,
         gateway_mac: MacAddr,
+        out: &mut TxBatch,
     ) -> bool {
+        self.release_if_not_last(out);
+        let in_batch = self.in_batch().is_none();
+        let age = self.next_age;
         let p = &mut self.slots[i];
-        let (hdrs, end) = (m.payload_off, m.ip_end);
-        p.buf[..hdrs].copy_from_slice(&frame[..hdrs]);
-        p.buf[6..12].copy_from_slice(gateway_mac.as_bytes());
-        let psum = checksum::copy_and_sum(&mut p.buf[hdrs..end], &frame[hdrs..end], 0);
-        if !tcp_sum_ok(m, &frame[m.l4_off..hdrs], psum, end - hdrs) {
-            return false;
+        let end = m.ip_end;
+        if in_batch {
+            let index = out.len();
+            let dest = TxDest::Port {
+                port,
+                vnet: VnetHdr::default(),
+            };
+            let f = out.push_unzeroed(dest, end);
+            if !copy_first(f, frame, m, gateway_mac) {
+                out.pop();
+                return false;
+            }
+            p.begin(port, frame, m, mss, age, Place::Batch { index });
+            // The identifying copy of the headers, as `copy_first` wrote them.
+            let hdrs = m.payload_off;
+            p.buf[..hdrs].copy_from_slice(&frame[..hdrs]);
+            p.buf[6..12].copy_from_slice(gateway_mac.as_bytes());
+            let dest = p.finish_in_batch(f);
+            out.set_last_dest(dest);
+        } else {
+            if !copy_first(&mut p.buf[..end], frame, m, gateway_mac) {
+                return false;
+            }
+            p.begin(port, frame, m, mss, age, Place::Buffer);
         }
-        p.in_use = true;
-        p.port = port;
-        p.meta = *m;
-        p.len = end;
-        p.next_seq = seq_of(frame, m.l4_off).wrapping_add((end - hdrs) as u32);
-        p.seg_len = end - hdrs;
-        p.segs = 1;
-        p.closed = false;
-        p.end_flags = 0;
-        p.mss = mss;
-        p.id_mode = IdMode::Unknown;
-        p.first_id = u16::from_be_bytes([frame[m.l3_off + 4], frame[m.l3_off + 5]]);
-        p.age = self.next_age;
         self.next_age += 1;
         true
     }
@@ -400,69 +655,64 @@ impl Coalescer {
     }
 
     /// Appends the payload of `frame` to slot `i`, verifying its checksum during the
-    /// copy; on a bad checksum the slot is left as it was and false is returned.
-    fn append(&mut self, i: usize, frame: &[u8], m: &InnerMeta) -> bool {
+    /// copy; on a bad checksum the slot (and `out`) is left as it was and false is
+    /// returned.
+    fn append(&mut self, i: usize, frame: &[u8], m: &InnerMeta, out: &mut TxBatch) -> bool {
         let p = &mut self.slots[i];
         let (hdrs, end) = (m.payload_off, m.ip_end);
-        let n = end - hdrs;
-        let psum = checksum::copy_and_sum(&mut p.buf[p.len..p.len + n], &frame[hdrs..end], 0);
-        if !tcp_sum_ok(m, &frame[m.l4_off..hdrs], psum, n) {
-            return false;
+        let (old, new) = (p.len, p.len + end - hdrs);
+        let payload = &frame[hdrs..end];
+        match p.place {
+            Place::Batch { .. } => {
+                // Still the batch's last frame (checked on entry to `push`): taking it
+                // off and pushing it back longer hands out the same bytes, the new ones
+                // past its end (`push_unzeroed` leaves earlier contents in place).
+                out.pop();
+                let f = out.push_unzeroed(p.dest, new);
+                let psum = checksum::copy_and_sum(&mut f[old..new], payload, 0);
+                if !tcp_sum_ok(p.pseudo, &frame[m.l4_off..hdrs], psum, payload.len()) {
+                    out.truncate_last(old);
+                    return false;
+                }
+                p.advance(frame, m);
+                let dest = p.finish_in_batch(f);
+                out.set_last_dest(dest);
+            }
+            Place::Buffer => {
+                let psum = checksum::copy_and_sum(&mut p.buf[old..new], payload, 0);
+                if !tcp_sum_ok(p.pseudo, &frame[m.l4_off..hdrs], psum, payload.len()) {
+                    return false;
+                }
+                p.advance(frame, m);
+            }
         }
-        if p.id_mode == IdMode::Unknown && m.l3 == L3::Ipv4 {
-            let id = u16::from_be_bytes([frame[m.l3_off + 4], frame[m.l3_off + 5]]);
-            p.id_mode = if id == p.first_id {
-                IdMode::Fixed
-            } else {
-                IdMode::Incrementing
-            };
-        }
-        p.len += n;
-        p.next_seq = p.next_seq.wrapping_add(n as u32);
-        p.segs += 1;
-        p.end_flags = frame[m.l4_off + 13] & END_FLAGS;
-        p.closed = p.end_flags != 0 || n < p.seg_len;
         self.stats.merged += 1;
         true
     }
 
-    /// Finishes slot `i`'s frame (lengths, IPv4 header checksum, offload metadata) and
-    /// writes it to `out`.
+    /// Ends slot `i`'s frame: one built in the batch is already there and complete;
+    /// one built in the buffer is finished and copied to `out`.
     fn flush_slot(&mut self, i: usize, out: &mut TxBatch) {
         let p = &mut self.slots[i];
+        if p.place == Place::Buffer {
+            let vnet = p.finish().apply(&mut p.buf[..p.len]);
+            p.dest = TxDest::Port { port: p.port, vnet };
+            out.push_unzeroed(p.dest, p.len)
+                .copy_from_slice(&p.buf[..p.len]);
+        }
+        self.release(i);
+    }
+
+    /// Frees slot `i`, whose frame is in the output, and counts that frame.
+    fn release(&mut self, i: usize) {
+        let p = &mut self.slots[i];
         p.in_use = false;
-        let m = p.meta;
-        let (l3, l4, hdrs) = (m.l3_off, m.l4_off, m.payload_off);
-        let payload = p.len - hdrs;
-        let gso_size = p.gso_size();
-        let frame = &mut p.buf[..p.len];
-        let vnet = if p.segs == 1 && payload <= gso_size {
-            // The segment as it arrived, checksum verified.
-            VnetHdr {
-                flags: F_DATA_VALID,
-                ..VnetHdr::default()
+        if let TxDest::Port { vnet, .. } = p.dest {
+            if vnet.is_gso() {
+                self.stats.gso_frames_out += 1;
             }
-        } else {
-            // `can_start`/`can_merge` kept these within their 16-bit fields.
-            let ip_len = p.len - l3;
-            if m.l3 == L3::Ipv4 {
-                frame[l3 + 2..l3 + 4].copy_from_slice(&(ip_len as u16).to_be_bytes());
-                frame[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
-                let c = checksum::checksum(&frame[l3..l4]);
-                frame[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
-            } else {
-                frame[l3 + 4..l3 + 6].copy_from_slice(&((ip_len - 40) as u16).to_be_bytes());
-            }
-            frame[l4 + 13] |= p.end_flags;
-            partial_checksum(frame, &m, p.len - l4);
-            gso_vnet(&m, frame[l4 + 13], payload, gso_size)
-        };
-        if vnet.is_gso() {
-            self.stats.gso_frames_out += 1;
         }
         self.stats.frames_out += 1;
-        out.push_unzeroed(TxDest::Port { port: p.port, vnet }, p.len)
-            .copy_from_slice(frame);
     }
 
     /// A TCP segment that is not held: copied with its checksum verified, and handed
@@ -489,7 +739,8 @@ impl Coalescer {
         let psum = checksum::copy_and_sum(&mut buf[hdrs..end], &frame[hdrs..end], 0);
         let payload = end - hdrs;
         let flags = frame[l4 + 13];
-        let vnet = if !tcp_sum_ok(m, &frame[l4..hdrs], psum, payload) {
+        let pseudo = tcp_pseudo(m);
+        let vnet = if !tcp_sum_ok(pseudo, &frame[l4..hdrs], psum, payload) {
             VnetHdr::default()
         } else {
             match mss {
@@ -498,8 +749,8 @@ impl Coalescer {
                         && payload.div_ceil(gso as usize) <= MAX_SEGMENTS
                         && flags & (TCP_SYN | TCP_RST | TCP_URG) == 0 =>
                 {
-                    partial_checksum(buf, m, end - l4);
-                    gso_vnet(m, flags, payload, gso as usize)
+                    partial_checksum(buf, l4, pseudo, end - l4);
+                    gso_vnet(m.l3, l4, hdrs, flags, payload, gso as usize)
                 }
                 _ => VnetHdr {
                     flags: F_DATA_VALID,
@@ -533,29 +784,32 @@ impl Coalescer {
 
 /// Puts the folded pseudo-header sum in the TCP checksum field, as `NEEDS_CSUM`
 /// expects (the receiver sums from `csum_start` on top of it).
-fn partial_checksum(frame: &mut [u8], m: &InnerMeta, tcp_len: usize) {
-    let field = m.l4_off + TCP_CSUM_OFFSET;
-    let c = checksum::fold(pseudo_header(m, PROTO_TCP, tcp_len));
+fn partial_checksum(frame: &mut [u8], l4: usize, pseudo: u64, tcp_len: usize) {
+    let field = l4 + TCP_CSUM_OFFSET;
+    let c = checksum::fold(pseudo + tcp_len as u64);
     frame[field..field + 2].copy_from_slice(&c.to_be_bytes());
 }
 
 /// Offload metadata of a frame whose TCP checksum field holds the pseudo-header sum:
 /// `NEEDS_CSUM`, plus GSO when the payload exceeds `gso_size`.
-fn gso_vnet(m: &InnerMeta, tcp_flags: u8, payload: usize, gso_size: usize) -> VnetHdr {
+fn gso_vnet(
+    l3: L3,
+    l4_off: usize,
+    payload_off: usize,
+    tcp_flags: u8,
+    payload: usize,
+    gso_size: usize,
+) -> VnetHdr {
     let mut v = VnetHdr {
         flags: F_NEEDS_CSUM,
         gso_type: 0,
-        hdr_len: m.payload_off as u16,
+        hdr_len: payload_off as u16,
         gso_size: 0,
-        csum_start: m.l4_off as u16,
+        csum_start: l4_off as u16,
         csum_offset: TCP_CSUM_OFFSET as u16,
     };
     if payload > gso_size {
-        v.gso_type = if m.l3 == L3::Ipv4 {
-            GSO_TCPV4
-        } else {
-            GSO_TCPV6
-        };
+        v.gso_type = if l3 == L3::Ipv4 { GSO_TCPV4 } else { GSO_TCPV6 };
         if tcp_flags & TCP_CWR != 0 {
             v.gso_type |= GSO_ECN;
         }
