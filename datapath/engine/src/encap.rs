@@ -13,13 +13,8 @@ use crate::port::Vni;
 use std::net::Ipv6Addr;
 use wire::checksum;
 use wire::ethernet::ethertype;
-use wire::geneve::{self, OxideOption, GENEVE_PORT};
+use wire::geneve::{self, OxideOption, ENCAP_LEN, GENEVE_PORT};
 use wire::MacAddr;
-
-/// Outer Ethernet 14 + IPv6 40 + UDP 8 + Geneve 8 (defined once, in `wire::geneve`).
-pub use wire::geneve::ENCAP_LEN as ENCAP_OVERHEAD;
-/// [`ENCAP_OVERHEAD`] plus the 8-byte Oxide Mss option that every TSO segment carries.
-pub use wire::geneve::ENCAP_LEN_WITH_MSS as ENCAP_OVERHEAD_WITH_MSS;
 
 /// Outer IPv6 hop limit (opte-facts).
 pub const OUTER_HOP_LIMIT: u8 = 128;
@@ -53,7 +48,7 @@ mod field {
 pub struct OuterTemplate {
     /// Ethernet + IPv6 + UDP + Geneve base header + the External option if present;
     /// length fields zero until patched.
-    bytes: [u8; ENCAP_OVERHEAD + EXTERNAL_OPT_LEN],
+    bytes: [u8; ENCAP_LEN + EXTERNAL_OPT_LEN],
     /// Bytes of `bytes` in use (70, or 74 with the External option).
     base_len: usize,
     /// Whether to compute the outer UDP checksum. Off by default: RFC 6935/6936 allow
@@ -76,7 +71,7 @@ impl OuterTemplate {
         external: bool,
         udp_checksum: bool,
     ) -> OuterTemplate {
-        let mut b = [0u8; ENCAP_OVERHEAD + EXTERNAL_OPT_LEN];
+        let mut b = [0u8; ENCAP_LEN + EXTERNAL_OPT_LEN];
         b[0..6].copy_from_slice(dst_mac.as_bytes());
         b[6..12].copy_from_slice(src_mac.as_bytes());
         b[field::ETH_TYPE].copy_from_slice(&ethertype::IPV6.to_be_bytes());
@@ -90,7 +85,7 @@ impl OuterTemplate {
         b[field::IPV6_DST].copy_from_slice(&dst.octets());
         b[field::UDP..field::UDP + 2].copy_from_slice(&udp_src_port.to_be_bytes());
         b[field::UDP + 2..field::UDP + 4].copy_from_slice(&GENEVE_PORT.to_be_bytes());
-        let mut base_len = ENCAP_OVERHEAD;
+        let mut base_len = ENCAP_LEN;
         let mut g = geneve::Packet::new_unchecked(&mut b[field::GENEVE..]);
         g.set_version0_and_options_len(0);
         g.set_flags(false, false); // our options are all non-critical
@@ -143,7 +138,7 @@ impl OuterTemplate {
             let _ = OxideOption::Mss(mss).emit(&mut h[self.base_len..]);
         }
         geneve::Packet::new_unchecked(&mut h[field::GENEVE..])
-            .set_version0_and_options_len(hlen - ENCAP_OVERHEAD);
+            .set_version0_and_options_len(hlen - ENCAP_LEN);
         let udp_len = (hlen - field::UDP + inner_len) as u16;
         h[field::IPV6_PAYLOAD_LEN].copy_from_slice(&udp_len.to_be_bytes());
         h[field::UDP_LEN].copy_from_slice(&udp_len.to_be_bytes());
@@ -240,8 +235,8 @@ mod tests {
     #[test]
     fn plain_and_external_lengths() {
         let t = template(false, false);
-        assert_eq!(t.header_len(false), ENCAP_OVERHEAD);
-        assert_eq!(t.header_len(true), ENCAP_OVERHEAD_WITH_MSS);
+        assert_eq!(t.header_len(false), ENCAP_LEN);
+        assert_eq!(t.header_len(true), geneve::ENCAP_LEN_WITH_MSS);
         let mut out = TxBatch::new();
         let d = TxDest::Underlay { ifindex: 2 };
         assert_eq!(t.encapsulate(&[1, 2, 3, 4], None, d, &mut out), 74);

@@ -80,6 +80,21 @@ impl TxBatch {
         &mut self.buf[start..end]
     }
 
+    /// Grows the most recently pushed frame by `extra` bytes and returns the whole
+    /// frame; its existing bytes stay, the new ones are unspecified (as with
+    /// [`TxBatch::push_unzeroed`]). For the coalescer, which appends segments to a
+    /// frame it builds in place. `None` when the batch is empty.
+    pub fn extend_last(&mut self, extra: usize) -> Option<&mut [u8]> {
+        let f = self.frames.last_mut()?;
+        let end = f.range.end + extra;
+        if self.buf.len() < end {
+            self.buf.resize(end, 0);
+        }
+        f.range.end = end;
+        self.used = end;
+        Some(&mut self.buf[f.range.clone()])
+    }
+
     /// Shrinks the most recently pushed frame to `len` bytes (for emitters that reserve
     /// the maximum and learn the real size as they write).
     pub fn truncate_last(&mut self, len: usize) {
@@ -136,6 +151,23 @@ mod tests {
         assert_eq!(b.iter().next().unwrap().1, &[7; 10]);
         b.clear();
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn extend_last_keeps_the_frame_and_grows_it() {
+        let mut b = TxBatch::new();
+        let d = TxDest::Underlay { ifindex: 1 };
+        assert!(b.extend_last(4).is_none());
+        b.push(d, 2).copy_from_slice(&[1, 2]);
+        b.push(d, 3).copy_from_slice(&[3, 4, 5]);
+        let f = b.extend_last(2).unwrap();
+        assert_eq!(&f[..3], &[3, 4, 5]);
+        f[3..].copy_from_slice(&[6, 7]);
+        assert_eq!(b.frame(0).unwrap().1, &[1, 2]);
+        assert_eq!(b.frame(1).unwrap().1, &[3, 4, 5, 6, 7]);
+        b.truncate_last(3);
+        assert_eq!(b.push(d, 1), &[0]);
+        assert_eq!(b.frame(1).unwrap().1, &[3, 4, 5]);
     }
 
     #[test]

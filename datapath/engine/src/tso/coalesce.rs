@@ -664,11 +664,10 @@ impl Coalescer {
         let payload = &frame[hdrs..end];
         match p.place {
             Place::Batch { .. } => {
-                // Still the batch's last frame (checked on entry to `push`): taking it
-                // off and pushing it back longer hands out the same bytes, the new ones
-                // past its end (`push_unzeroed` leaves earlier contents in place).
-                out.pop();
-                let f = out.push_unzeroed(p.dest, new);
+                // Still the batch's last frame (checked on entry to `push`).
+                let Some(f) = out.extend_last(new - old) else {
+                    return false;
+                };
                 let psum = checksum::copy_and_sum(&mut f[old..new], payload, 0);
                 if !tcp_sum_ok(p.pseudo, &frame[m.l4_off..hdrs], psum, payload.len()) {
                     out.truncate_last(old);

@@ -16,10 +16,11 @@ mod coalesce;
 
 pub use coalesce::{CoalesceStats, Coalescer};
 
-use crate::encap::{OuterTemplate, ENCAP_OVERHEAD_WITH_MSS};
+use crate::encap::OuterTemplate;
 use crate::output::{TxBatch, TxDest};
 use std::net::IpAddr;
 use wire::checksum;
+use wire::geneve::ENCAP_LEN_WITH_MSS;
 use wire::meta::{InnerMeta, L3};
 use wire::vnet::{VnetHdr, GSO_TCPV4, GSO_TCPV6};
 use wire::MacAddr;
@@ -130,7 +131,7 @@ impl core::fmt::Display for TsoDrop {
 /// Assumes no External option (sleds never set it on guest traffic).
 pub fn internal_segment_size(underlay_mtu: u16, meta: &InnerMeta) -> usize {
     // 78 counts the inner Ethernet header (14); `payload_off` counts it too.
-    const OUTER_IN_MTU: usize = ENCAP_OVERHEAD_WITH_MSS - 14;
+    const OUTER_IN_MTU: usize = ENCAP_LEN_WITH_MSS - 14;
     usize::from(underlay_mtu)
         .saturating_sub(OUTER_IN_MTU)
         .saturating_sub(meta.payload_off)
