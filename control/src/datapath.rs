@@ -4,7 +4,8 @@
 //! Threading choice for this slice: one worker thread owns everything — the engine,
 //! the taps, the AF_XDP sockets and the controller. API requests arrive over a
 //! channel and are applied between batches, so the fast path takes no lock and a
-//! batch never sees configuration change half-way. The worker is pinned to the first
+//! batch never sees configuration change half-way. Underlay next hops are resolved
+//! by a helper thread ([`crate::neighbours`]): the worker never waits on netlink. The worker is pinned to the first
 //! configured core; more cores need the engine split per worker (per-queue flow
 //! tables), which is future work.
 //!
@@ -24,9 +25,8 @@ use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::{Engine, EngineConfig, PortId, TxBatch, TxDest, Vni};
 use ipnet::IpNet;
 use serde::Serialize;
-use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -84,14 +84,38 @@ pub struct Datapath {
     epoch: Instant,
 }
 
-/// The engine's configuration from the daemon's and the underlay link's MTU.
+/// The engine's configuration from the daemon's and the underlay link's MTU, with a
+/// flow-table hash seed drawn for this process.
 pub fn engine_config(cfg: &DaemonConfig, underlay_mtu: u32) -> Result<EngineConfig, String> {
     let mut e = EngineConfig::new(cfg.underlay_addr);
     e.underlay_mtu = u16::try_from(underlay_mtu)
         .map_err(|_| format!("underlay MTU {underlay_mtu} is above 65535"))?;
     e.external_jumbo = cfg.external_jumbo;
     e.boundary_services = cfg.boundary_services.map(|a| (a, cfg.boundary_vni));
+    e.hash_seed = random_seed()?;
     Ok(e)
+}
+
+/// 64 bits from the kernel's CSPRNG (getrandom(2)). Remote peers choose inbound
+/// flow keys, so the flow and connection tables' hash must be keyed with a value
+/// they cannot know or predict; the engine makes no syscalls and takes it from us.
+fn random_seed() -> Result<u64, String> {
+    let mut b = [0u8; 8];
+    loop {
+        // SAFETY: `b` is valid for writes of b.len() bytes; flags 0 = the urandom
+        // source, blocking only until the pool is first initialised.
+        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+        match usize::try_from(n) {
+            Ok(n) if n == b.len() => return Ok(u64::from_ne_bytes(b)),
+            Ok(n) => return Err(format!("getrandom returned {n} of {} bytes", b.len())),
+            Err(_) => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(format!("cannot draw the flow hash seed: {e}"));
+                }
+            }
+        }
+    }
 }
 
 impl Datapath {
@@ -307,10 +331,12 @@ impl Dataplane for Datapath {
             }
             Inspect::Stats { port: None } => {
                 let links = self.underlay.as_mut().map(|u| u.stats());
+                let next_hops = self.underlay.as_ref().map(|u| u.next_hops.stats());
                 json(serde_json::to_value(serde_json::json!({
                     "engine": self.engine.stats(),
                     "worker": &self.stats,
                     "underlay": links,
+                    "next_hops": next_hops,
                 })))
             }
         }
@@ -376,22 +402,6 @@ fn engine_fw_rules(r: &FwRule) -> Result<Vec<EngineFwRule>, String> {
         .collect()
 }
 
-/// The engine's view of underlay next hops, backed by the kernel's neighbour table.
-/// A miss is `None` (the engine counts `underlay_unresolved`) and queues a
-/// resolution, done between batches by [`Underlay::refresh_neighbours`].
-struct KernelRoutes<'a>(RefCell<&'a mut dpio::netlink::NeighbourCache>);
-
-impl engine::UnderlayRoutes for KernelRoutes<'_> {
-    fn next_hop(&self, dst: Ipv6Addr) -> Option<engine::NextHop> {
-        let nh = self.0.borrow_mut().lookup(dst)?;
-        Some(engine::NextHop {
-            ifindex: nh.ifindex,
-            src_mac: nh.src_mac,
-            dst_mac: nh.dst_mac,
-        })
-    }
-}
-
 /// Runs the worker until `stop` is set: frames between taps and the underlay through
 /// the engine, API requests between batches, timers every [`TICK`].
 pub fn run_worker(ctl: &mut Controller<Datapath>, requests: &RequestRx, stop: &AtomicBool) {
@@ -432,7 +442,7 @@ impl Datapath {
         let mut got = 0;
         batch.clear();
         {
-            let routes = KernelRoutes(RefCell::new(&mut underlay.neighbours));
+            let routes = &underlay.next_hops;
             for slot in self.ports.values_mut() {
                 let Some(tap) = slot.tap.as_mut() else {
                     continue;
@@ -444,7 +454,7 @@ impl Datapath {
                             self.stats.tap_rx_frames += 1;
                             let frame = buf.get(..len).unwrap_or(&[]);
                             self.engine
-                                .process_guest(slot.id, vnet, frame, now, &routes, batch);
+                                .process_guest(slot.id, vnet, frame, now, routes, batch);
                         }
                         Ok(None) => break,
                         Err(e) => {
@@ -459,7 +469,7 @@ impl Datapath {
                 for sock in &mut link.sockets {
                     let engine = &mut self.engine;
                     let n = sock.recv_batch(BATCH, |frame| {
-                        engine.process_underlay(frame, now, &routes, batch);
+                        engine.process_underlay(frame, now, routes, batch);
                     });
                     self.stats.underlay_rx_frames += n as u64;
                     got += n;
@@ -468,20 +478,26 @@ impl Datapath {
         }
         self.engine.end_of_batch(batch);
         self.drain(batch);
-        // A next hop the engine just missed is resolved now rather than at the next
-        // tick, so only the first packet toward a new sled is lost.
-        if let Some(u) = self.underlay.as_mut() {
-            u.refresh_neighbours(Instant::now());
-        }
+        self.sync_next_hops();
         got
     }
 
-    /// Timers: the engine's (RAs, expiry) and the neighbour cache's refresh, which
-    /// talks netlink and so stays off the per-frame path.
-    fn tick(&mut self, batch: &mut TxBatch) {
-        if let Some(u) = self.underlay.as_mut() {
-            u.refresh_neighbours(Instant::now());
+    /// Hands the next hops the engine just missed to the resolver (so only the
+    /// first packets toward a new sled are lost) and takes the resolver's newest
+    /// table for the next batch. Flows compiled with a next hop that has since
+    /// changed or gone are dropped, so they are recompiled with the new one.
+    fn sync_next_hops(&mut self) {
+        let Some(u) = self.underlay.as_mut() else {
+            return;
+        };
+        if u.next_hops.sync(Instant::now()) {
+            tracing::debug!("underlay next hop changed; recompiling flows");
+            self.engine.invalidate_next_hops();
         }
+    }
+
+    /// The engine's timers: unsolicited RAs, flow expiry.
+    fn tick(&mut self, batch: &mut TxBatch) {
         batch.clear();
         let now = self.now();
         self.engine.tick(now, batch);
@@ -574,4 +590,33 @@ pub fn pin_to_core(core: usize) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every daemon draws its own seed: never the engine's fixed test default, and
+    /// two draws differ (a collision has probability 2^-64).
+    #[test]
+    fn engine_config_has_a_random_hash_seed() {
+        let cfg = DaemonConfig {
+            underlay: vec!["eth1".into()],
+            underlay_addr: "fd00::1".parse().unwrap(),
+            api_socket: "/run/overlayd/api.sock".into(),
+            state_dir: "/var/lib/overlayd".into(),
+            cores: Vec::new(),
+            external_jumbo: false,
+            boundary_services: None,
+            boundary_vni: Vni::new(99).unwrap(),
+            xdp_mode: crate::config::XdpMode::Native,
+            log_level: "info".into(),
+        };
+        let fixed = EngineConfig::new(cfg.underlay_addr).hash_seed;
+        let a = engine_config(&cfg, 9000).unwrap();
+        let b = engine_config(&cfg, 9000).unwrap();
+        assert_ne!(a.hash_seed, fixed);
+        assert_ne!(a.hash_seed, b.hash_seed);
+        assert_eq!(a.underlay_mtu, 9000);
+    }
 }

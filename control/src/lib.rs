@@ -11,6 +11,7 @@ pub mod config;
 pub mod controller;
 pub mod daemon;
 pub mod datapath;
+pub mod neighbours;
 pub mod ra_listen;
 pub mod server;
 pub mod state;

@@ -15,7 +15,7 @@ use std::net::Ipv6Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 use wire::icmpv6::msg;
-use wire::ndp::{self, PrefixInfo};
+use wire::ndp::{self, RaSummary};
 use wire::MacAddr;
 
 /// All-routers link-local multicast (RFC 4291), where a Router Solicitation goes.
@@ -31,16 +31,10 @@ pub struct RaReport {
     /// The IPv6 hop limit the RA arrived with: RFC 4861 §6.1.2 requires 255 (proof it
     /// was not forwarded).
     pub ip_hop_limit: Option<u8>,
-    /// The hop limit the router tells hosts to use (0 = unspecified).
-    pub cur_hop_limit: u8,
-    pub managed: bool,
-    pub other: bool,
-    pub router_lifetime_s: u16,
-    pub reachable_ms: u32,
-    pub retrans_ms: u32,
-    pub mtu: Option<u32>,
-    pub source_lladdr: Option<MacAddr>,
-    pub prefix: Option<PrefixInfo>,
+    /// The RA's own fields, decoded by the same `wire::ndp` code the gateway's `ra`
+    /// inspection uses (so both print the same names).
+    #[serde(flatten)]
+    pub ra: RaSummary,
     /// How long after the last Router Solicitation the RA arrived (an unsolicited
     /// RA may arrive sooner than any answer could).
     pub after_ms: u128,
@@ -57,39 +51,16 @@ impl RaReport {
         ip_hop_limit: Option<u8>,
         after: Duration,
     ) -> Result<RaReport, String> {
-        let p = ndp::Packet::new_checked(msg_bytes)
+        let ra = RaSummary::decode(msg_bytes, source, destination)
             .map_err(|e| format!("ICMPv6 message from {source}: {e}"))?;
-        match ndp::Repr::parse(&p, source, destination)
-            .map_err(|e| format!("NDP message from {source}: {e}"))?
-        {
-            ndp::Repr::RouterAdvert {
-                hop_limit,
-                managed,
-                other,
-                router_lifetime,
-                reachable_time,
-                retrans_time,
-                lladdr,
-                mtu,
-                prefix_info,
-            } => Ok(RaReport {
-                interface: interface.to_string(),
-                source,
-                destination,
-                ip_hop_limit,
-                cur_hop_limit: hop_limit,
-                managed,
-                other,
-                router_lifetime_s: router_lifetime,
-                reachable_ms: reachable_time,
-                retrans_ms: retrans_time,
-                mtu,
-                source_lladdr: lladdr,
-                prefix: prefix_info,
-                after_ms: after.as_millis(),
-            }),
-            other => Err(format!("message from {source} is not an RA: {other}")),
-        }
+        Ok(RaReport {
+            interface: interface.to_string(),
+            source,
+            destination,
+            ip_hop_limit,
+            ra,
+            after_ms: after.as_millis(),
+        })
     }
 
     /// Problems a guest would have with this RA, per RFC 4861 and our gateway's
@@ -108,12 +79,12 @@ impl RaReport {
                 self.source
             ));
         }
-        match self.mtu {
+        match self.ra.mtu {
             None => w.push("no MTU option: the guest keeps its link's MTU".into()),
             Some(m) if m < 1280 => w.push(format!("MTU {m} is below 1280: hosts ignore it")),
             Some(_) => {}
         }
-        if self.router_lifetime_s == 0 {
+        if self.ra.router_lifetime_s == 0 {
             w.push("router lifetime 0: not a default router".into());
         }
         w
@@ -135,27 +106,27 @@ impl core::fmt::Display for RaReport {
             "  IPv6 hop limit      {}",
             opt(self.ip_hop_limit.map(|h| h.to_string()))
         )?;
-        writeln!(f, "  cur hop limit       {}", self.cur_hop_limit)?;
+        writeln!(f, "  cur hop limit       {}", self.ra.cur_hop_limit)?;
         writeln!(
             f,
             "  flags               M={} O={}",
-            u8::from(self.managed),
-            u8::from(self.other)
+            u8::from(self.ra.managed),
+            u8::from(self.ra.other)
         )?;
-        writeln!(f, "  router lifetime     {} s", self.router_lifetime_s)?;
-        writeln!(f, "  reachable time      {} ms", self.reachable_ms)?;
-        writeln!(f, "  retrans timer       {} ms", self.retrans_ms)?;
+        writeln!(f, "  router lifetime     {} s", self.ra.router_lifetime_s)?;
+        writeln!(f, "  reachable time      {} ms", self.ra.reachable_time_ms)?;
+        writeln!(f, "  retrans timer       {} ms", self.ra.retrans_time_ms)?;
         writeln!(
             f,
             "  MTU                 {}",
-            opt(self.mtu.map(|m| m.to_string()))
+            opt(self.ra.mtu.map(|m| m.to_string()))
         )?;
         writeln!(
             f,
             "  source link-layer   {}",
-            opt(self.source_lladdr.map(|m| m.to_string()))
+            opt(self.ra.source_link_layer_addr.map(|m| m.to_string()))
         )?;
-        if let Some(p) = &self.prefix {
+        if let Some(p) = &self.ra.prefix_info {
             writeln!(
                 f,
                 "  prefix              {}/{} L={} A={} valid {} s preferred {} s",
@@ -498,11 +469,14 @@ mod tests {
         let b = ra_bytes(Some(8500), src, dst);
         let r =
             RaReport::decode("eth0", &b, src, dst, Some(255), Duration::from_millis(3)).unwrap();
-        assert_eq!(r.mtu, Some(8500));
-        assert!(r.managed && !r.other);
-        assert_eq!(r.router_lifetime_s, 9000);
-        assert_eq!(r.cur_hop_limit, 255);
-        assert_eq!(r.source_lladdr.unwrap().to_string(), "a8:40:25:00:00:01");
+        assert_eq!(r.ra.mtu, Some(8500));
+        assert!(r.ra.managed && !r.ra.other);
+        assert_eq!(r.ra.router_lifetime_s, 9000);
+        assert_eq!(r.ra.cur_hop_limit, 255);
+        assert_eq!(
+            r.ra.source_link_layer_addr.unwrap().to_string(),
+            "a8:40:25:00:00:01"
+        );
         assert!(r.warnings().is_empty(), "{:?}", r.warnings());
         let text = r.to_string();
         assert!(text.contains("MTU                 8500"), "{text}");

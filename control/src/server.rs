@@ -8,7 +8,7 @@
 
 use crate::api::{self, Outcome, Request, MAX_LINE};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,17 +56,17 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
-    /// Binds `path` (root-only: the directory is created 0700 and the socket chmod
-    /// 0600) and starts accepting. A stale socket from a previous run is replaced; a
-    /// live one (another daemon answering) is an error.
+    /// Binds `path` and starts accepting. The API is root-only: the socket's
+    /// directory is made private first (see [`private_dir`]), so the socket is
+    /// unreachable by anyone else from the moment it exists, and then it is chmod
+    /// 0600. A stale socket from a previous run is replaced; a live one (another
+    /// daemon answering) is an error.
     pub fn start(path: &Path, requests: RequestTx) -> Result<ApiServer, String> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        }
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        private_dir(dir)?;
         if path.exists() {
             if UnixStream::connect(path).is_ok() {
                 return Err(format!(
@@ -111,6 +111,50 @@ impl Drop for ApiServer {
         }
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// Makes `dir` a directory only its owner (this process's user) can enter: created
+/// 0700 when missing; when it exists it must be a directory owned by us and not a
+/// shared sticky one such as /tmp (chmod 0700 there would break the system), and its
+/// mode is then forced to 0700, since `DirBuilder::mode` does nothing to a directory
+/// that already exists. Binding inside it leaves no window in which another user
+/// can connect before the socket's own mode is set.
+fn private_dir(dir: &Path) -> Result<(), String> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let meta = std::fs::metadata(dir).map_err(|e| format!("cannot stat {}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!(
+            "API socket directory {} is not a directory",
+            dir.display()
+        ));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!(
+            "API socket directory {} is owned by uid {}, not by us (uid {me}): refusing to \
+             serve the API from a directory another user controls",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & libc::S_ISVTX != 0 {
+        return Err(format!(
+            "API socket directory {} is a shared sticky directory (mode {:o}): give the \
+             socket a directory of its own",
+            dir.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    if meta.mode() & 0o777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("cannot make {} private (chmod 0700): {e}", dir.display()))?;
+    }
+    Ok(())
 }
 
 fn accept_loop(listener: UnixListener, requests: RequestTx, stop: Arc<AtomicBool>) {
@@ -179,4 +223,71 @@ fn submit(requests: &RequestTx, request: Request) -> Outcome {
     }
     rx.recv()
         .unwrap_or_else(|_| Outcome::Error("the daemon is shutting down".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().mode() & 0o7777
+    }
+
+    /// A directory that already exists with a looser mode is tightened to 0700 (a
+    /// `DirBuilder` mode would leave it alone), and the socket is 0600.
+    #[test]
+    fn existing_dir_is_made_private_and_socket_is_0600() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(mode(&dir), 0o755);
+        let sock = dir.join("api.sock");
+        let (tx, _rx) = request_channel();
+        let server = ApiServer::start(&sock, tx).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        let meta = std::fs::symlink_metadata(&sock).unwrap();
+        assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
+        assert_eq!(meta.mode() & 0o7777, 0o600);
+        drop(server);
+        assert!(!sock.exists(), "socket removed on drop");
+    }
+
+    /// A missing directory (and its parents) is created 0700.
+    #[test]
+    fn missing_dir_is_created_private() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("a/b");
+        let (tx, _rx) = request_channel();
+        let _server = ApiServer::start(&dir.join("api.sock"), tx).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+    }
+
+    /// A directory owned by another user, or a shared sticky one, is refused and
+    /// left as it was.
+    #[test]
+    fn foreign_or_shared_dir_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let foreign = tmp.path().join("foreign");
+        std::fs::create_dir(&foreign).unwrap();
+        std::fs::set_permissions(&foreign, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(&foreign, Some(65534), None).unwrap();
+        let (tx, _rx) = request_channel();
+        let err = ApiServer::start(&foreign.join("api.sock"), tx)
+            .err()
+            .unwrap();
+        assert!(err.contains("owned by uid 65534"), "{err}");
+        assert_eq!(mode(&foreign), 0o755);
+
+        let shared = tmp.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let (tx, _rx) = request_channel();
+        let err = ApiServer::start(&shared.join("api.sock"), tx)
+            .err()
+            .unwrap();
+        assert!(err.contains("sticky"), "{err}");
+        assert_eq!(mode(&shared), 0o1777);
+        assert!(!shared.join("api.sock").exists());
+    }
 }

@@ -1,27 +1,16 @@
 //! The daemon's underlay edge: for each underlay interface, the link facts, the
 //! attached XDP steering program and one AF_XDP socket per receive queue, all on one
-//! shared UMEM; plus the kernel-neighbour-backed next-hop cache the engine asks when
-//! it encapsulates.
+//! shared UMEM; plus the next hops the engine asks when it encapsulates (resolved
+//! off the worker thread, see [`crate::neighbours`]).
 
 use crate::config::{DaemonConfig, XdpMode};
-use dpio::netlink::{NeighbourCache, Netlink};
+use crate::neighbours::NextHops;
+use dpio::netlink::Netlink;
 use dpio::xdp::{AttachMode, SteeringProgram};
-use dpio::xsk::{BindMode, TxError, Umem, XskConfig, XskSocket};
+use dpio::xsk::{BindMode, TxError, Umem, XskConfig, XskSocket, XskStats};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::Ipv6Addr;
-use std::time::{Duration, Instant};
-
-/// How long a resolved next hop is trusted before it is re-read from the kernel
-/// (MAC and route changes show up within this time).
-const NEIGHBOUR_MAX_AGE: Duration = Duration::from_secs(5);
-
-/// Shortest time between two neighbour refreshes.
-const NEIGHBOUR_MIN_INTERVAL: Duration = Duration::from_millis(20);
-
-/// Refreshes an unresolved destination is retried for (at least 20 ms apart, so
-/// about as long as the kernel's own NDP attempts).
-const UNRESOLVED_RETRIES: u32 = 150;
 
 /// One underlay interface.
 pub struct UnderlayLink {
@@ -37,12 +26,7 @@ pub struct UnderlayLink {
 /// All underlay interfaces and what serves them.
 pub struct Underlay {
     pub links: Vec<UnderlayLink>,
-    pub neighbours: NeighbourCache,
-    /// When a refresh last ran: bounds netlink traffic while a destination stays
-    /// unresolved and every batch records a miss for it.
-    last_refresh: Option<Instant>,
-    /// Destinations being resolved, with how many refreshes have tried them.
-    pending: Vec<(Ipv6Addr, u32)>,
+    pub next_hops: NextHops,
     /// Kept alive while sockets use it.
     _umem: Umem,
 }
@@ -111,10 +95,7 @@ impl Underlay {
         }
         Ok(Underlay {
             links,
-            neighbours: NeighbourCache::new(NEIGHBOUR_MAX_AGE)
-                .map_err(|e| format!("neighbour cache: {e}"))?,
-            last_refresh: None,
-            pending: Vec::new(),
+            next_hops: NextHops::start()?,
             _umem: umem,
         })
     }
@@ -147,41 +128,6 @@ impl Underlay {
         for l in &mut self.links {
             if let Some(s) = l.sockets.first_mut() {
                 s.kick();
-            }
-        }
-    }
-
-    /// Re-reads stale or missing next hops from the kernel; called between batches.
-    /// Destinations still unresolved are retried on later calls until the kernel has
-    /// them (or [`UNRESOLVED_RETRIES`] calls later), so the cache learns a neighbour
-    /// as soon as NDP completes, not only when the next packet misses again.
-    pub fn refresh_neighbours(&mut self, now: Instant) {
-        if self
-            .last_refresh
-            .is_some_and(|t| now.duration_since(t) < NEIGHBOUR_MIN_INTERVAL)
-        {
-            return;
-        }
-        if !self.pending.is_empty() {
-            self.last_refresh = Some(now);
-            let cache = &mut self.neighbours;
-            self.pending.retain_mut(|(dst, tries)| {
-                *tries += 1;
-                !matches!(cache.resolve(*dst), Ok(Some(_))) && *tries < UNRESOLVED_RETRIES
-            });
-        }
-        if self.neighbours.needs_refresh(now) {
-            self.last_refresh = Some(now);
-            match self.neighbours.refresh(now) {
-                Ok(unresolved) => {
-                    for dst in unresolved {
-                        if !self.pending.iter().any(|(d, _)| *d == dst) {
-                            tracing::debug!(%dst, "underlay next hop unresolved; resolving");
-                            self.pending.push((dst, 0));
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "neighbour refresh failed"),
             }
         }
     }
@@ -228,54 +174,26 @@ pub struct LinkStats {
     pub xsk: Vec<XskCounters>,
 }
 
-/// `dpio::xsk::XskStats` in serialisable form, with the queue it belongs to.
+/// One socket's counters with the queue it belongs to; the counters are dpio's own
+/// type, flattened, so a counter added there shows up here without a copy.
 #[derive(Debug, Serialize)]
 pub struct XskCounters {
     pub queue: u32,
-    pub rx_frames: u64,
-    pub rx_bytes: u64,
-    pub rx_multi_buffer: u64,
-    pub rx_oversize: u64,
-    pub rx_invalid_desc: u64,
-    pub tx_frames: u64,
-    pub tx_bytes: u64,
-    pub tx_full: u64,
-    pub tx_invalid: u64,
-    pub tx_kick_errors: u64,
-    pub kernel_rx_dropped: u64,
-    pub kernel_rx_invalid_descs: u64,
-    pub kernel_tx_invalid_descs: u64,
-    pub kernel_rx_ring_full: u64,
-    pub kernel_rx_fill_ring_empty_descs: u64,
-    pub kernel_tx_ring_empty_descs: u64,
-    /// Set when the kernel's part could not be read.
+    #[serde(flatten)]
+    pub stats: XskStats,
+    /// Set when the kernel's part could not be read (the kernel counters are then 0).
     pub error: Option<String>,
 }
 
 impl XskCounters {
     fn read(s: &XskSocket) -> XskCounters {
-        let (st, error) = match s.stats() {
+        let (stats, error) = match s.stats() {
             Ok(st) => (st, None),
-            Err(e) => (Default::default(), Some(e.to_string())),
+            Err(e) => (XskStats::default(), Some(e.to_string())),
         };
         XskCounters {
             queue: s.queue(),
-            rx_frames: st.rx_frames,
-            rx_bytes: st.rx_bytes,
-            rx_multi_buffer: st.rx_multi_buffer,
-            rx_oversize: st.rx_oversize,
-            rx_invalid_desc: st.rx_invalid_desc,
-            tx_frames: st.tx_frames,
-            tx_bytes: st.tx_bytes,
-            tx_full: st.tx_full,
-            tx_invalid: st.tx_invalid,
-            tx_kick_errors: st.tx_kick_errors,
-            kernel_rx_dropped: st.kernel_rx_dropped,
-            kernel_rx_invalid_descs: st.kernel_rx_invalid_descs,
-            kernel_tx_invalid_descs: st.kernel_tx_invalid_descs,
-            kernel_rx_ring_full: st.kernel_rx_ring_full,
-            kernel_rx_fill_ring_empty_descs: st.kernel_rx_fill_ring_empty_descs,
-            kernel_tx_ring_empty_descs: st.kernel_tx_ring_empty_descs,
+            stats,
             error,
         }
     }

@@ -44,7 +44,7 @@ pub enum Counter {
     RedirectFailed = 1,
     /// Shorter than the headers being parsed.
     PassedTruncated = 2,
-    /// Not IPv6 (after at most one 802.1Q tag): ARP, IPv4, LLDP, ...
+    /// Not IPv6: ARP, IPv4, LLDP, ...
     PassedNotIpv6 = 3,
     /// IPv6 whose next header is not UDP (NDP, ICMPv6, TCP, extension headers).
     PassedNotUdp = 4,
@@ -52,11 +52,14 @@ pub enum Counter {
     PassedNotGeneve = 5,
     /// Geneve to an address that is not one of this sled's underlay addresses.
     PassedNotOurs = 6,
+    /// 802.1Q or 802.1ad tagged: the engine parses untagged underlay frames only,
+    /// so tagged ones are the kernel's (a VLAN interface may take them).
+    PassedVlanTagged = 7,
 }
 
 impl Counter {
     /// Every counter, in map index order.
-    pub const ALL: [Counter; 7] = [
+    pub const ALL: [Counter; 8] = [
         Counter::Redirected,
         Counter::RedirectFailed,
         Counter::PassedTruncated,
@@ -64,6 +67,7 @@ impl Counter {
         Counter::PassedNotUdp,
         Counter::PassedNotGeneve,
         Counter::PassedNotOurs,
+        Counter::PassedVlanTagged,
     ];
 
     /// The counter's name as used in stats output and docs.
@@ -76,6 +80,7 @@ impl Counter {
             Counter::PassedNotUdp => "passed_not_udp",
             Counter::PassedNotGeneve => "passed_not_geneve",
             Counter::PassedNotOurs => "passed_not_ours",
+            Counter::PassedVlanTagged => "passed_vlan_tagged",
         }
     }
 }

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 //
-// Steers this sled's Geneve traffic (Ethernet [+ one 802.1Q tag] / IPv6 /
-// UDP dst 6081, IPv6 destination one of our underlay addresses) into the
-// AF_XDP socket bound to the receiving queue. Everything else goes to the
-// kernel (XDP_PASS): NDP, ICMPv6, management traffic, other tunnels.
+// Steers this sled's Geneve traffic (untagged Ethernet / IPv6 / UDP dst 6081,
+// IPv6 destination one of our underlay addresses) into the AF_XDP socket bound
+// to the receiving queue. Everything else goes to the kernel (XDP_PASS): NDP,
+// ICMPv6, management traffic, other tunnels, and VLAN-tagged frames: the
+// engine's underlay parser takes untagged frames only, so a tagged frame
+// steered to AF_XDP would be dropped there, while the kernel (a VLAN
+// interface, a bridge) may know what to do with it.
 //
 // The section is `xdp.frags` so the program accepts multi-buffer frames: veth
 // refuses an MTU above ~3.5 KB with a native XDP program that is not
@@ -20,6 +23,7 @@
 
 #define GENEVE_PORT 6081
 #define ETH_P_8021Q_ 0x8100
+#define ETH_P_8021AD_ 0x88A8
 #define ETH_P_IPV6_ 0x86DD
 
 // Counter indices: the order is the `Counter` enum in xdp-prog/src/lib.rs.
@@ -31,7 +35,8 @@ enum counter {
 	C_PASSED_NOT_UDP = 4,
 	C_PASSED_NOT_GENEVE = 5,
 	C_PASSED_NOT_OURS = 6,
-	C_MAX = 7,
+	C_PASSED_VLAN_TAGGED = 7,
+	C_MAX = 8,
 };
 
 struct in6_key {
@@ -79,14 +84,8 @@ int steer(struct xdp_md *ctx)
 	if ((void *)(eth + 1) > data_end)
 		return count(C_PASSED_TRUNCATED, XDP_PASS);
 	__u16 proto = eth->h_proto;
-	if (proto == bpf_htons(ETH_P_8021Q_)) {
-		// 802.1Q tag: 2 bytes TCI, 2 bytes inner ethertype.
-		__be16 *inner = data + off + 2;
-		if ((void *)(inner + 1) > data_end)
-			return count(C_PASSED_TRUNCATED, XDP_PASS);
-		proto = *inner;
-		off += 4;
-	}
+	if (proto == bpf_htons(ETH_P_8021Q_) || proto == bpf_htons(ETH_P_8021AD_))
+		return count(C_PASSED_VLAN_TAGGED, XDP_PASS);
 	if (proto != bpf_htons(ETH_P_IPV6_))
 		return count(C_PASSED_NOT_IPV6, XDP_PASS);
 

@@ -5,7 +5,7 @@
 //! - [`xsk`]: AF_XDP sockets on a shared UMEM (own thin libc layer).
 //! - [`tap`]: persistent tap ports with `virtio_net_hdr` offloads for guests.
 //! - [`netlink`]: link facts, IPv6 neighbour and route lookups, the fast-path
-//!   [`netlink::NeighbourCache`].
+//!   [`netlink::NeighbourCache`] (slow path: the daemon runs it on its own thread).
 //! - [`netns`]: running a closure inside a named network namespace.
 //!
 //! Every `unsafe` block is a syscall or a read/write of kernel-shared memory

@@ -9,7 +9,6 @@
 //! A [`Netlink`] socket belongs to the network namespace of the thread that
 //! opened it, which is how the tests and the daemon address other namespaces.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv6Addr, UdpSocket};
@@ -467,23 +466,66 @@ pub struct NextHop {
     pub dst_mac: MacAddr,
 }
 
-/// Fast-path cache of underlay next hops, filled from the kernel's route and
-/// neighbour tables.
+/// The kernel's view of underlay next hops, cached: route + neighbour lookups
+/// per destination, kept in a HashMap.
 ///
-/// [`NeighbourCache::lookup`] is a HashMap probe. Misses are recorded and
-/// resolved by [`NeighbourCache::refresh`], which the daemon calls from its
-/// slow path (periodically and after a batch with misses): the fast path
-/// never blocks on netlink.
+/// Every method that refreshes does netlink round trips (three per destination),
+/// so this belongs to a slow-path thread, never to the datapath worker: the
+/// daemon runs it on a resolver thread and publishes [`NeighbourCache::entries`]
+/// to the worker as an immutable snapshot. What [`NeighbourCache::update`] and
+/// [`NeighbourCache::refresh`] report tells the daemon whether flows compiled
+/// with an older next hop must be recompiled.
 pub struct NeighbourCache {
     nl: Netlink,
     entries: HashMap<Ipv6Addr, NextHop>,
-    /// Destinations looked up without an entry since the last refresh. A
-    /// `RefCell` so that [`NeighbourCache::lookup`] takes `&self` and can back
-    /// the engine's `UnderlayRoutes::next_hop(&self, ..)` directly.
-    misses: RefCell<Vec<Ipv6Addr>>,
     last_refresh: Option<Instant>,
     /// Entries older than this are re-read from the kernel (MAC changes, route changes).
     max_age: Duration,
+}
+
+/// What one pass over some destinations did to the cache.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Refresh {
+    /// Destinations without a usable neighbour (resolution was requested); they
+    /// are not in the cache.
+    pub unresolved: Vec<Ipv6Addr>,
+    /// A cached next hop changed (interface or MAC) or disappeared: anything
+    /// compiled with the old one sends to the wrong place and must be redone.
+    pub next_hops_changed: bool,
+    /// A destination got its first next hop: nothing was compiled with it yet,
+    /// but the new entries must reach whoever looks them up.
+    pub next_hops_added: bool,
+}
+
+/// How storing one lookup result changed the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    Unchanged,
+    Added,
+    /// An existing entry now says something else, or is gone.
+    Changed,
+}
+
+/// Stores `hop` (a fresh kernel answer; `None` = unresolved) for `dst` and says
+/// what that did. Kept apart from the netlink calls so the change detection is
+/// testable without a kernel.
+fn store(entries: &mut HashMap<Ipv6Addr, NextHop>, dst: Ipv6Addr, hop: Option<NextHop>) -> Stored {
+    match (hop, entries.get(&dst).copied()) {
+        (Some(new), Some(old)) if new == old => Stored::Unchanged,
+        (Some(new), old) => {
+            entries.insert(dst, new);
+            if old.is_some() {
+                Stored::Changed
+            } else {
+                Stored::Added
+            }
+        }
+        (None, Some(_)) => {
+            entries.remove(&dst);
+            Stored::Changed
+        }
+        (None, None) => Stored::Unchanged,
+    }
 }
 
 impl NeighbourCache {
@@ -491,34 +533,26 @@ impl NeighbourCache {
         Ok(NeighbourCache {
             nl: Netlink::open()?,
             entries: HashMap::new(),
-            misses: RefCell::new(Vec::new()),
             last_refresh: None,
             max_age,
         })
     }
 
-    /// The cached next hop; a miss is remembered for the next refresh.
-    pub fn lookup(&self, dst: Ipv6Addr) -> Option<NextHop> {
-        let hit = self.entries.get(&dst).copied();
-        if hit.is_none() {
-            let mut misses = self.misses.borrow_mut();
-            if !misses.contains(&dst) {
-                misses.push(dst);
-            }
-        }
-        hit
+    /// The resolved next hops, for publishing to the fast path.
+    pub fn entries(&self) -> &HashMap<Ipv6Addr, NextHop> {
+        &self.entries
     }
 
-    /// Whether [`Self::refresh`] has work: misses pending or entries aged out.
-    pub fn needs_refresh(&self, now: Instant) -> bool {
-        !self.misses.borrow().is_empty()
-            || self
-                .last_refresh
-                .is_none_or(|t| now.duration_since(t) >= self.max_age)
+    /// How long until the cached entries are due for a [`Self::refresh`] (zero when
+    /// due now or never refreshed).
+    pub fn refresh_due_in(&self, now: Instant) -> Duration {
+        self.last_refresh.map_or(Duration::ZERO, |t| {
+            self.max_age.saturating_sub(now.duration_since(t))
+        })
     }
 
-    /// Resolves one destination through the kernel right now. Unresolved
-    /// neighbours get a resolution request and yield `Ok(None)`.
+    /// Asks the kernel how `dst` is reached right now, without touching the
+    /// cache. Unresolved neighbours get a resolution request and yield `Ok(None)`.
     pub fn resolve(&mut self, dst: Ipv6Addr) -> io::Result<Option<NextHop>> {
         let route = self.nl.route_get(dst)?;
         let hop = route.next_hop(dst);
@@ -537,13 +571,11 @@ impl NeighbourCache {
                 let dst_mac = n
                     .mac
                     .ok_or_else(|| bad_reply("usable neighbour without MAC"))?;
-                let nh = NextHop {
+                Ok(Some(NextHop {
                     ifindex: route.oif,
                     src_mac,
                     dst_mac,
-                };
-                self.entries.insert(dst, nh);
-                Ok(Some(nh))
+                }))
             }
             _ => {
                 request_resolution(hop, route.oif)?;
@@ -552,34 +584,36 @@ impl NeighbourCache {
         }
     }
 
-    /// Re-resolves every cached destination and every recorded miss.
-    /// Destinations that no longer resolve leave the cache (their traffic is
-    /// then a counted `underlay_unresolved` drop, never a stale MAC).
-    /// Returns the destinations still unresolved.
-    pub fn refresh(&mut self, now: Instant) -> io::Result<Vec<Ipv6Addr>> {
-        let mut todo: Vec<Ipv6Addr> = self.entries.keys().copied().collect();
-        for m in self.misses.get_mut().drain(..) {
-            if !todo.contains(&m) {
-                todo.push(m);
-            }
-        }
-        let mut unresolved = Vec::new();
-        for dst in todo {
-            match self.resolve(dst) {
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    self.entries.remove(&dst);
-                    unresolved.push(dst);
-                }
+    /// Re-resolves `dsts` and stores the answers. A destination that no longer
+    /// resolves leaves the cache (its traffic is then a counted
+    /// `underlay_unresolved` drop, never a stale MAC).
+    pub fn update(&mut self, dsts: &[Ipv6Addr]) -> Refresh {
+        let mut out = Refresh::default();
+        for &dst in dsts {
+            let hop = match self.resolve(dst) {
+                Ok(hop) => hop,
                 Err(e) => {
                     tracing::debug!(%dst, error = %e, "underlay next hop unresolved");
-                    self.entries.remove(&dst);
-                    unresolved.push(dst);
+                    None
                 }
+            };
+            if hop.is_none() {
+                out.unresolved.push(dst);
+            }
+            match store(&mut self.entries, dst, hop) {
+                Stored::Unchanged => {}
+                Stored::Added => out.next_hops_added = true,
+                Stored::Changed => out.next_hops_changed = true,
             }
         }
+        out
+    }
+
+    /// Re-resolves every cached destination (MAC and route changes show up here).
+    pub fn refresh(&mut self, now: Instant) -> Refresh {
+        let all: Vec<Ipv6Addr> = self.entries.keys().copied().collect();
         self.last_refresh = Some(now);
-        Ok(unresolved)
+        self.update(&all)
     }
 }
 
@@ -636,6 +670,37 @@ mod tests {
         }
     }
 
+    /// Change detection: only an existing entry that now says something else, or
+    /// is gone, is a change (flows compiled with it are wrong); a first answer is
+    /// an addition; the same answer, or still nothing, is no change.
+    #[test]
+    fn store_reports_changed_and_vanished_next_hops() {
+        let dst: Ipv6Addr = "fd00::7".parse().unwrap();
+        let hop = NextHop {
+            ifindex: 2,
+            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+        };
+        let mut m = HashMap::new();
+        assert_eq!(store(&mut m, dst, None), Stored::Unchanged);
+        assert!(m.is_empty());
+        assert_eq!(store(&mut m, dst, Some(hop)), Stored::Added);
+        assert_eq!(store(&mut m, dst, Some(hop)), Stored::Unchanged);
+        let new_mac = NextHop {
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 3]),
+            ..hop
+        };
+        assert_eq!(store(&mut m, dst, Some(new_mac)), Stored::Changed);
+        assert_eq!(m.get(&dst), Some(&new_mac));
+        let new_link = NextHop {
+            ifindex: 3,
+            ..new_mac
+        };
+        assert_eq!(store(&mut m, dst, Some(new_link)), Stored::Changed);
+        assert_eq!(store(&mut m, dst, None), Stored::Changed);
+        assert!(m.is_empty(), "an unresolved destination leaves the cache");
+    }
+
     #[test]
     fn route_next_hop_prefers_gateway() {
         let dst: Ipv6Addr = "fd00:1::5".parse().unwrap();
@@ -650,8 +715,8 @@ mod tests {
     }
 
     /// Link facts, route lookup and the neighbour cache against a real veth
-    /// pair: a first lookup misses and triggers resolution, a later refresh
-    /// finds the peer's MAC.
+    /// pair: a first pass misses and triggers resolution, a later one finds the
+    /// peer's MAC; after the peer's MAC changes, a refresh reports the change.
     #[test]
     fn neighbour_cache_resolves_peer() {
         use crate::testnet::{VethPair, MAC_A, MAC_B};
@@ -666,7 +731,17 @@ mod tests {
             "dev",
             "va",
         ]);
-        pair.a.run(|| {
+        let (a_name, b_name) = (pair.a.name.clone(), pair.b.name.clone());
+        pair.a.run(move || {
+            let ip = |ns: &str, args: &[&str]| {
+                let ok = std::process::Command::new("ip")
+                    .arg("-n")
+                    .arg(ns)
+                    .args(args)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(ok, "ip -n {ns} {args:?}");
+            };
             let mut nl = Netlink::open().unwrap();
             let va = nl.link_by_name("va").unwrap();
             assert_eq!((va.mtu, va.mac, va.up), (9000, Some(MacAddr(MAC_A)), true));
@@ -694,23 +769,53 @@ mod tests {
 
             let mut cache = NeighbourCache::new(Duration::from_secs(30)).unwrap();
             let now = Instant::now();
-            assert!(cache.needs_refresh(now));
-            assert_eq!(cache.lookup(far), None);
-            // The first refresh finds no neighbour entry and asks the kernel to resolve.
-            let unresolved = cache.refresh(now).unwrap();
-            assert_eq!(unresolved, vec![far]);
-            assert!(!cache.needs_refresh(now));
+            assert_eq!(cache.refresh_due_in(now), Duration::ZERO);
+            // The first pass finds no neighbour entry and asks the kernel to resolve.
+            let r = cache.update(&[far]);
+            assert_eq!(r.unresolved, vec![far]);
+            assert!(!r.next_hops_changed && !r.next_hops_added);
+            assert!(cache.entries().is_empty());
             let want = NextHop {
                 ifindex: va.ifindex,
                 src_mac: MacAddr(MAC_A),
                 dst_mac: MacAddr(MAC_B),
             };
             let deadline = Instant::now() + Duration::from_secs(3);
-            while cache.lookup(far).is_none() && Instant::now() < deadline {
+            let mut added = false;
+            while cache.entries().get(&far).is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
-                cache.refresh(Instant::now()).unwrap();
+                added |= cache.update(&[far]).next_hops_added;
             }
-            assert_eq!(cache.lookup(far), Some(want));
+            assert_eq!(cache.entries().get(&far), Some(&want));
+            assert!(added, "the first next hop is reported as added");
+            // Nothing moved: a refresh changes nothing and is due again in max_age.
+            let later = Instant::now();
+            assert_eq!(cache.refresh(later), Refresh::default());
+            assert_eq!(cache.refresh_due_in(later), Duration::from_secs(30));
+            // The peer's MAC changes: the refresh reports a changed next hop.
+            ip(
+                &b_name,
+                &["link", "set", "vb", "address", "02:00:00:00:00:42"],
+            );
+            ip(
+                &a_name,
+                &[
+                    "-6",
+                    "neigh",
+                    "replace",
+                    "fd00::b",
+                    "lladdr",
+                    "02:00:00:00:00:42",
+                    "dev",
+                    "va",
+                ],
+            );
+            let r = cache.refresh(Instant::now());
+            assert!(r.next_hops_changed, "{r:?}");
+            assert_eq!(
+                cache.entries().get(&far).map(|h| h.dst_mac),
+                Some(MacAddr([2, 0, 0, 0, 0, 0x42]))
+            );
             let n = nl
                 .neighbour(va.ifindex, peer)
                 .unwrap()

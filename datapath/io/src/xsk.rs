@@ -122,6 +122,16 @@ impl UmemState {
     }
 }
 
+/// The start of the chunk holding `addr` if that chunk is one of the `count`
+/// chunks from chunk index `first`; `None` for anything else (including ranges
+/// that would overflow).
+fn chunk_within(first: u32, count: u32, addr: u64) -> Option<u64> {
+    let index = addr / CHUNK_SIZE as u64;
+    let first = u64::from(first);
+    (index >= first && index < first.checked_add(u64::from(count))?)
+        .then_some(index * CHUNK_SIZE as u64)
+}
+
 /// A socket's chunk range; returned to the UMEM when dropped. Declared as the
 /// socket's last field so it drops after the rings are unmapped and the fd is
 /// closed: only then has the kernel released the socket and stopped writing
@@ -402,8 +412,9 @@ impl std::fmt::Display for TxError {
 
 impl std::error::Error for TxError {}
 
-/// Socket counters: ours and the kernel's (`XDP_STATISTICS`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Socket counters: ours and the kernel's (`XDP_STATISTICS`). Serialisable so the
+/// daemon's `stats` shows them as they are, without a copy to keep in step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct XskStats {
     pub rx_frames: u64,
     pub rx_bytes: u64,
@@ -413,6 +424,10 @@ pub struct XskStats {
     pub rx_oversize: u64,
     /// Descriptors pointing outside this socket's chunks: dropped (kernel bug guard).
     pub rx_invalid_desc: u64,
+    /// Of those, descriptors whose chunk is not one of this socket's rx chunks: not
+    /// returned to the fill ring, since the chunk belongs to someone else (or to
+    /// nobody) and handing it to the kernel would let it write there.
+    pub rx_foreign_chunk: u64,
     pub tx_frames: u64,
     pub tx_bytes: u64,
     /// `send` refused with [`TxError::Full`].
@@ -421,6 +436,9 @@ pub struct XskStats {
     pub tx_invalid: u64,
     /// `sendto` kicks that failed with an unexpected error.
     pub tx_kick_errors: u64,
+    /// Completion-ring addresses outside this socket's tx chunks: ignored, never put
+    /// in the free pool (we would copy the next frame there).
+    pub tx_foreign_completion: u64,
     /// Kernel: frames dropped for other reasons (e.g. too long for the chain).
     pub kernel_rx_dropped: u64,
     pub kernel_rx_invalid_descs: u64,
@@ -452,6 +470,8 @@ pub struct XskSocket {
     stats: XskStats,
     ifindex: u32,
     queue: u32,
+    /// How many of the lease's chunks (from its start) are rx chunks; the rest are tx.
+    rx_chunks: u32,
     /// This socket's chunks; last so it drops after rings and fd (see [`ChunkLease`]).
     lease: ChunkLease,
 }
@@ -626,6 +646,7 @@ impl XskSocket {
             stats: XskStats::default(),
             ifindex,
             queue,
+            rx_chunks: cfg.rx_frames,
             lease,
         })
     }
@@ -654,6 +675,20 @@ impl XskSocket {
             return None;
         }
         Some(addr as usize..a_end as usize)
+    }
+
+    /// The chunk holding `addr` if it is one of this socket's rx chunks (the only
+    /// addresses that may go to its fill ring).
+    fn own_rx_chunk(&self, addr: u64) -> Option<u64> {
+        chunk_within(self.lease.first, self.rx_chunks, addr)
+    }
+
+    /// The chunk holding `addr` if it is one of this socket's tx chunks (the only
+    /// addresses that may enter `tx_free`, where `send` writes without checking).
+    fn own_tx_chunk(&self, addr: u64) -> Option<u64> {
+        let tx_first = self.lease.first.checked_add(self.rx_chunks)?;
+        let tx_count = self.lease.count.checked_sub(self.rx_chunks)?;
+        chunk_within(tx_first, tx_count, addr)
     }
 
     /// Receives up to `max` frames, calling `f` with each whole frame.
@@ -702,7 +737,11 @@ impl XskSocket {
                 }
             }
             // The fill ring has room for every rx chunk, and this one just left the ring.
-            self.fill.push(d.addr & !(CHUNK_SIZE as u64 - 1));
+            // A chunk that is not ours is never handed to the kernel for writing.
+            match self.own_rx_chunk(d.addr) {
+                Some(chunk) => self.fill.push(chunk),
+                None => self.stats.rx_foreign_chunk += 1,
+            }
             if more {
                 self.rx_in_chain = true;
                 continue;
@@ -747,12 +786,16 @@ impl XskSocket {
         };
     }
 
-    /// Returns completed transmit chunks to the pool.
+    /// Returns completed transmit chunks to the pool; an address that is not one of
+    /// our tx chunks is counted and dropped, which keeps `send`'s write in bounds.
     fn reclaim(&mut self) {
         let n = self.comp.available();
         for _ in 0..n {
             let addr = self.comp.pop();
-            self.tx_free.push(addr & !(CHUNK_SIZE as u64 - 1));
+            match self.own_tx_chunk(addr) {
+                Some(chunk) => self.tx_free.push(chunk),
+                None => self.stats.tx_foreign_completion += 1,
+            }
         }
         if n > 0 {
             self.comp.release();
@@ -786,8 +829,10 @@ impl XskSocket {
                 self.stats.tx_full += 1;
                 return Err(TxError::Full);
             };
-            // SAFETY: addr is the start of one of this socket's tx chunks, not in
-            // flight (it is in the free pool), and piece.len() <= CHUNK_SIZE.
+            // SAFETY: addr is the start of one of this socket's tx chunks (tx_free
+            // only ever receives addresses checked by own_tx_chunk or built from the
+            // lease), not in flight (it is in the free pool), and
+            // piece.len() <= CHUNK_SIZE.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     piece.as_ptr(),
@@ -939,6 +984,23 @@ mod tests {
     use etherparse::PacketBuilder;
     use std::net::Ipv6Addr;
 
+    /// The lease check that guards the fill ring and the tx pool: only addresses of
+    /// chunks in `[first, first + count)` pass, aligned down to their chunk.
+    #[test]
+    fn chunk_within_accepts_only_the_lease() {
+        let c = CHUNK_SIZE as u64;
+        // Chunks 10..14.
+        assert_eq!(chunk_within(10, 4, 10 * c), Some(10 * c));
+        assert_eq!(chunk_within(10, 4, 10 * c + 256), Some(10 * c));
+        assert_eq!(chunk_within(10, 4, 14 * c - 1), Some(13 * c));
+        assert_eq!(chunk_within(10, 4, 14 * c), None);
+        assert_eq!(chunk_within(10, 4, 10 * c - 1), None);
+        assert_eq!(chunk_within(10, 4, 0), None);
+        assert_eq!(chunk_within(10, 0, 10 * c), None);
+        assert_eq!(chunk_within(10, 4, u64::MAX), None);
+        assert_eq!(chunk_within(u32::MAX, u32::MAX, u64::MAX), None);
+    }
+
     const A: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0a];
     const B: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0b];
 
@@ -1009,13 +1071,7 @@ mod tests {
                 .udp(40000, 6081)
                 .write(&mut tagged, &[0xab; 64])
                 .unwrap();
-            let s = vec![
-                small.clone(),
-                big.clone(),
-                not_ours,
-                not_geneve,
-                tagged.clone(),
-            ];
+            let s = vec![small.clone(), big.clone(), not_ours, not_geneve, tagged];
             crate::netns::run_in_netns(&b_name, move || {
                 let ps = PacketSocket::open("vb").unwrap();
                 for f in &s {
@@ -1024,19 +1080,21 @@ mod tests {
             })
             .unwrap();
 
-            let got = recv_frames(&mut sock, 3);
-            assert_eq!(got.len(), 3, "steered frames received");
+            let got = recv_frames(&mut sock, 2);
+            assert_eq!(got.len(), 2, "steered frames received");
             assert_eq!(got[0], small);
             assert_eq!(
                 got[1], big,
                 "8900-byte frame reassembled from its descriptor chain"
             );
-            assert_eq!(got[2], tagged, "802.1Q-tagged Geneve is steered too");
             let st = sock.stats().unwrap();
-            assert_eq!(st.rx_frames, 3);
+            assert_eq!(st.rx_frames, 2);
             assert_eq!(st.rx_multi_buffer, 1);
             assert_eq!(st.kernel_rx_dropped + st.kernel_rx_ring_full, 0);
-            assert_eq!(prog.counter(Counter::Redirected).unwrap(), 3);
+            assert_eq!(prog.counter(Counter::Redirected).unwrap(), 2);
+            // The engine takes untagged underlay frames only: tagged Geneve, even
+            // to our address, is the kernel's.
+            assert_eq!(prog.counter(Counter::PassedVlanTagged).unwrap(), 1);
             assert_eq!(prog.counter(Counter::PassedNotOurs).unwrap(), 1);
             assert_eq!(prog.counter(Counter::PassedNotGeneve).unwrap(), 1);
 
@@ -1137,6 +1195,20 @@ mod tests {
             );
             let mut q1 = XskSocket::new(&umem, ifindex, 1, cfg).expect("rebind queue 1");
             assert_eq!(q1.queue(), 1);
+            // Each socket recycles only its own chunks, rx ones to the fill ring and
+            // tx ones to the free pool: never the other socket's, never the other kind.
+            let c = CHUNK_SIZE as u64;
+            let (f0, f1) = (u64::from(q0.lease.first), u64::from(q1.lease.first));
+            assert_eq!(q0.own_rx_chunk(f0 * c + 100), Some(f0 * c));
+            assert_eq!(q0.own_rx_chunk((f0 + 256) * c), None, "a tx chunk");
+            assert_eq!(q0.own_tx_chunk((f0 + 256) * c), Some((f0 + 256) * c));
+            assert_eq!(q0.own_tx_chunk((f0 + 511) * c), Some((f0 + 511) * c));
+            assert_eq!(q0.own_tx_chunk(f0 * c), None, "an rx chunk");
+            for a in [f1 * c, (f1 + 256) * c, (f1 + 511) * c] {
+                assert_eq!(q0.own_rx_chunk(a), None, "q1's chunk {a:#x}");
+                assert_eq!(q0.own_tx_chunk(a), None, "q1's chunk {a:#x}");
+            }
+            assert_eq!(q0.own_tx_chunk(1024 * c), None, "beyond the UMEM");
 
             let rx = std::thread::spawn(move || {
                 crate::netns::run_in_netns(&b_name, move || {

@@ -529,6 +529,70 @@ impl Repr {
     }
 }
 
+/// What a Router Advertisement tells hosts, decoded in one place for everyone who
+/// reports an RA: the gateway's `ra` inspection (the RA a port sends, decoded from
+/// its own bytes) and the admin tool's `ra listen` (the RA a guest receives). Field
+/// names carry their units because this is what both print as JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RaSummary {
+    /// Hop limit the router tells hosts to use (0 = unspecified).
+    pub cur_hop_limit: u8,
+    /// M: addresses are available via DHCPv6.
+    pub managed: bool,
+    /// O: other configuration is available via DHCPv6.
+    pub other: bool,
+    /// 0 = not a default router.
+    pub router_lifetime_s: u16,
+    /// 0 = unspecified.
+    pub reachable_time_ms: u32,
+    /// 0 = unspecified.
+    pub retrans_time_ms: u32,
+    pub source_link_layer_addr: Option<MacAddr>,
+    pub mtu: Option<u32>,
+    pub prefix_info: Option<PrefixInfo>,
+}
+
+impl RaSummary {
+    /// Decodes the ICMPv6 message `msg` that travelled from `src` to `dst` (checksum
+    /// verified against them, as [`Repr::parse`] does) as a Router Advertisement.
+    /// Any other NDP message is `Unsupported`, naming the type it was.
+    pub fn decode(msg: &[u8], src: Ipv6Addr, dst: Ipv6Addr) -> Result<RaSummary> {
+        let p = Packet::new_checked(msg)?;
+        match Repr::parse(&p, src, dst)? {
+            Repr::RouterAdvert {
+                hop_limit,
+                managed,
+                other,
+                router_lifetime,
+                reachable_time,
+                retrans_time,
+                lladdr,
+                mtu,
+                prefix_info,
+            } => Ok(RaSummary {
+                cur_hop_limit: hop_limit,
+                managed,
+                other,
+                router_lifetime_s: router_lifetime,
+                reachable_time_ms: reachable_time,
+                retrans_time_ms: retrans_time,
+                source_link_layer_addr: lladdr,
+                mtu,
+                prefix_info,
+            }),
+            Repr::RouterSolicit { .. } => Err(WireError::Unsupported(
+                "router solicitation where an RA was expected",
+            )),
+            Repr::NeighborSolicit { .. } => Err(WireError::Unsupported(
+                "neighbor solicitation where an RA was expected",
+            )),
+            Repr::NeighborAdvert { .. } => Err(WireError::Unsupported(
+                "neighbor advertisement where an RA was expected",
+            )),
+        }
+    }
+}
+
 impl fmt::Display for Repr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -615,6 +679,40 @@ mod tests {
         assert_eq!(buf, unhex(RA_HEX));
         let p = Packet::new_checked(&buf[..]).unwrap();
         assert_eq!(Repr::parse(&p, gw(), guest()).unwrap(), r);
+    }
+
+    /// The scapy RA decodes to a summary field for field; other NDP messages and
+    /// damaged bytes are errors, and no prefix of the message panics.
+    #[test]
+    fn ra_summary_decodes_scapy_ra() {
+        let b = unhex(RA_HEX);
+        assert_eq!(
+            RaSummary::decode(&b, gw(), guest()).unwrap(),
+            RaSummary {
+                cur_hop_limit: 255,
+                managed: true,
+                other: false,
+                router_lifetime_s: 9000,
+                reachable_time_ms: 0,
+                retrans_time_ms: 0,
+                source_link_layer_addr: Some(GW_MAC),
+                mtu: Some(8500),
+                prefix_info: None,
+            }
+        );
+        // Checked against the addresses it travelled with.
+        let all_nodes: Ipv6Addr = "ff02::1".parse().unwrap();
+        assert_eq!(
+            RaSummary::decode(&b, gw(), all_nodes),
+            Err(WireError::Malformed("icmpv6 checksum"))
+        );
+        let rs = unhex(RS_HEX);
+        let all_routers: Ipv6Addr = "ff02::2".parse().unwrap();
+        let e = RaSummary::decode(&rs, guest(), all_routers).unwrap_err();
+        assert!(e.to_string().contains("router solicitation"), "{e}");
+        for cut in 0..b.len() {
+            assert!(RaSummary::decode(&b[..cut], gw(), guest()).is_err());
+        }
     }
 
     #[test]
