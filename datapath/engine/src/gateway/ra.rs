@@ -13,7 +13,7 @@ use super::{GatewayState, Sent};
 use crate::output::TxBatch;
 use crate::port::{PortConfig, PortId};
 use std::net::Ipv6Addr;
-use wire::ndp::{self, PrefixInfo};
+use wire::ndp::{self, RaSummary};
 use wire::MacAddr;
 
 /// RA header values (RFC 4861 §4.2), as the reference sends them.
@@ -254,15 +254,9 @@ pub struct RaInfo {
     /// Destination of unsolicited RAs; solicited ones go back to the soliciting guest.
     pub unsolicited_destination: Ipv6Addr,
     pub ip_hop_limit: u8,
-    pub cur_hop_limit: u8,
-    pub managed: bool,
-    pub other: bool,
-    pub router_lifetime_s: u16,
-    pub reachable_time_ms: u32,
-    pub retrans_time_ms: u32,
-    pub source_link_layer_addr: Option<MacAddr>,
-    pub mtu: Option<u32>,
-    pub prefix_info: Option<PrefixInfo>,
+    /// The RA's own fields, decoded by the same code as `xdeadm ra listen` uses.
+    #[serde(flatten)]
+    pub ra: RaSummary,
     /// MTU carried by the last RA actually sent (differs from `mtu` only between an
     /// MTU change and the RA it triggers).
     pub last_sent_mtu: Option<u16>,
@@ -284,21 +278,7 @@ pub fn ra_info(cfg: &PortConfig, st: &GatewayState) -> Option<RaInfo> {
     write_ra(cfg, dst_mac, ALL_NODES, src, &mut buf);
     let ip = &buf[frame::ETH_LEN..frame::ETH_LEN + frame::IPV6_LEN];
     let body = &buf[frame::ETH_LEN + frame::IPV6_LEN..];
-    let p = ndp::Packet::new_checked(body).ok()?;
-    let ndp::Repr::RouterAdvert {
-        hop_limit,
-        managed,
-        other,
-        router_lifetime,
-        reachable_time,
-        retrans_time,
-        lladdr,
-        mtu,
-        prefix_info,
-    } = ndp::Repr::parse(&p, src, ALL_NODES).ok()?
-    else {
-        return None;
-    };
+    let ra = RaSummary::decode(body, src, ALL_NODES).ok()?;
     let mut smac = [0u8; 6];
     smac.copy_from_slice(&buf[6..12]);
     let mut sip = [0u8; 16];
@@ -308,15 +288,7 @@ pub fn ra_info(cfg: &PortConfig, st: &GatewayState) -> Option<RaInfo> {
         source: Ipv6Addr::from(sip),
         unsolicited_destination: ALL_NODES,
         ip_hop_limit: ip[7],
-        cur_hop_limit: hop_limit,
-        managed,
-        other,
-        router_lifetime_s: router_lifetime,
-        reachable_time_ms: reachable_time,
-        retrans_time_ms: retrans_time,
-        source_link_layer_addr: lladdr,
-        mtu,
-        prefix_info,
+        ra,
         last_sent_mtu: st.ra.last_mtu,
         last_sent_ns: st.ra.last_sent_ns,
         solicited_sent: st.counters.ra_solicited,
@@ -415,7 +387,7 @@ mod tests {
         assert_eq!(out.len(), 5, "fast follow-up 1 s after the change");
         let info = ra_info(&cfg, &st).unwrap();
         assert_eq!(info.last_sent_mtu, Some(1500));
-        assert_eq!(info.mtu, Some(1500));
+        assert_eq!(info.ra.mtu, Some(1500));
         assert_eq!(info.mtu_change_sent, 1);
         assert_eq!(info.unsolicited_sent, 4);
     }
@@ -428,13 +400,13 @@ mod tests {
         assert_eq!(i.source.to_string(), "fe80::aa40:25ff:fe00:1");
         assert_eq!(i.source_mac, cfg.gateway_mac);
         assert_eq!(i.ip_hop_limit, 255);
-        assert_eq!(i.cur_hop_limit, 255);
-        assert!(i.managed && !i.other);
-        assert_eq!(i.router_lifetime_s, 9000);
-        assert_eq!((i.reachable_time_ms, i.retrans_time_ms), (0, 0));
-        assert_eq!(i.source_link_layer_addr, Some(cfg.gateway_mac));
-        assert_eq!(i.mtu, Some(8500));
-        assert_eq!(i.prefix_info, None);
+        assert_eq!(i.ra.cur_hop_limit, 255);
+        assert!(i.ra.managed && !i.ra.other);
+        assert_eq!(i.ra.router_lifetime_s, 9000);
+        assert_eq!((i.ra.reachable_time_ms, i.ra.retrans_time_ms), (0, 0));
+        assert_eq!(i.ra.source_link_layer_addr, Some(cfg.gateway_mac));
+        assert_eq!(i.ra.mtu, Some(8500));
+        assert_eq!(i.ra.prefix_info, None);
         assert_eq!(i.last_sent_ns, None);
         assert_eq!(i.next_unsolicited_due_ns, 7);
     }
