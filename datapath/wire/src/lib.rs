@@ -5,6 +5,13 @@
 //! view whose checked constructor rejects short buffers before any accessor can index
 //! out of range, a private `field` module of byte ranges, a `Repr` value with
 //! `parse`/`buffer_len`/`emit`, and tests with real packet bytes.
+//!
+//! Why hand-written rather than etherparse: the fast path rewrites headers in place
+//! (MACs, lengths, sequence numbers, checksums patched by RFC 1624) and emits outer
+//! headers from prebuilt templates into buffers it does not own; etherparse's slices
+//! are read-only and its builders serialize whole packets. Its decoders serve instead
+//! as the independent check in our tests (`parse_inner` is compared with etherparse on
+//! generated frames, and the engine's pipeline tests decode what it emits with it).
 
 pub mod mac;
 pub mod vnet;
