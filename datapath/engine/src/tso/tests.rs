@@ -836,6 +836,50 @@ fn what_is_not_merged() {
     assert_eq!(coalesce(&frames, None).0.len(), 3, "fixed ID without DF");
 }
 
+/// A merged segment's checksum is verified from the header sum kept for its frame plus
+/// its own sequence number, flags and checksum: a change to those in flight must still
+/// be caught (the segment is passed on unmerged, with no offload claim).
+#[test]
+fn a_segment_header_changed_in_flight_is_not_merged() {
+    for v6 in [false, true] {
+        let l4 = if v6 { 54 } else { 34 };
+        // Checksum field; PSH gained (a flag that may differ between merged segments).
+        for (at, bit) in [(l4 + 16, 0x01), (l4 + 17, 0x80), (l4 + 13, TCP_PSH)] {
+            let (mut frames, _) = flow_segments(v6, &[1000; 3], 1);
+            frames[1][at] ^= bit;
+            let (out, stats) = coalesce(&frames, None);
+            assert_eq!(out.len(), 3, "0 | changed 1 | 2 (v6 {v6}, byte {at})");
+            assert_eq!(stats.merged, 0);
+            let (dest, f) = out.frame(1).unwrap();
+            assert_eq!(&f[12..], &frames[1][12..]);
+            let TxDest::Port { vnet, .. } = dest else {
+                unreachable!()
+            };
+            assert_eq!(vnet, VnetHdr::default());
+        }
+    }
+}
+
+/// A merged frame never stands for more than MAX_SEGMENTS segments of its gso_size.
+#[test]
+fn a_merged_frame_stands_for_at_most_max_segments() {
+    let (frames, all) = flow_segments(false, &vec![1; MAX_SEGMENTS + 5], 1);
+    let (out, stats) = coalesce(&frames, Some(1));
+    assert_eq!(out.len(), 2);
+    assert_eq!(stats.merged as usize, MAX_SEGMENTS + 3);
+    let mut payload = Vec::new();
+    for (i, want) in [MAX_SEGMENTS, 5].into_iter().enumerate() {
+        let (dest, f) = out.frame(i).unwrap();
+        let TxDest::Port { vnet, .. } = dest else {
+            unreachable!()
+        };
+        assert_eq!((f.len() - 66, vnet.gso_size), (want, 1));
+        assert!(tcp_verifies(&complete(f, &vnet), 14, 34, f.len()));
+        payload.extend_from_slice(&f[66..]);
+    }
+    assert_eq!(payload, all);
+}
+
 #[test]
 fn non_tcp_flushes_the_port_first_and_interleaved_flows_merge() {
     let (a, a_all) = flow_segments(false, &[1000, 1000], 1);
