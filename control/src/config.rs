@@ -169,7 +169,9 @@ pub struct DaemonArgs {
     pub api_socket: Option<PathBuf>,
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Cores to run workers on, e.g. 0,1 or 0-1.
+    /// Cores to run workers on, e.g. 0,1 or 0-1: one pinned worker per core,
+    /// each serving its own ports and underlay queues. Every underlay interface
+    /// is given at least one rx queue per worker (like `ethtool -L`).
     #[arg(long, value_name = "LIST")]
     pub cores: Option<CoreList>,
     /// Sled-wide: external traffic may use the port MTU (needs the port flag too).
@@ -202,7 +204,8 @@ pub struct DaemonConfig {
     pub underlay_addr: Ipv6Addr,
     pub api_socket: PathBuf,
     pub state_dir: PathBuf,
-    /// Cores for the workers; empty means "do not pin" (one worker, anywhere).
+    /// Cores for the workers, one worker each; empty means "do not pin" (one
+    /// worker, anywhere).
     pub cores: Vec<usize>,
     pub external_jumbo: bool,
     pub boundary_services: Option<Ipv6Addr>,

@@ -1,19 +1,89 @@
-//! `overlayd`'s life: start (state, underlay, engine, API), run the worker, stop
-//! cleanly on SIGTERM/SIGINT (the XDP program is detached when the underlay is
-//! dropped; taps are persistent and stay for the next start to reattach).
+//! `overlayd`'s life: start (state, underlay, one engine per worker, API), run the
+//! workers, stop cleanly on SIGTERM/SIGINT (the XDP program is detached when the
+//! underlay is dropped; taps are persistent and stay for the next start to
+//! reattach).
+//!
+//! Threads: one poll-mode worker per configured core (one unpinned worker when no
+//! cores are given), each with its own engine (see [`crate::datapath`]); the main
+//! thread owns the controller and serves the API, fanning requests out to the
+//! workers ([`crate::workers`]).
 
 use crate::config::DaemonConfig;
 use crate::controller::Controller;
-use crate::datapath::{engine_config, pin_to_core, run_worker, Datapath};
-use crate::server::{request_channel, serve_pending, ApiServer};
+use crate::datapath::{engine_config, mesh, pin_to_core, run_worker, Datapath, WorkerIo};
+use crate::handoff::Doorbell;
+use crate::neighbours::NextHops;
+use crate::server::{request_channel, serve_next, serve_pending, ApiServer};
 use crate::state::StateStore;
 use crate::underlay::{warn_if_address_missing, Underlay};
+use crate::workers::{JobTx, Workers};
 use engine::{Engine, EngineConfig};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
+
+/// How long the main thread waits for an API request before checking for a
+/// signal or a dead worker.
+const MAIN_POLL: Duration = Duration::from_millis(100);
+
+/// Room in a handoff slot beyond the link MTU: the Ethernet header and a VLAN tag.
+const FRAME_OVERHEAD: usize = 18;
+
+/// The running workers; stopped and joined when dropped.
+struct WorkerPool {
+    stop: Arc<AtomicBool>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl WorkerPool {
+    fn any_stopped(&self) -> bool {
+        self.threads.iter().any(|t| t.is_finished())
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!("a worker panicked");
+            }
+        }
+    }
+}
+
+/// Starts worker `index` on its own thread, pinned to `core` if given; returns
+/// once it is pinned (or why it could not be).
+fn spawn_worker(
+    index: usize,
+    core: Option<usize>,
+    dp: Datapath,
+    stop: Arc<AtomicBool>,
+) -> Result<(thread::JoinHandle<()>, JobTx<Datapath>), String> {
+    let (jobs_tx, jobs_rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let t = thread::Builder::new()
+        .name(format!("worker{index}"))
+        .spawn(move || {
+            let mut dp = dp;
+            if let Some(c) = core {
+                if let Err(e) = pin_to_core(c) {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            }
+            let _ = ready_tx.send(Ok(()));
+            run_worker(&mut dp, &jobs_rx, &stop);
+        })
+        .map_err(|e| format!("cannot start worker {index}: {e}"))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok((t, jobs_tx)),
+        Ok(Err(e)) => Err(format!("worker {index}: {e}")),
+        Err(_) => Err(format!("worker {index} ended while starting")),
+    }
+}
 
 /// Runs the daemon with full I/O until SIGTERM or SIGINT.
 pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
@@ -25,11 +95,46 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     let store = StateStore::open(&cfg.state_dir)?;
     let saved = store.load()?;
     warn_if_address_missing(cfg.underlay_addr);
-    let underlay = Underlay::open(cfg)?;
+    let n = cfg.cores.len().max(1);
+    let mut underlay = Underlay::open(cfg, n)?;
     let ecfg = engine_config(cfg, underlay.mtu())?;
-    tracing::info!(underlay_mtu = ecfg.underlay_mtu, addr = %cfg.underlay_addr, "engine configured");
-    let engine = Engine::new(ecfg).map_err(|e| e.to_string())?;
-    let mut ctl = Controller::new(Datapath::with_io(engine, underlay), Some(store));
+    tracing::info!(underlay_mtu = ecfg.underlay_mtu, addr = %cfg.underlay_addr, workers = n, "engine configured");
+    let doorbells = (0..n)
+        .map(|_| Doorbell::new().map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
+    let largest = underlay.links.iter().map(|l| l.mtu).max().unwrap_or(0) as usize;
+    let meshes = mesh(&doorbells, largest + FRAME_OVERHEAD);
+    let loopback = if n > 1 {
+        underlay.loopback_next_hop()
+    } else {
+        None
+    };
+    let mut pool = WorkerPool {
+        stop: Arc::new(AtomicBool::new(false)),
+        threads: Vec::new(),
+    };
+    let mut jobs = Vec::new();
+    let parts = underlay.take_queues(n).into_iter().zip(meshes);
+    for (index, (queues, mesh)) in parts.enumerate() {
+        let engine = Engine::new(ecfg.clone()).map_err(|e| e.to_string())?;
+        let io = WorkerIo {
+            index,
+            queues,
+            next_hops: NextHops::start()?,
+            mesh,
+            doorbell: doorbells[index].clone(),
+            loopback,
+        };
+        let core = cfg.cores.get(index).copied();
+        let dp = Datapath::with_io(engine, io);
+        let (t, tx) = spawn_worker(index, core, dp, pool.stop.clone())?;
+        tracing::info!(worker = index, core = ?core, "worker started");
+        pool.threads.push(t);
+        jobs.push(tx);
+    }
+    let link_stats = move || serde_json::to_value(underlay.stats()).unwrap_or_default();
+    let workers = Workers::new(jobs, Some(Box::new(link_stats))).with_doorbells(doorbells);
+    let mut ctl = Controller::new(workers, Some(store));
     let refused = ctl.restore(saved);
     tracing::info!(
         ports = ctl.state().ports.len(),
@@ -40,21 +145,23 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     let (tx, rx) = request_channel();
     let server = ApiServer::start(&cfg.api_socket, tx)?;
     tracing::info!(socket = %server.path().display(), "API listening");
-    if let Some(&core) = cfg.cores.first() {
-        pin_to_core(core)?;
-        if cfg.cores.len() > 1 {
-            tracing::warn!(
-                cores = ?cfg.cores,
-                "one worker in this version: pinned to core {core}, other cores unused"
-            );
+    let mut result = Ok(());
+    while !stop.load(Ordering::Relaxed) {
+        if pool.any_stopped() {
+            result = Err("a worker stopped unexpectedly; shutting down".to_string());
+            break;
+        }
+        if !serve_next(&rx, MAIN_POLL, |r| ctl.handle(r)) {
+            break;
         }
     }
-    run_worker(&mut ctl, &rx, &stop);
     tracing::info!("shutting down");
     drop(server);
-    // Dropping the controller drops the datapath: sockets closed, XDP detached.
+    // Workers first (their sockets close), then the controller, whose link
+    // statistics closure holds the underlay: XDP detached, UMEM unmapped.
+    drop(pool);
     drop(ctl);
-    Ok(())
+    result
 }
 
 /// A daemon without I/O: the API and the engine only. For tests and for trying the

@@ -1,13 +1,21 @@
-//! The glue between the engine and the I/O edge: the daemon's [`Dataplane`] (ports,
-//! tables, inspection) and the worker loop that moves frames.
+//! The glue between the engine and the I/O edge: one worker's [`Datapath`] (its
+//! engine, its ports' taps, its underlay queues, inspection) and the poll-mode loop
+//! that moves its frames.
 //!
-//! Threading choice for this slice: one worker thread owns everything — the engine,
-//! the taps, the AF_XDP sockets and the controller. API requests arrive over a
-//! channel and are applied between batches, so the fast path takes no lock and a
+//! Threading: one worker per configured core, each pinned and each owning a
+//! `Datapath` with an engine of its own; every port lives on exactly one worker
+//! (see [`crate::workers`], which also fans API requests out to the workers). A
+//! worker applies requests between batches, so its fast path takes no lock and a
 //! batch never sees configuration change half-way. Underlay next hops are resolved
-//! by a helper thread ([`crate::neighbours`]): the worker never waits on netlink. The worker is pinned to the first
-//! configured core; more cores need the engine split per worker (per-queue flow
-//! tables), which is future work.
+//! by a helper thread per worker ([`crate::neighbours`]): a worker never waits on
+//! netlink.
+//!
+//! With several workers, frames can arrive at the wrong worker: an underlay queue
+//! carries frames for every port, and a guest's frame to a port of another worker
+//! on this sled leaves its engine encapsulated toward our own underlay address.
+//! Both are handed to the owning worker through [`crate::handoff`] rings and enter
+//! its engine as underlay frames. With one worker none of this runs: the loop is
+//! the single-threaded datapath it always was.
 //!
 //! Without I/O (tests, `--no-io` style embedding) the same [`Datapath`] runs with no
 //! taps and no underlay: requests are applied to the engine alone.
@@ -16,19 +24,20 @@ use crate::api::{
     Direction, FwAction, FwHost, FwProto, FwRule, PortInfo, RouteEntry, RouteTarget, V2pEntry,
 };
 use crate::config::DaemonConfig;
-use crate::controller::Controller;
 use crate::controller::{Dataplane, Inspect};
-use crate::server::{serve_pending, RequestRx};
-use crate::underlay::{SendError, Underlay};
+use crate::handoff::{handoff_ring, Doorbell, HandoffRx, HandoffTx, PushError};
+use crate::neighbours::NextHops;
+use crate::underlay::{SendError, UnderlayQueues};
+use crate::workers::{serve_jobs, JobRx, WorkerPlane};
 use dpio::tap::{TapPort, MAX_TAP_FRAME};
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
-use engine::{Engine, EngineConfig, PortId, TxBatch, TxDest, Vni};
+use engine::{Engine, EngineConfig, MacAddr, PortId, TxBatch, TxDest, UnderlayRoutes, Vni};
 use ipnet::IpNet;
 use serde::Serialize;
-use std::collections::BTreeMap;
-use std::net::IpAddr;
-use std::os::fd::AsRawFd;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Frames taken from one source before moving to the next, so one busy guest cannot
@@ -66,6 +75,146 @@ pub struct WorkerStats {
     pub underlay_tx_invalid: u64,
     /// The engine named an interface that is not an underlay link: dropped.
     pub underlay_tx_no_link: u64,
+    /// Underlay frames received for a port of another worker and handed to it.
+    pub handoff_out: u64,
+    /// Frames other workers handed to this one (received and loopback).
+    pub handoff_in: u64,
+    /// The ring to the owning worker was full: dropped.
+    pub handoff_full: u64,
+    /// A frame longer than a ring slot: dropped.
+    pub handoff_too_long: u64,
+    /// Frames from a local guest to a port of another worker on this sled (sent
+    /// to our own underlay address), handed to the owner instead of the wire.
+    pub loopback_handoff: u64,
+    /// Frames to our own underlay address whose (VNI, MAC) no other worker
+    /// owns: dropped.
+    pub loopback_unowned: u64,
+}
+
+/// How many frames may wait in one worker-to-worker ring.
+pub const HANDOFF_SLOTS: usize = 512;
+
+/// The rings between one worker and each of the others.
+pub struct Mesh {
+    /// Indexed by worker; `None` for this worker itself.
+    to: Vec<Option<HandoffTx>>,
+    /// The other workers' doorbells, by worker (`None` for this one).
+    wake: Vec<Option<Arc<Doorbell>>>,
+    /// Which of `to` got frames since they were last woken.
+    pushed: Vec<bool>,
+    from: Vec<HandoffRx>,
+}
+
+impl Mesh {
+    /// Hands `frame` to worker `w`, counting the outcome.
+    fn push(&mut self, w: usize, frame: &[u8], st: &mut WorkerStats) -> bool {
+        let Some(Some(tx)) = self.to.get_mut(w) else {
+            return false;
+        };
+        match tx.push(frame) {
+            Ok(()) => {
+                if let Some(p) = self.pushed.get_mut(w) {
+                    *p = true;
+                }
+                true
+            }
+            Err(PushError::Full) => {
+                st.handoff_full += 1;
+                false
+            }
+            Err(PushError::TooLong { .. }) => {
+                st.handoff_too_long += 1;
+                false
+            }
+        }
+    }
+
+    /// Wakes the workers that were handed frames (if they sleep).
+    fn wake(&mut self) {
+        for (w, p) in self.pushed.iter_mut().enumerate() {
+            if std::mem::take(p) {
+                if let Some(Some(d)) = self.wake.get(w) {
+                    d.ring();
+                }
+            }
+        }
+    }
+
+    fn pending(&self) -> bool {
+        self.from.iter().any(|r| !r.is_empty())
+    }
+}
+
+/// The rings between `doorbells.len()` workers, `slot_size` bytes per frame: one
+/// [`Mesh`] per worker, in worker order.
+pub fn mesh(doorbells: &[Arc<Doorbell>], slot_size: usize) -> Vec<Mesh> {
+    let n = doorbells.len();
+    let mut meshes: Vec<Mesh> = (0..n)
+        .map(|_| Mesh {
+            to: (0..n).map(|_| None).collect(),
+            wake: vec![None; n],
+            pushed: vec![false; n],
+            from: Vec::new(),
+        })
+        .collect();
+    for src in 0..n {
+        for dst in (0..n).filter(|&d| d != src) {
+            let (tx, rx) = handoff_ring(HANDOFF_SLOTS, slot_size);
+            meshes[src].to[dst] = Some(tx);
+            meshes[src].wake[dst] = Some(doorbells[dst].clone());
+            meshes[dst].from.push(rx);
+        }
+    }
+    meshes
+}
+
+/// What a worker needs for I/O besides its taps.
+pub struct WorkerIo {
+    /// This worker's index.
+    pub index: usize,
+    pub queues: UnderlayQueues,
+    pub next_hops: NextHops,
+    pub mesh: Mesh,
+    pub doorbell: Arc<Doorbell>,
+    /// With several workers: the next hop the engine is given for our own
+    /// underlay address (see [`crate::underlay::Underlay::loopback_next_hop`]).
+    /// `None` with one worker, where such frames go to the wire as they always did.
+    pub loopback: Option<engine::NextHop>,
+}
+
+/// The engine's view of underlay next hops on one worker: the resolver's table,
+/// plus our own address when other workers own some of this sled's ports.
+struct WorkerRoutes<'a> {
+    next_hops: &'a NextHops,
+    own: Ipv6Addr,
+    loopback: Option<engine::NextHop>,
+}
+
+impl UnderlayRoutes for WorkerRoutes<'_> {
+    fn next_hop(&self, dst: Ipv6Addr) -> Option<engine::NextHop> {
+        match self.loopback {
+            Some(l) if dst == self.own => Some(l),
+            _ => self.next_hops.next_hop(dst),
+        }
+    }
+}
+
+/// The worker owning the port an underlay frame is for, by outer VNI and inner
+/// destination MAC — the engine's own dispatch key. `None` when the frame does
+/// not parse (the local engine then counts why) or no worker owns the key.
+fn frame_owner(owners: &HashMap<(u32, MacAddr), usize>, frame: &[u8]) -> Option<usize> {
+    let um = wire::meta::parse_underlay(frame).ok()?;
+    let mac: [u8; 6] = frame.get(um.inner_off..um.inner_off + 6)?.try_into().ok()?;
+    owners.get(&(um.vni, MacAddr(mac))).copied()
+}
+
+/// The outer IPv6 destination of an untagged underlay frame the engine built.
+fn outer_dst(frame: &[u8]) -> Option<Ipv6Addr> {
+    if frame.get(12..14)? != [0x86, 0xdd] {
+        return None;
+    }
+    let b: [u8; 16] = frame.get(38..54)?.try_into().ok()?;
+    Some(Ipv6Addr::from(b))
 }
 
 /// A port's I/O side.
@@ -74,11 +223,13 @@ struct PortSlot {
     tap: Option<TapPort>,
 }
 
-/// The engine plus, when I/O is on, the taps and the underlay.
+/// One worker's engine plus, when I/O is on, its taps and underlay queues.
 pub struct Datapath {
     engine: Engine,
     ports: BTreeMap<String, PortSlot>,
-    underlay: Option<Underlay>,
+    io: Option<WorkerIo>,
+    /// Which worker owns each (VNI, guest MAC), this one's ports included.
+    owners: HashMap<(u32, MacAddr), usize>,
     stats: WorkerStats,
     /// Monotonic origin of the engine's clock.
     epoch: Instant,
@@ -124,16 +275,17 @@ impl Datapath {
         Datapath {
             engine,
             ports: BTreeMap::new(),
-            underlay: None,
+            io: None,
+            owners: HashMap::new(),
             stats: WorkerStats::default(),
             epoch: Instant::now(),
         }
     }
 
-    /// A datapath serving `underlay` and creating a tap per port.
-    pub fn with_io(engine: Engine, underlay: Underlay) -> Datapath {
+    /// A worker's datapath serving its underlay queues and creating a tap per port.
+    pub fn with_io(engine: Engine, io: WorkerIo) -> Datapath {
         Datapath {
-            underlay: Some(underlay),
+            io: Some(io),
             ..Datapath::without_io(engine)
         }
     }
@@ -213,7 +365,7 @@ impl Dataplane for Datapath {
             .engine
             .add_port(p.config.clone())
             .map_err(|e| e.to_string())?;
-        let tap = match &self.underlay {
+        let tap = match &self.io {
             Some(_) => match open_tap(p) {
                 Ok(t) => Some(t),
                 Err(e) => {
@@ -330,16 +482,25 @@ impl Dataplane for Datapath {
                 json(serde_json::to_value(p))
             }
             Inspect::Stats { port: None } => {
-                let links = self.underlay.as_mut().map(|u| u.stats());
-                let next_hops = self.underlay.as_ref().map(|u| u.next_hops.stats());
+                let xsk = self.io.as_ref().map(|io| io.queues.stats());
+                let next_hops = self.io.as_ref().map(|io| io.next_hops.stats());
                 json(serde_json::to_value(serde_json::json!({
                     "engine": self.engine.stats(),
                     "worker": &self.stats,
-                    "underlay": links,
+                    "xsk": xsk,
                     "next_hops": next_hops,
                 })))
             }
         }
+    }
+}
+
+impl WorkerPlane for Datapath {
+    fn set_port_owner(&mut self, vni: Vni, mac: MacAddr, owner: Option<usize>) {
+        match owner {
+            Some(w) => self.owners.insert((vni.get(), mac), w),
+            None => self.owners.remove(&(vni.get(), mac)),
+        };
     }
 }
 
@@ -403,15 +564,15 @@ fn engine_fw_rules(r: &FwRule) -> Result<Vec<EngineFwRule>, String> {
 }
 
 /// Runs the worker until `stop` is set: frames between taps and the underlay through
-/// the engine, API requests between batches, timers every [`TICK`].
-pub fn run_worker(ctl: &mut Controller<Datapath>, requests: &RequestRx, stop: &AtomicBool) {
+/// the engine, controller jobs between batches, timers every [`TICK`], and sleep
+/// in poll(2) after [`SPIN_ROUNDS`] empty rounds.
+pub fn run_worker(dp: &mut Datapath, jobs: &JobRx<Datapath>, stop: &AtomicBool) {
     let mut batch = TxBatch::new();
     let mut buf = vec![0u8; MAX_TAP_FRAME];
     let mut idle_rounds = 0u32;
     let mut last_tick = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        let mut work = serve_pending(requests, |r| ctl.handle(r));
-        let dp = ctl.dataplane_mut();
+        let mut work = serve_jobs(jobs, dp);
         work += dp.poll_once(&mut batch, &mut buf);
         if last_tick.elapsed() >= TICK {
             last_tick = Instant::now();
@@ -426,55 +587,85 @@ pub fn run_worker(ctl: &mut Controller<Datapath>, requests: &RequestRx, stop: &A
             std::hint::spin_loop();
             continue;
         }
-        dp.stats.idle_sleeps += 1;
-        dp.wait(IDLE_POLL);
+        // Say we sleep before the last look, so a peer that hands us a frame
+        // or a job after that look rings the doorbell.
+        let bell = dp.io.as_ref().map(|io| io.doorbell.clone());
+        if let Some(b) = &bell {
+            b.going_to_sleep();
+        }
+        if serve_jobs(jobs, dp) == 0 && !dp.handoffs_pending() {
+            dp.stats.idle_sleeps += 1;
+            dp.wait(IDLE_POLL);
+        }
+        if let Some(b) = &bell {
+            b.woke();
+        }
     }
 }
 
 impl Datapath {
-    /// One round: a batch from every tap and every underlay queue. Returns how many
-    /// frames came in.
+    /// One round: a batch from every tap, every underlay queue and every ring
+    /// from the other workers. Returns how many frames came in.
     fn poll_once(&mut self, batch: &mut TxBatch, buf: &mut [u8]) -> usize {
-        let Some(underlay) = self.underlay.as_mut() else {
+        let Some(io) = self.io.as_mut() else {
             return 0;
         };
         let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let routes = WorkerRoutes {
+            next_hops: &io.next_hops,
+            own: self.engine.config().underlay_addr,
+            loopback: io.loopback,
+        };
+        let several = io.loopback.is_some();
+        let me = io.index;
         let mut got = 0;
         batch.clear();
-        {
-            let routes = &underlay.next_hops;
-            for slot in self.ports.values_mut() {
-                let Some(tap) = slot.tap.as_mut() else {
-                    continue;
-                };
-                for _ in 0..BATCH {
-                    match tap.read(buf) {
-                        Ok(Some((vnet, len))) => {
-                            got += 1;
-                            self.stats.tap_rx_frames += 1;
-                            let frame = buf.get(..len).unwrap_or(&[]);
-                            self.engine
-                                .process_guest(slot.id, vnet, frame, now, routes, batch);
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            self.stats.tap_rx_errors += 1;
-                            tracing::debug!(port = tap.name(), error = %e, "tap read failed");
-                            break;
-                        }
+        for slot in self.ports.values_mut() {
+            let Some(tap) = slot.tap.as_mut() else {
+                continue;
+            };
+            for _ in 0..BATCH {
+                match tap.read(buf) {
+                    Ok(Some((vnet, len))) => {
+                        got += 1;
+                        self.stats.tap_rx_frames += 1;
+                        let frame = buf.get(..len).unwrap_or(&[]);
+                        self.engine
+                            .process_guest(slot.id, vnet, frame, now, &routes, batch);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.stats.tap_rx_errors += 1;
+                        tracing::debug!(port = tap.name(), error = %e, "tap read failed");
+                        break;
                     }
                 }
             }
-            for link in &mut underlay.links {
-                for sock in &mut link.sockets {
-                    let engine = &mut self.engine;
-                    let n = sock.recv_batch(BATCH, |frame| {
-                        engine.process_underlay(frame, now, routes, batch);
-                    });
-                    self.stats.underlay_rx_frames += n as u64;
-                    got += n;
+        }
+        for sock in &mut io.queues.sockets {
+            let engine = &mut self.engine;
+            let (owners, st, mesh) = (&self.owners, &mut self.stats, &mut io.mesh);
+            let n = sock.recv_batch(BATCH, |frame| {
+                if several {
+                    if let Some(w) = frame_owner(owners, frame).filter(|&w| w != me) {
+                        if mesh.push(w, frame, st) {
+                            st.handoff_out += 1;
+                        }
+                        return;
+                    }
                 }
-            }
+                engine.process_underlay(frame, now, &routes, batch);
+            });
+            self.stats.underlay_rx_frames += n as u64;
+            got += n;
+        }
+        for ring in &mut io.mesh.from {
+            let engine = &mut self.engine;
+            let n = ring.pop_batch(BATCH, |frame| {
+                engine.process_underlay(frame, now, &routes, batch);
+            });
+            self.stats.handoff_in += n as u64;
+            got += n;
         }
         self.engine.end_of_batch(batch);
         self.drain(batch);
@@ -482,15 +673,20 @@ impl Datapath {
         got
     }
 
+    /// Frames other workers handed to this one and it has not taken yet.
+    fn handoffs_pending(&self) -> bool {
+        self.io.as_ref().is_some_and(|io| io.mesh.pending())
+    }
+
     /// Hands the next hops the engine just missed to the resolver (so only the
     /// first packets toward a new sled are lost) and takes the resolver's newest
     /// table for the next batch. Flows compiled with a next hop that has since
     /// changed or gone are dropped, so they are recompiled with the new one.
     fn sync_next_hops(&mut self) {
-        let Some(u) = self.underlay.as_mut() else {
+        let Some(io) = self.io.as_mut() else {
             return;
         };
-        if u.next_hops.sync(Instant::now()) {
+        if io.next_hops.sync(Instant::now()) {
             tracing::debug!("underlay next hop changed; recompiling flows");
             self.engine.invalidate_next_hops();
         }
@@ -504,18 +700,34 @@ impl Datapath {
         self.drain(batch);
     }
 
-    /// Sends every frame of the batch where the engine said.
+    /// Sends every frame of the batch where the engine said. With several
+    /// workers, a frame to our own underlay address is for a port of another
+    /// worker: it goes to that worker, not to the wire.
     fn drain(&mut self, batch: &TxBatch) {
-        if batch.is_empty() {
-            return;
-        }
-        let Some(underlay) = self.underlay.as_mut() else {
+        let Some(io) = self.io.as_mut() else {
             return;
         };
+        if batch.is_empty() {
+            // Frames received for other workers leave nothing in the batch, but
+            // their owners still need waking.
+            io.mesh.wake();
+            return;
+        }
+        let own = io.loopback.map(|_| self.engine.config().underlay_addr);
         let st = &mut self.stats;
         for (dest, frame) in batch.iter() {
             match dest {
-                TxDest::Underlay { ifindex } => match underlay.send(ifindex, frame) {
+                TxDest::Underlay { .. } if own.is_some() && outer_dst(frame) == own => {
+                    match frame_owner(&self.owners, frame).filter(|&w| w != io.index) {
+                        Some(w) => {
+                            if io.mesh.push(w, frame, st) {
+                                st.loopback_handoff += 1;
+                            }
+                        }
+                        None => st.loopback_unowned += 1,
+                    }
+                }
+                TxDest::Underlay { ifindex } => match io.queues.send(ifindex, frame) {
                     Ok(()) => st.underlay_tx_frames += 1,
                     Err(SendError::NoSuchLink) => st.underlay_tx_no_link += 1,
                     Err(SendError::Tx(dpio::xsk::TxError::Full)) => st.underlay_tx_full += 1,
@@ -539,24 +751,21 @@ impl Datapath {
                 }
             }
         }
-        underlay.kick();
+        io.queues.kick();
+        io.mesh.wake();
         st.batches += 1;
     }
 
-    /// Sleeps until a tap or an underlay socket has something, or `timeout`.
+    /// Sleeps until a tap, an underlay socket or the doorbell has something, or
+    /// `timeout`.
     fn wait(&self, timeout: Duration) {
         let mut fds: Vec<libc::pollfd> = self
             .ports
             .values()
             .filter_map(|s| s.tap.as_ref())
             .map(|t| t.as_raw_fd())
-            .chain(
-                self.underlay
-                    .iter()
-                    .flat_map(|u| u.links.iter())
-                    .flat_map(|l| l.sockets.iter())
-                    .map(|s| s.as_raw_fd()),
-            )
+            .chain(self.io.iter().flat_map(|io| io.queues.fds()))
+            .chain(self.io.iter().map(|io| io.doorbell.fd()))
             .map(|fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
@@ -595,6 +804,60 @@ pub fn pin_to_core(core: usize) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An untagged Geneve frame to `dst` with VNI `vni`, one 8-byte option
+    /// (shifting the inner frame), and an inner Ethernet frame to `inner_dst`.
+    fn geneve_frame(dst: Ipv6Addr, vni: u32, inner_dst: [u8; 6]) -> Vec<u8> {
+        let inner: Vec<u8> = inner_dst
+            .iter()
+            .chain(&[2, 0, 0, 0, 0, 9, 0x08, 0x00])
+            .chain(&[0u8; 20])
+            .copied()
+            .collect();
+        let opt = [0x02, 0x00, 0x01, 0x01, 0, 0, 0, 0]; // class 0x0200, type 1, 4 bytes
+        let udp_len = 8 + 8 + opt.len() + inner.len();
+        let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x86, 0xdd];
+        f.extend([0x60, 0, 0, 0]);
+        f.extend((udp_len as u16).to_be_bytes());
+        f.extend([17, 64]);
+        f.extend("fd00:99::2".parse::<Ipv6Addr>().unwrap().octets());
+        f.extend(dst.octets());
+        f.extend([0x12, 0x34, 0x17, 0xc1]);
+        f.extend((udp_len as u16).to_be_bytes());
+        f.extend([0, 0]);
+        f.extend([(opt.len() / 4) as u8, 0, 0x65, 0x58]);
+        f.extend(&vni.to_be_bytes()[1..]);
+        f.push(0);
+        f.extend(opt);
+        f.extend(inner);
+        f
+    }
+
+    /// The dispatch key is the outer VNI and the inner destination MAC (behind
+    /// the Geneve options); frames that do not parse, or whose key nobody owns,
+    /// stay with the receiving worker.
+    #[test]
+    fn frames_are_dispatched_by_vni_and_inner_mac() {
+        let us: Ipv6Addr = "fd00:99::1".parse().unwrap();
+        let mac = [0xa8, 0x40, 0x25, 0xff, 0, 5];
+        let owners = HashMap::from([((1701, MacAddr(mac)), 1), ((1702, MacAddr(mac)), 0)]);
+        let f = geneve_frame(us, 1701, mac);
+        assert!(wire::meta::parse_underlay(&f).is_ok());
+        assert_eq!(frame_owner(&owners, &f), Some(1));
+        assert_eq!(frame_owner(&owners, &geneve_frame(us, 1702, mac)), Some(0));
+        assert_eq!(frame_owner(&owners, &geneve_frame(us, 1703, mac)), None);
+        let mut other = mac;
+        other[5] = 6;
+        assert_eq!(frame_owner(&owners, &geneve_frame(us, 1701, other)), None);
+        for cut in [0, 13, 53, 70, f.len() - 30] {
+            assert_eq!(frame_owner(&owners, &f[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(outer_dst(&f), Some(us));
+        assert_eq!(outer_dst(&f[..53]), None);
+        let mut tagged = f.clone();
+        tagged[12..14].copy_from_slice(&[0x81, 0x00]);
+        assert_eq!(outer_dst(&tagged), None);
+    }
 
     /// Every daemon draws its own seed: never the engine's fixed test default, and
     /// two draws differ (a collision has probability 2^-64).

@@ -5,14 +5,17 @@
 //! glue that runs the engine over the I/O edge ([`datapath`]).
 
 pub mod api;
+pub mod channels;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod controller;
 pub mod daemon;
 pub mod datapath;
+pub mod handoff;
 pub mod neighbours;
 pub mod ra_listen;
 pub mod server;
 pub mod state;
 pub mod underlay;
+pub mod workers;

@@ -48,6 +48,24 @@ pub fn serve_pending(rx: &RequestRx, mut handle: impl FnMut(Request) -> Outcome)
     n
 }
 
+/// Waits up to `timeout` for one request and answers it with `handle`; for a
+/// thread whose only job is the controller. Returns false once every sender is
+/// gone (the server stopped).
+pub fn serve_next(
+    rx: &RequestRx,
+    timeout: Duration,
+    handle: impl FnOnce(Request) -> Outcome,
+) -> bool {
+    match rx.recv_timeout(timeout) {
+        Ok(p) => {
+            let _ = p.reply.send(handle(p.request));
+            true
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => true,
+        Err(mpsc::RecvTimeoutError::Disconnected) => false,
+    }
+}
+
 /// The listening socket; removed from the filesystem when dropped.
 pub struct ApiServer {
     path: PathBuf,

@@ -1,24 +1,26 @@
 //! The daemon's underlay edge: for each underlay interface, the link facts, the
 //! attached XDP steering program and one AF_XDP socket per receive queue, all on one
-//! shared UMEM; plus the next hops the engine asks when it encapsulates (resolved
-//! off the worker thread, see [`crate::neighbours`]).
+//! shared UMEM. The sockets are handed out to the workers ([`Underlay::take_queues`]:
+//! queue `i` to worker `i % workers`); each worker receives and transmits on its own
+//! sockets only ([`UnderlayQueues`]). The links and their programs stay with the
+//! daemon's main thread, which reads their counters for `stats`.
 
 use crate::config::{DaemonConfig, XdpMode};
-use crate::neighbours::NextHops;
 use dpio::netlink::Netlink;
 use dpio::xdp::{AttachMode, SteeringProgram};
 use dpio::xsk::{BindMode, TxError, Umem, XskConfig, XskSocket, XskStats};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::Ipv6Addr;
+use std::os::fd::AsRawFd;
+use wire::MacAddr;
 
 /// One underlay interface.
 pub struct UnderlayLink {
     pub name: String,
     pub ifindex: u32,
     pub mtu: u32,
-    /// One socket per rx queue, in queue order. Transmission uses the first.
-    pub sockets: Vec<XskSocket>,
+    pub mac: Option<MacAddr>,
     /// Kept for its lifetime: dropping it detaches the program.
     program: SteeringProgram,
 }
@@ -26,7 +28,8 @@ pub struct UnderlayLink {
 /// All underlay interfaces and what serves them.
 pub struct Underlay {
     pub links: Vec<UnderlayLink>,
-    pub next_hops: NextHops,
+    /// Every link's sockets, in link then queue order, until handed to workers.
+    sockets: Vec<XskSocket>,
     /// Kept alive while sockets use it.
     _umem: Umem,
 }
@@ -44,9 +47,10 @@ fn rx_queue_count(ifname: &str) -> Result<u32, String> {
 }
 
 impl Underlay {
-    /// Reads each interface's facts, attaches the steering program and binds the
-    /// sockets. Everything attached so far is released again if a later step fails.
-    pub fn open(cfg: &DaemonConfig) -> Result<Underlay, String> {
+    /// Reads each interface's facts, gives it at least one rx queue per worker,
+    /// attaches the steering program and binds the sockets. Everything attached so
+    /// far is released again if a later step fails.
+    pub fn open(cfg: &DaemonConfig, workers: usize) -> Result<Underlay, String> {
         let mut nl = Netlink::open().map_err(|e| format!("netlink: {e}"))?;
         let xsk_cfg = XskConfig {
             rx_frames: 2048,
@@ -60,7 +64,18 @@ impl Underlay {
             let link = nl
                 .link_by_name(name)
                 .map_err(|e| format!("underlay interface {name:?}: {e}"))?;
-            let queues = rx_queue_count(name)?;
+            let mut queues = rx_queue_count(name)?;
+            let need = u32::try_from(workers).unwrap_or(u32::MAX);
+            if queues < need {
+                crate::channels::ensure_queues(name, need)?;
+                queues = rx_queue_count(name)?;
+                if queues < need {
+                    return Err(format!(
+                        "underlay interface {name:?} has {queues} rx queues after asking \
+                         for {need} (one per worker)"
+                    ));
+                }
+            }
             chunks = chunks.saturating_add(queues * (xsk_cfg.rx_frames + xsk_cfg.tx_frames));
             plan.push((link, queues));
         }
@@ -71,15 +86,15 @@ impl Underlay {
             XdpMode::Skb => AttachMode::Skb,
         };
         let mut links = Vec::new();
+        let mut all_sockets = Vec::new();
         for (link, queues) in plan {
             let mut program = SteeringProgram::attach(&link.name, &[cfg.underlay_addr], mode)
                 .map_err(|e| e.to_string())?;
-            let mut sockets = Vec::new();
             for q in 0..queues {
                 let s = XskSocket::new(&umem, link.ifindex, q, xsk_cfg)
                     .map_err(|e| format!("AF_XDP socket on {} queue {q}: {e}", link.name))?;
                 program.register_socket(q, &s).map_err(|e| e.to_string())?;
-                sockets.push(s);
+                all_sockets.push(s);
             }
             tracing::info!(
                 iface = %link.name, ifindex = link.ifindex, mtu = link.mtu, queues,
@@ -89,14 +104,46 @@ impl Underlay {
                 name: link.name,
                 ifindex: link.ifindex,
                 mtu: link.mtu,
-                sockets,
+                mac: link.mac,
                 program,
             });
         }
         Ok(Underlay {
             links,
-            next_hops: NextHops::start()?,
+            sockets: all_sockets,
             _umem: umem,
+        })
+    }
+
+    /// Hands the sockets to `workers` workers: queue `i` of every link to worker
+    /// `i % workers`. `open` made every link have at least one queue per worker,
+    /// so every worker can transmit on every link.
+    pub fn take_queues(&mut self, workers: usize) -> Vec<UnderlayQueues> {
+        let workers = workers.max(1);
+        let mut out: Vec<UnderlayQueues> = (0..workers)
+            .map(|_| UnderlayQueues {
+                sockets: Vec::new(),
+            })
+            .collect();
+        for s in self.sockets.drain(..) {
+            let w = s.queue() as usize % workers;
+            if let Some(q) = out.get_mut(w) {
+                q.sockets.push(s);
+            }
+        }
+        out
+    }
+
+    /// A next hop for frames addressed to this sled itself: they never reach the
+    /// wire (the worker hands them to the port's owner), but the engine needs a
+    /// next hop to build them. The first link's interface and MAC.
+    pub fn loopback_next_hop(&self) -> Option<engine::NextHop> {
+        let l = self.links.first()?;
+        let mac = l.mac.unwrap_or(MacAddr([0x02, 0, 0, 0, 0, 1]));
+        Some(engine::NextHop {
+            ifindex: l.ifindex,
+            src_mac: mac,
+            dst_mac: mac,
         })
     }
 
@@ -106,33 +153,8 @@ impl Underlay {
         self.links.iter().map(|l| l.mtu).min().unwrap_or(0)
     }
 
-    /// Queues a frame on the link `ifindex`; a full ring gets one kick and one retry.
-    pub fn send(&mut self, ifindex: u32, frame: &[u8]) -> Result<(), SendError> {
-        let link = self
-            .links
-            .iter_mut()
-            .find(|l| l.ifindex == ifindex)
-            .ok_or(SendError::NoSuchLink)?;
-        let sock = link.sockets.first_mut().ok_or(SendError::NoSuchLink)?;
-        match sock.send(frame) {
-            Err(TxError::Full) => {
-                sock.kick();
-                sock.send(frame).map_err(SendError::Tx)
-            }
-            r => r.map_err(SendError::Tx),
-        }
-    }
-
-    /// Tells the kernel about queued frames on every link.
-    pub fn kick(&mut self) {
-        for l in &mut self.links {
-            if let Some(s) = l.sockets.first_mut() {
-                s.kick();
-            }
-        }
-    }
-
-    /// XDP and AF_XDP counters of every link, for `stats`.
+    /// Link facts and XDP program counters of every link, for `stats` (the
+    /// sockets' counters come from the workers that own them).
     pub fn stats(&mut self) -> Vec<LinkStats> {
         self.links
             .iter_mut()
@@ -147,9 +169,48 @@ impl Underlay {
                         .collect(),
                     Err(e) => BTreeMap::from([(format!("unreadable: {e}"), 0)]),
                 },
-                xsk: l.sockets.iter().map(XskCounters::read).collect(),
             })
             .collect()
+    }
+}
+
+/// The underlay sockets one worker owns: it receives on all of them and
+/// transmits on the first of each link.
+pub struct UnderlayQueues {
+    pub sockets: Vec<XskSocket>,
+}
+
+impl UnderlayQueues {
+    /// Queues a frame on the link `ifindex`; a full ring gets one kick and one retry.
+    pub fn send(&mut self, ifindex: u32, frame: &[u8]) -> Result<(), SendError> {
+        let sock = self
+            .sockets
+            .iter_mut()
+            .find(|s| s.ifindex() == ifindex)
+            .ok_or(SendError::NoSuchLink)?;
+        match sock.send(frame) {
+            Err(TxError::Full) => {
+                sock.kick();
+                sock.send(frame).map_err(SendError::Tx)
+            }
+            r => r.map_err(SendError::Tx),
+        }
+    }
+
+    /// Tells the kernel about queued frames (and reclaims completions).
+    pub fn kick(&mut self) {
+        for s in &mut self.sockets {
+            s.kick();
+        }
+    }
+
+    /// Counters of every socket.
+    pub fn stats(&self) -> Vec<XskCounters> {
+        self.sockets.iter().map(XskCounters::read).collect()
+    }
+
+    pub fn fds(&self) -> impl Iterator<Item = i32> + '_ {
+        self.sockets.iter().map(|s| s.as_raw_fd())
     }
 }
 
@@ -170,14 +231,13 @@ pub struct LinkStats {
     pub mtu: u32,
     /// XDP program counters by name.
     pub xdp: BTreeMap<String, u64>,
-    /// One entry per queue.
-    pub xsk: Vec<XskCounters>,
 }
 
-/// One socket's counters with the queue it belongs to; the counters are dpio's own
+/// One socket's counters with the link and queue it belongs to; the counters are dpio's own
 /// type, flattened, so a counter added there shows up here without a copy.
 #[derive(Debug, Serialize)]
 pub struct XskCounters {
+    pub ifindex: u32,
     pub queue: u32,
     #[serde(flatten)]
     pub stats: XskStats,
@@ -192,6 +252,7 @@ impl XskCounters {
             Err(e) => (XskStats::default(), Some(e.to_string())),
         };
         XskCounters {
+            ifindex: s.ifindex(),
             queue: s.queue(),
             stats,
             error,

@@ -1,0 +1,666 @@
+//! The controller's view of several poll-mode workers, each owning its own
+//! dataplane (an engine, its ports' taps, some underlay queues).
+//!
+//! Port affinity, like OVS assigning rx queues to PMD threads: every port lives on
+//! exactly one worker, chosen least-loaded when the port is created, so its
+//! firewall connections, flow tables, gateway timers and coalescer are touched by
+//! one thread only and the fast path takes no lock. Configuration that is not per
+//! port (V2P) is applied to every worker's engine; per-port configuration and
+//! inspection go to the port's owner only.
+//!
+//! Requests travel to a worker as jobs (closures run on the worker between
+//! batches) and the controller waits for each answer, so a request is
+//! acknowledged only once every worker that had to apply it has. A change that
+//! spans workers is applied in worker order, worker 0 first: worker 0 is the
+//! validation (all engines share one configuration, so what it accepts the others
+//! accept), and should a later worker still refuse, the workers that already
+//! applied it are put back, so a refusal changes nothing.
+
+use crate::api::{FwRule, PortInfo, RouteEntry, V2pEntry};
+use crate::controller::{Dataplane, Inspect};
+use crate::handoff::Doorbell;
+use engine::{MacAddr, Vni};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+/// Work for a worker: runs on the worker's thread with its dataplane.
+pub type Job<D> = Box<dyn FnOnce(&mut D) + Send>;
+pub type JobTx<D> = mpsc::Sender<Job<D>>;
+pub type JobRx<D> = mpsc::Receiver<Job<D>>;
+
+/// What a worker's dataplane offers beyond [`Dataplane`]: the map from a port's
+/// inbound dispatch key to the worker owning it, which a worker consults for
+/// underlay frames it receives for ports it does not own.
+pub trait WorkerPlane: Dataplane {
+    /// Records that frames for (`vni`, guest `mac`) belong to worker `owner`
+    /// (`None`: the port is gone).
+    fn set_port_owner(&mut self, vni: Vni, mac: MacAddr, owner: Option<usize>);
+}
+
+/// Runs every job waiting for this worker, without blocking. Returns how many ran.
+pub fn serve_jobs<D>(jobs: &JobRx<D>, dp: &mut D) -> usize {
+    let mut n = 0;
+    while let Ok(job) = jobs.try_recv() {
+        job(dp);
+        n += 1;
+    }
+    n
+}
+
+/// The worker that gets the next port: the one with the fewest ports, the lowest
+/// index among equals (so one worker behaves like one, and ports spread evenly
+/// in creation order).
+pub fn least_loaded(loads: &[usize]) -> usize {
+    loads
+        .iter()
+        .enumerate()
+        .min_by_key(|&(i, &n)| (n, i))
+        .map_or(0, |(i, _)| i)
+}
+
+/// Where a port lives and its dispatch key.
+#[derive(Clone, Copy, Debug)]
+struct Placement {
+    worker: usize,
+    vni: Vni,
+    mac: MacAddr,
+}
+
+/// Extra `stats` that belong to no worker (the underlay links' XDP counters).
+pub type SharedStats = Box<dyn FnMut() -> Value>;
+
+/// The fan-out: a [`Dataplane`] made of one dataplane per worker thread.
+pub struct Workers<D> {
+    jobs: Vec<JobTx<D>>,
+    /// Wakes a sleeping worker when a job is queued (absent in tests).
+    doorbells: Vec<Arc<Doorbell>>,
+    ports: BTreeMap<String, Placement>,
+    /// The V2P table every engine holds, kept here to undo a partial change.
+    v2p: BTreeMap<(Vni, IpAddr), V2pEntry>,
+    shared_stats: Option<SharedStats>,
+}
+
+impl<D: WorkerPlane + 'static> Workers<D> {
+    /// One entry of `jobs` per worker, in worker order.
+    pub fn new(jobs: Vec<JobTx<D>>, shared_stats: Option<SharedStats>) -> Workers<D> {
+        Workers {
+            jobs,
+            doorbells: Vec::new(),
+            ports: BTreeMap::new(),
+            v2p: BTreeMap::new(),
+            shared_stats,
+        }
+    }
+
+    /// Jobs for worker `i` ring `doorbells[i]`, so a sleeping worker answers at
+    /// once instead of after its idle timeout.
+    pub fn with_doorbells(mut self, doorbells: Vec<Arc<Doorbell>>) -> Workers<D> {
+        self.doorbells = doorbells;
+        self
+    }
+
+    pub fn count(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// The worker owning port `name`.
+    pub fn owner(&self, name: &str) -> Option<usize> {
+        self.ports.get(name).map(|p| p.worker)
+    }
+
+    /// Runs `f` on worker `w` and waits for its result.
+    fn call<R: Send + 'static>(
+        &self,
+        w: usize,
+        f: impl FnOnce(&mut D) -> R + Send + 'static,
+    ) -> Result<R, String> {
+        let gone = || format!("worker {w} has stopped");
+        let tx = self.jobs.get(w).ok_or_else(gone)?;
+        let (rtx, rrx) = mpsc::channel();
+        tx.send(Box::new(move |dp: &mut D| {
+            let _ = rtx.send(f(dp));
+        }))
+        .map_err(|_| gone())?;
+        if let Some(d) = self.doorbells.get(w) {
+            d.ring();
+        }
+        rrx.recv().map_err(|_| gone())
+    }
+
+    /// Runs a fallible change on the owner of `port`.
+    fn on_owner<R: Send + 'static>(
+        &self,
+        port: &str,
+        f: impl FnOnce(&mut D) -> Result<R, String> + Send + 'static,
+    ) -> Result<R, String> {
+        let w = self
+            .owner(port)
+            .ok_or_else(|| format!("no port named {port:?}"))?;
+        self.call(w, f)?
+    }
+
+    /// Applies `change` on every worker, worker 0 first; if a worker refuses (or
+    /// has stopped), `undo` runs on the workers that had applied it and the first
+    /// refusal is returned.
+    fn on_all(
+        &self,
+        change: impl Fn(&mut D) -> Result<(), String> + Clone + Send + 'static,
+        undo: impl Fn(&mut D) + Clone + Send + 'static,
+    ) -> Result<(), String> {
+        for w in 0..self.jobs.len() {
+            let r = self.call(w, change.clone()).and_then(|r| r);
+            if let Err(e) = r {
+                for done in (0..w).rev() {
+                    if let Err(u) = self.call(done, undo.clone()) {
+                        tracing::error!(worker = done, error = %u, "change not undone");
+                    }
+                }
+                let e = if w == 0 {
+                    e
+                } else {
+                    format!("worker {w}: {e}")
+                };
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells every worker who owns (`vni`, `mac`). Cannot be refused; fails only
+    /// if a worker has stopped.
+    fn announce(&self, vni: Vni, mac: MacAddr, owner: Option<usize>) -> Result<(), String> {
+        for w in 0..self.jobs.len() {
+            self.call(w, move |dp: &mut D| dp.set_port_owner(vni, mac, owner))?;
+        }
+        Ok(())
+    }
+
+    /// Ports per worker.
+    fn loads(&self) -> Vec<usize> {
+        let mut loads = vec![0; self.jobs.len()];
+        for p in self.ports.values() {
+            if let Some(n) = loads.get_mut(p.worker) {
+                *n += 1;
+            }
+        }
+        loads
+    }
+
+    /// Every worker's `stats`, merged: engine counters of disjoint ports side by
+    /// side, datapath-wide counters summed, plus which worker serves which port.
+    fn merged_stats(&mut self) -> Result<Value, String> {
+        let mut merged = Value::Null;
+        let mut first_v2p = None;
+        let mut epoch = 0u64;
+        for w in 0..self.jobs.len() {
+            let v = self.call(w, |dp: &mut D| dp.inspect(&Inspect::Stats { port: None }))??;
+            // Every engine holds the whole V2P table, and epochs are per engine:
+            // neither adds up.
+            first_v2p = first_v2p.or_else(|| v.pointer("/engine/v2p_entries").cloned());
+            epoch = epoch.max(
+                v.pointer("/engine/epoch")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0),
+            );
+            merge_sum(&mut merged, v);
+        }
+        if let Some(engine) = merged.get_mut("engine").and_then(Value::as_object_mut) {
+            if let Some(n) = first_v2p {
+                engine.insert("v2p_entries".into(), n);
+            }
+            engine.insert("epoch".into(), epoch.into());
+        }
+        if let Value::Object(m) = &mut merged {
+            let mut by_worker: Vec<Vec<&str>> = vec![Vec::new(); self.jobs.len()];
+            for (name, p) in &self.ports {
+                if let Some(v) = by_worker.get_mut(p.worker) {
+                    v.push(name);
+                }
+            }
+            let workers: Vec<Value> = by_worker
+                .into_iter()
+                .enumerate()
+                .map(|(i, ports)| serde_json::json!({ "worker": i, "ports": ports }))
+                .collect();
+            m.insert("workers".into(), workers.into());
+            if let Some(f) = self.shared_stats.as_mut() {
+                m.insert("underlay".into(), f());
+            }
+        }
+        Ok(merged)
+    }
+}
+
+/// Adds `b` into `a`: objects key by key, numbers summed, arrays concatenated;
+/// anything else keeps `a`'s value (or takes `b`'s where `a` has none).
+pub fn merge_sum(a: &mut Value, b: Value) {
+    match (a, b) {
+        (Value::Object(am), Value::Object(bm)) => {
+            for (k, bv) in bm {
+                match am.get_mut(&k) {
+                    Some(av) => merge_sum(av, bv),
+                    None => {
+                        am.insert(k, bv);
+                    }
+                }
+            }
+        }
+        (Value::Array(aa), Value::Array(ba)) => aa.extend(ba),
+        (Value::Number(an), Value::Number(bn)) => {
+            if let (Some(x), Some(y)) = (an.as_u64(), bn.as_u64()) {
+                *an = x.saturating_add(y).into();
+            }
+        }
+        (a @ Value::Null, b) => *a = b,
+        _ => {}
+    }
+}
+
+impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
+    fn add_port(&mut self, p: &PortInfo) -> Result<(), String> {
+        let w = least_loaded(&self.loads());
+        let info = p.clone();
+        self.call(w, move |dp: &mut D| dp.add_port(&info))??;
+        let (name, vni, mac) = (p.config.name.clone(), p.config.vni, p.config.guest_mac);
+        if let Err(e) = self.announce(vni, mac, Some(w)) {
+            let _ = self.announce(vni, mac, None);
+            let n = name.clone();
+            let _ = self.call(w, move |dp: &mut D| dp.remove_port(&n));
+            return Err(e);
+        }
+        self.ports.insert(
+            name,
+            Placement {
+                worker: w,
+                vni,
+                mac,
+            },
+        );
+        tracing::info!(port = %p.config.name, worker = w, "port placed");
+        Ok(())
+    }
+
+    fn remove_port(&mut self, name: &str) -> Result<(), String> {
+        let place = *self
+            .ports
+            .get(name)
+            .ok_or_else(|| format!("no port named {name:?}"))?;
+        let n = name.to_string();
+        self.call(place.worker, move |dp: &mut D| dp.remove_port(&n))??;
+        self.ports.remove(name);
+        // The port is gone whatever happens next; a worker that missed this
+        // hands frames for it to the old owner, which counts them as no_port.
+        self.announce(place.vni, place.mac, None)
+    }
+
+    fn set_v2p(&mut self, e: &V2pEntry) -> Result<(), String> {
+        let key = (e.vni, e.vpc_ip);
+        let old = self.v2p.get(&key).copied();
+        let new = *e;
+        self.on_all(
+            move |dp: &mut D| dp.set_v2p(&new),
+            move |dp: &mut D| {
+                let _ = match old {
+                    Some(o) => dp.set_v2p(&o),
+                    None => dp.clear_v2p(new.vpc_ip, new.vni),
+                };
+            },
+        )?;
+        self.v2p.insert(key, new);
+        Ok(())
+    }
+
+    fn clear_v2p(&mut self, vpc_ip: IpAddr, vni: Vni) -> Result<(), String> {
+        let old = self.v2p.get(&(vni, vpc_ip)).copied();
+        self.on_all(
+            move |dp: &mut D| dp.clear_v2p(vpc_ip, vni),
+            move |dp: &mut D| {
+                if let Some(o) = old {
+                    let _ = dp.set_v2p(&o);
+                }
+            },
+        )?;
+        self.v2p.remove(&(vni, vpc_ip));
+        Ok(())
+    }
+
+    fn set_routes(&mut self, port: &str, routes: &[RouteEntry]) -> Result<(), String> {
+        let (n, r) = (port.to_string(), routes.to_vec());
+        self.on_owner(port, move |dp: &mut D| dp.set_routes(&n, &r))
+    }
+
+    fn routes(&self, port: &str) -> Result<Vec<RouteEntry>, String> {
+        let n = port.to_string();
+        self.on_owner(port, move |dp: &mut D| dp.routes(&n))
+    }
+
+    fn set_fw_rules(&mut self, port: &str, rules: &[FwRule]) -> Result<(), String> {
+        let (n, r) = (port.to_string(), rules.to_vec());
+        self.on_owner(port, move |dp: &mut D| dp.set_fw_rules(&n, &r))
+    }
+
+    fn clear_uft(&mut self, port: &str) -> Result<(), String> {
+        let n = port.to_string();
+        self.on_owner(port, move |dp: &mut D| dp.clear_uft(&n))
+    }
+
+    fn inspect(&mut self, what: &Inspect) -> Result<Value, String> {
+        let port = match what {
+            Inspect::Stats { port: None } => return self.merged_stats(),
+            Inspect::Stats { port: Some(p) }
+            | Inspect::Layer { port: p, .. }
+            | Inspect::Uft { port: p }
+            | Inspect::Mtu { port: p }
+            | Inspect::Ra { port: p } => p.clone(),
+        };
+        let w = what.clone();
+        self.on_owner(&port, move |dp: &mut D| dp.inspect(&w))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::tests::sample_port;
+    use crate::api::{CreatePort, Outcome, Request};
+    use crate::controller::Controller;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::thread;
+
+    /// A worker's dataplane that records what it holds and refuses on command.
+    #[derive(Default, Debug)]
+    struct Fake {
+        ports: Vec<String>,
+        v2p: Vec<V2pEntry>,
+        owners: BTreeMap<(u32, MacAddr), usize>,
+        refuse_v2p: bool,
+        stats: u64,
+    }
+
+    impl Dataplane for Fake {
+        fn add_port(&mut self, p: &PortInfo) -> Result<(), String> {
+            self.ports.push(p.config.name.clone());
+            Ok(())
+        }
+        fn remove_port(&mut self, name: &str) -> Result<(), String> {
+            let before = self.ports.len();
+            self.ports.retain(|n| n != name);
+            if before == self.ports.len() {
+                return Err(format!("no port named {name:?} here"));
+            }
+            Ok(())
+        }
+        fn set_v2p(&mut self, e: &V2pEntry) -> Result<(), String> {
+            if self.refuse_v2p {
+                return Err(format!("refusing {}", e.vpc_ip));
+            }
+            self.v2p
+                .retain(|o| !(o.vpc_ip == e.vpc_ip && o.vni == e.vni));
+            self.v2p.push(*e);
+            Ok(())
+        }
+        fn clear_v2p(&mut self, ip: IpAddr, vni: Vni) -> Result<(), String> {
+            if self.refuse_v2p {
+                return Err(format!("refusing {ip}"));
+            }
+            self.v2p.retain(|o| !(o.vpc_ip == ip && o.vni == vni));
+            Ok(())
+        }
+        fn set_routes(&mut self, port: &str, _: &[RouteEntry]) -> Result<(), String> {
+            self.has(port)
+        }
+        fn routes(&self, port: &str) -> Result<Vec<RouteEntry>, String> {
+            self.has(port).map(|()| Vec::new())
+        }
+        fn set_fw_rules(&mut self, port: &str, _: &[FwRule]) -> Result<(), String> {
+            self.has(port)
+        }
+        fn clear_uft(&mut self, port: &str) -> Result<(), String> {
+            self.has(port)
+        }
+        fn inspect(&mut self, what: &Inspect) -> Result<Value, String> {
+            Ok(match what {
+                Inspect::Stats { port: None } => serde_json::json!({
+                    "engine": { "epoch": self.stats, "v2p_entries": self.v2p.len(),
+                                "ports": self.ports, "drops": { "no_port": self.stats } },
+                    "worker": { "batches": self.stats },
+                }),
+                other => serde_json::json!({ "asked": format!("{other:?}"), "ports": self.ports }),
+            })
+        }
+    }
+
+    impl Fake {
+        fn has(&self, port: &str) -> Result<(), String> {
+            if self.ports.iter().any(|p| p == port) {
+                Ok(())
+            } else {
+                Err(format!("port {port:?} is not on this worker"))
+            }
+        }
+    }
+
+    impl WorkerPlane for Fake {
+        fn set_port_owner(&mut self, vni: Vni, mac: MacAddr, owner: Option<usize>) {
+            match owner {
+                Some(w) => self.owners.insert((vni.get(), mac), w),
+                None => self.owners.remove(&(vni.get(), mac)),
+            };
+        }
+    }
+
+    /// `n` worker threads serving jobs on a `Fake` each until dropped.
+    struct Pool {
+        stop: Arc<AtomicBool>,
+        threads: Vec<thread::JoinHandle<()>>,
+    }
+
+    impl Drop for Pool {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            for t in self.threads.drain(..) {
+                t.join().unwrap();
+            }
+        }
+    }
+
+    fn pool(fakes: Vec<Fake>) -> (Workers<Fake>, Pool) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut jobs = Vec::new();
+        let mut threads = Vec::new();
+        for mut fake in fakes {
+            let (tx, rx) = mpsc::channel::<Job<Fake>>();
+            jobs.push(tx);
+            let stop = stop.clone();
+            threads.push(thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if serve_jobs(&rx, &mut fake) == 0 {
+                        thread::sleep(std::time::Duration::from_micros(200));
+                    }
+                }
+            }));
+        }
+        (Workers::new(jobs, None), Pool { stop, threads })
+    }
+
+    /// What worker `w` holds, read on its own thread.
+    fn peek<R: Send + 'static>(ws: &Workers<Fake>, w: usize, f: fn(&Fake) -> R) -> R {
+        ws.call(w, move |dp: &mut Fake| f(dp)).unwrap()
+    }
+
+    fn port(name: &str, last: u8) -> PortInfo {
+        PortInfo {
+            config: sample_port(name, last),
+            netns: None,
+        }
+    }
+
+    fn v2p(ip: &str) -> V2pEntry {
+        V2pEntry {
+            vpc_ip: ip.parse().unwrap(),
+            vpc_mac: "a8:40:25:ff:00:09".parse().unwrap(),
+            underlay_ip: "fd00:99::2".parse().unwrap(),
+            vni: Vni::new(1701).unwrap(),
+        }
+    }
+
+    #[test]
+    fn least_loaded_prefers_fewest_then_lowest_index() {
+        assert_eq!(least_loaded(&[0]), 0);
+        assert_eq!(least_loaded(&[0, 0]), 0);
+        assert_eq!(least_loaded(&[1, 0]), 1);
+        assert_eq!(least_loaded(&[2, 1, 1]), 1);
+        assert_eq!(least_loaded(&[1, 1, 0]), 2);
+        assert_eq!(least_loaded(&[]), 0);
+    }
+
+    /// Ports alternate between two workers, a freed worker gets the next port,
+    /// every worker learns every port's owner, and per-port requests reach the
+    /// owner only.
+    #[test]
+    fn ports_spread_least_loaded_and_owners_are_announced() {
+        let (mut ws, _pool) = pool(vec![Fake::default(), Fake::default()]);
+        for (i, name) in ["p0", "p1", "p2"].iter().enumerate() {
+            ws.add_port(&port(name, 5 + i as u8)).unwrap();
+        }
+        assert_eq!(peek(&ws, 0, |f| f.ports.clone()), ["p0", "p2"]);
+        assert_eq!(peek(&ws, 1, |f| f.ports.clone()), ["p1"]);
+        for w in 0..2 {
+            let owners = peek(&ws, w, |f| f.owners.values().copied().collect::<Vec<_>>());
+            let mut owners = owners;
+            owners.sort_unstable();
+            assert_eq!(owners, [0, 0, 1], "worker {w} knows every owner");
+        }
+        ws.remove_port("p0").unwrap();
+        assert_eq!(peek(&ws, 1, |f| f.owners.len()), 2, "p0 forgotten");
+        // Worker 0 now has one port, worker 1 one: a tie goes to worker 0.
+        ws.add_port(&port("p3", 9)).unwrap();
+        assert_eq!(ws.owner("p3"), Some(0));
+        ws.add_port(&port("p4", 10)).unwrap();
+        assert_eq!(ws.owner("p4"), Some(1));
+        // Per-port requests go to the owner (the fake refuses ports it lacks).
+        ws.set_routes("p1", &[]).unwrap();
+        ws.clear_uft("p4").unwrap();
+        ws.set_fw_rules("p3", &[]).unwrap();
+        let v = ws.inspect(&Inspect::Mtu { port: "p1".into() }).unwrap();
+        assert_eq!(v["ports"], serde_json::json!(["p1", "p4"]));
+        assert!(ws.remove_port("p0").unwrap_err().contains("p0"));
+    }
+
+    /// A global change refused by any worker changes no worker: the workers that
+    /// had applied it get the previous entry back, or lose the new one.
+    #[test]
+    fn v2p_refused_by_a_later_worker_is_rolled_back() {
+        let (mut ws, _pool) = pool(vec![
+            Fake::default(),
+            Fake::default(),
+            Fake {
+                refuse_v2p: true,
+                ..Fake::default()
+            },
+        ]);
+        let e = ws.set_v2p(&v2p("10.0.0.9")).unwrap_err();
+        assert!(e.contains("worker 2") && e.contains("10.0.0.9"), "{e}");
+        for w in 0..3 {
+            assert!(peek(&ws, w, |f| f.v2p.is_empty()), "worker {w} kept it");
+        }
+        // With an earlier value present, the rollback restores it.
+        ws.call(2, |f: &mut Fake| f.refuse_v2p = false).unwrap();
+        let old = v2p("10.0.0.9");
+        ws.set_v2p(&old).unwrap();
+        ws.call(2, |f: &mut Fake| f.refuse_v2p = true).unwrap();
+        let mut moved = old;
+        moved.underlay_ip = "fd00:99::3".parse().unwrap();
+        ws.set_v2p(&moved).unwrap_err();
+        ws.clear_v2p(old.vpc_ip, old.vni).unwrap_err();
+        for w in 0..3 {
+            assert_eq!(peek(&ws, w, |f| f.v2p.clone()), [old], "worker {w}");
+        }
+        // Accepted everywhere: applied everywhere.
+        ws.call(2, |f: &mut Fake| f.refuse_v2p = false).unwrap();
+        ws.set_v2p(&moved).unwrap();
+        for w in 0..3 {
+            assert_eq!(peek(&ws, w, |f| f.v2p.clone()), [moved], "worker {w}");
+        }
+    }
+
+    /// Through the controller: a refusal by worker 0 (the validation) reaches the
+    /// client unchanged and nothing is recorded.
+    #[test]
+    fn controller_over_workers_refuses_atomically() {
+        let (ws, _pool) = pool(vec![
+            Fake {
+                refuse_v2p: true,
+                ..Fake::default()
+            },
+            Fake::default(),
+        ]);
+        let mut c = Controller::new(ws, None);
+        let Outcome::Error(e) = c.handle(Request::SetV2p(v2p("10.0.0.7"))) else {
+            panic!("accepted");
+        };
+        assert_eq!(e, "refusing 10.0.0.7");
+        assert!(c.state().v2p.is_empty());
+        assert!(peek(c.dataplane(), 1, |f| f.v2p.is_empty()));
+        let r = c.handle(Request::CreatePort(CreatePort {
+            config: sample_port("opte0", 5),
+            netns: None,
+        }));
+        assert!(matches!(r, Outcome::Ok(_)), "{r:?}");
+        assert_eq!(c.dataplane().owner("opte0"), Some(0));
+    }
+
+    /// Stats of all workers: counters summed, port lists joined, the V2P count
+    /// and epoch not added up, and the placement listed.
+    #[test]
+    fn stats_merge_across_workers() {
+        let (mut ws, _pool) = pool(vec![
+            Fake {
+                stats: 3,
+                ..Fake::default()
+            },
+            Fake {
+                stats: 4,
+                ..Fake::default()
+            },
+        ]);
+        ws.add_port(&port("p0", 5)).unwrap();
+        ws.add_port(&port("p1", 6)).unwrap();
+        ws.set_v2p(&v2p("10.0.0.9")).unwrap();
+        let v = ws.inspect(&Inspect::Stats { port: None }).unwrap();
+        assert_eq!(v["worker"]["batches"], 7);
+        assert_eq!(v["engine"]["drops"]["no_port"], 7);
+        assert_eq!(v["engine"]["ports"], serde_json::json!(["p0", "p1"]));
+        assert_eq!(v["engine"]["v2p_entries"], 1);
+        assert_eq!(v["engine"]["epoch"], 4);
+        assert_eq!(v["workers"][1]["ports"], serde_json::json!(["p1"]));
+    }
+
+    #[test]
+    fn merge_sum_rules() {
+        let mut a = serde_json::json!({"n": 1, "l": [1], "s": "a", "o": {"x": 2}});
+        merge_sum(
+            &mut a,
+            serde_json::json!({"n": 2, "l": [2], "s": "b", "o": {"x": 3, "y": 1}, "new": 5}),
+        );
+        assert_eq!(
+            a,
+            serde_json::json!({"n": 3, "l": [1, 2], "s": "a", "o": {"x": 5, "y": 1}, "new": 5})
+        );
+    }
+
+    /// A stopped worker is an error naming it, not a hang.
+    #[test]
+    fn stopped_worker_is_reported() {
+        let (tx, rx) = mpsc::channel::<Job<Fake>>();
+        drop(rx);
+        let mut ws = Workers::new(vec![tx], None);
+        let e = ws.add_port(&port("p0", 5)).unwrap_err();
+        assert!(e.contains("worker 0 has stopped"), "{e}");
+        assert_eq!(ws.owner("p0"), None);
+    }
+}

@@ -1,0 +1,81 @@
+//! Two poll-mode workers on one sled (`--cores 0,1`): the standard rack puts a1 on
+//! worker 0 and a2 on worker 1 of sled 0. Traffic between them is same-sled but
+//! cross-worker (the loopback handoff); traffic from the other sled to a2 arrives on
+//! worker 0's queue and is handed to worker 1. Both must carry pings at full size and
+//! TCP with every byte checked, and an idle two-worker daemon must back off.
+
+use e2e::standard::{self, A1, A2, B1};
+use e2e::stats;
+use e2e::xfer::transfer;
+use e2e::Result;
+use serde_json::Value;
+use std::path::Path;
+use std::time::Duration;
+
+const FIRST_REPLY: Duration = Duration::from_secs(20);
+
+fn xfer_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_e2e-xfer"))
+}
+
+/// CPU seconds (user + system) used so far by the overlayd whose command line names
+/// `api_socket`.
+fn cpu_seconds(api_socket: &str) -> f64 {
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if !cmd.contains("overlayd") || !cmd.contains(api_socket) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap();
+        // Fields after the ")" that ends the command name: utime is the 12th, stime
+        // the 13th, in clock ticks.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+        return ticks / hz;
+    }
+    panic!("no overlayd process with {api_socket} in its command line");
+}
+
+#[test]
+fn two_workers_carry_same_sled_and_cross_sled_traffic() -> Result<()> {
+    let rack = standard::rack("wk", &["--cores", "0,1"])?;
+    let (a1, a2, b1) = (rack.guest(A1)?, rack.guest(A2)?, rack.guest(B1)?);
+    let sled0 = rack.sled(0)?;
+
+    let placed: Value = serde_json::from_str(&sled0.admin(&["--json", "stats"])?).unwrap();
+    let workers = placed["data"]["workers"].clone();
+    assert_eq!(workers[0]["ports"], serde_json::json!([A1]), "{placed}");
+    assert_eq!(workers[1]["ports"], serde_json::json!([A2]), "{placed}");
+
+    // Same sled, different workers, both ways; then across sleds to and from the
+    // port of worker 1.
+    a1.ping(a2.ipv4()?, 56, FIRST_REPLY)?;
+    a2.ping(a1.ipv4()?, 8472, FIRST_REPLY)?;
+    a2.ping(b1.ipv4()?, 8472, FIRST_REPLY)?;
+    b1.ping(a2.ipv4()?, 56, FIRST_REPLY)?;
+    a1.ping(b1.ipv6()?, 56, FIRST_REPLY)?;
+    let timeout = Duration::from_secs(120);
+    transfer(xfer_bin(), a2, a1, a1.ipv4()?, 5301, 20 << 20, timeout)?;
+    transfer(xfer_bin(), b1, a2, a2.ipv4()?, 5302, 20 << 20, timeout)?;
+
+    let c = stats::parse(&sled0.admin(&["--json", "stats"])?)?;
+    for k in ["loopback_handoff", "handoff_out", "handoff_in"] {
+        assert!(stats::sum(&c, k) > 0, "{k} stayed 0");
+    }
+    assert_eq!(stats::sum(&c, "loopback_unowned"), 0);
+
+    // Idle: both workers back off into poll(2).
+    let socket = sled0.daemon_paths().api_socket.display().to_string();
+    std::thread::sleep(Duration::from_secs(1));
+    let before = cpu_seconds(&socket);
+    std::thread::sleep(Duration::from_secs(5));
+    let used = cpu_seconds(&socket) - before;
+    assert!(used < 0.25, "an idle two-worker daemon used {used:.3} CPU s in 5 s");
+    Ok(())
+}
