@@ -28,7 +28,7 @@ use crate::controller::{Dataplane, Inspect};
 use crate::handoff::{handoff_ring, Doorbell, HandoffRx, HandoffTx, PushError};
 use crate::neighbours::NextHops;
 use crate::underlay::{SendError, UnderlayQueues};
-use crate::workers::{serve_jobs, JobRx, WorkerPlane};
+use crate::workers::{serve_jobs, JobRx, PortKey, WorkerPlane};
 use dpio::tap::{TapPort, MAX_TAP_FRAME};
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::{Engine, EngineConfig, MacAddr, PortId, TxBatch, TxDest, UnderlayRoutes, Vni};
@@ -496,11 +496,37 @@ impl Dataplane for Datapath {
 }
 
 impl WorkerPlane for Datapath {
-    fn set_port_owner(&mut self, vni: Vni, mac: MacAddr, owner: Option<usize>) {
+    fn set_port_owner(&mut self, port: &PortKey, owner: Option<usize>) {
+        let key = (port.vni.get(), port.mac);
+        let me = self.io.as_ref().map(|io| io.index);
+        let own_addr = self.engine.config().underlay_addr;
         match owner {
-            Some(w) => self.owners.insert((vni.get(), mac), w),
-            None => self.owners.remove(&(vni.get(), mac)),
-        };
+            Some(w) => {
+                self.owners.insert(key, w);
+                // Another worker's port is, for this worker's engine, a guest on
+                // this sled: map it here so our guests reach it (through the
+                // loopback handoff) without an operator-made V2P entry, as they
+                // would with one worker.
+                if me.is_some_and(|me| me != w) {
+                    for ip in &port.ips {
+                        if let Err(e) = self.engine.set_v2p(port.vni, *ip, own_addr, port.mac) {
+                            tracing::warn!(%ip, error = %e, "cannot map another worker's port");
+                        }
+                    }
+                }
+            }
+            None => {
+                if self
+                    .owners
+                    .remove(&key)
+                    .is_some_and(|w| me.is_some_and(|me| me != w))
+                {
+                    for ip in &port.ips {
+                        let _ = self.engine.clear_v2p(port.vni, *ip);
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -35,9 +35,9 @@ pub type JobRx<D> = mpsc::Receiver<Job<D>>;
 /// inbound dispatch key to the worker owning it, which a worker consults for
 /// underlay frames it receives for ports it does not own.
 pub trait WorkerPlane: Dataplane {
-    /// Records that frames for (`vni`, guest `mac`) belong to worker `owner`
+    /// Records that frames for the port's (VNI, guest MAC) belong to worker `owner`
     /// (`None`: the port is gone).
-    fn set_port_owner(&mut self, vni: Vni, mac: MacAddr, owner: Option<usize>);
+    fn set_port_owner(&mut self, port: &PortKey, owner: Option<usize>);
 }
 
 /// Runs every job waiting for this worker, without blocking. Returns how many ran.
@@ -62,11 +62,35 @@ pub fn least_loaded(loads: &[usize]) -> usize {
 }
 
 /// Where a port lives and its dispatch key.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Placement {
     worker: usize,
-    vni: Vni,
-    mac: MacAddr,
+    key: PortKey,
+}
+
+/// What the other workers need to know about a port: its inbound dispatch key, and
+/// its addresses, which they map to this sled so that their guests reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortKey {
+    pub vni: Vni,
+    pub mac: MacAddr,
+    pub ips: Vec<IpAddr>,
+}
+
+impl PortKey {
+    fn of(p: &PortInfo) -> PortKey {
+        let c = &p.config;
+        PortKey {
+            vni: c.vni,
+            mac: c.guest_mac,
+            ips: c
+                .ipv4
+                .map(IpAddr::V4)
+                .into_iter()
+                .chain(c.ipv6.map(IpAddr::V6))
+                .collect(),
+        }
+    }
 }
 
 /// Extra `stats` that belong to no worker (the underlay links' XDP counters).
@@ -171,9 +195,10 @@ impl<D: WorkerPlane + 'static> Workers<D> {
 
     /// Tells every worker who owns (`vni`, `mac`). Cannot be refused; fails only
     /// if a worker has stopped.
-    fn announce(&self, vni: Vni, mac: MacAddr, owner: Option<usize>) -> Result<(), String> {
+    fn announce(&self, key: &PortKey, owner: Option<usize>) -> Result<(), String> {
         for w in 0..self.jobs.len() {
-            self.call(w, move |dp: &mut D| dp.set_port_owner(vni, mac, owner))?;
+            let key = key.clone();
+            self.call(w, move |dp: &mut D| dp.set_port_owner(&key, owner))?;
         }
         Ok(())
     }
@@ -264,36 +289,30 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
         let w = least_loaded(&self.loads());
         let info = p.clone();
         self.call(w, move |dp: &mut D| dp.add_port(&info))??;
-        let (name, vni, mac) = (p.config.name.clone(), p.config.vni, p.config.guest_mac);
-        if let Err(e) = self.announce(vni, mac, Some(w)) {
-            let _ = self.announce(vni, mac, None);
+        let (name, key) = (p.config.name.clone(), PortKey::of(p));
+        if let Err(e) = self.announce(&key, Some(w)) {
+            let _ = self.announce(&key, None);
             let n = name.clone();
             let _ = self.call(w, move |dp: &mut D| dp.remove_port(&n));
             return Err(e);
         }
-        self.ports.insert(
-            name,
-            Placement {
-                worker: w,
-                vni,
-                mac,
-            },
-        );
+        self.ports.insert(name, Placement { worker: w, key });
         tracing::info!(port = %p.config.name, worker = w, "port placed");
         Ok(())
     }
 
     fn remove_port(&mut self, name: &str) -> Result<(), String> {
-        let place = *self
+        let place = self
             .ports
             .get(name)
+            .cloned()
             .ok_or_else(|| format!("no port named {name:?}"))?;
         let n = name.to_string();
         self.call(place.worker, move |dp: &mut D| dp.remove_port(&n))??;
         self.ports.remove(name);
         // The port is gone whatever happens next; a worker that missed this
         // hands frames for it to the old owner, which counts them as no_port.
-        self.announce(place.vni, place.mac, None)
+        self.announce(&place.key, None)
     }
 
     fn set_v2p(&mut self, e: &V2pEntry) -> Result<(), String> {
@@ -445,10 +464,10 @@ mod tests {
     }
 
     impl WorkerPlane for Fake {
-        fn set_port_owner(&mut self, vni: Vni, mac: MacAddr, owner: Option<usize>) {
+        fn set_port_owner(&mut self, key: &PortKey, owner: Option<usize>) {
             match owner {
-                Some(w) => self.owners.insert((vni.get(), mac), w),
-                None => self.owners.remove(&(vni.get(), mac)),
+                Some(w) => self.owners.insert((key.vni.get(), key.mac), w),
+                None => self.owners.remove(&(key.vni.get(), key.mac)),
             };
         }
     }
