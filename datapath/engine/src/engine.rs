@@ -281,7 +281,7 @@ pub struct Engine {
     ports: Vec<Option<Port>>,
     by_name: HashMap<String, PortId>,
     /// Inbound dispatch: (VNI, guest MAC) -> port.
-    by_mac: HashMap<(u32, MacAddr), PortId>,
+    by_mac: MacIndex,
     /// Local delivery: (VNI, guest IP) -> port.
     by_ip: HashMap<(u32, IpAddr), LocalDest>,
     v2p: V2p,
@@ -297,6 +297,44 @@ pub struct Engine {
     csum_buf: Vec<u8>,
     underlay_drops: DropCounters,
     drops: DropCounters,
+}
+
+/// Inbound dispatch, (VNI, guest MAC) -> port: a sorted array of packed keys, searched
+/// by bisection. Only our own ports are keys (the network cannot add any), so no keyed
+/// hash is needed, and a sled has tens of ports: a few compares, where std's SipHash
+/// cost ~250 instructions per inbound packet.
+#[derive(Debug, Default)]
+struct MacIndex(Vec<(u128, PortId)>);
+
+impl MacIndex {
+    fn key(vni: u32, mac: MacAddr) -> u128 {
+        let m = mac.0;
+        let mac48 = u64::from_be_bytes([0, 0, m[0], m[1], m[2], m[3], m[4], m[5]]);
+        u128::from(vni) << 48 | u128::from(mac48)
+    }
+
+    #[inline]
+    fn get(&self, vni: u32, mac: MacAddr) -> Option<PortId> {
+        let k = Self::key(vni, mac);
+        let i = self.0.binary_search_by_key(&k, |e| e.0).ok()?;
+        self.0.get(i).map(|e| e.1)
+    }
+
+    /// Adds or replaces the port of (vni, mac).
+    fn insert(&mut self, vni: u32, mac: MacAddr, port: PortId) {
+        let k = Self::key(vni, mac);
+        match self.0.binary_search_by_key(&k, |e| e.0) {
+            Ok(i) => self.0[i].1 = port,
+            Err(i) => self.0.insert(i, (k, port)),
+        }
+    }
+
+    fn remove(&mut self, vni: u32, mac: MacAddr) {
+        let k = Self::key(vni, mac);
+        if let Ok(i) = self.0.binary_search_by_key(&k, |e| e.0) {
+            self.0.remove(i);
+        }
+    }
 }
 
 fn slot_mut(ports: &mut [Option<Port>], id: PortId) -> Option<&mut Port> {
@@ -328,7 +366,7 @@ impl Engine {
             cfg,
             ports: Vec::new(),
             by_name: HashMap::new(),
-            by_mac: HashMap::new(),
+            by_mac: MacIndex::default(),
             by_ip: HashMap::new(),
             v2p: V2p::default(),
             epoch: 1,
@@ -419,7 +457,7 @@ impl Engine {
             )));
         }
         let vni = cfg.vni.get();
-        if self.by_mac.contains_key(&(vni, cfg.guest_mac)) {
+        if self.by_mac.get(vni, cfg.guest_mac).is_some() {
             return Err(EngineError::Conflict(format!(
                 "guest MAC {} is already used in VNI {vni}",
                 cfg.guest_mac
@@ -485,7 +523,7 @@ impl Engine {
                 },
             );
         }
-        self.by_mac.insert((vni, port.cfg.guest_mac), id);
+        self.by_mac.insert(vni, port.cfg.guest_mac, id);
         self.by_name.insert(port.cfg.name.clone(), id);
         match self.ports.get_mut(id.0 as usize) {
             Some(slot) => *slot = Some(port),
@@ -503,7 +541,7 @@ impl Engine {
         };
         let vni = p.cfg.vni.get();
         self.by_name.remove(name);
-        self.by_mac.remove(&(vni, p.cfg.guest_mac));
+        self.by_mac.remove(vni, p.cfg.guest_mac);
         for ip in [p.cfg.ipv4.map(IpAddr::V4), p.cfg.ipv6.map(IpAddr::V6)]
             .into_iter()
             .flatten()
@@ -779,14 +817,14 @@ impl Engine {
         };
         p.c.out_packets += 1;
         p.c.out_bytes += frame.len() as u64;
-        let meta = match wire::meta::parse_inner(frame) {
-            Ok(m) => m,
-            Err(_) => {
-                p.c.drops.inc(reason::GUEST_PARSE);
-                return;
-            }
+        // Borrowed from the result rather than moved out of it: the metadata is
+        // ~100 bytes, and the move was a copy per packet.
+        let parsed = wire::meta::parse_inner(frame);
+        let Ok(meta) = &parsed else {
+            p.c.drops.inc(reason::GUEST_PARSE);
+            return;
         };
-        match gateway::handle_from_guest(&p.cfg, &mut p.gw, port, &meta, frame, now, out) {
+        match gateway::handle_from_guest(&p.cfg, &mut p.gw, port, meta, frame, now, out) {
             GatewayVerdict::NotForGateway => {}
             GatewayVerdict::Replied => return,
             GatewayVerdict::Deny(r) => {
@@ -794,7 +832,7 @@ impl Engine {
                 return;
             }
         }
-        if let Err(r) = check_guest_source(&p.cfg, &meta) {
+        if let Err(r) = check_guest_source(&p.cfg, meta) {
             p.c.drops.inc(r);
             return;
         }
@@ -803,7 +841,7 @@ impl Engine {
         }
         // The parser guarantees ip_end <= frame.len(); Ethernet padding stays behind.
         let frame = frame.get(..meta.ip_end).unwrap_or(frame);
-        let key = FlowKey::from_meta(p.cfg.vni.get(), &meta);
+        let key = FlowKey::from_meta(p.cfg.vni.get(), meta);
         let env = CompileEnv {
             ecfg,
             by_ip,
@@ -824,9 +862,9 @@ impl Engine {
             ..
         } = p;
         let entry = match uft_out.lookup(&key, epoch, now) {
-            Some(e) if !e.needs_conn || fw.track(Direction::Out, &key, meta.tcp_flags, now) => e,
+            Some(e) if confirm(e, fw, Direction::Out, meta.tcp_flags, now) => e,
             Some(e) => {
-                match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, &meta, frame) {
+                match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, meta, frame) {
                     Ok(n) => {
                         *e = n;
                         e
@@ -837,14 +875,15 @@ impl Engine {
                     }
                 }
             }
-            None => match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, &meta, frame)
-            {
-                Ok(n) => uft_out.insert(key, n),
-                Err(r) => {
-                    c.drops.inc(r);
-                    return;
+            None => {
+                match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, meta, frame) {
+                    Ok(n) => uft_out.insert(key, n),
+                    Err(r) => {
+                        c.drops.inc(r);
+                        return;
+                    }
                 }
-            },
+            }
         };
         // A cached drop wins over the size check: a denied or unroutable flow gets no
         // Packet Too Big and is counted under its own reason.
@@ -853,11 +892,11 @@ impl Engine {
             return;
         }
         let path_mtu = entry.path_mtu;
-        let fragment = if too_big(&meta, &vnet, path_mtu) {
+        let fragment = if too_big(meta, &vnet, path_mtu) {
             if meta.l3 == L3::Ipv4 && !meta.dont_fragment && !vnet.is_gso() {
                 true
             } else {
-                gateway::packet_too_big(cfg, gw, port, &meta, frame, path_mtu, now, out);
+                gateway::packet_too_big(cfg, gw, port, meta, frame, path_mtu, now, out);
                 c.drops.inc(reason::PACKET_TOO_BIG);
                 return;
             }
@@ -884,13 +923,13 @@ impl Engine {
             OutAction::Encap(e) => {
                 let dest = TxDest::Underlay { ifindex: e.ifindex };
                 let seg_payload = if e.internal {
-                    tso::internal_segment_size(ecfg.underlay_mtu, &meta)
+                    tso::internal_segment_size(ecfg.underlay_mtu, meta)
                 } else {
                     usize::from(vnet.gso_size)
                 };
                 if fragment {
                     scratch.clear();
-                    if let Err(r) = gateway::fragment_ipv4(&meta, frame, path_mtu, dest, scratch) {
+                    if let Err(r) = gateway::fragment_ipv4(meta, frame, path_mtu, dest, scratch) {
                         c.drops.inc(r);
                         return;
                     }
@@ -921,7 +960,7 @@ impl Engine {
                 match tso::segment(
                     frame,
                     &vnet,
-                    &meta,
+                    meta,
                     seg_payload,
                     guest_mss,
                     &e.outer,
@@ -945,7 +984,7 @@ impl Engine {
                 port: local,
                 vnet: VnetHdr::default(),
             };
-            if let Err(r) = gateway::fragment_ipv4(&meta, frame, path_mtu, dest, scratch) {
+            if let Err(r) = gateway::fragment_ipv4(meta, frame, path_mtu, dest, scratch) {
                 c.drops.inc(r);
                 return;
             }
@@ -962,7 +1001,7 @@ impl Engine {
                 }
             }
         } else {
-            deliver_local(ports, epoch, local, vnet, frame, &meta, now, out);
+            deliver_local(ports, epoch, local, vnet, frame, meta, now, out);
         }
     }
 
@@ -991,18 +1030,17 @@ impl Engine {
                 .inc(wire::meta::UnderlayDrop::InnerTruncated.name());
             return;
         };
-        let meta = match wire::meta::parse_inner(inner) {
-            Ok(m) => m,
-            Err(_) => {
-                self.drops.inc(reason::INNER_PARSE);
-                return;
-            }
+        // Borrowed, not moved out of the result (see `process_guest`).
+        let parsed = wire::meta::parse_inner(inner);
+        let Ok(meta) = &parsed else {
+            self.drops.inc(reason::INNER_PARSE);
+            return;
         };
         if meta.dst_mac.is_multicast() {
             self.drops.inc(reason::INNER_MULTICAST);
             return;
         }
-        let Some(&port) = self.by_mac.get(&(um.vni, meta.dst_mac)) else {
+        let Some(port) = self.by_mac.get(um.vni, meta.dst_mac) else {
             self.drops.inc(reason::NO_PORT);
             return;
         };
@@ -1011,8 +1049,8 @@ impl Engine {
             self.drops.inc(reason::NO_PORT);
             return;
         };
-        let key = FlowKey::from_meta(um.vni, &meta);
-        if let Err(r) = inbound_verdict(p, &key, &meta, inner, epoch, now) {
+        let key = FlowKey::from_meta(um.vni, meta);
+        if let Err(r) = inbound_verdict(p, &key, meta, inner, epoch, now) {
             p.c.drops.inc(r);
             return;
         }
@@ -1020,7 +1058,7 @@ impl Engine {
         p.c.in_packets += 1;
         p.c.in_bytes += inner.len() as u64;
         self.coalescer
-            .push(port, inner, &meta, um.mss, p.cfg.gateway_mac, out);
+            .push(port, inner, meta, um.mss, p.cfg.gateway_mac, out);
     }
 
     /// Flushes frames held for coalescing; call after each receive batch.
@@ -1113,6 +1151,16 @@ fn too_big(m: &InnerMeta, vnet: &VnetHdr, path_mtu: u16) -> bool {
     largest > usize::from(path_mtu)
 }
 
+/// Whether a cached flow still holds: stateless decisions always do; the others only
+/// while their connection is live (tracked here, by handle).
+#[inline]
+fn confirm<A>(e: &UftEntry<A>, fw: &mut Firewall, dir: Direction, flags: u8, now: u64) -> bool {
+    if !e.needs_conn {
+        return true;
+    }
+    e.conn.is_some_and(|h| fw.track_handle(h, dir, flags, now))
+}
+
 fn match_fields(key: &FlowKey, m: &InnerMeta) -> MatchFields {
     MatchFields {
         key: *key,
@@ -1162,12 +1210,13 @@ fn compile_outbound(
         action: OutAction::Drop(r),
         path_mtu: cfg.mtu,
         needs_conn: false,
+        conn: None,
         created: env.now,
         last_hit: env.now,
         hits: 0,
     };
     let f = match_fields(key, m);
-    let decision = match fw.decide(
+    let (decision, conn) = match fw.decide_conn(
         Direction::Out,
         &f,
         m.tcp_flags,
@@ -1185,6 +1234,7 @@ fn compile_outbound(
         action,
         path_mtu,
         needs_conn: decision.needs_conn(),
+        conn,
         created: env.now,
         last_hit: env.now,
         hits: 0,
@@ -1278,28 +1328,29 @@ fn inbound_verdict(
         ..
     } = p;
     let action = match uft_in.lookup(key, epoch, now) {
-        Some(e) if !e.needs_conn || fw.track(Direction::In, key, m.tcp_flags, now) => e.action,
+        Some(e) if confirm(e, fw, Direction::In, m.tcp_flags, now) => e.action,
         cached => {
             let f = match_fields(key, m);
             let q = quoted(key, m, frame);
-            let (action, needs_conn) =
-                match fw.decide(Direction::In, &f, m.tcp_flags, q.as_ref(), now) {
-                    Ok(d) => {
+            let (action, needs_conn, conn) =
+                match fw.decide_conn(Direction::In, &f, m.tcp_flags, q.as_ref(), now) {
+                    Ok((d, conn)) => {
                         if d == Decision::Created {
                             uft_out.remove(&key.reversed());
                         }
-                        (InAction::Deliver, d.needs_conn())
+                        (InAction::Deliver, d.needs_conn(), conn)
                     }
                     // Depends on this segment's flags, not on the flow: a later SYN
                     // of the same flow must be decided afresh, so nothing is cached.
                     Err(r) if r == crate::firewall::reason::MIDSTREAM_IN => return Err(r),
-                    Err(r) => (InAction::Drop(r), false),
+                    Err(r) => (InAction::Drop(r), false, None),
                 };
             let n = UftEntry {
                 epoch,
                 action,
                 path_mtu: 0,
                 needs_conn,
+                conn,
                 created: now,
                 last_hit: now,
                 hits: 0,
@@ -1350,4 +1401,51 @@ fn deliver_local(
     p.c.in_packets += 1;
     p.c.in_bytes += frame.len() as u64;
     p.c.local_delivered += 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mac_index_finds_exactly_its_keys() {
+        let mac = |b: u8| MacAddr([2, 0, 0, 0, 0, b]);
+        let mut ix = MacIndex::default();
+        // Inserted out of order, with one MAC in two VNIs.
+        for (vni, b, id) in [
+            (7, 9, 0),
+            (7, 1, 1),
+            (1 << 23, 1, 2),
+            (7, 5, 3),
+            (0, 0xff, 4),
+        ] {
+            ix.insert(vni, mac(b), PortId(id));
+        }
+        assert_eq!(ix.get(7, mac(1)), Some(PortId(1)));
+        assert_eq!(ix.get(1 << 23, mac(1)), Some(PortId(2)));
+        assert_eq!(ix.get(7, mac(5)), Some(PortId(3)));
+        assert_eq!(ix.get(0, mac(0xff)), Some(PortId(4)));
+        assert_eq!(ix.get(8, mac(1)), None);
+        assert_eq!(ix.get(7, mac(2)), None);
+        // The VNI and the MAC do not overlap in the packed key.
+        assert_eq!(ix.get(7 << 8, MacAddr([0; 6])), None);
+        ix.insert(7, mac(5), PortId(9));
+        assert_eq!(ix.get(7, mac(5)), Some(PortId(9)));
+        ix.remove(7, mac(1));
+        ix.remove(7, mac(1));
+        assert_eq!(ix.get(7, mac(1)), None);
+        assert_eq!(ix.get(1 << 23, mac(1)), Some(PortId(2)));
+        assert_eq!(ix.0.len(), 4);
+        assert!(ix.0.windows(2).all(|w| w[0].0 < w[1].0));
+        // Many ports.
+        for b in 10..60u8 {
+            ix.insert(u32::from(b % 3), mac(b), PortId(u32::from(b)));
+        }
+        assert_eq!(ix.0.len(), 54);
+        for b in 10..60u8 {
+            assert_eq!(ix.get(u32::from(b % 3), mac(b)), Some(PortId(u32::from(b))));
+            assert_eq!(ix.get(u32::from(b % 3) + 3, mac(b)), None);
+        }
+        assert_eq!(ix.get(7, mac(5)), Some(PortId(9)));
+    }
 }

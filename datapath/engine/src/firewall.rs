@@ -22,6 +22,13 @@
 //! The table has a size limit; a full table evicts an expired, half-open (or
 //! unanswered) or closed connection if it finds one among the first few it inspects,
 //! and otherwise refuses the new flow.
+//!
+//! Connections live in a slab indexed by a keyed hash map. A decision hands back a
+//! [`ConnHandle`] (slot and generation) that the unified flow table keeps, so that a
+//! packet of a cached flow reaches its connection with [`Firewall::track_handle`]
+//! instead of hashing and probing the key a second time. Removing a connection
+//! (expiry, eviction, replacement, `clear_flows`) bumps its slot's generation, which
+//! turns every handle to it into a miss: the flow is decided again.
 
 use crate::flow::{flow_map, FlowKey, FlowMap, PROTO_TCP};
 use crate::layer::{Layer, LayerDump};
@@ -257,6 +264,22 @@ impl Conn {
     }
 }
 
+/// A direct reference to a tracked connection (see the module doc). A handle outliving
+/// its connection is refused by [`Firewall::track_handle`], never redirected to the
+/// slot's next occupant: generations are 64-bit and never repeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnHandle {
+    slot: u32,
+    gen: u64,
+}
+
+/// One slab slot: its generation and, while occupied, the connection's key and state.
+#[derive(Clone, Debug)]
+struct Slot {
+    gen: u64,
+    conn: Option<(FlowKey, Conn)>,
+}
+
 /// A connection in `dump-tcp-flows` / stats output.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ConnDump {
@@ -285,7 +308,11 @@ const EVICT_SCAN: usize = 16;
 #[derive(Debug)]
 pub struct Firewall {
     layer: Layer<FwAction>,
-    conns: FlowMap<Conn>,
+    /// Connection key (guest as source) -> slot in `slots`.
+    index: FlowMap<u32>,
+    /// The connections. A freed slot goes on `free` with its generation bumped.
+    slots: Vec<Slot>,
+    free: Vec<u32>,
     limits: FlowLimits,
     stats: FirewallStats,
 }
@@ -295,7 +322,9 @@ impl Firewall {
     pub fn new(limits: FlowLimits, hash_seed: u64) -> Self {
         Firewall {
             layer: Layer::new("firewall"),
-            conns: flow_map(hash_seed),
+            index: flow_map(hash_seed),
+            slots: Vec::new(),
+            free: Vec::new(),
             limits,
             stats: FirewallStats::default(),
         }
@@ -321,6 +350,18 @@ impl Firewall {
         }
     }
 
+    /// The live connection with connection key `ck`, by slot.
+    fn find(&self, ck: &FlowKey) -> Option<(u32, &Conn)> {
+        let slot = *self.index.get(ck)?;
+        let (_, c) = self.slots.get(slot as usize)?.conn.as_ref()?;
+        Some((slot, c))
+    }
+
+    fn handle(&self, slot: u32) -> Option<ConnHandle> {
+        let s = self.slots.get(slot as usize)?;
+        s.conn.as_ref().map(|_| ConnHandle { slot, gen: s.gen })
+    }
+
     /// Decides the first packet of a flow (a flow-table miss) and tracks it.
     /// `quoted` is, for an ICMP error, the flow of the packet it quotes (in that
     /// packet's own orientation), if it could be read.
@@ -332,11 +373,28 @@ impl Firewall {
         quoted: Option<&FlowKey>,
         now: u64,
     ) -> Result<Decision, &'static str> {
+        self.decide_conn(dir, f, tcp_flags, quoted, now)
+            .map(|(d, _)| d)
+    }
+
+    /// [`Firewall::decide`], also returning the handle of the connection that admitted
+    /// the packet (`Created` and `Tracked` decisions), for the flow table to keep.
+    pub fn decide_conn(
+        &mut self,
+        dir: Direction,
+        f: &MatchFields,
+        tcp_flags: u8,
+        quoted: Option<&FlowKey>,
+        now: u64,
+    ) -> Result<(Decision, Option<ConnHandle>), &'static str> {
         let ck = Self::conn_key(dir, &f.key);
-        if let Some(c) = self.conns.get(&ck) {
+        if let Some((slot, c)) = self.find(&ck) {
             if c.live(now, &self.limits) {
-                self.track(dir, &f.key, tcp_flags, now);
-                return Ok(Decision::Tracked);
+                let h = self.handle(slot);
+                if let Some(h) = h {
+                    self.track_handle(h, dir, tcp_flags, now);
+                }
+                return Ok((Decision::Tracked, h));
             }
         }
         if f.key.is_icmp_error() {
@@ -347,12 +405,11 @@ impl Firewall {
                 Direction::Out => Direction::In,
             };
             let related = quoted.is_some_and(|q| {
-                self.conns
-                    .get(&Self::conn_key(back, q))
-                    .is_some_and(|c| c.live(now, &self.limits))
+                self.find(&Self::conn_key(back, q))
+                    .is_some_and(|(_, c)| c.live(now, &self.limits))
             });
             if related {
-                return Ok(Decision::Related);
+                return Ok((Decision::Related, None));
             }
         }
         let allowed = match self.layer.evaluate(dir, f) {
@@ -367,14 +424,18 @@ impl Firewall {
             });
         }
         if !f.key.opens_connection() {
-            return Ok(Decision::Stateless);
+            return Ok((Decision::Stateless, None));
         }
         let is_tcp = f.key.proto == PROTO_TCP;
         let syn = tcp_flags & SYN != 0;
         if is_tcp && !syn && dir == Direction::In {
             return Err(reason::MIDSTREAM_IN);
         }
-        if !self.conns.contains_key(&ck) && self.conns.len() >= self.limits.fw_flow_limit {
+        // A dead connection with the same key is replaced by a new one (a new
+        // generation: handles to the old one stop working).
+        if let Some(&slot) = self.index.get(&ck) {
+            self.release(slot);
+        } else if self.index.len() >= self.limits.fw_flow_limit {
             self.evict_one(now)?;
         }
         // With a SYN the state machine starts from Closed; a TCP flow the guest sends
@@ -386,34 +447,63 @@ impl Firewall {
                 TcpState::Established.next(dir, tcp_flags)
             }
         });
-        self.conns.insert(
-            ck,
-            Conn {
-                tcp,
-                initiator: dir,
-                replied: false,
-                created: now,
-                last_seen: now,
-            },
-        );
+        let conn = Conn {
+            tcp,
+            initiator: dir,
+            replied: false,
+            created: now,
+            last_seen: now,
+        };
+        let h = self.occupy(ck, conn);
         self.stats.flows_created += 1;
-        Ok(Decision::Created)
+        Ok((Decision::Created, Some(h)))
+    }
+
+    /// Puts a connection into a free (or new) slot and indexes it.
+    fn occupy(&mut self, ck: FlowKey, conn: Conn) -> ConnHandle {
+        let slot = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot { gen: 0, conn: None });
+                // The table limit is far below 2^32 connections.
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let s = &mut self.slots[slot as usize];
+        s.conn = Some((ck, conn));
+        self.index.insert(ck, slot);
+        ConnHandle { slot, gen: s.gen }
+    }
+
+    /// Frees a slot: unindexes its connection and bumps its generation.
+    fn release(&mut self, slot: u32) {
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            if let Some((k, _)) = s.conn.take() {
+                self.index.remove(&k);
+                s.gen += 1;
+                self.free.push(slot);
+            }
+        }
     }
 
     /// Frees one entry of a full table: the best-ranked (see `Conn::eviction_rank`)
     /// of the first [`EVICT_SCAN`] entries, or `TABLE_FULL` if none of them may go.
     fn evict_one(&mut self, now: u64) -> Result<(), &'static str> {
         let limits = &self.limits;
+        let slots = &self.slots;
         let victim = self
-            .conns
-            .iter()
+            .index
+            .values()
             .take(EVICT_SCAN)
-            .filter_map(|(k, c)| c.eviction_rank(now, limits).map(|r| (r, *k)))
+            .filter_map(|&i| {
+                let (_, c) = slots.get(i as usize)?.conn.as_ref()?;
+                c.eviction_rank(now, limits).map(|r| (r, i))
+            })
             .min_by_key(|(r, _)| *r)
-            .map(|(_, k)| k);
+            .map(|(_, i)| i);
         match victim {
-            Some(k) => {
-                self.conns.remove(&k);
+            Some(i) => {
+                self.release(i);
                 self.stats.flows_evicted += 1;
                 Ok(())
             }
@@ -425,9 +515,23 @@ impl Firewall {
     /// live connection any more: the caller must decide it again.
     pub fn track(&mut self, dir: Direction, key: &FlowKey, tcp_flags: u8, now: u64) -> bool {
         let ck = Self::conn_key(dir, key);
+        match self.index.get(&ck).and_then(|&slot| self.handle(slot)) {
+            Some(h) => self.track_handle(h, dir, tcp_flags, now),
+            None => false,
+        }
+    }
+
+    /// [`Firewall::track`] by handle (the fast path: no hashing). False if the
+    /// handle's connection is gone (its slot was freed, whatever occupies it now) or
+    /// idle past its timeout.
+    #[inline]
+    pub fn track_handle(&mut self, h: ConnHandle, dir: Direction, tcp_flags: u8, now: u64) -> bool {
         let limits = &self.limits;
-        match self.conns.get_mut(&ck) {
-            Some(c) if c.live(now, limits) => {
+        match self.slots.get_mut(h.slot as usize) {
+            Some(Slot {
+                gen,
+                conn: Some((_, c)),
+            }) if *gen == h.gen && c.live(now, limits) => {
                 c.last_seen = now;
                 c.replied |= dir != c.initiator;
                 if let Some(s) = c.tcp.as_mut() {
@@ -444,37 +548,45 @@ impl Firewall {
     pub fn expire(&mut self, now: u64, mut gone: impl FnMut(&FlowKey)) {
         let limits = self.limits;
         let mut n = 0;
-        self.conns.retain(|k, c| {
-            let keep = c.live(now, &limits);
-            if !keep {
-                gone(k);
+        for slot in 0..self.slots.len() {
+            let dead = match &self.slots[slot].conn {
+                Some((k, c)) if !c.live(now, &limits) => {
+                    gone(k);
+                    true
+                }
+                _ => false,
+            };
+            if dead {
+                self.release(slot as u32);
                 n += 1;
             }
-            keep
-        });
+        }
         self.stats.flows_expired += n;
     }
 
     /// Drops every connection (the port is going away or its rules were replaced).
     pub fn clear_flows(&mut self) {
-        self.conns.clear();
+        for slot in 0..self.slots.len() as u32 {
+            self.release(slot);
+        }
     }
 
     pub fn tcp_state(&self, conn_key: &FlowKey) -> Option<TcpState> {
-        self.conns.get(conn_key).and_then(|c| c.tcp)
+        self.find(conn_key).and_then(|(_, c)| c.tcp)
     }
 
     pub fn stats(&self) -> FirewallStats {
         FirewallStats {
-            flows: self.conns.len() as u64,
+            flows: self.index.len() as u64,
             ..self.stats
         }
     }
 
     pub fn dump_flows(&self, now: u64) -> Vec<ConnDump> {
         let mut v: Vec<ConnDump> = self
-            .conns
+            .slots
             .iter()
+            .filter_map(|s| s.conn.as_ref())
             .map(|(k, c)| ConnDump {
                 key: *k,
                 initiator: c.initiator,
@@ -780,6 +892,81 @@ mod tests {
         fw.decide(Direction::Out, &c, 0, None, 1).unwrap();
         let keys: Vec<u16> = fw.dump_flows(1).iter().map(|d| d.key.src_port).collect();
         assert_eq!(keys, vec![1, 3]);
+    }
+
+    fn handle_of(
+        fw: &mut Firewall,
+        dir: Direction,
+        f: &MatchFields,
+        flags: u8,
+        now: u64,
+    ) -> ConnHandle {
+        match fw.decide_conn(dir, f, flags, None, now) {
+            Ok((Decision::Created | Decision::Tracked, Some(h))) => h,
+            other => panic!("expected a connection handle, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn handles_track_their_connection_and_agree_with_keys() {
+        let mut fw = Firewall::new(FlowLimits::default(), 1);
+        let f = out_fields(40000, 80);
+        let h = handle_of(&mut fw, Direction::Out, &f, SYN, 0);
+        // The reply direction reaches the same connection, by key or by handle.
+        assert_eq!(
+            handle_of(&mut fw, Direction::In, &reply(&f), SYN | ACK, 1),
+            h
+        );
+        assert_eq!(fw.tcp_state(&f.key), Some(Established));
+        assert!(fw.track_handle(h, Direction::Out, FIN | ACK, 2));
+        assert_eq!(fw.tcp_state(&f.key), Some(FinWait1));
+        // A second connection gets another slot.
+        let g = handle_of(&mut fw, Direction::Out, &out_fields(40001, 80), SYN, 2);
+        assert_ne!(g, h);
+        // Idle past the timeout: refused by handle as by key, even before a sweep.
+        assert!(!fw.track_handle(g, Direction::Out, ACK, 100 * S));
+        assert!(!fw.track(Direction::Out, &out_fields(40001, 80).key, ACK, 100 * S));
+    }
+
+    #[test]
+    fn handles_die_with_their_connection_and_never_reach_a_successor() {
+        let l = FlowLimits {
+            fw_flow_limit: 1,
+            ..FlowLimits::default()
+        };
+        let mut fw = Firewall::new(l, 1);
+        let (a, b) = (out_fields(1, 80), out_fields(2, 80));
+        // Expiry frees the slot; the next connection reuses it under a new generation.
+        let ha = handle_of(&mut fw, Direction::Out, &a, SYN, 0);
+        fw.expire(10 * S, |_| {});
+        let hb = handle_of(&mut fw, Direction::Out, &b, SYN, 10 * S);
+        assert_eq!(hb.slot, ha.slot, "the freed slot is reused");
+        assert!(!fw.track_handle(ha, Direction::Out, ACK, 10 * S));
+        assert!(fw.track_handle(hb, Direction::Out, ACK, 10 * S));
+        // Eviction (a full table, `b` half-open): `b`'s handle dies, `a`'s new one lives.
+        let ha2 = handle_of(&mut fw, Direction::Out, &a, SYN, 11 * S);
+        assert_eq!(fw.stats().flows_evicted, 1);
+        assert!(!fw.track_handle(hb, Direction::Out, ACK, 11 * S));
+        assert!(!fw.track_handle(ha, Direction::Out, ACK, 11 * S));
+        assert!(fw.track_handle(ha2, Direction::Out, ACK, 11 * S));
+        // Replacing a dead connection under the same key: a new handle, the old dies.
+        let ha3 = handle_of(&mut fw, Direction::Out, &a, SYN, 30 * S);
+        assert_ne!(ha3, ha2);
+        assert!(!fw.track_handle(ha2, Direction::Out, ACK, 30 * S));
+        assert!(fw.track_handle(ha3, Direction::Out, ACK, 30 * S));
+        assert_eq!(fw.stats().flows, 1);
+        // Clearing kills every handle and empties the table.
+        fw.clear_flows();
+        assert!(!fw.track_handle(ha3, Direction::Out, ACK, 30 * S));
+        assert_eq!((fw.stats().flows, fw.tcp_state(&a.key)), (0, None));
+        assert!(fw.dump_flows(30 * S).is_empty());
+        // A handle from another table's slot space is refused, not a panic.
+        let mut other = Firewall::new(FlowLimits::default(), 1);
+        for sp in 0..4 {
+            handle_of(&mut other, Direction::Out, &out_fields(sp, 80), SYN, 0);
+        }
+        let far = handle_of(&mut other, Direction::Out, &out_fields(9, 80), SYN, 0);
+        assert!(!fw.track_handle(far, Direction::Out, ACK, 30 * S));
     }
 
     fn icmp(t: u8, code: u8, id: u16) -> MatchFields {

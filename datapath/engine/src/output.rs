@@ -66,6 +66,7 @@ impl TxBatch {
     /// Appends a frame of `len` bytes whose contents are left over from earlier
     /// frames: for emitters that write every byte (a frame they leave partly written
     /// would carry stale bytes of another frame).
+    #[inline]
     pub fn push_unzeroed(&mut self, dest: TxDest, len: usize) -> &mut [u8] {
         let start = self.used;
         let end = start + len;

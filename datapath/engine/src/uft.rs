@@ -12,6 +12,7 @@
 //! the map, which is the slow path.
 
 use crate::encap::OuterTemplate;
+use crate::firewall::ConnHandle;
 use crate::flow::{flow_map, FlowKey, FlowMap};
 use crate::port::PortId;
 use serde::Serialize;
@@ -98,6 +99,9 @@ pub struct UftEntry<A> {
     /// False for drops and for rule-only (stateless) decisions, which hold until the
     /// epoch changes.
     pub needs_conn: bool,
+    /// The connection to confirm, reached without a second lookup. `None` with
+    /// `needs_conn` (a related ICMP error) means the flow is decided on every packet.
+    pub conn: Option<ConnHandle>,
     pub created: u64,
     pub last_hit: u64,
     pub hits: u64,
@@ -293,6 +297,7 @@ mod tests {
             action: InAction::Deliver,
             path_mtu: 1500,
             needs_conn: true,
+            conn: None,
             created: now,
             last_hit: now,
             hits: 0,

@@ -676,3 +676,51 @@ fn cached_drops_win_over_the_size_check() {
     assert_eq!(drop_count(&a, "fw_deny_out"), 2);
     assert_eq!(drop_count(&a, "packet_too_big"), 0);
 }
+
+/// A cached flow whose connection was evicted must not ride on whatever connection
+/// took its slot: the flow-table entry keeps a handle to its connection (not the
+/// key), and eviction must make that handle stale so the flow is decided again.
+#[test]
+fn cached_flows_outlive_no_evicted_connection() {
+    let mut cfg = engine::EngineConfig::new(SLED_A.parse().unwrap());
+    cfg.flow.fw_flow_limit = 1;
+    let mut a = engine::Engine::new(cfg).unwrap();
+    let (g1, g2) = (guest(1), guest(2));
+    let pa = a.add_port(port_config(&g1)).unwrap();
+    a.set_v2p(
+        Vni::new(VNI).unwrap(),
+        IpAddr::V4(g2.v4),
+        SLED_B.parse().unwrap(),
+        g2.mac,
+    )
+    .unwrap();
+    let udp = |sport| frame(&g1, Some(g2.v4), None, L4::Udp { sport, dport: 53 }, b"q");
+    let send = |a: &mut engine::Engine, f: &[u8], now| {
+        let mut out = TxBatch::new();
+        a.process_guest(pa, VnetHdr::default(), f, now, &Fabric, &mut out);
+        out.len()
+    };
+    let conn_ports = |a: &engine::Engine| -> Vec<u16> {
+        a.dump_tcp_flows("ga")
+            .unwrap()
+            .iter()
+            .map(|c| c.key.src_port)
+            .collect()
+    };
+    // X, then Y: the one-entry table evicts X (unanswered) for Y.
+    assert_eq!(send(&mut a, &udp(1111), 1), 1);
+    assert_eq!(send(&mut a, &udp(2222), 2), 1);
+    assert_eq!(conn_ports(&a), vec![2222]);
+    // X again: its cached entry hits, its connection is gone, so it is decided again
+    // (evicting Y) instead of being tracked on Y's connection.
+    let s0 = a.stats().ports[0].uft_out;
+    assert_eq!(send(&mut a, &udp(1111), 3), 1);
+    let s1 = a.stats().ports[0].uft_out;
+    assert_eq!((s1.hits, s1.misses), (s0.hits + 1, s0.misses));
+    assert_eq!(conn_ports(&a), vec![1111]);
+    let fw = a.stats().ports[0].firewall;
+    assert_eq!((fw.flows_created, fw.flows_evicted), (3, 2));
+    // And X's next packet is tracked on its new connection.
+    assert_eq!(send(&mut a, &udp(1111), 4), 1);
+    assert_eq!(a.stats().ports[0].firewall.flows_created, 3);
+}

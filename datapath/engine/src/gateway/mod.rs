@@ -297,7 +297,9 @@ fn classify(cfg: &PortConfig, meta: &InnerMeta) -> Option<ForGateway> {
             }
         }
         (L3::Ipv6, IpAddr::V6(dst)) => {
-            let to_gw = dst == cfg.gateway_ipv6();
+            // The gateway's address is fe80::/64 (derived from its MAC): data
+            // packets fail the first byte and skip the derivation.
+            let to_gw = dst.octets()[0] == 0xfe && dst == cfg.gateway_ipv6();
             if meta.proto == frame::PROTO_ICMPV6 && !meta.fragment && is_ndp_type(meta.icmp_type) {
                 Some(ForGateway::Ndp)
             } else if meta.proto == frame::PROTO_UDP
