@@ -259,6 +259,27 @@ impl Rack {
         Ok(())
     }
 
+    /// Stops sled `index`'s daemon with SIGTERM (it must exit cleanly) and starts a
+    /// new one with the same socket and state directory: what an operator's restart
+    /// or upgrade does. The new daemon restores ports and mappings from its state.
+    pub fn restart_daemon(&mut self, index: usize, extra: &[&str]) -> Result<()> {
+        let sled = self.sled_mut(index)?;
+        let mut old = sled
+            .daemon
+            .take()
+            .ok_or_else(|| Error::new(format!("sled {index} runs no overlayd")))?;
+        let status = old.stop()?;
+        if !status.success() {
+            return Err(Error::new(format!(
+                "overlayd on sled {index} exited with {status} on SIGTERM:\n{}",
+                old.log()
+            )));
+        }
+        old.set_log_on_drop(false);
+        drop(old);
+        self.start_daemon(index, extra)
+    }
+
     /// Starts a daemon on every sled (same extra flags for all).
     pub fn start_daemons(&mut self, extra: &[&str]) -> Result<()> {
         for i in 0..self.sleds.len() {

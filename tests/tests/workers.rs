@@ -76,6 +76,9 @@ fn two_workers_carry_same_sled_and_cross_sled_traffic() -> Result<()> {
     let before = cpu_seconds(&socket);
     std::thread::sleep(Duration::from_secs(5));
     let used = cpu_seconds(&socket) - before;
-    assert!(used < 0.25, "an idle two-worker daemon used {used:.3} CPU s in 5 s");
+    assert!(
+        used < 0.25,
+        "an idle two-worker daemon used {used:.3} CPU s in 5 s"
+    );
     Ok(())
 }
