@@ -200,16 +200,8 @@ impl Pending {
         self.id_mode = IdMode::Unknown;
         self.first_id = u16::from_be_bytes([frame[m.l3_off + 4], frame[m.l3_off + 5]]);
         self.ip_sum = match m.l3 {
-            L3::Ipv4 => {
-                // Its 16-bit words added directly (`can_start` checked the 20-byte
-                // header): three `checksum::sum` calls on 2 to 8 bytes cost ~100
-                // instructions per frame.
-                let h = &frame[m.l3_off..m.l4_off];
-                [0, 4, 6, 8, 12, 14, 16, 18]
-                    .into_iter()
-                    .map(|o| u64::from(u16::from_be_bytes([h[o], h[o + 1]])))
-                    .sum()
-            }
+            // `can_start` checked the 20-byte header.
+            L3::Ipv4 => ipv4_fixed_sum(&frame[m.l3_off..m.l3_off + 20]),
             _ => 0,
         };
         self.pseudo = pseudo;
@@ -370,8 +362,11 @@ fn can_start(frame: &[u8], m: &InnerMeta) -> bool {
         && flags & TCP_ACK != 0
 }
 
+#[inline]
 fn seq_of(frame: &[u8], l4: usize) -> u32 {
-    u32::from_be_bytes([frame[l4 + 4], frame[l4 + 5], frame[l4 + 6], frame[l4 + 7]])
+    // One bounds check for the four bytes.
+    let b = &frame[l4 + 4..l4 + 8];
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
 }
 
 /// Whether two frames of the flow `m` describes have the same header bytes, except
@@ -400,6 +395,10 @@ fn tcp_pseudo(m: &InnerMeta) -> u64 {
 
 /// Copies a first segment into `f` (its length), rewriting the source MAC to
 /// `gateway_mac`, and verifies its TCP checksum during the copy.
+///
+/// The TCP header goes through the checksumming copy with the payload: one pass sums
+/// exactly what the checksum covers, which saves summing the header on its own and a
+/// second, variable-length `memcpy` call (~40 instructions per segment).
 fn copy_first(
     f: &mut [u8],
     frame: &[u8],
@@ -407,11 +406,23 @@ fn copy_first(
     pseudo: u64,
     gateway_mac: MacAddr,
 ) -> bool {
-    let (hdrs, end) = (m.payload_off, m.ip_end);
-    f[..hdrs].copy_from_slice(&frame[..hdrs]);
+    let (l4, end) = (m.l4_off, m.ip_end);
+    f[..l4].copy_from_slice(&frame[..l4]);
     f[6..12].copy_from_slice(gateway_mac.as_bytes());
-    let psum = checksum::copy_and_sum(&mut f[hdrs..end], &frame[hdrs..end], 0);
-    tcp_sum_ok(pseudo, &frame[m.l4_off..hdrs], psum, end - hdrs)
+    let tcp_sum = checksum::copy_and_sum(&mut f[l4..end], &frame[l4..end], 0);
+    checksum::fold(pseudo + (end - l4) as u64 + tcp_sum) == 0xffff
+}
+
+/// Unfolded sum of the first 20 bytes of `h`, an IPv4 header without options, less
+/// its total length and checksum (what `Pending::ip_sum` keeps): its five 32-bit
+/// words minus those two 16-bit fields, which the words contain, so the difference
+/// cannot underflow. A fixed-length slice needs one bounds check, where picking the
+/// eight other 16-bit words one by one took ~45 instructions per frame.
+fn ipv4_fixed_sum(h: &[u8]) -> u64 {
+    let h = &h[..20];
+    let total_len = u16::from_be_bytes([h[2], h[3]]);
+    let csum = u16::from_be_bytes([h[10], h[11]]);
+    header_sum(h, 0) - u64::from(total_len) - u64::from(csum)
 }
 
 /// One's-complement check of a TCP segment: pseudo-header + header (with its checksum
@@ -565,10 +576,19 @@ impl Coalescer {
     /// Identified by position, length, destination and the header bytes merging does
     /// not change, so a batch that was cleared and refilled by others is not mistaken
     /// for it.
+    ///
+    /// Inlined up to the check that there is such a frame, which is all a segment
+    /// arriving alone pays (twice per `push`: a call each cost ~25 instructions).
+    #[inline]
     fn release_if_not_last(&mut self, out: &TxBatch) {
-        let Some(i) = self.in_batch() else {
-            return;
-        };
+        if let Some(i) = self.in_batch() {
+            self.release_slot_if_not_last(i, out);
+        }
+    }
+
+    /// [`Self::release_if_not_last`] for slot `i`, the one built in the batch.
+    #[inline(never)]
+    fn release_slot_if_not_last(&mut self, i: usize, out: &TxBatch) {
         let p = &self.slots[i];
         let Place::Batch { index } = p.place else {
             return;
@@ -865,6 +885,29 @@ mod header_sum_tests {
                 checksum::fold(header_sum(&h, acc)),
                 checksum::fold(checksum::sum(&h, acc))
             );
+        }
+
+        /// A header completed from the kept sum, as `Finish::apply` does, verifies,
+        /// and the sum does not depend on the two fields it leaves out.
+        #[test]
+        fn ipv4_fixed_sum_completes_a_valid_header(
+            mut h in proptest::collection::vec(any::<u8>(), 20),
+            total_len in any::<u16>(),
+            old_len in any::<u16>(),
+            old_csum in any::<u16>(),
+        ) {
+            h[0] = 0x45;
+            h[2..4].copy_from_slice(&old_len.to_be_bytes());
+            h[10..12].copy_from_slice(&old_csum.to_be_bytes());
+            let kept = ipv4_fixed_sum(&h);
+            let mut zeroed = h.clone();
+            zeroed[2..4].fill(0);
+            zeroed[10..12].fill(0);
+            prop_assert_eq!(checksum::fold(kept), checksum::fold(checksum::sum(&zeroed, 0)));
+            let c = !checksum::fold(kept + u64::from(total_len));
+            h[2..4].copy_from_slice(&total_len.to_be_bytes());
+            h[10..12].copy_from_slice(&c.to_be_bytes());
+            prop_assert_eq!(checksum::fold(checksum::sum(&h, 0)), 0xffff);
         }
     }
 }
