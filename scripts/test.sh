@@ -8,7 +8,15 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace --exclude e2e
+
+# Every cargo test run's output is kept so the last line can total them all.
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+run_tests() {
+    cargo test "$@" 2>&1 | tee -a "$results"
+}
+
+run_tests --workspace --exclude e2e
 # Every parser and the whole engine under libFuzzer for a short while (seeded with
 # the scapy vectors); see docs/testing.md for longer campaigns.
 bash scripts/fuzz-smoke.sh
@@ -17,4 +25,8 @@ bash scripts/fuzz-smoke.sh
 # tests/src/bins.rs); a debug datapath is too slow for the 200 MB transfer on a
 # 2-core machine. Built first so the first test's time is not the build's.
 cargo build --release -p control --bins
-cargo test --release -p e2e
+run_tests --release -p e2e
+
+# One total over every test binary (cargo prints one summary per binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$results"
