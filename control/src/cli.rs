@@ -279,38 +279,20 @@ impl CreateXde {
                 )),
             }
         }
-        let v4: Vec<_> = self
-            .private_ip
-            .iter()
-            .filter_map(|ip| match ip {
-                IpAddr::V4(a) => Some(*a),
-                IpAddr::V6(_) => None,
-            })
-            .collect();
-        let v6: Vec<_> = self
-            .private_ip
-            .iter()
-            .filter_map(|ip| match ip {
-                IpAddr::V6(a) => Some(*a),
-                IpAddr::V4(_) => None,
-            })
-            .collect();
-        let n4: Vec<_> = self
-            .vpc_subnet
-            .iter()
-            .filter_map(|n| match n {
-                IpNet::V4(n) => Some(*n),
-                IpNet::V6(_) => None,
-            })
-            .collect();
-        let n6: Vec<_> = self
-            .vpc_subnet
-            .iter()
-            .filter_map(|n| match n {
-                IpNet::V6(n) => Some(*n),
-                IpNet::V4(_) => None,
-            })
-            .collect();
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for ip in &self.private_ip {
+            match ip {
+                IpAddr::V4(a) => v4.push(*a),
+                IpAddr::V6(a) => v6.push(*a),
+            }
+        }
+        let (mut n4, mut n6) = (Vec::new(), Vec::new());
+        for net in &self.vpc_subnet {
+            match net {
+                IpNet::V4(n) => n4.push(*n),
+                IpNet::V6(n) => n6.push(*n),
+            }
+        }
         let gateway_ipv4 = match self.gateway_ip {
             None => None,
             Some(IpAddr::V4(a)) => Some(a),
