@@ -118,6 +118,12 @@ pub(super) struct Pending {
     end_flags: u8,
     /// The Mss option the segments came with (all must agree).
     mss: Option<u32>,
+    /// The frame's `gso_size`: the Mss option, else the first segment's payload.
+    gso_size: usize,
+    /// The longest the frame may grow (`len`): an IP packet of at most
+    /// [`max_ip_len`] and a payload of at most [`MAX_SEGMENTS`] of `gso_size`. Fixed
+    /// by the first segment, so merging checks one bound (no division per segment).
+    max_len: usize,
     id_mode: IdMode,
     first_id: u16,
     /// Unfolded sum of the first segment's IPv4 header without its total length and
@@ -148,6 +154,8 @@ impl Pending {
             closed: false,
             end_flags: 0,
             mss: None,
+            gso_size: 1,
+            max_len: 0,
             id_mode: IdMode::Unknown,
             first_id: 0,
             ip_sum: 0,
@@ -163,10 +171,6 @@ impl Pending {
             && self.meta.dst_ip == m.dst_ip
             && self.meta.src_port == m.src_port
             && self.meta.dst_port == m.dst_port
-    }
-
-    fn gso_size(&self) -> usize {
-        self.mss.map_or(self.seg_len, |m| m as usize).max(1)
     }
 
     /// Takes a first segment (already copied, checksum verified) as a new frame.
@@ -197,6 +201,8 @@ impl Pending {
         self.closed = false;
         self.end_flags = 0;
         self.mss = mss;
+        self.gso_size = mss.map_or(self.seg_len, |m| m as usize).max(1);
+        self.max_len = (m.l3_off + max_ip_len(m.l3)).min(hdrs + MAX_SEGMENTS * self.gso_size);
         self.id_mode = IdMode::Unknown;
         self.first_id = u16::from_be_bytes([frame[m.l3_off + 4], frame[m.l3_off + 5]]);
         self.ip_sum = match m.l3 {
@@ -237,7 +243,7 @@ impl Pending {
             len: self.len,
             segs: self.segs,
             end_flags: self.end_flags,
-            gso_size: self.gso_size(),
+            gso_size: self.gso_size,
             ip_sum: self.ip_sum,
             pseudo: self.pseudo,
         }
@@ -369,21 +375,29 @@ fn seq_of(frame: &[u8], l4: usize) -> u32 {
     u32::from_be_bytes([b[0], b[1], b[2], b[3]])
 }
 
-/// Whether two frames of the flow `m` describes have the same header bytes, except
+/// Whether `frame` has the header bytes of `buf` (the flow `m` describes), except
 /// those finishing a merged frame rewrites: the IPv4 total length and checksum or the
 /// IPv6 payload length (with the neighbouring bytes, for one rule for both families),
 /// and the TCP flags and checksum.
-fn same_fixed_headers(a: &[u8], b: &[u8], m: &InnerMeta) -> bool {
+///
+/// Those bytes are first copied from `frame` into `buf`, so one comparison of the
+/// whole header does the check: ~140 instructions per merged segment for the whole
+/// check, where a comparison per unchanged range took ~240. Merging reads none of
+/// them from `buf` except the TCP flags, which after the copy are the first
+/// segment's plus the PSH/FIN that closed the frame (no more merging) if it is ours,
+/// and do not matter if it is not (the slot is then released).
+fn same_fixed_headers(frame: &[u8], buf: &mut [u8], m: &InnerMeta) -> bool {
     let (l3, l4, hdrs) = (m.l3_off, m.l4_off, m.payload_off);
-    [
-        0..l3 + 2,
-        l3 + 6..l3 + 10,
-        l3 + 12..l4 + 13,
-        l4 + 14..l4 + 16,
-        l4 + 18..hdrs,
-    ]
-    .into_iter()
-    .all(|r| a.get(r.clone()) == b.get(r))
+    let (Some(f), Some(b)) = (frame.get(..hdrs), buf.get_mut(..hdrs)) else {
+        return false;
+    };
+    // `is_tcp_segment` and `can_start` put a 20-byte TCP header after a 20- or
+    // 40-byte IP header, so these are within `hdrs`.
+    b[l3 + 2..l3 + 6].copy_from_slice(&f[l3 + 2..l3 + 6]);
+    b[l3 + 10..l3 + 12].copy_from_slice(&f[l3 + 10..l3 + 12]);
+    b[l4 + 13] = f[l4 + 13];
+    b[l4 + 16..l4 + 18].copy_from_slice(&f[l4 + 16..l4 + 18]);
+    f == &*b
 }
 
 /// The TCP pseudo-header sum of a segment's addresses, without the length (added per
@@ -589,13 +603,13 @@ impl Coalescer {
     /// [`Self::release_if_not_last`] for slot `i`, the one built in the batch.
     #[inline(never)]
     fn release_slot_if_not_last(&mut self, i: usize, out: &TxBatch) {
-        let p = &self.slots[i];
+        let p = &mut self.slots[i];
         let Place::Batch { index } = p.place else {
             return;
         };
         let still_last = out.len() == index + 1
             && out.frame(index).is_some_and(|(dest, f)| {
-                dest == p.dest && f.len() == p.len && same_fixed_headers(f, &p.buf, &p.meta)
+                dest == p.dest && f.len() == p.len && same_fixed_headers(f, &mut p.buf, &p.meta)
             });
         if !still_last {
             self.release(i);
@@ -669,9 +683,7 @@ impl Coalescer {
         if n == 0 || n > p.seg_len || seq_of(frame, l4) != p.next_seq {
             return false;
         }
-        let merged_payload = p.len - hdrs + n;
-        if p.len + n - l3 > max_ip_len(m.l3) || merged_payload.div_ceil(p.gso_size()) > MAX_SEGMENTS
-        {
+        if p.len + n > p.max_len {
             return false;
         }
         let b = &p.buf;
