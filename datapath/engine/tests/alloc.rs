@@ -38,32 +38,12 @@ static GLOBAL: Counting = Counting;
 fn cached_flows_allocate_nothing_per_packet() {
     let (mut a, pa, mut b, _pb) = two_sleds();
     let (g1, g2) = (guest(1), guest(2));
-    let tcp = frame(
-        &g1,
-        Some(g2.v4),
-        None,
-        L4::Tcp {
-            sport: 40000,
-            dport: 80,
-            syn: false,
-        },
-        &[7u8; 1200],
-    );
+    let tcp = tcp_v4(&g1, g2.v4, 40000, 80, false, &[7u8; 1200]);
     let icmp6 = frame(&g1, None, Some(g2.v6), L4::Icmp { id: 9, seq: 1 }, b"ping");
     let mut out_a = TxBatch::new();
     let mut out_b = TxBatch::new();
     // Open the TCP connection first: sled B admits inbound TCP only from a SYN on.
-    let syn = frame(
-        &g1,
-        Some(g2.v4),
-        None,
-        L4::Tcp {
-            sport: 40000,
-            dport: 80,
-            syn: true,
-        },
-        &[],
-    );
+    let syn = tcp_v4(&g1, g2.v4, 40000, 80, true, &[]);
     out_a.clear();
     a.process_guest(pa, VnetHdr::default(), &syn, 0, &Fabric, &mut out_a);
     for (_, u) in out_a.iter() {

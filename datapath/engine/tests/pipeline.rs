@@ -104,44 +104,14 @@ fn stateful_firewall_admits_replies_only() {
     // Remove A's inbound VPC rules: A only admits replies now.
     a.set_fw_rules("ga", vec![]).unwrap();
     // B opens TCP to A: denied at A.
-    let syn = frame(
-        &g2,
-        Some(g1.v4),
-        None,
-        L4::Tcp {
-            sport: 5000,
-            dport: 22,
-            syn: true,
-        },
-        b"",
-    );
+    let syn = tcp_v4(&g2, g1.v4, 5000, 22, true, b"");
     let got = a_to_b(&mut b, pb, &mut a, &syn, 1);
     assert!(got.is_empty());
     assert_eq!(a.stats().ports[0].drops.get("fw_deny_in"), 1);
     // A opens TCP to B; B's reply is admitted at A.
-    let syn = frame(
-        &g1,
-        Some(g2.v4),
-        None,
-        L4::Tcp {
-            sport: 40000,
-            dport: 80,
-            syn: true,
-        },
-        b"",
-    );
+    let syn = tcp_v4(&g1, g2.v4, 40000, 80, true, b"");
     expect_delivered(&syn, &a_to_b(&mut a, pa, &mut b, &syn, 2), &g2, pb);
-    let synack = frame(
-        &g2,
-        Some(g1.v4),
-        None,
-        L4::Tcp {
-            sport: 80,
-            dport: 40000,
-            syn: true,
-        },
-        b"",
-    );
+    let synack = tcp_v4(&g2, g1.v4, 80, 40000, true, b"");
     expect_delivered(&synack, &a_to_b(&mut b, pb, &mut a, &synack, 3), &g1, pa);
     let flows = a.dump_tcp_flows("ga").unwrap();
     assert_eq!(flows.len(), 1);
@@ -463,32 +433,12 @@ fn invalidating_next_hops_recompiles_cached_outer_headers() {
 fn inbound_tcp_without_syn_opens_nothing() {
     let (mut a, pa, mut b, pb) = two_sleds();
     let (g1, g2) = (guest(1), guest(2));
-    let ack = frame(
-        &g1,
-        Some(g2.v4),
-        None,
-        L4::Tcp {
-            sport: 40000,
-            dport: 80,
-            syn: false,
-        },
-        b"x",
-    );
+    let ack = tcp_v4(&g1, g2.v4, 40000, 80, false, b"x");
     assert!(a_to_b(&mut a, pa, &mut b, &ack, 1).is_empty());
     assert_eq!(drop_count(&b, "fw_midstream_in"), 1);
     assert_eq!(b.stats().ports[0].firewall.flows, 0);
     // Not cached: the SYN of the same flow is admitted.
-    let syn = frame(
-        &g1,
-        Some(g2.v4),
-        None,
-        L4::Tcp {
-            sport: 40000,
-            dport: 80,
-            syn: true,
-        },
-        b"",
-    );
+    let syn = tcp_v4(&g1, g2.v4, 40000, 80, true, b"");
     expect_delivered(&syn, &a_to_b(&mut a, pa, &mut b, &syn, 2), &g2, pb);
 }
 

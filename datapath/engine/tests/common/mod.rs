@@ -112,6 +112,18 @@ pub enum L4 {
     Icmp { id: u16, seq: u16 },
 }
 
+/// An IPv4 TCP segment from `from` to `to` (the most common frame in these tests).
+pub fn tcp_v4(
+    from: &Guest,
+    to: Ipv4Addr,
+    sport: u16,
+    dport: u16,
+    syn: bool,
+    payload: &[u8],
+) -> Vec<u8> {
+    frame(from, Some(to), None, L4::Tcp { sport, dport, syn }, payload)
+}
+
 /// A guest frame from `from` (to its gateway MAC) to `to`, with valid checksums.
 pub fn frame(
     from: &Guest,
