@@ -3,6 +3,7 @@
 //! Only the Ethernet/IPv4 form exists on a guest link, so `Repr::parse` refuses any
 //! other hardware or protocol type rather than carrying lengths it would never use.
 
+use crate::bytes;
 use crate::{MacAddr, Result, WireError};
 use core::fmt;
 use std::net::Ipv4Addr;
@@ -87,11 +88,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
-    fn u16_at(&self, r: core::ops::Range<usize>) -> u16 {
-        let b = &self.buffer.as_ref()[r];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
     fn mac_at(&self, r: core::ops::Range<usize>) -> MacAddr {
         let mut m = [0u8; 6];
         m.copy_from_slice(&self.buffer.as_ref()[r]);
@@ -104,10 +100,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     pub fn hardware_type(&self) -> u16 {
-        self.u16_at(field::HTYPE)
+        bytes::get_u16(self.buffer.as_ref(), field::HTYPE)
     }
     pub fn protocol_type(&self) -> u16 {
-        self.u16_at(field::PTYPE)
+        bytes::get_u16(self.buffer.as_ref(), field::PTYPE)
     }
     pub fn hardware_len(&self) -> u8 {
         self.buffer.as_ref()[field::HLEN]
@@ -116,7 +112,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer.as_ref()[field::PLEN]
     }
     pub fn operation(&self) -> Operation {
-        self.u16_at(field::OPER).into()
+        bytes::get_u16(self.buffer.as_ref(), field::OPER).into()
     }
     pub fn source_hardware_addr(&self) -> MacAddr {
         self.mac_at(field::SHA)

@@ -2,6 +2,7 @@
 //! and destination unreachable including "fragmentation needed" with the next-hop MTU
 //! (RFC 1191 §4).
 
+use crate::bytes;
 use crate::checksum;
 use crate::{Result, WireError};
 use core::fmt;
@@ -72,11 +73,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
-    fn u16_at(&self, r: core::ops::Range<usize>) -> u16 {
-        let b = &self.buffer.as_ref()[r];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
     pub fn msg_type(&self) -> u8 {
         self.buffer.as_ref()[field::TYPE]
     }
@@ -84,16 +80,16 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer.as_ref()[field::CODE]
     }
     pub fn checksum(&self) -> u16 {
-        self.u16_at(field::CHECKSUM)
+        bytes::get_u16(self.buffer.as_ref(), field::CHECKSUM)
     }
     pub fn echo_ident(&self) -> u16 {
-        self.u16_at(field::ECHO_IDENT)
+        bytes::get_u16(self.buffer.as_ref(), field::ECHO_IDENT)
     }
     pub fn echo_seq_no(&self) -> u16 {
-        self.u16_at(field::ECHO_SEQNO)
+        bytes::get_u16(self.buffer.as_ref(), field::ECHO_SEQNO)
     }
     pub fn next_hop_mtu(&self) -> u16 {
-        self.u16_at(field::NEXT_HOP_MTU)
+        bytes::get_u16(self.buffer.as_ref(), field::NEXT_HOP_MTU)
     }
     /// Bytes after the 8-byte header: echo data, or the quoted datagram of an error.
     pub fn data(&self) -> &[u8] {

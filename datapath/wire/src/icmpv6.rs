@@ -1,6 +1,7 @@
 //! ICMPv6 (RFC 4443): echo and Packet Too Big, plus the checksum over the IPv6
 //! pseudo-header that every ICMPv6 message (NDP included, see `ndp`) carries.
 
+use crate::bytes;
 use crate::checksum;
 use crate::{Result, WireError};
 use core::fmt;
@@ -98,11 +99,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
-    fn u16_at(&self, r: core::ops::Range<usize>) -> u16 {
-        let b = &self.buffer.as_ref()[r];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
     pub fn msg_type(&self) -> u8 {
         self.buffer.as_ref()[field::TYPE]
     }
@@ -110,13 +106,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer.as_ref()[field::CODE]
     }
     pub fn checksum(&self) -> u16 {
-        self.u16_at(field::CHECKSUM)
+        bytes::get_u16(self.buffer.as_ref(), field::CHECKSUM)
     }
     pub fn echo_ident(&self) -> u16 {
-        self.u16_at(field::ECHO_IDENT)
+        bytes::get_u16(self.buffer.as_ref(), field::ECHO_IDENT)
     }
     pub fn echo_seq_no(&self) -> u16 {
-        self.u16_at(field::ECHO_SEQNO)
+        bytes::get_u16(self.buffer.as_ref(), field::ECHO_SEQNO)
     }
     /// The MTU field of Packet Too Big.
     pub fn mtu(&self) -> u32 {

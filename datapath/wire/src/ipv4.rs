@@ -1,5 +1,6 @@
 //! IPv4 headers (RFC 791), options included in the view but never emitted.
 
+use crate::bytes;
 use crate::checksum;
 use crate::{Result, WireError};
 use core::fmt;
@@ -87,11 +88,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
-    fn u16_at(&self, r: core::ops::Range<usize>) -> u16 {
-        let b = &self.buffer.as_ref()[r];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
     pub fn version(&self) -> u8 {
         self.buffer.as_ref()[field::VER_IHL] >> 4
     }
@@ -106,29 +102,29 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     pub fn total_len(&self) -> u16 {
-        self.u16_at(field::LENGTH)
+        bytes::get_u16(self.buffer.as_ref(), field::LENGTH)
     }
 
     pub fn ident(&self) -> u16 {
-        self.u16_at(field::IDENT)
+        bytes::get_u16(self.buffer.as_ref(), field::IDENT)
     }
 
     pub fn dont_frag(&self) -> bool {
-        self.u16_at(field::FLG_OFF) & FLAG_DF != 0
+        bytes::get_u16(self.buffer.as_ref(), field::FLG_OFF) & FLAG_DF != 0
     }
 
     pub fn more_frags(&self) -> bool {
-        self.u16_at(field::FLG_OFF) & FLAG_MF != 0
+        bytes::get_u16(self.buffer.as_ref(), field::FLG_OFF) & FLAG_MF != 0
     }
 
     /// Fragment offset in bytes.
     pub fn frag_offset(&self) -> u16 {
-        (self.u16_at(field::FLG_OFF) & OFFSET_MASK) << 3
+        (bytes::get_u16(self.buffer.as_ref(), field::FLG_OFF) & OFFSET_MASK) << 3
     }
 
     /// True for any fragment (first, middle or last).
     pub fn is_fragment(&self) -> bool {
-        self.u16_at(field::FLG_OFF) & (FLAG_MF | OFFSET_MASK) != 0
+        bytes::get_u16(self.buffer.as_ref(), field::FLG_OFF) & (FLAG_MF | OFFSET_MASK) != 0
     }
 
     pub fn ttl(&self) -> u8 {
@@ -140,7 +136,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     pub fn checksum(&self) -> u16 {
-        self.u16_at(field::CHECKSUM)
+        bytes::get_u16(self.buffer.as_ref(), field::CHECKSUM)
     }
 
     pub fn src_addr(&self) -> Ipv4Addr {
@@ -170,10 +166,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn set_u16_at(&mut self, r: core::ops::Range<usize>, v: u16) {
-        self.buffer.as_mut()[r].copy_from_slice(&v.to_be_bytes());
-    }
-
     pub fn set_version_and_header_len(&mut self, header_len: usize) {
         self.buffer.as_mut()[field::VER_IHL] = 0x40 | ((header_len / 4) as u8 & 0x0f);
     }
@@ -183,11 +175,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 
     pub fn set_total_len(&mut self, v: u16) {
-        self.set_u16_at(field::LENGTH, v);
+        bytes::set_u16(self.buffer.as_mut(), field::LENGTH, v);
     }
 
     pub fn set_ident(&mut self, v: u16) {
-        self.set_u16_at(field::IDENT, v);
+        bytes::set_u16(self.buffer.as_mut(), field::IDENT, v);
     }
 
     /// Sets DF/MF and the fragment offset (in bytes; must be a multiple of 8).
@@ -199,7 +191,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         if more_frags {
             v |= FLAG_MF;
         }
-        self.set_u16_at(field::FLG_OFF, v);
+        bytes::set_u16(self.buffer.as_mut(), field::FLG_OFF, v);
     }
 
     pub fn set_ttl(&mut self, v: u8) {
@@ -211,7 +203,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 
     pub fn set_checksum(&mut self, v: u16) {
-        self.set_u16_at(field::CHECKSUM, v);
+        bytes::set_u16(self.buffer.as_mut(), field::CHECKSUM, v);
     }
 
     pub fn set_src_addr(&mut self, a: Ipv4Addr) {

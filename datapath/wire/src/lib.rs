@@ -13,6 +13,7 @@
 //! as the independent check in our tests (`parse_inner` is compared with etherparse on
 //! generated frames, and the engine's pipeline tests decode what it emits with it).
 
+mod bytes;
 pub mod mac;
 pub mod vnet;
 

@@ -8,6 +8,7 @@
 //! zero") and ends the walk, and one running past the end is truncated. Unknown options
 //! are skipped, as §4.6 requires.
 
+use crate::bytes;
 use crate::icmpv6::{self, msg};
 use crate::{MacAddr, Result, WireError};
 use core::fmt;
@@ -98,11 +99,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
-    fn u32_at(&self, r: core::ops::Range<usize>) -> u32 {
-        let b = &self.buffer.as_ref()[r];
-        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-    }
-
     pub fn msg_type(&self) -> u8 {
         self.buffer.as_ref()[field::TYPE]
     }
@@ -120,10 +116,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
         u16::from_be_bytes([b[0], b[1]])
     }
     pub fn reachable_time(&self) -> u32 {
-        self.u32_at(field::REACHABLE_TIME)
+        bytes::get_u32(self.buffer.as_ref(), field::REACHABLE_TIME)
     }
     pub fn retrans_time(&self) -> u32 {
-        self.u32_at(field::RETRANS_TIME)
+        bytes::get_u32(self.buffer.as_ref(), field::RETRANS_TIME)
     }
     pub fn neighbor_flags(&self) -> u8 {
         self.buffer.as_ref()[field::NEIGHBOR_FLAGS]

@@ -2,6 +2,7 @@
 //! tunneled TSO and clamping), window scale, SACK-permitted and timestamps (whose sizes
 //! enter the segment-size arithmetic).
 
+use crate::bytes;
 use crate::checksum;
 use crate::ipv4::protocol;
 use crate::{Result, WireError};
@@ -88,30 +89,20 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
-    fn u16_at(&self, r: core::ops::Range<usize>) -> u16 {
-        let b = &self.buffer.as_ref()[r];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
-    fn u32_at(&self, r: core::ops::Range<usize>) -> u32 {
-        let b = &self.buffer.as_ref()[r];
-        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-    }
-
     pub fn src_port(&self) -> u16 {
-        self.u16_at(field::SRC_PORT)
+        bytes::get_u16(self.buffer.as_ref(), field::SRC_PORT)
     }
 
     pub fn dst_port(&self) -> u16 {
-        self.u16_at(field::DST_PORT)
+        bytes::get_u16(self.buffer.as_ref(), field::DST_PORT)
     }
 
     pub fn seq_number(&self) -> u32 {
-        self.u32_at(field::SEQ_NUM)
+        bytes::get_u32(self.buffer.as_ref(), field::SEQ_NUM)
     }
 
     pub fn ack_number(&self) -> u32 {
-        self.u32_at(field::ACK_NUM)
+        bytes::get_u32(self.buffer.as_ref(), field::ACK_NUM)
     }
 
     /// Header length in bytes (data offset * 4).
@@ -125,15 +116,15 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     pub fn window_len(&self) -> u16 {
-        self.u16_at(field::WIN_SIZE)
+        bytes::get_u16(self.buffer.as_ref(), field::WIN_SIZE)
     }
 
     pub fn checksum(&self) -> u16 {
-        self.u16_at(field::CHECKSUM)
+        bytes::get_u16(self.buffer.as_ref(), field::CHECKSUM)
     }
 
     pub fn urgent_at(&self) -> u16 {
-        self.u16_at(field::URGENT)
+        bytes::get_u16(self.buffer.as_ref(), field::URGENT)
     }
 
     /// The raw options bytes.
@@ -165,28 +156,20 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn set_u16_at(&mut self, r: core::ops::Range<usize>, v: u16) {
-        self.buffer.as_mut()[r].copy_from_slice(&v.to_be_bytes());
-    }
-
-    fn set_u32_at(&mut self, r: core::ops::Range<usize>, v: u32) {
-        self.buffer.as_mut()[r].copy_from_slice(&v.to_be_bytes());
-    }
-
     pub fn set_src_port(&mut self, v: u16) {
-        self.set_u16_at(field::SRC_PORT, v);
+        bytes::set_u16(self.buffer.as_mut(), field::SRC_PORT, v);
     }
 
     pub fn set_dst_port(&mut self, v: u16) {
-        self.set_u16_at(field::DST_PORT, v);
+        bytes::set_u16(self.buffer.as_mut(), field::DST_PORT, v);
     }
 
     pub fn set_seq_number(&mut self, v: u32) {
-        self.set_u32_at(field::SEQ_NUM, v);
+        bytes::set_u32(self.buffer.as_mut(), field::SEQ_NUM, v);
     }
 
     pub fn set_ack_number(&mut self, v: u32) {
-        self.set_u32_at(field::ACK_NUM, v);
+        bytes::set_u32(self.buffer.as_mut(), field::ACK_NUM, v);
     }
 
     /// Sets the data offset from a header length in bytes (a multiple of 4, 20..=60).
@@ -200,15 +183,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 
     pub fn set_window_len(&mut self, v: u16) {
-        self.set_u16_at(field::WIN_SIZE, v);
+        bytes::set_u16(self.buffer.as_mut(), field::WIN_SIZE, v);
     }
 
     pub fn set_checksum(&mut self, v: u16) {
-        self.set_u16_at(field::CHECKSUM, v);
+        bytes::set_u16(self.buffer.as_mut(), field::CHECKSUM, v);
     }
 
     pub fn set_urgent_at(&mut self, v: u16) {
-        self.set_u16_at(field::URGENT, v);
+        bytes::set_u16(self.buffer.as_mut(), field::URGENT, v);
     }
 
     pub fn options_mut(&mut self) -> &mut [u8] {

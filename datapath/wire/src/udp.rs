@@ -1,5 +1,6 @@
 //! UDP headers (RFC 768), with the IPv4/IPv6 pseudo-header checksums.
 
+use crate::bytes;
 use crate::checksum;
 use crate::ipv4::protocol;
 use crate::{Result, WireError};
@@ -54,27 +55,22 @@ impl<T: AsRef<[u8]>> Packet<T> {
         self.buffer
     }
 
-    fn u16_at(&self, r: core::ops::Range<usize>) -> u16 {
-        let b = &self.buffer.as_ref()[r];
-        u16::from_be_bytes([b[0], b[1]])
-    }
-
     pub fn src_port(&self) -> u16 {
-        self.u16_at(field::SRC_PORT)
+        bytes::get_u16(self.buffer.as_ref(), field::SRC_PORT)
     }
 
     pub fn dst_port(&self) -> u16 {
-        self.u16_at(field::DST_PORT)
+        bytes::get_u16(self.buffer.as_ref(), field::DST_PORT)
     }
 
     /// The length field (header + payload).
     #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> u16 {
-        self.u16_at(field::LENGTH)
+        bytes::get_u16(self.buffer.as_ref(), field::LENGTH)
     }
 
     pub fn checksum(&self) -> u16 {
-        self.u16_at(field::CHECKSUM)
+        bytes::get_u16(self.buffer.as_ref(), field::CHECKSUM)
     }
 
     pub fn payload(&self) -> &[u8] {
@@ -107,24 +103,20 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    fn set_u16_at(&mut self, r: core::ops::Range<usize>, v: u16) {
-        self.buffer.as_mut()[r].copy_from_slice(&v.to_be_bytes());
-    }
-
     pub fn set_src_port(&mut self, v: u16) {
-        self.set_u16_at(field::SRC_PORT, v);
+        bytes::set_u16(self.buffer.as_mut(), field::SRC_PORT, v);
     }
 
     pub fn set_dst_port(&mut self, v: u16) {
-        self.set_u16_at(field::DST_PORT, v);
+        bytes::set_u16(self.buffer.as_mut(), field::DST_PORT, v);
     }
 
     pub fn set_len(&mut self, v: u16) {
-        self.set_u16_at(field::LENGTH, v);
+        bytes::set_u16(self.buffer.as_mut(), field::LENGTH, v);
     }
 
     pub fn set_checksum(&mut self, v: u16) {
-        self.set_u16_at(field::CHECKSUM, v);
+        bytes::set_u16(self.buffer.as_mut(), field::CHECKSUM, v);
     }
 
     /// Computes the checksum over the pseudo-header and the datagram (up to the length
