@@ -20,21 +20,11 @@ fi
 # reads DEMO_PREFIX), so the trap removes this run's namespaces and no one else's.
 export DEMO_PREFIX="demo$$-"
 
+# shellcheck source=lib/namespaces.sh
+. scripts/lib/namespaces.sh
 cleanup() {
-    local ns pid
-    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${DEMO_PREFIX}" || true); do
-        # Only processes inside our own namespaces: the demo's daemons and tools.
-        for pid in $(ip netns pids "$ns" 2>/dev/null); do
-            kill -TERM "$pid" 2>/dev/null || true
-        done
-    done
-    sleep 0.5
-    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${DEMO_PREFIX}" || true); do
-        for pid in $(ip netns pids "$ns" 2>/dev/null); do
-            kill -KILL "$pid" 2>/dev/null || true
-        done
-        ip netns del "$ns" 2>/dev/null || true
-    done
+    # Only our own namespaces, and the processes inside: the demo's daemons and tools.
+    remove_namespaces "^${DEMO_PREFIX}"
 }
 trap cleanup EXIT
 

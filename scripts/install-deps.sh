@@ -3,12 +3,14 @@
 # clang/llvm/libbpf-dev build the XDP program; iproute2, iputils-ping and procps
 # (sysctl) build and probe the test topologies; tshark, tcpdump, ndisc6 (rdisc6) and
 # scapy are the independent decoders the tests check against; iperf3 measures
-# throughput in the demo. Idempotent and quiet: it installs only what is missing.
+# throughput in the demo and the benchmark, which also runs Open vSwitch's userspace
+# datapath for comparison (openvswitch-switch; its system service is not used).
+# Idempotent and quiet: it installs only what is missing.
 set -euo pipefail
 
 need_apt=()
 for pkg in clang llvm libbpf-dev iproute2 iputils-ping procps tshark tcpdump iperf3 \
-    ethtool ndisc6 python3; do
+    ethtool ndisc6 python3 openvswitch-switch; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -26,6 +26,9 @@ bash scripts/fuzz-smoke.sh
 # 2-core machine. Built first so the first test's time is not the build's.
 cargo build --release -p control --bins
 run_tests --release -p e2e
+# The side-by-side benchmark once, briefly: keeps its four topologies working. The
+# figures of a 2-second run mean nothing; see docs/benchmarks.md for real runs.
+bash scripts/bench-e2e.sh --smoke
 
 # One total over every test binary (cargo prints one summary per binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }

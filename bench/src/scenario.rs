@@ -10,7 +10,7 @@ use crate::frames::{data_frame, set_src_port, FlowSpec};
 use crate::sleds::{Sled, TwoSleds, IFINDEX, NOW};
 use core::fmt;
 use engine::uft::UftStats;
-use engine::{TxBatch, TxDest, VnetHdr};
+use engine::{RxFrame, TxBatch, TxDest, VnetHdr};
 use wire::ipv4::protocol;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -236,7 +236,9 @@ impl FastPath {
             }
             Dir::In => {
                 let b = &mut self.sleds.b;
-                b.engine.process_underlay(&self.input, NOW, &b.routes, out);
+                let pieces = [&self.input[..]];
+                b.engine
+                    .process_underlay(RxFrame::new(&pieces, 0), NOW, &b.routes, out);
                 b.engine.end_of_batch(out);
             }
         }
@@ -277,12 +279,15 @@ impl FastPath {
             (Dir::In, TxDest::Port { port, .. }) => *port == self.sleds.b.port,
             _ => false,
         };
-        match (out.len(), out.frame(0)) {
-            (1, Some((d, f))) if want_dest(&d) && f == self.expected.as_slice() => Ok(()),
-            (n, f) => Err(format!(
-                "{s}: expected one frame equal to the reference ({} bytes), got {n}: {:?}",
+        // Input 0 is the frame fed (inbound frames refer to it).
+        let frames = out.to_vecs(&[&self.input[..]]).unwrap_or_default();
+        match &frames[..] {
+            [(d, f)] if want_dest(d) && f == &self.expected => Ok(()),
+            f => Err(format!(
+                "{s}: expected one frame equal to the reference ({} bytes), got {}: {:?}",
                 self.expected.len(),
-                f.map(|(d, f)| (d, f.len()))
+                f.len(),
+                f.iter().map(|(d, f)| (d, f.len())).collect::<Vec<_>>()
             )),
         }
     }

@@ -48,6 +48,41 @@ impl fmt::Display for XdpMode {
     }
 }
 
+/// How a worker waits for work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PollMode {
+    /// Spin while there is work, and sleep in epoll within microseconds of running
+    /// out of it: a worker gives its core back to the guests it shares it with.
+    #[default]
+    Adaptive,
+    /// Never sleep: the lowest latency, at the price of a whole core per worker even
+    /// when idle (the OVS-DPDK PMD model, for cores dedicated to the datapath).
+    Busy,
+}
+
+impl FromStr for PollMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "adaptive" => Ok(PollMode::Adaptive),
+            "busy" => Ok(PollMode::Busy),
+            _ => Err(format!(
+                "invalid poll mode {s:?}: expected adaptive or busy"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for PollMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PollMode::Adaptive => "adaptive",
+            PollMode::Busy => "busy",
+        })
+    }
+}
+
 /// A set of CPU cores, written like `0,1`, `0-3` or `0-1,6`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -132,6 +167,7 @@ pub struct FileConfig {
     pub boundary_services: Option<Ipv6Addr>,
     pub boundary_vni: Option<Vni>,
     pub xdp_mode: Option<XdpMode>,
+    pub poll: Option<PollMode>,
     pub log_level: Option<String>,
 }
 
@@ -184,6 +220,11 @@ pub struct DaemonArgs {
     pub boundary_vni: Option<Vni>,
     #[arg(long, value_name = "native|skb")]
     pub xdp_mode: Option<XdpMode>,
+    /// How workers wait for work: `adaptive` (the default) sleeps in epoll as soon
+    /// as there is none, so a worker shares its core with guests; `busy` never
+    /// sleeps (a core dedicated to each worker).
+    #[arg(long, value_name = "adaptive|busy")]
+    pub poll: Option<PollMode>,
     /// tracing filter, e.g. info or overlayd=debug.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
@@ -211,6 +252,7 @@ pub struct DaemonConfig {
     pub boundary_services: Option<Ipv6Addr>,
     pub boundary_vni: Vni,
     pub xdp_mode: XdpMode,
+    pub poll: PollMode,
     pub log_level: String,
 }
 
@@ -278,6 +320,7 @@ impl DaemonConfig {
             boundary_services: args.boundary_services.or(file.boundary_services),
             boundary_vni,
             xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
+            poll: args.poll.or(file.poll).unwrap_or_default(),
             log_level: args
                 .log_level
                 .clone()
@@ -319,6 +362,8 @@ mod tests {
             "0-1",
             "--xdp-mode",
             "skb",
+            "--poll",
+            "busy",
             "--boundary-vni",
             "1234",
         ])
@@ -328,6 +373,7 @@ mod tests {
         assert_eq!(c.underlay_addr, "fd00:99::1".parse::<Ipv6Addr>().unwrap());
         assert_eq!(c.cores, [0, 1]);
         assert_eq!(c.xdp_mode, XdpMode::Skb);
+        assert_eq!(c.poll, PollMode::Busy);
         assert_eq!(c.boundary_vni.get(), 1234);
         assert_eq!(c.api_socket, PathBuf::from(DEFAULT_API_SOCKET));
         assert_eq!(c.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
@@ -342,6 +388,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.boundary_vni.get(), DEFAULT_BOUNDARY_VNI);
         assert_eq!(c.xdp_mode, XdpMode::Native);
+        assert_eq!(c.poll, PollMode::Adaptive);
         assert_eq!(c.log_level, "info");
         let e = DaemonConfig::resolve(&args(&["--underlay-addr", "fd00::1"]).unwrap()).unwrap_err();
         assert!(e.contains("--underlay"), "{e}");
@@ -353,6 +400,8 @@ mod tests {
         assert!(e.contains("16777216"), "{e}");
         let e = args(&["--xdp-mode", "turbo"]).unwrap_err().to_string();
         assert!(e.contains("turbo"), "{e}");
+        let e = args(&["--poll", "lazy"]).unwrap_err().to_string();
+        assert!(e.contains("lazy"), "{e}");
         let e = DaemonConfig::resolve(
             &args(&["--underlay", "eth0", "--underlay-addr", "ff02::1"]).unwrap(),
         )

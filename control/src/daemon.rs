@@ -10,12 +10,13 @@
 
 use crate::config::DaemonConfig;
 use crate::controller::Controller;
-use crate::datapath::{engine_config, mesh, pin_to_core, run_worker, Datapath, WorkerIo};
+use crate::datapath::{engine_config, pin_to_core, Datapath};
 use crate::handoff::Doorbell;
 use crate::neighbours::NextHops;
 use crate::server::{request_channel, serve_next, serve_pending, ApiServer};
 use crate::state::StateStore;
-use crate::underlay::{warn_if_address_missing, Underlay};
+use crate::underlay::{warn_if_address_missing, Underlay, FRAME_OVERHEAD};
+use crate::worker::{mesh, run_worker, WorkerIo};
 use crate::workers::{JobTx, Workers};
 use engine::{Engine, EngineConfig};
 use std::path::Path;
@@ -27,9 +28,6 @@ use std::time::Duration;
 /// How long the main thread waits for an API request before checking for a
 /// signal or a dead worker.
 const MAIN_POLL: Duration = Duration::from_millis(100);
-
-/// Room in a handoff slot beyond the link MTU: the Ethernet header and a VLAN tag.
-const FRAME_OVERHEAD: usize = 18;
 
 /// The running workers; stopped and joined when dropped.
 struct WorkerPool {
@@ -98,17 +96,17 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     let n = cfg.cores.len().max(1);
     let mut underlay = Underlay::open(cfg, n)?;
     let ecfg = engine_config(cfg, underlay.mtu())?;
-    tracing::info!(underlay_mtu = ecfg.underlay_mtu, addr = %cfg.underlay_addr, workers = n, "engine configured");
+    tracing::info!(underlay_mtu = ecfg.underlay_mtu, addr = %cfg.underlay_addr, workers = n, poll = %cfg.poll, "engine configured");
     let doorbells = (0..n)
         .map(|_| Doorbell::new().map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;
+    // Handed-over frames: underlay frames, or guest frames of up to a 64 KiB buffer.
     let largest = underlay.links.iter().map(|l| l.mtu).max().unwrap_or(0) as usize;
-    let meshes = mesh(&doorbells, largest + FRAME_OVERHEAD);
-    let loopback = if n > 1 {
-        underlay.loopback_next_hop()
-    } else {
-        None
-    };
+    let meshes = mesh(
+        &doorbells,
+        largest + FRAME_OVERHEAD,
+        dpio::tap::MAX_TAP_FRAME,
+    );
     let mut pool = WorkerPool {
         stop: Arc::new(AtomicBool::new(false)),
         threads: Vec::new(),
@@ -117,14 +115,14 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     let parts = underlay.take_queues(n).into_iter().zip(meshes);
     for (index, (queues, mesh)) in parts.enumerate() {
         let engine = Engine::new(ecfg.clone()).map_err(|e| e.to_string())?;
-        let io = WorkerIo {
+        let io = WorkerIo::new(
             index,
             queues,
-            next_hops: NextHops::start()?,
+            NextHops::start()?,
             mesh,
-            doorbell: doorbells[index].clone(),
-            loopback,
-        };
+            doorbells[index].clone(),
+            cfg.poll,
+        )?;
         let core = cfg.cores.get(index).copied();
         let dp = Datapath::with_io(engine, io);
         let (t, tx) = spawn_worker(index, core, dp, pool.stop.clone())?;

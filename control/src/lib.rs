@@ -1,8 +1,10 @@
 //! The control plane of the overlay datapath: the versioned API spoken over a Unix
 //! socket ([`api`]), the daemon's configuration ([`config`]), its persisted state
 //! ([`state`]), the request handling shared by the daemon and its tests
-//! ([`controller`]), the socket server and client ([`server`], [`client`]), and the
-//! glue that runs the engine over the I/O edge ([`datapath`]).
+//! ([`controller`]), the socket server and client ([`server`], [`client`]), one
+//! worker's engine and the translation of requests for it ([`datapath`]), the loop
+//! that moves its frames ([`worker`]), and the fan-out over several workers
+//! ([`workers`]).
 
 pub mod api;
 pub mod channels;
@@ -18,4 +20,5 @@ pub mod ra_listen;
 pub mod server;
 pub mod state;
 pub mod underlay;
+pub mod worker;
 pub mod workers;

@@ -8,12 +8,16 @@
 use crate::config::{DaemonConfig, XdpMode};
 use dpio::netlink::Netlink;
 use dpio::xdp::{AttachMode, SteeringProgram};
-use dpio::xsk::{BindMode, TxError, Umem, XskConfig, XskSocket, XskStats};
+use dpio::xsk::{BindMode, TxError, TxSlot, Umem, XskConfig, XskMode, XskSocket, XskStats};
+use engine::{FrameSpace, LentFrame, TxDest};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::Ipv6Addr;
 use std::os::fd::AsRawFd;
 use wire::MacAddr;
+
+/// Room in a frame beyond the link MTU: the Ethernet header and a VLAN tag.
+pub const FRAME_OVERHEAD: usize = 18;
 
 /// One underlay interface.
 pub struct UnderlayLink {
@@ -52,18 +56,30 @@ impl Underlay {
     /// far is released again if a later step fails.
     pub fn open(cfg: &DaemonConfig, workers: usize) -> Result<Underlay, String> {
         let mut nl = Netlink::open().map_err(|e| format!("netlink: {e}"))?;
-        let xsk_cfg = XskConfig {
-            rx_frames: 2048,
-            tx_frames: 2048,
-            ring_size: 2048,
-            mode: BindMode::Copy,
-        };
-        let mut plan = Vec::new();
-        let mut chunks = 0u32;
+        let mut links = Vec::new();
         for name in &cfg.underlay {
             let link = nl
                 .link_by_name(name)
                 .map_err(|e| format!("underlay interface {name:?}: {e}"))?;
+            links.push(link);
+        }
+        // Transmit slots hold the longest frame any link carries: its MTU, the
+        // Ethernet header and room for a VLAN tag.
+        let largest = links.iter().map(|l| l.mtu as usize).max().unwrap_or(0);
+        let xsk_cfg = XskConfig {
+            rx_frames: 2048,
+            tx_slots: 1024,
+            max_tx_frame: largest + FRAME_OVERHEAD,
+            ring_size: 4096,
+            mode: BindMode::Auto,
+        };
+        let per_socket = xsk_cfg
+            .chunks()
+            .map_err(|e| format!("AF_XDP socket sizes for MTU {largest}: {e}"))?;
+        let mut plan = Vec::new();
+        let mut chunks = 0u32;
+        for link in links {
+            let name = &link.name;
             let mut queues = rx_queue_count(name)?;
             let need = u32::try_from(workers).unwrap_or(u32::MAX);
             if queues < need {
@@ -76,29 +92,31 @@ impl Underlay {
                     ));
                 }
             }
-            chunks = chunks.saturating_add(queues * (xsk_cfg.rx_frames + xsk_cfg.tx_frames));
+            chunks = chunks.saturating_add(queues.saturating_mul(per_socket));
             plan.push((link, queues));
         }
         dpio::raise_memlock_limit();
         let umem = Umem::new(chunks).map_err(|e| format!("AF_XDP UMEM of {chunks} chunks: {e}"))?;
-        let mode = match cfg.xdp_mode {
+        let attach = match cfg.xdp_mode {
             XdpMode::Native => AttachMode::Native,
             XdpMode::Skb => AttachMode::Skb,
         };
         let mut links = Vec::new();
         let mut all_sockets = Vec::new();
+        let mut mode = XskMode::Copy;
         for (link, queues) in plan {
-            let mut program = SteeringProgram::attach(&link.name, &[cfg.underlay_addr], mode)
+            let mut program = SteeringProgram::attach(&link.name, &[cfg.underlay_addr], attach)
                 .map_err(|e| e.to_string())?;
             for q in 0..queues {
                 let s = XskSocket::new(&umem, link.ifindex, q, xsk_cfg)
                     .map_err(|e| format!("AF_XDP socket on {} queue {q}: {e}", link.name))?;
                 program.register_socket(q, &s).map_err(|e| e.to_string())?;
+                mode = s.mode();
                 all_sockets.push(s);
             }
             tracing::info!(
                 iface = %link.name, ifindex = link.ifindex, mtu = link.mtu, queues,
-                mode = %cfg.xdp_mode, "underlay attached"
+                xdp = %cfg.xdp_mode, af_xdp = %mode, "underlay attached"
             );
             links.push(UnderlayLink {
                 name: link.name,
@@ -132,19 +150,6 @@ impl Underlay {
             }
         }
         out
-    }
-
-    /// A next hop for frames addressed to this sled itself: they never reach the
-    /// wire (the worker hands them to the port's owner), but the engine needs a
-    /// next hop to build them. The first link's interface and MAC.
-    pub fn loopback_next_hop(&self) -> Option<engine::NextHop> {
-        let l = self.links.first()?;
-        let mac = l.mac.unwrap_or(MacAddr([0x02, 0, 0, 0, 0, 1]));
-        Some(engine::NextHop {
-            ifindex: l.ifindex,
-            src_mac: mac,
-            dst_mac: mac,
-        })
     }
 
     /// The MTU the engine plans with: the smallest of the underlay links, since a flow
@@ -212,6 +217,93 @@ impl UnderlayQueues {
     pub fn fds(&self) -> impl Iterator<Item = i32> + '_ {
         self.sockets.iter().map(|s| s.as_raw_fd())
     }
+
+    /// The engine's view of these sockets' transmit slots for one round: underlay
+    /// frames are written where the kernel sends them from.
+    pub fn space<'a>(&'a mut self, lent: &'a mut LentSlots) -> UmemSpace<'a> {
+        UmemSpace {
+            sockets: &mut self.sockets,
+            lent,
+        }
+    }
+
+    /// Queues lent frame `frame`, now `len` bytes long, for transmission.
+    pub fn submit(
+        &mut self,
+        lent: &mut LentSlots,
+        frame: LentFrame,
+        len: usize,
+    ) -> Result<(), SendError> {
+        let (s, slot) = lent.take(frame).ok_or(SendError::NotLent)?;
+        let sock = self.sockets.get_mut(s).ok_or(SendError::NoSuchLink)?;
+        sock.submit(slot, len).map_err(SendError::Tx)
+    }
+
+    /// Gives back every slot still lent (frames the round did not submit).
+    pub fn give_back_all(&mut self, lent: &mut LentSlots) {
+        for (s, slot) in lent.0.drain(..).flatten() {
+            if let Some(sock) = self.sockets.get_mut(s) {
+                sock.give_back(slot);
+            }
+        }
+    }
+}
+
+/// Transmit slots lent to the engine in one round, numbered as the engine knows
+/// them ([`LentFrame`]), with the socket each came from. Kept by the worker across
+/// rounds (the capacity stays).
+#[derive(Default)]
+pub struct LentSlots(Vec<Option<(usize, TxSlot)>>);
+
+impl LentSlots {
+    fn take(&mut self, frame: LentFrame) -> Option<(usize, TxSlot)> {
+        self.0.get_mut(frame.0 as usize)?.take()
+    }
+
+    /// Whether every lent slot was submitted or given back.
+    pub fn is_settled(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+
+    /// Forgets the numbering once every slot is settled, for the next round.
+    pub fn reset(&mut self) {
+        if self.is_settled() {
+            self.0.clear();
+        }
+    }
+}
+
+/// [`FrameSpace`] over one worker's AF_XDP sockets: a frame to an underlay link is
+/// written into a transmit slot of the worker's socket on that link.
+pub struct UmemSpace<'a> {
+    sockets: &'a mut [XskSocket],
+    lent: &'a mut LentSlots,
+}
+
+impl FrameSpace for UmemSpace<'_> {
+    fn lend(&mut self, dest: &TxDest, len: usize) -> Option<(LentFrame, &mut [u8])> {
+        let TxDest::Underlay { ifindex } = *dest else {
+            return None;
+        };
+        let s = self.sockets.iter().position(|s| s.ifindex() == ifindex)?;
+        let sock = &mut self.sockets[s];
+        if len > sock.slot_len() {
+            return None;
+        }
+        let slot = sock.lend()?;
+        let n = u32::try_from(self.lent.0.len()).ok()?;
+        self.lent.0.push(Some((s, slot)));
+        let (_, slot) = self.lent.0.last()?.as_ref()?;
+        Some((LentFrame(n), sock.slot_mut(slot)))
+    }
+
+    fn give_back(&mut self, frame: LentFrame) {
+        if let Some((s, slot)) = self.lent.take(frame) {
+            if let Some(sock) = self.sockets.get_mut(s) {
+                sock.give_back(slot);
+            }
+        }
+    }
 }
 
 /// Why a frame could not be queued for the underlay.
@@ -220,6 +312,8 @@ pub enum SendError {
     /// The engine named an interface we do not serve (a route through a link that
     /// is not an underlay link).
     NoSuchLink,
+    /// A lent frame that was already submitted or given back (a worker bug).
+    NotLent,
     Tx(TxError),
 }
 

@@ -69,12 +69,13 @@ struct Placement {
 }
 
 /// What the other workers need to know about a port: its inbound dispatch key, and
-/// its addresses, which they map to this sled so that their guests reach it.
+/// its addresses and MTU, so that their guests' frames to it are handed over.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PortKey {
     pub vni: Vni,
     pub mac: MacAddr,
     pub ips: Vec<IpAddr>,
+    pub mtu: u16,
 }
 
 impl PortKey {
@@ -89,6 +90,7 @@ impl PortKey {
                 .into_iter()
                 .chain(c.ipv6.map(IpAddr::V6))
                 .collect(),
+            mtu: c.mtu,
         }
     }
 }

@@ -9,7 +9,7 @@
 
 use engine::{
     Direction, Engine, EngineConfig, FwAction, MacAddr, NextHop, PortConfig, PortId, Predicate,
-    Rule, TxBatch, TxDest, UnderlayRoutes, VnetHdr, Vni,
+    Rule, RxFrame, TxBatch, TxDest, UnderlayRoutes, VnetHdr, Vni,
 };
 use libfuzzer_sys::fuzz_target;
 use std::net::{IpAddr, Ipv6Addr};
@@ -34,7 +34,7 @@ struct Sled {
     engine: Engine,
     ports: [PortId; 2],
     now: u64,
-    out: TxBatch,
+    out: TxBatch<'static>,
 }
 
 fn port(name: &str, n: u8) -> PortConfig {
@@ -106,19 +106,28 @@ fuzz_target!(|data: &[u8]| {
             s.engine
                 .process_guest(port, vnet, &rest[10..], s.now, &Routes, &mut s.out);
         }
-        _ => s.engine.process_underlay(rest, s.now, &Routes, &mut s.out),
+        _ => {
+            // As a chain of AF_XDP buffers, cut where the selector says.
+            let cut = (usize::from(sel) * 37) % (rest.len() + 1);
+            let pieces = [&rest[..cut], &rest[cut..]];
+            s.engine
+                .process_underlay(RxFrame::new(&pieces, 0), s.now, &Routes, &mut s.out)
+        }
     }
     s.engine.end_of_batch(&mut s.out);
     s.engine.tick(s.now, &mut s.out);
-    for (dest, frame) in s.out.iter() {
+    // Input 0 is the underlay frame: every reference must resolve inside it.
+    let frames = s.out.to_vecs(&[rest]).expect("every frame resolves");
+    for (dest, frame) in frames {
         match dest {
             TxDest::Underlay { .. } => {
                 assert!(frame.len() <= 14 + UNDERLAY_MTU, "{} bytes", frame.len());
-                if let Err(e) = parse_underlay(frame) {
+                if let Err(e) = parse_underlay(&frame) {
                     panic!("we emitted an underlay frame we refuse: {e}");
                 }
             }
             TxDest::Port { .. } => assert!(frame.len() <= 14 + 65535),
+            TxDest::Sibling { .. } => panic!("no sibling workers here"),
         }
     }
 });

@@ -8,10 +8,10 @@ use crate::{Context, Error, Result};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long the daemon gets to exit after SIGTERM before it is killed.
-pub const STOP_GRACE: Duration = Duration::from_secs(5);
+pub use crate::cmd::STOP_GRACE;
 
 /// How long a daemon may take to open its API socket: it loads and attaches the XDP
 /// program and binds AF_XDP sockets, which is slow on a loaded 2-core machine.
@@ -113,6 +113,12 @@ impl Overlayd {
         &self.paths
     }
 
+    /// The daemon's process id while it runs (`ip netns exec` execs the daemon, so
+    /// this is overlayd's own pid), e.g. for reading its CPU time from `/proc`.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The log so far (empty if unreadable: this is for diagnostics only).
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.paths.log).unwrap_or_default()
@@ -125,27 +131,7 @@ impl Overlayd {
             .child
             .take()
             .ok_or_else(|| Error::new(format!("{} was already stopped", self.label)))?;
-        if let Some(status) = child.try_wait()? {
-            return Ok(status);
-        }
-        let pid = libc::pid_t::try_from(child.id())
-            .map_err(|_| Error::new(format!("pid {} out of range", child.id())))?;
-        // SAFETY: kill(2) on the pid of our own unreaped child: it cannot have been
-        // recycled for another process while we have not waited for it.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + STOP_GRACE;
-        while Instant::now() < deadline {
-            if let Some(status) = child.try_wait()? {
-                return Ok(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!(
-            "e2e: {} ignored SIGTERM for {STOP_GRACE:?}; killing it",
-            self.label
-        );
-        child.kill()?;
-        Ok(child.wait()?)
+        crate::cmd::terminate(&mut child, &format!("e2e: {}", self.label))
     }
 }
 

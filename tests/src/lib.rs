@@ -16,12 +16,14 @@
 //! configuration), [`standard`] (the two-sled, four-guest rack of the tests and the
 //! demo), [`capture`] (underlay captures decoded by tshark), [`xfer`] (checked TCP
 //! transfers), [`stats`] (reading `xdeadm --json` output), [`cmd`], [`netns`],
-//! [`poll`], [`daemon`], [`bins`].
+//! [`poll`], [`daemon`], [`bins`]; [`bench`] is the side-by-side benchmark against
+//! kernel VXLAN, OVS and plain veth built on the same topology (`bench-e2e`).
 //!
 //! Binaries: `overlayd` and `xdeadm` are found through `OVERLAYD_BIN`/`XDEADM_BIN`,
 //! or else built once per test process with `cargo build -p control` into the same
 //! target directory and profile as the running test (see [`bins`]).
 
+pub mod bench;
 pub mod bins;
 pub mod capture;
 pub mod cmd;

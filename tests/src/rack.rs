@@ -126,6 +126,7 @@ impl Rack {
             dir,
         };
         let sw = &rack.switch;
+        sw.bridge_without_netfilter()?;
         sw.ip(&["link", "add", BRIDGE, "mtu", "9000", "type", "bridge"])?;
         // No snooping: NDP multicast must reach every sled without an IGMP/MLD querier.
         sw.ip(&[

@@ -1,42 +1,51 @@
-//! The [`Engine`]: ports, the tables they share, and the two fast paths.
+//! The [`Engine`]: ports, the tables they share, their management, and timers. The
+//! two fast paths have a file each: `outbound` (guest to underlay) and `inbound`
+//! (underlay to guest); `stats` holds what `stats` reports.
 //!
 //! Guest to underlay ([`Engine::process_guest`]): parse -> gateway (ARP/NDP/DHCP/echo
 //! answered here) -> anti-spoofing -> unified flow table; on a miss the layers
 //! (firewall -> router -> overlay) compile the flow's action and it is cached ->
-//! path-MTU check (Packet Too Big or IPv4 fragmentation) -> local delivery to another
-//! port, or encapsulation with tunneled TSO into the [`TxBatch`].
+//! path-MTU check (Packet Too Big or IPv4 fragmentation) -> delivery to another port of
+//! this sled (of this engine, or handed to the worker that owns it), or encapsulation
+//! with tunneled TSO into the [`TxBatch`].
 //!
 //! Underlay to guest ([`Engine::process_underlay`]): outer validation -> our underlay
-//! address -> port by (VNI, inner destination MAC) -> anti-spoofing -> unified flow
-//! table / inbound firewall -> coalescer (which rewrites the inner source MAC to the
-//! gateway's) -> [`TxBatch`].
+//! address -> port by (VNI, inner destination MAC) (a port of another worker: the
+//! frame is handed to it) -> anti-spoofing -> unified flow table / inbound firewall ->
+//! coalescer (which rewrites the inner source MAC to the gateway's) -> [`TxBatch`].
 //!
 //! Every change to ports, rules, routes or V2P bumps the epoch, which invalidates
 //! every cached flow at once (see `uft`); so does [`Engine::invalidate_next_hops`],
-//! which the daemon calls when an underlay neighbour changes. Every drop is counted under a named reason
-//! ([`reason`], plus the names of `tso::TsoDrop`, the gateway's denies and
-//! `wire::meta::UnderlayDrop`); docs/engine.md lists them all.
+//! which the daemon calls when an underlay neighbour changes. Every drop is counted
+//! under a named reason ([`reason`], plus the names of `tso::TsoDrop`, the gateway's
+//! denies and `wire::meta::UnderlayDrop`); docs/engine.md lists them all.
+
+mod inbound;
+mod outbound;
+mod stats;
+
+pub use stats::{EngineStats, PortStats};
+
+use stats::PortCounters;
 
 use crate::counters::DropCounters;
-use crate::encap::OuterTemplate;
-use crate::firewall::{ConnDump, Decision, Firewall, FirewallStats, FlowLimits, FwAction};
+use crate::firewall::{ConnDump, Firewall, FlowLimits, FwAction};
 use crate::flow::{quoted_flow, FlowKey, PROTO_ICMP, PROTO_ICMPV6};
-use crate::gateway::{self, GatewayCounters, GatewayState, GatewayVerdict, MtuBudget, RaInfo};
+use crate::gateway::{self, GatewayState, MtuBudget, RaInfo};
 use crate::layer::{LayerDump, RuleId};
-use crate::output::{TxBatch, TxDest};
+use crate::output::TxBatch;
 use crate::overlay::{BoundaryServices, V2p, V2pDump, V2pEntry};
 use crate::port::{PortConfig, PortId, Vni, MIN_PORT_MTU};
 use crate::router::{RouteDump, RouteTarget, Router};
 use crate::rule::{Direction, Finalized, MatchFields, Rule};
-use crate::tso::{self, CoalesceStats, Coalescer};
-use crate::uft::{EncapAction, InAction, OutAction, Uft, UftDump, UftEntry, UftStats};
+use crate::tso::Coalescer;
+use crate::uft::{InAction, OutAction, Uft, UftDump, UftEntry};
 use core::fmt;
 use ipnet::IpNet;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
-use wire::meta::{InnerMeta, L3};
-use wire::vnet::VnetHdr;
+use wire::meta::InnerMeta;
 use wire::MacAddr;
 
 /// Drop reasons the engine itself produces (the layers' own are in
@@ -189,59 +198,6 @@ impl fmt::Display for EngineError {
 
 impl std::error::Error for EngineError {}
 
-/// Per-port packet counters.
-#[derive(Clone, Debug, Default)]
-struct PortCounters {
-    /// Toward the guest (delivered).
-    in_packets: u64,
-    in_bytes: u64,
-    /// From the guest (received, before any drop).
-    out_packets: u64,
-    out_bytes: u64,
-    tso_buffers_in: u64,
-    tso_segments_out: u64,
-    local_delivered: u64,
-    drops: DropCounters,
-}
-
-/// A port's statistics as `stats` reports them.
-#[derive(Clone, Debug, Serialize)]
-pub struct PortStats {
-    pub name: String,
-    pub id: PortId,
-    /// Frames and bytes delivered to the guest.
-    pub in_packets: u64,
-    pub in_bytes: u64,
-    /// Frames and bytes received from the guest.
-    pub out_packets: u64,
-    pub out_bytes: u64,
-    /// GSO buffers received from the guest and the underlay frames made of them.
-    pub tso_buffers_in: u64,
-    pub tso_segments_out: u64,
-    /// Frames delivered to another port of this sled without encapsulation.
-    pub local_delivered: u64,
-    pub uft_in: UftStats,
-    pub uft_out: UftStats,
-    pub firewall: FirewallStats,
-    pub gateway: GatewayCounters,
-    /// Drops by reason.
-    pub drops: DropCounters,
-}
-
-/// `stats` output.
-#[derive(Clone, Debug, Serialize)]
-pub struct EngineStats {
-    pub epoch: u64,
-    pub ports: Vec<PortStats>,
-    /// Underlay frames refused by `parse_underlay`, by `UnderlayDrop` name.
-    pub underlay_drops: DropCounters,
-    /// Drops not attributable to a port.
-    pub datapath_drops: DropCounters,
-    /// Coalescing of received segments (all ports).
-    pub coalescer: CoalesceStats,
-    pub v2p_entries: usize,
-}
-
 /// `dump-uft` output for one port.
 #[derive(Clone, Debug, Serialize)]
 pub struct UftPortDump {
@@ -266,11 +222,23 @@ struct Port {
     mtu_changed: bool,
 }
 
+/// Who holds a port of this sled: this engine, or another worker's engine. Every
+/// worker runs its own engine over its own ports, and learns where the others' ports
+/// are ([`Engine::set_sibling_port`]) so that traffic to them is handed over to that
+/// worker instead of looping through the underlay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owner {
+    Port(PortId),
+    Sibling(u16),
+}
+
 /// A guest address on this sled: where VPC-internal traffic to it is delivered
 /// without encapsulation.
 #[derive(Clone, Copy, Debug)]
 struct LocalDest {
-    port: PortId,
+    owner: Owner,
+    /// The guest's MAC (what a frame handed to a sibling worker is addressed to).
+    mac: MacAddr,
     mtu: u16,
 }
 
@@ -280,9 +248,9 @@ pub struct Engine {
     /// Indexed by `PortId`; `None` is a free id.
     ports: Vec<Option<Port>>,
     by_name: HashMap<String, PortId>,
-    /// Inbound dispatch: (VNI, guest MAC) -> port.
+    /// Inbound dispatch: (VNI, guest MAC) -> port, here or on a sibling worker.
     by_mac: MacIndex,
-    /// Local delivery: (VNI, guest IP) -> port.
+    /// Local delivery: (VNI, guest IP) -> port, here or on a sibling worker.
     by_ip: HashMap<(u32, IpAddr), LocalDest>,
     v2p: V2p,
     epoch: u64,
@@ -291,20 +259,22 @@ pub struct Engine {
     last_sweep: u64,
     coalescer: Coalescer,
     /// Reused buffer for IPv4 fragments before they are encapsulated.
-    scratch: TxBatch,
+    scratch: TxBatch<'static>,
     /// Reused copy of a guest frame whose partial checksum is completed before it
     /// is fragmented.
     csum_buf: Vec<u8>,
+    /// Reused contiguous copy of a received frame whose headers span its pieces.
+    linear: Vec<u8>,
     underlay_drops: DropCounters,
     drops: DropCounters,
 }
 
-/// Inbound dispatch, (VNI, guest MAC) -> port: a sorted array of packed keys, searched
+/// Inbound dispatch, (VNI, guest MAC) -> owner: a sorted array of packed keys, searched
 /// by bisection. Only our own ports are keys (the network cannot add any), so no keyed
 /// hash is needed, and a sled has tens of ports: a few compares, where std's SipHash
 /// cost ~250 instructions per inbound packet.
 #[derive(Debug, Default)]
-struct MacIndex(Vec<(u128, PortId)>);
+struct MacIndex(Vec<(u128, Owner)>);
 
 impl MacIndex {
     fn key(vni: u32, mac: MacAddr) -> u128 {
@@ -314,18 +284,18 @@ impl MacIndex {
     }
 
     #[inline]
-    fn get(&self, vni: u32, mac: MacAddr) -> Option<PortId> {
+    fn get(&self, vni: u32, mac: MacAddr) -> Option<Owner> {
         let k = Self::key(vni, mac);
         let i = self.0.binary_search_by_key(&k, |e| e.0).ok()?;
         self.0.get(i).map(|e| e.1)
     }
 
-    /// Adds or replaces the port of (vni, mac).
-    fn insert(&mut self, vni: u32, mac: MacAddr, port: PortId) {
+    /// Adds or replaces the owner of (vni, mac).
+    fn insert(&mut self, vni: u32, mac: MacAddr, owner: Owner) {
         let k = Self::key(vni, mac);
         match self.0.binary_search_by_key(&k, |e| e.0) {
-            Ok(i) => self.0[i].1 = port,
-            Err(i) => self.0.insert(i, (k, port)),
+            Ok(i) => self.0[i].1 = owner,
+            Err(i) => self.0.insert(i, (k, owner)),
         }
     }
 
@@ -375,6 +345,7 @@ impl Engine {
             coalescer: Coalescer::new(),
             scratch: TxBatch::new(),
             csum_buf: Vec::new(),
+            linear: Vec::new(),
             underlay_drops,
             drops: DropCounters::default(),
         })
@@ -400,6 +371,32 @@ impl Engine {
     /// recompiled otherwise. Connections are kept; only cached decisions go.
     pub fn invalidate_next_hops(&mut self) {
         self.bump();
+    }
+
+    /// Follows a change of the underlay links' MTU: segment sizes and path MTUs are
+    /// taken from it (every cached flow is recompiled). Refused below what a
+    /// minimum-MTU port needs, naming the value. Returns the ports whose MTU the
+    /// underlay no longer carries whole: their large packets now get Packet Too Big
+    /// (or are fragmented, IPv4 without DF), and the operator should lower their MTU
+    /// or restore the underlay's.
+    pub fn set_underlay_mtu(&mut self, mtu: u16) -> Result<Vec<String>, EngineError> {
+        let min = MIN_PORT_MTU + gateway::ENCAP_BUDGET;
+        if mtu < min {
+            return Err(EngineError::Invalid(format!(
+                "underlay MTU {mtu} is below {min} (port minimum {MIN_PORT_MTU} + encapsulation {})",
+                gateway::ENCAP_BUDGET
+            )));
+        }
+        self.cfg.underlay_mtu = mtu;
+        self.bump();
+        let max = self.max_inner_mtu();
+        Ok(self
+            .ports
+            .iter()
+            .flatten()
+            .filter(|p| p.cfg.mtu > max)
+            .map(|p| p.cfg.name.clone())
+            .collect())
     }
 
     fn boundary(&self) -> Option<BoundaryServices> {
@@ -518,12 +515,13 @@ impl Engine {
             self.by_ip.insert(
                 (vni, ip),
                 LocalDest {
-                    port: id,
+                    owner: Owner::Port(id),
+                    mac: port.cfg.guest_mac,
                     mtu: port.cfg.mtu,
                 },
             );
         }
-        self.by_mac.insert(vni, port.cfg.guest_mac, id);
+        self.by_mac.insert(vni, port.cfg.guest_mac, Owner::Port(id));
         self.by_name.insert(port.cfg.name.clone(), id);
         match self.ports.get_mut(id.0 as usize) {
             Some(slot) => *slot = Some(port),
@@ -589,6 +587,67 @@ impl Engine {
         }
         self.bump();
         Ok(())
+    }
+
+    // ---- Ports of sibling workers ----
+
+    /// Records that another worker of this sled (`worker`) owns the port with MAC
+    /// `mac` and addresses `ips` in VPC `vni`, at MTU `mtu`: frames to it are handed
+    /// to that worker ([`TxDest::Sibling`]) rather than encapsulated toward this sled.
+    /// Refused when one of this engine's own ports has the MAC or an address.
+    pub fn set_sibling_port(
+        &mut self,
+        vni: Vni,
+        mac: MacAddr,
+        ips: &[IpAddr],
+        mtu: u16,
+        worker: u16,
+    ) -> Result<(), EngineError> {
+        let v = vni.get();
+        if let Some(Owner::Port(_)) = self.by_mac.get(v, mac) {
+            return Err(EngineError::Conflict(format!(
+                "guest MAC {mac} is already used in VNI {v} by a port of this worker"
+            )));
+        }
+        if let Some(ip) = ips.iter().find(|ip| {
+            matches!(
+                self.by_ip.get(&(v, **ip)),
+                Some(LocalDest {
+                    owner: Owner::Port(_),
+                    ..
+                })
+            )
+        }) {
+            return Err(EngineError::Conflict(format!(
+                "address {ip} is already used in VNI {v} by a port of this worker"
+            )));
+        }
+        let owner = Owner::Sibling(worker);
+        self.by_mac.insert(v, mac, owner);
+        for ip in ips {
+            self.by_ip.insert((v, *ip), LocalDest { owner, mac, mtu });
+        }
+        self.bump();
+        Ok(())
+    }
+
+    /// Forgets a port [`Engine::set_sibling_port`] recorded; this engine's own ports
+    /// are left alone.
+    pub fn clear_sibling_port(&mut self, vni: Vni, mac: MacAddr, ips: &[IpAddr]) {
+        let v = vni.get();
+        if let Some(Owner::Sibling(_)) = self.by_mac.get(v, mac) {
+            self.by_mac.remove(v, mac);
+        }
+        for ip in ips {
+            if let Some(LocalDest {
+                owner: Owner::Sibling(_),
+                ..
+            }) = self.by_ip.get(&(v, *ip))
+            {
+                self.by_ip.remove(&(v, *ip));
+            }
+        }
+        self.bump();
     }
 
     // ---- V2P ----
@@ -755,316 +814,7 @@ impl Engine {
         Ok(gateway::ra_info(&p.cfg, &p.gw))
     }
 
-    pub fn stats(&self) -> EngineStats {
-        EngineStats {
-            epoch: self.epoch,
-            ports: self
-                .ports
-                .iter()
-                .flatten()
-                .map(|p| PortStats {
-                    name: p.cfg.name.clone(),
-                    id: p.id,
-                    in_packets: p.c.in_packets,
-                    in_bytes: p.c.in_bytes,
-                    out_packets: p.c.out_packets,
-                    out_bytes: p.c.out_bytes,
-                    tso_buffers_in: p.c.tso_buffers_in,
-                    tso_segments_out: p.c.tso_segments_out,
-                    local_delivered: p.c.local_delivered,
-                    uft_in: p.uft_in.stats(),
-                    uft_out: p.uft_out.stats(),
-                    firewall: p.fw.stats(),
-                    gateway: p.gw.counters().clone(),
-                    drops: p.c.drops.clone(),
-                })
-                .collect(),
-            underlay_drops: self.underlay_drops.clone(),
-            datapath_drops: self.drops.clone(),
-            coalescer: self.coalescer.stats(),
-            v2p_entries: self.v2p.len(),
-        }
-    }
-
     // ---- Fast path ----
-
-    /// One frame from guest port `port` (with the tap's `virtio_net_hdr`).
-    pub fn process_guest(
-        &mut self,
-        port: PortId,
-        vnet: VnetHdr,
-        frame: &[u8],
-        now: u64,
-        routes: &dyn UnderlayRoutes,
-        out: &mut TxBatch,
-    ) {
-        self.now = self.now.max(now);
-        let epoch = self.epoch;
-        let boundary = self.boundary();
-        let Engine {
-            cfg: ecfg,
-            ports,
-            by_ip,
-            v2p,
-            scratch,
-            csum_buf,
-            drops,
-            ..
-        } = self;
-        let Some(p) = slot_mut(ports, port) else {
-            drops.inc(reason::UNKNOWN_PORT);
-            return;
-        };
-        p.c.out_packets += 1;
-        p.c.out_bytes += frame.len() as u64;
-        // Borrowed from the result rather than moved out of it: the metadata is
-        // ~100 bytes, and the move was a copy per packet.
-        let parsed = wire::meta::parse_inner(frame);
-        let Ok(meta) = &parsed else {
-            p.c.drops.inc(reason::GUEST_PARSE);
-            return;
-        };
-        match gateway::handle_from_guest(&p.cfg, &mut p.gw, port, meta, frame, now, out) {
-            GatewayVerdict::NotForGateway => {}
-            GatewayVerdict::Replied => return,
-            GatewayVerdict::Deny(r) => {
-                p.c.drops.inc(r);
-                return;
-            }
-        }
-        if let Err(r) = check_guest_source(&p.cfg, meta) {
-            p.c.drops.inc(r);
-            return;
-        }
-        if vnet.is_gso() {
-            p.c.tso_buffers_in += 1;
-        }
-        // The parser guarantees ip_end <= frame.len(); Ethernet padding stays behind.
-        let frame = frame.get(..meta.ip_end).unwrap_or(frame);
-        let key = FlowKey::from_meta(p.cfg.vni.get(), meta);
-        let env = CompileEnv {
-            ecfg,
-            by_ip,
-            v2p,
-            boundary,
-            routes,
-            epoch,
-            now,
-        };
-        let Port {
-            cfg,
-            gw,
-            fw,
-            router,
-            uft_out,
-            uft_in,
-            c,
-            ..
-        } = p;
-        let entry = match uft_out.lookup(&key, epoch, now) {
-            Some(e) if confirm(e, fw, Direction::Out, meta.tcp_flags, now) => e,
-            Some(e) => {
-                match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, meta, frame) {
-                    Ok(n) => {
-                        *e = n;
-                        e
-                    }
-                    Err(r) => {
-                        c.drops.inc(r);
-                        return;
-                    }
-                }
-            }
-            None => {
-                match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, meta, frame) {
-                    Ok(n) => uft_out.insert(key, n),
-                    Err(r) => {
-                        c.drops.inc(r);
-                        return;
-                    }
-                }
-            }
-        };
-        // A cached drop wins over the size check: a denied or unroutable flow gets no
-        // Packet Too Big and is counted under its own reason.
-        if let OutAction::Drop(r) = &entry.action {
-            c.drops.inc(r);
-            return;
-        }
-        let path_mtu = entry.path_mtu;
-        let fragment = if too_big(meta, &vnet, path_mtu) {
-            if meta.l3 == L3::Ipv4 && !meta.dont_fragment && !vnet.is_gso() {
-                true
-            } else {
-                gateway::packet_too_big(cfg, gw, port, meta, frame, path_mtu, now, out);
-                c.drops.inc(reason::PACKET_TOO_BIG);
-                return;
-            }
-        } else {
-            false
-        };
-        // Fragments leave without the guest's checksum offload request, so a partial
-        // checksum is completed on a copy of the frame before it is cut up.
-        let frame: &[u8] = if fragment && vnet.needs_csum() {
-            csum_buf.clear();
-            csum_buf.extend_from_slice(frame);
-            if let Err(d) = tso::complete_checksum(csum_buf, &vnet) {
-                c.drops.inc(d.name());
-                return;
-            }
-            csum_buf
-        } else {
-            frame
-        };
-        let local = match &entry.action {
-            // Handled above.
-            OutAction::Drop(_) => return,
-            OutAction::Local { port: dst } => *dst,
-            OutAction::Encap(e) => {
-                let dest = TxDest::Underlay { ifindex: e.ifindex };
-                let seg_payload = if e.internal {
-                    tso::internal_segment_size(ecfg.underlay_mtu, meta)
-                } else {
-                    usize::from(vnet.gso_size)
-                };
-                if fragment {
-                    scratch.clear();
-                    if let Err(r) = gateway::fragment_ipv4(meta, frame, path_mtu, dest, scratch) {
-                        c.drops.inc(r);
-                        return;
-                    }
-                    for (_, frag) in scratch.iter() {
-                        let res = wire::meta::parse_inner(frag)
-                            .map_err(|_| reason::GUEST_PARSE)
-                            .and_then(|fm| {
-                                tso::segment(
-                                    frag,
-                                    &VnetHdr::default(),
-                                    &fm,
-                                    seg_payload,
-                                    0,
-                                    &e.outer,
-                                    e.inner_dst_mac,
-                                    dest,
-                                    out,
-                                )
-                                .map_err(|d| d.name())
-                            });
-                        if let Err(r) = res {
-                            c.drops.inc(r);
-                        }
-                    }
-                    return;
-                }
-                let guest_mss = u32::from(vnet.gso_size);
-                match tso::segment(
-                    frame,
-                    &vnet,
-                    meta,
-                    seg_payload,
-                    guest_mss,
-                    &e.outer,
-                    e.inner_dst_mac,
-                    dest,
-                    out,
-                ) {
-                    Ok(n) => {
-                        if vnet.is_gso() {
-                            c.tso_segments_out += n as u64;
-                        }
-                    }
-                    Err(d) => c.drops.inc(d.name()),
-                }
-                return;
-            }
-        };
-        if fragment {
-            scratch.clear();
-            let dest = TxDest::Port {
-                port: local,
-                vnet: VnetHdr::default(),
-            };
-            if let Err(r) = gateway::fragment_ipv4(meta, frame, path_mtu, dest, scratch) {
-                c.drops.inc(r);
-                return;
-            }
-            for (_, frag) in scratch.iter() {
-                match wire::meta::parse_inner(frag) {
-                    Ok(fm) => {
-                        deliver_local(ports, epoch, local, VnetHdr::default(), frag, &fm, now, out)
-                    }
-                    Err(_) => {
-                        if let Some(p) = slot_mut(ports, port) {
-                            p.c.drops.inc(reason::GUEST_PARSE);
-                        }
-                    }
-                }
-            }
-        } else {
-            deliver_local(ports, epoch, local, vnet, frame, meta, now, out);
-        }
-    }
-
-    /// One frame from the underlay.
-    pub fn process_underlay(
-        &mut self,
-        frame: &[u8],
-        now: u64,
-        _routes: &dyn UnderlayRoutes,
-        out: &mut TxBatch,
-    ) {
-        self.now = self.now.max(now);
-        let um = match wire::meta::parse_underlay(frame) {
-            Ok(m) => m,
-            Err(d) => {
-                self.underlay_drops.inc(d.name());
-                return;
-            }
-        };
-        if um.outer_dst != self.cfg.underlay_addr {
-            self.drops.inc(reason::NOT_OUR_UNDERLAY_ADDR);
-            return;
-        }
-        let Some(inner) = frame.get(um.inner_off..um.inner_end) else {
-            self.underlay_drops
-                .inc(wire::meta::UnderlayDrop::InnerTruncated.name());
-            return;
-        };
-        // Borrowed, not moved out of the result (see `process_guest`).
-        let parsed = wire::meta::parse_inner(inner);
-        let Ok(meta) = &parsed else {
-            self.drops.inc(reason::INNER_PARSE);
-            return;
-        };
-        if meta.dst_mac.is_multicast() {
-            self.drops.inc(reason::INNER_MULTICAST);
-            return;
-        }
-        let Some(port) = self.by_mac.get(um.vni, meta.dst_mac) else {
-            self.drops.inc(reason::NO_PORT);
-            return;
-        };
-        let epoch = self.epoch;
-        let Some(p) = slot_mut(&mut self.ports, port) else {
-            self.drops.inc(reason::NO_PORT);
-            return;
-        };
-        let key = FlowKey::from_meta(um.vni, meta);
-        if let Err(r) = inbound_verdict(p, &key, meta, inner, epoch, now) {
-            p.c.drops.inc(r);
-            return;
-        }
-        let inner = inner.get(..meta.ip_end).unwrap_or(inner);
-        p.c.in_packets += 1;
-        p.c.in_bytes += inner.len() as u64;
-        self.coalescer
-            .push(port, inner, meta, um.mss, p.cfg.gateway_mac, out);
-    }
-
-    /// Flushes frames held for coalescing; call after each receive batch.
-    pub fn end_of_batch(&mut self, out: &mut TxBatch) {
-        self.coalescer.flush(out);
-    }
 
     /// Timers: RAs (periodic, and after an MTU change) and, at most once a second,
     /// the sweep of idle connections and cached flows.
@@ -1099,58 +849,6 @@ impl Engine {
     }
 }
 
-/// Outbound anti-spoofing: the guest may only send from its own MAC and addresses,
-/// and only to its gateway.
-fn check_guest_source(cfg: &PortConfig, m: &InnerMeta) -> Result<(), &'static str> {
-    if m.src_mac != cfg.guest_mac {
-        return Err(reason::SPOOFED_SRC_MAC);
-    }
-    if is_link_scoped(m) {
-        return Err(reason::LINK_LOCAL_ONLY);
-    }
-    let own = match (m.l3, m.src_ip) {
-        (L3::Ipv4, IpAddr::V4(a)) => cfg.ipv4 == Some(a),
-        (L3::Ipv6, IpAddr::V6(a)) => cfg.ipv6 == Some(a),
-        (L3::Ipv4 | L3::Ipv6, _) => false,
-        _ => return Err(reason::NOT_IP),
-    };
-    if !own {
-        return Err(reason::SPOOFED_SRC_IP);
-    }
-    if m.dst_mac != cfg.gateway_mac {
-        return Err(reason::DST_MAC_NOT_GATEWAY);
-    }
-    Ok(())
-}
-
-/// Traffic that by its addresses never leaves the guest's link: IPv6 from a
-/// link-local or unspecified source or to a link-local unicast or link-scoped multicast
-/// destination (ff02::/16), and IPv4 to 224.0.0.0/24 or the broadcast address. Guests
-/// send such packets as part of normal operation (DAD, MLD, IGMP), so they are not
-/// counted as spoofing.
-fn is_link_scoped(m: &InnerMeta) -> bool {
-    match (m.src_ip, m.dst_ip) {
-        (IpAddr::V6(s), IpAddr::V6(d)) => {
-            let ll = |a: &std::net::Ipv6Addr| a.segments()[0] & 0xffc0 == 0xfe80;
-            s.is_unspecified() || ll(&s) || ll(&d) || d.segments()[0] & 0xff0f == 0xff02
-        }
-        (IpAddr::V4(_), IpAddr::V4(d)) => d.is_broadcast() || d.octets()[..3] == [224, 0, 0],
-        _ => false,
-    }
-}
-
-/// Whether the packet (each segment, for a GSO buffer) exceeds the path MTU.
-fn too_big(m: &InnerMeta, vnet: &VnetHdr, path_mtu: u16) -> bool {
-    let whole = m.ip_end.saturating_sub(m.l3_off);
-    let largest = if vnet.is_gso() {
-        let hdrs = m.payload_off.saturating_sub(m.l3_off);
-        whole.min(usize::from(vnet.gso_size) + hdrs)
-    } else {
-        whole
-    };
-    largest > usize::from(path_mtu)
-}
-
 /// Whether a cached flow still holds: stateless decisions always do; the others only
 /// while their connection is live (tracked here, by handle).
 #[inline]
@@ -1177,232 +875,6 @@ fn quoted(key: &FlowKey, m: &InnerMeta, frame: &[u8]) -> Option<FlowKey> {
     quoted_flow(key.vni, key.proto, body)
 }
 
-/// What compiling an outbound flow reads besides the port itself.
-struct CompileEnv<'a> {
-    ecfg: &'a EngineConfig,
-    by_ip: &'a HashMap<(u32, IpAddr), LocalDest>,
-    v2p: &'a V2p,
-    boundary: Option<BoundaryServices>,
-    routes: &'a dyn UnderlayRoutes,
-    epoch: u64,
-    now: u64,
-}
-
-/// Runs the outbound layers for the first packet of a flow (or after its cached
-/// entry went stale): firewall -> router -> overlay. Policy outcomes (denies, no
-/// route, no V2P mapping) are cached as drop entries, which the next epoch clears;
-/// an unresolved underlay neighbour is an uncached `Err`, so the flow is retried on
-/// its next packet.
-#[allow(clippy::too_many_arguments)]
-fn compile_outbound(
-    env: &CompileEnv<'_>,
-    cfg: &PortConfig,
-    port: PortId,
-    fw: &mut Firewall,
-    router: &mut Router,
-    uft_in: &mut Uft<InAction>,
-    key: &FlowKey,
-    m: &InnerMeta,
-    frame: &[u8],
-) -> Result<UftEntry<OutAction>, &'static str> {
-    let drop = |r| UftEntry {
-        epoch: env.epoch,
-        action: OutAction::Drop(r),
-        path_mtu: cfg.mtu,
-        needs_conn: false,
-        conn: None,
-        created: env.now,
-        last_hit: env.now,
-        hits: 0,
-    };
-    let f = match_fields(key, m);
-    let (decision, conn) = match fw.decide_conn(
-        Direction::Out,
-        &f,
-        m.tcp_flags,
-        quoted(key, m, frame).as_ref(),
-        env.now,
-    ) {
-        Ok(d) => d,
-        Err(r) => return Ok(drop(r)),
-    };
-    if decision == Decision::Created {
-        uft_in.remove(&key.reversed());
-    }
-    let entry = |action, path_mtu| UftEntry {
-        epoch: env.epoch,
-        action,
-        path_mtu,
-        needs_conn: decision.needs_conn(),
-        conn,
-        created: env.now,
-        last_hit: env.now,
-        hits: 0,
-    };
-    let route = match router.lookup(&f) {
-        Ok(r) => r,
-        Err(r) => return Ok(drop(r)),
-    };
-    // A route's MTU can lower a flow's path MTU, never raise it above what the path
-    // carries.
-    let path = |computed: u16| route.mtu.map_or(computed, |r| r.min(computed));
-    let vni = cfg.vni.get();
-    let (underlay_dst, outer_vni, inner_dst_mac, internal, path_mtu) = match route.target {
-        RouteTarget::VpcSubnet => {
-            if let Some(d) = env.by_ip.get(&(vni, key.dst_ip)) {
-                if d.port == port {
-                    return Ok(drop(reason::HAIRPIN));
-                }
-                return Ok(entry(
-                    OutAction::Local { port: d.port },
-                    path(cfg.mtu.min(d.mtu)),
-                ));
-            }
-            let Some(v) = env.v2p.get(cfg.vni, key.dst_ip) else {
-                return Ok(drop(crate::overlay::reason::NO_V2P));
-            };
-            (v.underlay, cfg.vni, v.mac, true, path(cfg.mtu))
-        }
-        RouteTarget::InternetGateway => {
-            let Some(b) = env.boundary else {
-                return Ok(drop(crate::overlay::reason::NO_BOUNDARY));
-            };
-            let mtu = path(gateway::external_path_mtu(cfg, env.ecfg.external_jumbo));
-            (b.underlay, b.vni, m.dst_mac, false, mtu)
-        }
-        // The router reports Drop targets as errors; kept for exhaustiveness.
-        RouteTarget::Drop => return Ok(drop(crate::router::reason::ROUTE_DROP)),
-    };
-    let Some(hop) = env.routes.next_hop(underlay_dst) else {
-        return Err(reason::UNDERLAY_UNRESOLVED);
-    };
-    let outer = OuterTemplate::new(
-        hop.src_mac,
-        hop.dst_mac,
-        env.ecfg.underlay_addr,
-        underlay_dst,
-        key.udp_src_port(),
-        key.flow_label(),
-        outer_vni,
-        false,
-        env.ecfg.outer_udp_checksum,
-    );
-    Ok(entry(
-        OutAction::Encap(Box::new(EncapAction {
-            outer,
-            ifindex: hop.ifindex,
-            inner_dst_mac,
-            internal,
-            underlay_dst,
-            vni: outer_vni.get(),
-        })),
-        path_mtu,
-    ))
-}
-
-/// Inbound checks for a frame bound to port `p` (from the underlay or another local
-/// port): the destination must be the guest, then the cached flow or the inbound
-/// firewall decides. `frame` is the inner Ethernet frame `m` describes (read for the
-/// packet an ICMP error quotes).
-fn inbound_verdict(
-    p: &mut Port,
-    key: &FlowKey,
-    m: &InnerMeta,
-    frame: &[u8],
-    epoch: u64,
-    now: u64,
-) -> Result<(), &'static str> {
-    let own = match (m.l3, m.dst_ip) {
-        (L3::Ipv4, IpAddr::V4(a)) => p.cfg.ipv4 == Some(a),
-        (L3::Ipv6, IpAddr::V6(a)) => p.cfg.ipv6 == Some(a),
-        (L3::Ipv4 | L3::Ipv6, _) => false,
-        _ => return Err(reason::INBOUND_NOT_IP),
-    };
-    if !own {
-        return Err(reason::INBOUND_DST_NOT_GUEST);
-    }
-    let Port {
-        fw,
-        uft_in,
-        uft_out,
-        ..
-    } = p;
-    let action = match uft_in.lookup(key, epoch, now) {
-        Some(e) if confirm(e, fw, Direction::In, m.tcp_flags, now) => e.action,
-        cached => {
-            let f = match_fields(key, m);
-            let q = quoted(key, m, frame);
-            let (action, needs_conn, conn) =
-                match fw.decide_conn(Direction::In, &f, m.tcp_flags, q.as_ref(), now) {
-                    Ok((d, conn)) => {
-                        if d == Decision::Created {
-                            uft_out.remove(&key.reversed());
-                        }
-                        (InAction::Deliver, d.needs_conn(), conn)
-                    }
-                    // Depends on this segment's flags, not on the flow: a later SYN
-                    // of the same flow must be decided afresh, so nothing is cached.
-                    Err(r) if r == crate::firewall::reason::MIDSTREAM_IN => return Err(r),
-                    Err(r) => (InAction::Drop(r), false, None),
-                };
-            let n = UftEntry {
-                epoch,
-                action,
-                path_mtu: 0,
-                needs_conn,
-                conn,
-                created: now,
-                last_hit: now,
-                hits: 0,
-            };
-            match cached {
-                Some(e) => *e = n,
-                None => {
-                    uft_in.insert(*key, n);
-                }
-            }
-            action
-        }
-    };
-    match action {
-        InAction::Deliver => Ok(()),
-        InAction::Drop(r) => Err(r),
-    }
-}
-
-/// Same-sled delivery: the destination port's inbound checks, then the frame goes to
-/// its tap as it is (a partial checksum or GSO buffer is fine for a tap), with the
-/// MACs a frame from the gateway has.
-#[allow(clippy::too_many_arguments)]
-fn deliver_local(
-    ports: &mut [Option<Port>],
-    epoch: u64,
-    dst: PortId,
-    vnet: VnetHdr,
-    frame: &[u8],
-    m: &InnerMeta,
-    now: u64,
-    out: &mut TxBatch,
-) {
-    let Some(p) = slot_mut(ports, dst) else {
-        return;
-    };
-    let key = FlowKey::from_meta(p.cfg.vni.get(), m);
-    if let Err(r) = inbound_verdict(p, &key, m, frame, epoch, now) {
-        p.c.drops.inc(r);
-        return;
-    }
-    let buf = out.push(TxDest::Port { port: dst, vnet }, frame.len());
-    buf.copy_from_slice(frame);
-    if let Some(macs) = buf.get_mut(..12) {
-        macs[..6].copy_from_slice(p.cfg.guest_mac.as_bytes());
-        macs[6..].copy_from_slice(p.cfg.gateway_mac.as_bytes());
-    }
-    p.c.in_packets += 1;
-    p.c.in_bytes += frame.len() as u64;
-    p.c.local_delivered += 1;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1419,33 +891,36 @@ mod tests {
             (7, 5, 3),
             (0, 0xff, 4),
         ] {
-            ix.insert(vni, mac(b), PortId(id));
+            ix.insert(vni, mac(b), Owner::Port(PortId(id)));
         }
-        assert_eq!(ix.get(7, mac(1)), Some(PortId(1)));
-        assert_eq!(ix.get(1 << 23, mac(1)), Some(PortId(2)));
-        assert_eq!(ix.get(7, mac(5)), Some(PortId(3)));
-        assert_eq!(ix.get(0, mac(0xff)), Some(PortId(4)));
+        assert_eq!(ix.get(7, mac(1)), Some(Owner::Port(PortId(1))));
+        assert_eq!(ix.get(1 << 23, mac(1)), Some(Owner::Port(PortId(2))));
+        assert_eq!(ix.get(7, mac(5)), Some(Owner::Port(PortId(3))));
+        assert_eq!(ix.get(0, mac(0xff)), Some(Owner::Port(PortId(4))));
         assert_eq!(ix.get(8, mac(1)), None);
         assert_eq!(ix.get(7, mac(2)), None);
         // The VNI and the MAC do not overlap in the packed key.
         assert_eq!(ix.get(7 << 8, MacAddr([0; 6])), None);
-        ix.insert(7, mac(5), PortId(9));
-        assert_eq!(ix.get(7, mac(5)), Some(PortId(9)));
+        ix.insert(7, mac(5), Owner::Sibling(9));
+        assert_eq!(ix.get(7, mac(5)), Some(Owner::Sibling(9)));
         ix.remove(7, mac(1));
         ix.remove(7, mac(1));
         assert_eq!(ix.get(7, mac(1)), None);
-        assert_eq!(ix.get(1 << 23, mac(1)), Some(PortId(2)));
+        assert_eq!(ix.get(1 << 23, mac(1)), Some(Owner::Port(PortId(2))));
         assert_eq!(ix.0.len(), 4);
         assert!(ix.0.windows(2).all(|w| w[0].0 < w[1].0));
         // Many ports.
         for b in 10..60u8 {
-            ix.insert(u32::from(b % 3), mac(b), PortId(u32::from(b)));
+            ix.insert(u32::from(b % 3), mac(b), Owner::Port(PortId(u32::from(b))));
         }
         assert_eq!(ix.0.len(), 54);
         for b in 10..60u8 {
-            assert_eq!(ix.get(u32::from(b % 3), mac(b)), Some(PortId(u32::from(b))));
+            assert_eq!(
+                ix.get(u32::from(b % 3), mac(b)),
+                Some(Owner::Port(PortId(u32::from(b))))
+            );
             assert_eq!(ix.get(u32::from(b % 3) + 3, mac(b)), None);
         }
-        assert_eq!(ix.get(7, mac(5)), Some(PortId(9)));
+        assert_eq!(ix.get(7, mac(5)), Some(Owner::Sibling(9)));
     }
 }

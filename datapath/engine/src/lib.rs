@@ -3,8 +3,9 @@
 //! Everything a packet meets between a guest port and the underlay lives here:
 //! the port's layers (gateway, firewall, router, overlay), the unified flow table that
 //! caches their compiled result, Geneve encapsulation, tunneled TSO and coalescing,
-//! and the virtual gateway. I/O and time are the caller's: it hands frames in, and
-//! takes frames out of a [`TxBatch`].
+//! and the virtual gateway. I/O and time are the caller's: it hands frames in (an
+//! [`RxFrame`], in the pieces they arrived in), lends the memory underlay frames are
+//! written to ([`FrameSpace`]), and takes frames out of a [`TxBatch`].
 
 pub mod counters;
 pub mod encap;
@@ -12,6 +13,7 @@ pub mod engine;
 pub mod firewall;
 pub mod flow;
 pub mod gateway;
+pub mod input;
 pub mod layer;
 pub mod output;
 pub mod overlay;
@@ -24,7 +26,8 @@ pub mod uft;
 pub use engine::{Engine, EngineConfig, EngineError, EngineStats, NextHop, UnderlayRoutes};
 pub use firewall::{FlowLimits, FwAction};
 pub use flow::FlowKey;
-pub use output::{TxBatch, TxDest, TxFrame};
+pub use input::RxFrame;
+pub use output::{FrameBytes, FrameSpace, InputRef, LentFrame, SiblingFrame, TxBatch, TxDest};
 pub use port::{PortConfig, PortId, Vni};
 pub use router::RouteTarget;
 pub use rule::{Direction, PortRange, Predicate, Rule};

@@ -31,6 +31,9 @@ pub enum OutAction {
     /// To a guest on this sled: no encapsulation; the inner source MAC becomes that
     /// port's gateway MAC and the destination MAC the guest's.
     Local { port: PortId },
+    /// To a guest of another worker of this sled (MAC `mac`): handed to that worker,
+    /// which delivers it as `Local`.
+    Sibling { worker: u16, mac: MacAddr },
     /// To another sled (or boundary services): encapsulate.
     Encap(Box<EncapAction>),
     /// Drop, counted under this reason.
@@ -50,6 +53,7 @@ impl CachedAction for OutAction {
     fn describe(&self) -> String {
         match self {
             OutAction::Local { port } => format!("local port {}", port.0),
+            OutAction::Sibling { worker, mac } => format!("worker {worker} port {mac}"),
             OutAction::Encap(e) => format!(
                 "encap vni {} to {} via ifindex {}{}",
                 e.vni,

@@ -8,8 +8,9 @@ use engine::{Direction, FwAction, Predicate, RouteTarget, Rule, TxBatch, TxDest,
 use proptest::prelude::*;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+/// The frames of a batch that refers to no received frame.
 fn frames(out: &TxBatch) -> Vec<(TxDest, Vec<u8>)> {
-    out.iter().map(|(d, f)| (d, f.to_vec())).collect()
+    frames_of(out, &[])
 }
 
 /// Sends `f` from guest 1 on sled A and returns what sled B hands guest 2.
@@ -22,14 +23,14 @@ fn a_to_b(
 ) -> Vec<(TxDest, Vec<u8>)> {
     let mut out = TxBatch::new();
     a.process_guest(pa, VnetHdr::default(), f, now, &Fabric, &mut out);
-    let wire = frames(&out);
-    let mut out_b = TxBatch::new();
-    for (d, u) in &wire {
-        assert_eq!(*d, TxDest::Underlay { ifindex: IFINDEX });
-        b.process_underlay(u, now, &Fabric, &mut out_b);
-    }
-    b.end_of_batch(&mut out_b);
-    frames(&out_b)
+    let wire: Vec<Vec<u8>> = frames(&out)
+        .into_iter()
+        .map(|(d, u)| {
+            assert_eq!(d, TxDest::Underlay { ifindex: IFINDEX });
+            u
+        })
+        .collect();
+    receive(b, &wire, now)
 }
 
 fn expect_delivered(original: &[u8], got: &[(TxDest, Vec<u8>)], to: &Guest, port: engine::PortId) {
@@ -88,10 +89,8 @@ fn icmp_v4_crosses_two_sleds_and_the_reply_comes_back() {
         buf
     };
     b.process_guest(pb, VnetHdr::default(), &pong, 13, &Fabric, &mut reply);
-    let mut back = TxBatch::new();
-    a.process_underlay(reply.frame(0).unwrap().1, 13, &Fabric, &mut back);
-    a.end_of_batch(&mut back);
-    expect_delivered(&pong, &frames(&back), &g1, pa);
+    let back = receive(&mut a, &[reply.frame(0).unwrap().1.to_vec()], 13);
+    expect_delivered(&pong, &back, &g1, pa);
     let s = a.stats();
     assert_eq!(s.ports[0].uft_out.hits, 2);
     assert_eq!(s.ports[0].in_packets, 1);
@@ -335,9 +334,7 @@ fn every_inbound_drop_reason_is_counted() {
     for (reason, u) in cases {
         let mut b2 = engine::Engine::new(b.config().clone()).unwrap();
         let _ = b2.add_port(port_config(&g2)).unwrap();
-        let mut out = TxBatch::new();
-        b2.process_underlay(&u, 1, &Fabric, &mut out);
-        b2.end_of_batch(&mut out);
+        let out = receive(&mut b2, &[u], 1);
         assert!(out.is_empty(), "{reason}");
         assert_eq!(drop_count(&b2, reason), 1, "{reason}: {:?}", b2.stats());
     }
@@ -673,4 +670,152 @@ fn cached_flows_outlive_no_evicted_connection() {
     // And X's next packet is tracked on its new connection.
     assert_eq!(send(&mut a, &udp(1111), 4), 1);
     assert_eq!(a.stats().ports[0].firewall.flows_created, 3);
+}
+
+/// Two workers of one sled, each with its engine and one port, each told where the
+/// other's port is. A guest frame to the other worker's port leaves as a frame for
+/// that worker (not encapsulated toward this sled); the owner delivers it with the
+/// gateway's MACs after its own inbound checks. An underlay frame received by the
+/// wrong worker is handed to the owner whole, which decapsulates it.
+#[test]
+fn frames_for_another_workers_port_are_handed_to_it() {
+    use engine::{FrameBytes, RxFrame, SiblingFrame};
+    let (mut w0, p0) = sled(SLED_A, 1);
+    let (mut w1, p1) = sled(SLED_A, 3);
+    let (g1, g3) = (guest(1), guest(3));
+    let vni = Vni::new(VNI).unwrap();
+    let ips = |g: &Guest| [IpAddr::V4(g.v4), IpAddr::V6(g.v6)];
+    w0.set_sibling_port(vni, g3.mac, &ips(&g3), 8500, 1)
+        .unwrap();
+    w1.set_sibling_port(vni, g1.mac, &ips(&g1), 8500, 0)
+        .unwrap();
+    // A worker's own port cannot be another worker's too.
+    assert!(w0.set_sibling_port(vni, g1.mac, &[], 8500, 1).is_err());
+
+    let f = tcp_v4(&g1, g3.v4, 40000, 80, true, &[7; 1000]);
+    let mut out = TxBatch::new();
+    w0.process_guest(p0, VnetHdr::default(), &f, 1, &Fabric, &mut out);
+    let sent = frames(&out);
+    assert_eq!(sent.len(), 1);
+    let TxDest::Sibling {
+        worker: 1,
+        frame: SiblingFrame::Guest { vni: v, vnet },
+    } = sent[0].0
+    else {
+        panic!("not handed to worker 1: {:?}", sent[0].0);
+    };
+    assert_eq!((v, vnet), (vni, VnetHdr::default()));
+    assert_eq!(&sent[0].1[..6], &g3.mac.0, "addressed to the owner's guest");
+
+    let mut delivered = TxBatch::new();
+    let pieces = [&sent[0].1[..]];
+    w1.process_sibling(vni, vnet, RxFrame::new(&pieces, 0), 1, &mut delivered);
+    let got = frames_of(&delivered, &[&sent[0].1]);
+    expect_delivered(&f, &got, &g3, p1);
+    // Referred to, not copied (it is not short): the owner holds the handed-over
+    // buffer until the batch is drained.
+    assert!(matches!(
+        delivered.iter().next(),
+        Some((_, FrameBytes::Gather { .. }))
+    ));
+    assert_eq!(w1.stats().ports[0].local_delivered, 1);
+
+    // The reply, through sled B's encapsulation, arrives at worker 1 (wrong one).
+    let (mut b, pb) = sled(SLED_B, 2);
+    b.set_v2p(vni, IpAddr::V4(g1.v4), SLED_A.parse().unwrap(), g1.mac)
+        .unwrap();
+    let g2 = guest(2);
+    let udp = frame(&g2, Some(g1.v4), None, L4::Udp { sport: 5, dport: 6 }, b"x");
+    let mut wire = TxBatch::new();
+    b.process_guest(pb, VnetHdr::default(), &udp, 2, &Fabric, &mut wire);
+    let wire: Vec<Vec<u8>> = frames(&wire).into_iter().map(|(_, u)| u).collect();
+    let handed = receive(&mut w1, &wire, 2);
+    assert_eq!(handed.len(), 1);
+    assert_eq!(
+        handed[0],
+        (
+            TxDest::Sibling {
+                worker: 0,
+                frame: SiblingFrame::Underlay
+            },
+            wire[0].clone()
+        ),
+        "the whole underlay frame goes to the owner"
+    );
+    let got = receive(&mut w0, &wire, 3);
+    expect_delivered(&udp, &got, &g1, p0);
+
+    // Once the other worker's port is gone, its addresses route as any other.
+    w0.clear_sibling_port(vni, g3.mac, &ips(&g3));
+    let mut out = TxBatch::new();
+    w0.process_guest(p0, VnetHdr::default(), &f, 4, &Fabric, &mut out);
+    assert!(out.is_empty());
+    assert_eq!(w0.stats().ports[0].drops.get("no_v2p"), 1);
+}
+
+/// A received frame whose headers do not lie in its first piece (not what copy-mode
+/// AF_XDP hands over, but possible with other drivers) is made contiguous and
+/// delivered all the same; what the guest gets still refers to the frame's own
+/// pieces.
+#[test]
+fn headers_across_pieces_are_read_from_a_contiguous_copy() {
+    use engine::RxFrame;
+    let (mut a, pa, mut b, pb) = two_sleds();
+    let (g1, g2) = (guest(1), guest(2));
+    let f = frame(
+        &g1,
+        Some(g2.v4),
+        None,
+        L4::Udp { sport: 7, dport: 9 },
+        &[3; 3000],
+    );
+    let mut out = TxBatch::new();
+    a.process_guest(pa, VnetHdr::default(), &f, 1, &Fabric, &mut out);
+    let u = frames(&out).remove(0).1;
+    for cut in [1, 40, 60, 77, 100] {
+        let pieces = [&u[..cut], &u[cut..cut + 500], &u[cut + 500..]];
+        let mut got = TxBatch::new();
+        b.process_underlay(RxFrame::new(&pieces, 0), 1, &Fabric, &mut got);
+        b.end_of_batch(&mut got);
+        expect_delivered(&f, &frames_of(&got, &[&u]), &g2, pb);
+    }
+}
+
+/// When the underlay's MTU goes down under a port's, the port's large packets get
+/// Packet Too Big for what the underlay still carries instead of being sent too big
+/// (TSO segments are sized from the underlay MTU on every buffer anyway); an MTU no
+/// port could use is refused.
+#[test]
+fn a_lowered_underlay_mtu_bounds_paths_and_segments() {
+    let (mut a, pa, _b, _) = two_sleds();
+    let (g1, g2) = (guest(1), guest(2));
+    let big = frame(
+        &g1,
+        None,
+        Some(g2.v6),
+        L4::Udp { sport: 1, dport: 2 },
+        &[0; 4000],
+    );
+    let mut out = TxBatch::new();
+    a.process_guest(pa, VnetHdr::default(), &big, 1, &Fabric, &mut out);
+    assert_eq!(frames(&out)[0].0, TxDest::Underlay { ifindex: IFINDEX });
+
+    assert!(a.set_underlay_mtu(1000).is_err(), "below a minimum port");
+    assert_eq!(
+        a.set_underlay_mtu(1600).unwrap(),
+        ["ga"],
+        "port MTU 8500 no longer fits"
+    );
+    let mut out = TxBatch::new();
+    a.process_guest(pa, VnetHdr::default(), &big, 2, &Fabric, &mut out);
+    let got = frames(&out);
+    assert_eq!(got.len(), 1);
+    assert!(
+        matches!(got[0].0, TxDest::Port { .. }),
+        "Packet Too Big to the guest"
+    );
+    // ICMPv6 type 2, MTU = 1600 - 78.
+    assert_eq!(got[0].1[54], 2);
+    assert_eq!(&got[0].1[58..62], &1522u32.to_be_bytes());
+    assert_eq!(a.stats().ports[0].drops.get("packet_too_big"), 1);
 }

@@ -7,12 +7,15 @@
 //! - [`netlink`]: link facts, IPv6 neighbour and route lookups, the fast-path
 //!   [`netlink::NeighbourCache`] (slow path: the daemon runs it on its own thread).
 //! - [`netns`]: running a closure inside a named network namespace.
+//! - [`poll`]: epoll and eventfd, where poll-mode workers learn what is ready and
+//!   sleep when nothing is.
 //!
 //! Every `unsafe` block is a syscall or a read/write of kernel-shared memory
 //! and says why it holds in a `// SAFETY:` comment.
 
 pub mod netlink;
 pub mod netns;
+pub mod poll;
 pub mod tap;
 pub mod xdp;
 pub mod xsk;

@@ -8,7 +8,7 @@
 //! up again.
 
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
@@ -21,6 +21,10 @@ use crate::netns;
 /// Largest frame a tap with TSO can hand us: a 64 KiB IP packet plus an
 /// Ethernet header with one VLAN tag. [`TapPort::read`] wants a buffer this big.
 pub const MAX_TAP_FRAME: usize = 65535 + 18;
+
+/// Most parts [`TapPort::write_gather`] takes for one frame (the kernel's limit,
+/// `IOV_MAX`, is 1024).
+pub const MAX_GATHER: usize = 256;
 
 /// A tap device opened with `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`, non-blocking.
 #[derive(Debug)]
@@ -267,20 +271,32 @@ impl TapPort {
     /// An error for which [`is_link_down`] holds means the guest link is down.
     pub fn write(&self, vnet: &VnetHdr, frame: &[u8]) -> io::Result<()> {
         let hdr = vnet.to_bytes();
-        let iov = [
-            libc::iovec {
-                iov_base: hdr.as_ptr() as *mut libc::c_void,
-                iov_len: hdr.len(),
-            },
-            libc::iovec {
-                iov_base: frame.as_ptr() as *mut libc::c_void,
-                iov_len: frame.len(),
-            },
-        ];
+        self.write_gather(&[IoSlice::new(&hdr), IoSlice::new(frame)])
+    }
+
+    /// Writes one frame to the guest from pieces: `parts[0]` is its vnet header
+    /// ([`VnetHdr::to_bytes`]), the rest the frame in order — synthesized headers
+    /// and payload gathered from wherever it was received. One `writev`: the kernel
+    /// copies each piece once, into the guest's buffer. At most [`MAX_GATHER`]
+    /// parts.
+    pub fn write_gather(&self, parts: &[IoSlice<'_>]) -> io::Result<()> {
+        if parts.len() > MAX_GATHER {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} parts, at most {MAX_GATHER} per frame", parts.len()),
+            ));
+        }
         loop {
-            // SAFETY: both iovecs point to live buffers of the stated lengths;
-            // writev only reads them.
-            let n = unsafe { libc::writev(self.file.as_raw_fd(), iov.as_ptr(), 2) };
+            // SAFETY: IoSlice is ABI-compatible with iovec on Unix (std guarantees
+            // it); every slice is live for the call, which only reads them, and
+            // the count is at most MAX_GATHER <= IOV_MAX.
+            let n = unsafe {
+                libc::writev(
+                    self.file.as_raw_fd(),
+                    parts.as_ptr().cast::<libc::iovec>(),
+                    parts.len() as libc::c_int,
+                )
+            };
             if n >= 0 {
                 return Ok(());
             }

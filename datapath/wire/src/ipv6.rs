@@ -184,7 +184,28 @@ pub struct ExtHeaders {
 /// Bounded by [`MAX_EXT_HEADERS`]; every length is checked against `buf`. Hop-by-hop
 /// anywhere but first is refused (RFC 8200 §4.3). The walk stops at a non-first
 /// fragment because what follows is not a header.
-pub fn walk_extension_headers(buf: &[u8], mut next: u8, mut off: usize) -> Result<ExtHeaders> {
+pub fn walk_extension_headers(buf: &[u8], next: u8, off: usize) -> Result<ExtHeaders> {
+    // All of `buf` is at hand, so no header lies past it and `None` cannot occur;
+    // mapping it to `Truncated` keeps this function free of a panic path.
+    walk_extension_headers_head(buf, buf.len(), next, off).unwrap_or(Err(WireError::Truncated))
+}
+
+/// [`walk_extension_headers`] over a packet of which only the first bytes, `head`, are
+/// at hand (the first buffer of a chain, see `wire::meta`); the payload ends at offset
+/// `end` of the buffer `head` begins.
+///
+/// Returns exactly what [`walk_extension_headers`] returns for a buffer of `end` bytes
+/// that begins with `head`, or `None` when the walk needs the fixed part of a header
+/// (next header and length, or the whole 8-byte fragment header) that lies past `head`
+/// but before `end`. Lengths are checked against `end` before anything is read, so
+/// bytes of `head` past `end` are never used, and the bodies of the other headers are
+/// skipped by their length without being read.
+pub fn walk_extension_headers_head(
+    head: &[u8],
+    end: usize,
+    mut next: u8,
+    mut off: usize,
+) -> Option<Result<ExtHeaders>> {
     let mut fragment = None;
     for i in 0..=MAX_EXT_HEADERS {
         match next {
@@ -193,12 +214,17 @@ pub fn walk_extension_headers(buf: &[u8], mut next: u8, mut off: usize) -> Resul
                     break;
                 }
                 if next == protocol::HOP_BY_HOP && i != 0 {
-                    return Err(WireError::Malformed("ipv6 hop-by-hop header not first"));
+                    return Some(Err(WireError::Malformed(
+                        "ipv6 hop-by-hop header not first",
+                    )));
                 }
-                let h = buf.get(off..off + 2).ok_or(WireError::Truncated)?;
+                if off + 2 > end {
+                    return Some(Err(WireError::Truncated));
+                }
+                let h = head.get(off..off + 2)?;
                 let len = (h[1] as usize + 1) * 8;
-                if off + len > buf.len() {
-                    return Err(WireError::Truncated);
+                if off + len > end {
+                    return Some(Err(WireError::Truncated));
                 }
                 next = h[0];
                 off += len;
@@ -207,9 +233,12 @@ pub fn walk_extension_headers(buf: &[u8], mut next: u8, mut off: usize) -> Resul
                 if i == MAX_EXT_HEADERS {
                     break;
                 }
-                let h = buf.get(off..off + 8).ok_or(WireError::Truncated)?;
+                if off + 8 > end {
+                    return Some(Err(WireError::Truncated));
+                }
+                let h = head.get(off..off + 8)?;
                 if fragment.is_some() {
-                    return Err(WireError::Malformed("ipv6 second fragment header"));
+                    return Some(Err(WireError::Malformed("ipv6 second fragment header")));
                 }
                 let offmf = u16::from_be_bytes([h[2], h[3]]);
                 let info = FragmentInfo {
@@ -221,25 +250,25 @@ pub fn walk_extension_headers(buf: &[u8], mut next: u8, mut off: usize) -> Resul
                 next = h[0];
                 off += 8;
                 if info.offset != 0 {
-                    return Ok(ExtHeaders {
+                    return Some(Ok(ExtHeaders {
                         next_header: next,
                         l4_off: off,
                         fragment,
-                    });
+                    }));
                 }
             }
             _ => {
-                return Ok(ExtHeaders {
+                return Some(Ok(ExtHeaders {
                     next_header: next,
                     l4_off: off,
                     fragment,
-                })
+                }))
             }
         }
     }
-    Err(WireError::Unsupported(
+    Some(Err(WireError::Unsupported(
         "ipv6 extension header chain longer than 8",
-    ))
+    )))
 }
 
 /// A fixed IPv6 header (extension headers are part of the payload).
@@ -364,8 +393,9 @@ mod tests {
         [next, 0, 1, 4, 0, 0, 0, 0]
     }
 
-    #[test]
-    fn walks_hbh_routing_dstopts_fragment() {
+    /// Hop-by-hop (8 bytes), routing (24), destination options (8), first fragment
+    /// (8), then a TCP header: the walk's fixed parts end at 2, 10, 34 and 48.
+    fn chain() -> Vec<u8> {
         let mut b = vec![];
         b.extend_from_slice(&ext(protocol::IPV6_ROUTING));
         // Routing header of 24 bytes (hdr ext len 2).
@@ -375,6 +405,12 @@ mod tests {
         // First fragment, M=1, ident 0xdeadbeef, then TCP.
         b.extend_from_slice(&[protocol::TCP, 0, 0x00, 0x01, 0xde, 0xad, 0xbe, 0xef]);
         b.extend_from_slice(&[0; 20]);
+        b
+    }
+
+    #[test]
+    fn walks_hbh_routing_dstopts_fragment() {
+        let b = chain();
         let e = walk_extension_headers(&b, protocol::HOP_BY_HOP, 0).unwrap();
         assert_eq!(e.next_header, protocol::TCP);
         assert_eq!(e.l4_off, 8 + 24 + 8 + 8);
@@ -385,6 +421,25 @@ mod tests {
                 more: true,
                 ident: 0xdeadbeef
             })
+        );
+    }
+
+    /// Over a first piece of every length the walk decides as over the whole buffer or
+    /// not at all, and decides once the last fixed part it reads is in the piece.
+    #[test]
+    fn walk_over_the_head_of_a_buffer() {
+        let b = chain();
+        let whole = walk_extension_headers(&b, protocol::HOP_BY_HOP, 0);
+        for h in 0..=b.len() {
+            let got = walk_extension_headers_head(&b[..h], b.len(), protocol::HOP_BY_HOP, 0);
+            assert_eq!(got.is_some(), h >= 48, "head {h}");
+            assert!(got.is_none() || got == Some(whole), "head {h}");
+        }
+        // A header length past the end is refused from the two bytes that hold it.
+        let b = [protocol::UDP, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(
+            walk_extension_headers_head(&b[..2], b.len(), protocol::IPV6_DEST_OPTS, 0),
+            Some(Err(WireError::Truncated))
         );
     }
 

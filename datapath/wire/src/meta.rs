@@ -3,6 +3,42 @@
 //!
 //! The type definitions here are the contract with the engine (docs/design.md);
 //! `parse_inner` and `parse_underlay` fill them in.
+//!
+//! # Frames in pieces: `head` and `total`
+//!
+//! Underlay frames arrive from AF_XDP as chains of buffers: a 9014-byte frame is three
+//! pieces of 3840, 3840 and 1334 bytes. Copying each chain into one buffer only to read
+//! its headers would cost more than parsing them, and the headers sit in the first
+//! piece in practice. So each parser has a form that reads headers from the first
+//! piece, `head`, while checking every length field against the whole frame's length,
+//! `total`: [`parse_underlay_head`] and [`parse_inner_head`]. The contract:
+//!
+//! - `Some(result)` is exactly what the contiguous parser returns for a frame of
+//!   `total` bytes that begins with `head`: the same metadata, with offsets from the
+//!   start of the frame (so `ip_end`, `inner_end` and even `payload_off` may lie past
+//!   `head`), or the same refusal. A length field that runs past `total` is refused
+//!   from `head` alone, with the reason the contiguous parser gives.
+//! - `None` means the answer needs bytes past `head` that the frame has. The caller then
+//!   copies the frame into one buffer and calls [`parse_underlay`] / [`parse_inner`].
+//!
+//! Precisely, the parsers read the frame as a sequence of spans, each read whole and
+//! only once every check before it has passed; `None` is returned exactly when the next
+//! span ends past `head` but inside the frame. A span that ends past the frame (for L4
+//! and extension headers: past the IP packet's own length) is the refusal the
+//! contiguous parser gives. The spans are:
+//!
+//! - underlay: the 70 bytes of outer Ethernet, IPv6, UDP and Geneve headers, then the
+//!   Geneve options. A head of [`OUTER_MAX_LEN`] (322) bytes, or the whole frame, always
+//!   decides; the inner frame's bytes are only counted, never read.
+//! - inner: the 14-byte Ethernet header and the 2-byte type field of each VLAN tag;
+//!   then the 20-byte IPv4 header and its options (for the header checksum), or the
+//!   40-byte IPv6 header and the first 2 bytes of each extension header (all 8 of a
+//!   fragment header; bodies are skipped by length); then the first 20 bytes of a TCP
+//!   header (its options are not read), or the 8-byte UDP, ICMP or ICMPv6 header. Up
+//!   to 102 bytes for any frame without IPv6 extension headers.
+//!
+//! [`parse_underlay`] and [`parse_inner`] are the same parsers given the whole frame as
+//! the head, so there is one implementation of each.
 
 use crate::MacAddr;
 use std::net::{IpAddr, Ipv6Addr};
@@ -36,7 +72,7 @@ pub struct InnerMeta {
     /// the 8-byte ICMP/ICMPv6 header); equal to `l4_off` for other protocols.
     pub payload_off: usize,
     /// End of the IP packet as its own length fields say (frames may carry Ethernet
-    /// padding after it; the parser guarantees `ip_end <= frame.len()`).
+    /// padding after it; the parser guarantees `ip_end <=` the frame's length).
     pub ip_end: usize,
     pub src_ip: IpAddr,
     pub dst_ip: IpAddr,
@@ -85,7 +121,7 @@ pub struct UnderlayMeta {
     pub mss: Option<u32>,
     /// Offset of the inner Ethernet frame.
     pub inner_off: usize,
-    /// End of the inner frame (from the UDP length), `<= frame.len()`.
+    /// End of the inner frame (from the UDP length), `<=` the frame's length.
     pub inner_end: usize,
 }
 
@@ -102,6 +138,60 @@ const ICMP_ECHO_REQUEST: u8 = 8;
 /// ICMPv6 echo request/reply types.
 const ICMPV6_ECHO_REQUEST: u8 = 128;
 const ICMPV6_ECHO_REPLY: u8 = 129;
+
+/// Why a parse of a frame's first piece ended without metadata.
+enum Stop<E> {
+    /// Refused, for the reason the contiguous parser gives.
+    Drop(E),
+    /// Deciding needs bytes past the head that the frame has.
+    NeedMore,
+}
+
+impl<E> From<E> for Stop<E> {
+    #[inline(always)]
+    fn from(e: E) -> Self {
+        Stop::Drop(e)
+    }
+}
+
+/// The result of a head parse: `None` for [`Stop::NeedMore`].
+#[inline(always)]
+fn decided<T, E>(r: Result<T, Stop<E>>) -> Option<Result<T, E>> {
+    match r {
+        Ok(v) => Some(Ok(v)),
+        Err(Stop::Drop(e)) => Some(Err(e)),
+        Err(Stop::NeedMore) => None,
+    }
+}
+
+/// The result of a parse whose head is the whole frame. Nothing lies past the head
+/// then, so [`Stop::NeedMore`] cannot occur; it maps to the parser's truncation reason
+/// rather than to a panic path.
+///
+/// The contiguous parsers convert the shared parser's result once, here, rather than
+/// unwrapping the `_head` functions' `Option`: going through both conversions keeps
+/// LLVM from writing the metadata straight into the caller's return slot, which cost
+/// `parse_inner` about 7% more instructions (278 instead of 261 for IPv4/TCP).
+#[inline(always)]
+fn whole<T, E>(r: Result<T, Stop<E>>, truncated: E) -> Result<T, E> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(Stop::Drop(e)) => Err(e),
+        Err(Stop::NeedMore) => Err(truncated),
+    }
+}
+
+/// The `n` bytes at `off` of a frame (or an IP packet) that ends at `end`, read from
+/// the frame's first piece `head`: `Truncated` if they run past `end`,
+/// [`Stop::NeedMore`] if they run past `head`. `end` is checked first, so bytes of
+/// `head` past `end` (Ethernet padding) are never read.
+#[inline(always)]
+fn read(head: &[u8], end: usize, off: usize, n: usize) -> Result<&[u8], Stop<WireError>> {
+    if off + n > end {
+        return Err(Stop::Drop(WireError::Truncated));
+    }
+    head.get(off..off + n).ok_or(Stop::NeedMore)
+}
 
 /// Reads a big-endian u16 at `off`; the caller has checked the bound.
 #[inline(always)]
@@ -133,18 +223,42 @@ fn mac_at(b: &[u8], off: usize) -> MacAddr {
 ///
 /// Allocation-free and branch-light: it runs once per packet on the fast path.
 pub fn parse_inner(frame: &[u8]) -> Result<InnerMeta, WireError> {
-    if frame.len() < ethernet::HEADER_LEN {
-        return Err(WireError::Truncated);
-    }
-    let (ety, l3_off) = ethernet::skip_vlan_tags(frame)?;
+    whole(inner(frame, frame.len()), WireError::Truncated)
+}
+
+/// [`parse_inner`] on a frame of `total` bytes of which only the first piece, `head`,
+/// is at hand: exactly `parse_inner`'s result on the whole frame, or `None` when that
+/// needs bytes past `head` (see the module documentation for the spans read). Offsets
+/// are from the start of the frame; for non-IP frames `ip_end` is `total`.
+///
+/// `head` must not be longer than `total`; if it is, `total` is taken to be
+/// `head.len()`. For the inner frame of an underlay frame parsed with
+/// [`parse_underlay_head`], pass `&head[m.inner_off..m.inner_end.min(head.len())]` and
+/// `m.inner_end - m.inner_off`.
+#[inline]
+pub fn parse_inner_head(head: &[u8], total: usize) -> Option<Result<InnerMeta, WireError>> {
+    decided(inner(head, total.max(head.len())))
+}
+
+/// The one implementation of [`parse_inner`] and [`parse_inner_head`];
+/// `head.len() <= total`.
+#[inline(always)]
+fn inner(head: &[u8], total: usize) -> Result<InnerMeta, Stop<WireError>> {
+    let l2 = read(head, total, 0, ethernet::HEADER_LEN)?;
+    let (ety, l3_off) = match ethernet::skip_vlan_tags(head) {
+        Err(WireError::Truncated) if head.len() < total => {
+            return Err(vlan_tags_past_head(head, total))
+        }
+        r => r?,
+    };
     let mut m = InnerMeta {
-        dst_mac: mac_at(frame, 0),
-        src_mac: mac_at(frame, 6),
+        dst_mac: mac_at(l2, 0),
+        src_mac: mac_at(l2, 6),
         l3: L3::Other(ety),
         l3_off,
         l4_off: l3_off,
         payload_off: l3_off,
-        ip_end: frame.len(),
+        ip_end: total,
         src_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         dst_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         proto: 0,
@@ -158,41 +272,56 @@ pub fn parse_inner(frame: &[u8]) -> Result<InnerMeta, WireError> {
         hop_limit: 0,
     };
     match ety {
-        ethertype::IPV4 => parse_inner_v4(frame, &mut m)?,
-        ethertype::IPV6 => parse_inner_v6(frame, &mut m)?,
+        ethertype::IPV4 => parse_inner_v4(head, total, &mut m)?,
+        ethertype::IPV6 => parse_inner_v6(head, total, &mut m)?,
         ethertype::ARP => m.l3 = L3::Arp,
         _ => {}
     }
     Ok(m)
 }
 
+/// The VLAN walk ran out of `head` (shorter than the frame) before the EtherType. The
+/// frame is truncated if the type field it was reading runs past `total`; otherwise the
+/// walk needs the next piece. Decided by walking again over `head` followed by 0xff up
+/// to `total`: no tag type ends in 0xff, so that walk stops at the first field reaching
+/// past `head`, and it reports `Truncated` only when a field runs past `total` first.
+#[cold]
+fn vlan_tags_past_head(head: &[u8], total: usize) -> Stop<WireError> {
+    const _: () = assert!(ethertype::VLAN & 0xff != 0xff && ethertype::QINQ & 0xff != 0xff);
+    // The walk reads no further than this, so the head it ran out of is shorter.
+    let mut buf = [0xff; ethernet::HEADER_LEN + ethernet::MAX_VLAN_TAGS * ethernet::VLAN_TAG_LEN];
+    let known = head.len().min(buf.len());
+    buf[..known].copy_from_slice(&head[..known]);
+    match ethernet::skip_vlan_tags(&buf[..total.min(buf.len())]) {
+        Err(WireError::Truncated) => Stop::Drop(WireError::Truncated),
+        _ => Stop::NeedMore,
+    }
+}
+
 #[inline(always)]
-fn parse_inner_v4(frame: &[u8], m: &mut InnerMeta) -> Result<(), WireError> {
+fn parse_inner_v4(head: &[u8], total: usize, m: &mut InnerMeta) -> Result<(), Stop<WireError>> {
     let l3 = m.l3_off;
-    let h = frame
-        .get(l3..l3 + crate::ipv4::HEADER_LEN)
-        .ok_or(WireError::Truncated)?;
+    let h = read(head, total, l3, crate::ipv4::HEADER_LEN)?;
     if h[0] >> 4 != 4 {
-        return Err(WireError::Malformed("ipv4 version"));
+        return Err(WireError::Malformed("ipv4 version").into());
     }
     let hl = ((h[0] & 0x0f) as usize) * 4;
     if hl < crate::ipv4::HEADER_LEN {
-        return Err(WireError::Malformed("ipv4 header length (IHL < 5)"));
+        return Err(WireError::Malformed("ipv4 header length (IHL < 5)").into());
     }
-    let total = be16(h, 2) as usize;
-    if total < hl {
-        return Err(WireError::Malformed(
-            "ipv4 total length below header length",
-        ));
+    let ip_len = be16(h, 2) as usize;
+    if ip_len < hl {
+        return Err(WireError::Malformed("ipv4 total length below header length").into());
     }
-    let ip_end = l3 + total;
-    if ip_end > frame.len() {
-        return Err(WireError::Truncated);
+    let ip_end = l3 + ip_len;
+    if ip_end > total {
+        return Err(WireError::Truncated.into());
     }
-    // hl <= total and ip_end <= len, so the header with options is in the frame.
-    let hdr = &frame[l3..l3 + hl];
+    // hl <= ip_len and ip_end <= total, so the header with options is in the frame;
+    // the checksum needs all of it in the head.
+    let hdr = head.get(l3..l3 + hl).ok_or(Stop::NeedMore)?;
     if crate::checksum::fold(crate::checksum::sum(hdr, 0)) != 0xffff {
-        return Err(WireError::Malformed("ipv4 header checksum"));
+        return Err(WireError::Malformed("ipv4 header checksum").into());
     }
     let flg_off = be16(h, 6);
     m.l3 = L3::Ipv4;
@@ -209,21 +338,19 @@ fn parse_inner_v4(frame: &[u8], m: &mut InnerMeta) -> Result<(), WireError> {
         // Non-first fragment: no L4 header here.
         return Ok(());
     }
-    parse_inner_l4(frame, m, protocol::ICMP)
+    parse_inner_l4(head, m, protocol::ICMP)
 }
 
 #[inline(always)]
-fn parse_inner_v6(frame: &[u8], m: &mut InnerMeta) -> Result<(), WireError> {
+fn parse_inner_v6(head: &[u8], total: usize, m: &mut InnerMeta) -> Result<(), Stop<WireError>> {
     let l3 = m.l3_off;
-    let h = frame
-        .get(l3..l3 + ipv6::HEADER_LEN)
-        .ok_or(WireError::Truncated)?;
+    let h = read(head, total, l3, ipv6::HEADER_LEN)?;
     if h[0] >> 4 != 6 {
-        return Err(WireError::Malformed("ipv6 version"));
+        return Err(WireError::Malformed("ipv6 version").into());
     }
     let ip_end = l3 + ipv6::HEADER_LEN + be16(h, 4) as usize;
-    if ip_end > frame.len() {
-        return Err(WireError::Truncated);
+    if ip_end > total {
+        return Err(WireError::Truncated.into());
     }
     m.l3 = L3::Ipv6;
     m.ip_end = ip_end;
@@ -235,7 +362,8 @@ fn parse_inner_v6(frame: &[u8], m: &mut InnerMeta) -> Result<(), WireError> {
         // Fast path: no extension headers.
         protocol::TCP | protocol::UDP | protocol::ICMPV6 => (next, l3 + ipv6::HEADER_LEN, false),
         _ => {
-            let ext = ipv6::walk_extension_headers(&frame[..ip_end], next, l3 + ipv6::HEADER_LEN)?;
+            let ext = ipv6::walk_extension_headers_head(head, ip_end, next, l3 + ipv6::HEADER_LEN)
+                .ok_or(Stop::NeedMore)??;
             m.fragment = ext.fragment.is_some();
             let non_first = ext.fragment.is_some_and(|f| f.offset != 0);
             (ext.next_header, ext.l4_off, non_first)
@@ -247,26 +375,25 @@ fn parse_inner_v6(frame: &[u8], m: &mut InnerMeta) -> Result<(), WireError> {
     if non_first {
         return Ok(());
     }
-    parse_inner_l4(frame, m, protocol::ICMPV6)
+    parse_inner_l4(head, m, protocol::ICMPV6)
 }
 
-/// Reads the L4 fields at `m.l4_off`, bounded by `m.ip_end`. `icmp` is the ICMP
-/// protocol number of this IP version (ICMP in IPv4, ICMPv6 in IPv6).
+/// Reads the L4 fields at `m.l4_off`, bounded by `m.ip_end` (`l4_off <= ip_end` holds:
+/// the IHL is within the IPv4 total length, the IPv6 walk within the payload). `icmp`
+/// is the ICMP protocol number of this IP version (ICMP in IPv4, ICMPv6 in IPv6).
 #[inline(always)]
-fn parse_inner_l4(frame: &[u8], m: &mut InnerMeta, icmp: u8) -> Result<(), WireError> {
-    let l4 = m.l4_off;
-    let seg = frame.get(l4..m.ip_end).ok_or(WireError::Truncated)?;
+fn parse_inner_l4(head: &[u8], m: &mut InnerMeta, icmp: u8) -> Result<(), Stop<WireError>> {
+    let (l4, end) = (m.l4_off, m.ip_end);
     match m.proto {
         protocol::TCP => {
-            let h = seg
-                .get(..crate::tcp::HEADER_LEN)
-                .ok_or(WireError::Truncated)?;
+            let h = read(head, end, l4, crate::tcp::HEADER_LEN)?;
             let hl = ((h[12] >> 4) as usize) * 4;
             if hl < crate::tcp::HEADER_LEN {
-                return Err(WireError::Malformed("tcp data offset below 5"));
+                return Err(WireError::Malformed("tcp data offset below 5").into());
             }
-            if hl > seg.len() {
-                return Err(WireError::Truncated);
+            // The options are not read, only bounded.
+            if l4 + hl > end {
+                return Err(WireError::Truncated.into());
             }
             m.src_port = be16(h, 0);
             m.dst_port = be16(h, 2);
@@ -274,23 +401,21 @@ fn parse_inner_l4(frame: &[u8], m: &mut InnerMeta, icmp: u8) -> Result<(), WireE
             m.payload_off = l4 + hl;
         }
         protocol::UDP => {
-            let h = seg
-                .get(..crate::udp::HEADER_LEN)
-                .ok_or(WireError::Truncated)?;
+            let h = read(head, end, l4, crate::udp::HEADER_LEN)?;
             let ulen = be16(h, 4) as usize;
             if ulen < crate::udp::HEADER_LEN {
-                return Err(WireError::Malformed("udp length below 8"));
+                return Err(WireError::Malformed("udp length below 8").into());
             }
             // A first fragment carries only part of the datagram the length covers.
-            if ulen > seg.len() && !m.fragment {
-                return Err(WireError::Truncated);
+            if l4 + ulen > end && !m.fragment {
+                return Err(WireError::Truncated.into());
             }
             m.src_port = be16(h, 0);
             m.dst_port = be16(h, 2);
             m.payload_off = l4 + crate::udp::HEADER_LEN;
         }
         p if p == icmp => {
-            let h = seg.get(..8).ok_or(WireError::Truncated)?;
+            let h = read(head, end, l4, 8)?;
             m.icmp_type = h[0];
             m.icmp_code = h[1];
             let echo = if icmp == protocol::ICMP {
@@ -408,6 +533,9 @@ const OUTER_UDP_OFF: usize = OUTER_IP_OFF + ipv6::HEADER_LEN;
 const OUTER_GENEVE_OFF: usize = OUTER_UDP_OFF + crate::udp::HEADER_LEN;
 /// Ethernet + IPv6 + UDP + Geneve without options: 70 bytes.
 pub const OUTER_MIN_LEN: usize = OUTER_GENEVE_OFF + geneve::HEADER_LEN;
+/// Ethernet + IPv6 + UDP + Geneve with the largest options area: 322 bytes.
+/// [`parse_underlay_head`] never needs more of the frame than this.
+pub const OUTER_MAX_LEN: usize = OUTER_MIN_LEN + geneve::MAX_OPTIONS_LEN;
 
 /// Validates an underlay frame (Ethernet / IPv6 / UDP 6081 / Geneve / Ethernet) and
 /// returns the outer addresses, the VNI, the decoded Oxide options and where the inner
@@ -419,9 +547,66 @@ pub const OUTER_MIN_LEN: usize = OUTER_GENEVE_OFF + geneve::HEADER_LEN;
 /// IP lengths). Straight-line, allocation-free; the options loop is bounded by the
 /// 252-byte options area.
 pub fn parse_underlay(frame: &[u8]) -> Result<UnderlayMeta, UnderlayDrop> {
-    if frame.len() < OUTER_MIN_LEN {
-        return Err(UnderlayDrop::Truncated);
+    whole(underlay(frame, frame.len()), UnderlayDrop::Truncated)
+}
+
+/// [`parse_underlay`] on a frame of `total` bytes of which only the first piece,
+/// `head`, is at hand (an AF_XDP buffer chain): exactly `parse_underlay`'s result on
+/// the whole frame, or `None` when the 70 bytes of fixed headers or the Geneve options
+/// reach past `head` (never when `head` holds [`OUTER_MAX_LEN`] bytes). Offsets are
+/// from the start of the frame; `inner_end` may lie past `head`, `inner_off` does not.
+///
+/// `head` must not be longer than `total`; if it is, `total` is taken to be
+/// `head.len()`.
+///
+/// ```
+/// use wire::meta::{parse_inner, parse_inner_head, parse_underlay, parse_underlay_head};
+/// # let frame = vec![0u8; 100];
+/// // `frame` stands for a chain; only its first piece is read.
+/// let head = &frame[..frame.len().min(3840)];
+/// let underlay = match parse_underlay_head(head, frame.len()) {
+///     Some(r) => r,
+///     None => parse_underlay(&frame), // headers past the first piece: copy, then parse
+/// };
+/// if let Ok(m) = underlay {
+///     let inner_head = &head[m.inner_off..m.inner_end.min(head.len())];
+///     let inner = parse_inner_head(inner_head, m.inner_end - m.inner_off)
+///         .unwrap_or_else(|| parse_inner(&frame[m.inner_off..m.inner_end]));
+///     # let _ = inner;
+/// }
+/// ```
+#[inline]
+pub fn parse_underlay_head(
+    head: &[u8],
+    total: usize,
+) -> Option<Result<UnderlayMeta, UnderlayDrop>> {
+    decided(underlay(head, total.max(head.len())))
+}
+
+/// The one implementation of [`parse_underlay`] and [`parse_underlay_head`];
+/// `head.len() <= total`.
+#[inline(always)]
+fn underlay(head: &[u8], total: usize) -> Result<UnderlayMeta, Stop<UnderlayDrop>> {
+    if total < OUTER_MIN_LEN {
+        return Err(UnderlayDrop::Truncated.into());
     }
+    let fixed = head.first_chunk::<OUTER_MIN_LEN>().ok_or(Stop::NeedMore)?;
+    let mut meta = outer_headers(fixed, total)?;
+    // outer_headers bounded inner_off by the UDP datagram, hence by `total`.
+    let opts = head
+        .get(OUTER_MIN_LEN..meta.inner_off)
+        .ok_or(Stop::NeedMore)?;
+    geneve_options(opts, &mut meta)?;
+    if meta.inner_end - meta.inner_off < ethernet::HEADER_LEN {
+        return Err(UnderlayDrop::InnerTruncated.into());
+    }
+    Ok(meta)
+}
+
+/// Checks the fixed outer headers of a frame of `total` bytes and fills in everything
+/// but the options.
+#[inline(always)]
+fn outer_headers(frame: &[u8; OUTER_MIN_LEN], total: usize) -> Result<UnderlayMeta, UnderlayDrop> {
     if be16(frame, 12) != ethertype::IPV6 {
         return Err(UnderlayDrop::NotIpv6);
     }
@@ -430,7 +615,7 @@ pub fn parse_underlay(frame: &[u8]) -> Result<UnderlayMeta, UnderlayDrop> {
         return Err(UnderlayDrop::BadIpv6Version);
     }
     let plen = be16(ip, 4) as usize;
-    if OUTER_UDP_OFF + plen > frame.len() {
+    if OUTER_UDP_OFF + plen > total {
         return Err(UnderlayDrop::BadIpv6Length);
     }
     match ip[6] {
@@ -452,7 +637,7 @@ pub fn parse_underlay(frame: &[u8]) -> Result<UnderlayMeta, UnderlayDrop> {
     if ulen < crate::udp::HEADER_LEN + geneve::HEADER_LEN {
         return Err(UnderlayDrop::Truncated);
     }
-    // ulen == plen and the IPv6 check bound it, so udp_end <= frame.len().
+    // ulen == plen and the IPv6 check bound it, so udp_end <= total.
     let udp_end = OUTER_UDP_OFF + ulen;
     let g = &frame[OUTER_GENEVE_OFF..OUTER_MIN_LEN];
     if g[0] >> 6 != 0 {
@@ -468,7 +653,7 @@ pub fn parse_underlay(frame: &[u8]) -> Result<UnderlayMeta, UnderlayDrop> {
     if inner_off > udp_end {
         return Err(UnderlayDrop::BadOptionLength);
     }
-    let mut meta = UnderlayMeta {
+    Ok(UnderlayMeta {
         outer_dst_mac: mac_at(frame, 0),
         outer_src_mac: mac_at(frame, 6),
         outer_src: ipv6::addr_at(ip, 8),
@@ -480,8 +665,12 @@ pub fn parse_underlay(frame: &[u8]) -> Result<UnderlayMeta, UnderlayDrop> {
         mss: None,
         inner_off,
         inner_end: udp_end,
-    };
-    let mut opts = &frame[OUTER_MIN_LEN..inner_off];
+    })
+}
+
+/// Walks the Geneve options area `opts` and records the Oxide options in `meta`.
+#[inline(always)]
+fn geneve_options(mut opts: &[u8], meta: &mut UnderlayMeta) -> Result<(), UnderlayDrop> {
     while !opts.is_empty() {
         let (opt, rest) = geneve::read_option(opts).map_err(|_| UnderlayDrop::BadOptionLength)?;
         opts = rest;
@@ -511,10 +700,7 @@ pub fn parse_underlay(frame: &[u8]) -> Result<UnderlayMeta, UnderlayDrop> {
             }
         }
     }
-    if udp_end - inner_off < ethernet::HEADER_LEN {
-        return Err(UnderlayDrop::InnerTruncated);
-    }
-    Ok(meta)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -739,7 +925,12 @@ mod tests {
     /// A valid underlay frame built by hand: Geneve with an Mss option around a small
     /// IPv4/UDP guest frame.
     fn good_underlay() -> Vec<u8> {
-        let inner = vector("inner", "vlan_ipv4_udp");
+        underlay_around(&vector("inner", "vlan_ipv4_udp"))
+    }
+
+    /// Outer Ethernet/IPv6/UDP 6081 and Geneve with an Mss option (16 bytes) around
+    /// `inner`, which starts at offset 78.
+    fn underlay_around(inner: &[u8]) -> Vec<u8> {
         let geneve_len = 16;
         let udp_len = 8 + geneve_len + inner.len();
         let mut f = vec![0u8; OUTER_MIN_LEN + 8 + inner.len()];
@@ -763,8 +954,69 @@ mod tests {
         .emit(&mut udp::Packet::new_unchecked(&mut f[54..]))
         .unwrap();
         geneve::emit_header(&mut f[62..], 99, Some(1448)).unwrap();
-        f[78..].copy_from_slice(&inner);
+        f[78..].copy_from_slice(inner);
         f
+    }
+
+    /// Checks the head/total contract of a `_head` parser against its contiguous form
+    /// on `f`, at every split point: each head of `f` either decides exactly as the
+    /// whole frame does or is undecided, and once a head decides every longer one does.
+    /// A head longer than the claimed total is parsed as the whole frame. Returns the
+    /// shortest head that decides.
+    pub(super) fn head_need<T: PartialEq + std::fmt::Debug>(
+        f: &[u8],
+        whole: impl Fn(&[u8]) -> T,
+        head: impl Fn(&[u8], usize) -> Option<T>,
+    ) -> usize {
+        let want = whole(f);
+        assert_eq!(head(f, 0), Some(whole(f)), "head longer than total");
+        let mut need = None;
+        for h in 0..=f.len() {
+            match head(&f[..h], f.len()) {
+                Some(got) => {
+                    assert_eq!(got, want, "head {h} of {}", f.len());
+                    need.get_or_insert(h);
+                }
+                None => assert!(need.is_none(), "head {h} undecided after {need:?}"),
+            }
+        }
+        need.expect("the whole frame as head decides")
+    }
+
+    /// [`head_need`] for `parse_inner_head`; checks that a valid frame decides once
+    /// its headers (up to `payload_off`) are in the head.
+    pub(super) fn inner_need(f: &[u8]) -> usize {
+        let need = head_need(f, parse_inner, parse_inner_head);
+        if let Ok(m) = parse_inner(f) {
+            assert!(need <= m.payload_off, "needs {need} > payload_off {m:?}");
+        }
+        need
+    }
+
+    /// [`head_need`] for `parse_underlay_head`: never more than `OUTER_MAX_LEN`, and
+    /// no more than `inner_off` for a valid frame. At every split where the underlay
+    /// decides, the inner frame's part of the same head obeys the contract too.
+    pub(super) fn underlay_need(f: &[u8]) -> usize {
+        let need = head_need(f, parse_underlay, parse_underlay_head);
+        assert!(need <= OUTER_MAX_LEN, "needs {need}");
+        let Ok(m) = parse_underlay(f) else {
+            return need;
+        };
+        assert!(
+            need <= m.inner_off,
+            "needs {need} > inner_off {}",
+            m.inner_off
+        );
+        let inner = &f[m.inner_off..m.inner_end];
+        let want = parse_inner(inner);
+        for h in need..=f.len() {
+            let got = parse_inner_head(
+                &f[m.inner_off..m.inner_end.min(h)],
+                m.inner_end - m.inner_off,
+            );
+            assert!(got.is_none() || got == Some(want), "head {h}: {got:?}");
+        }
+        need
     }
 
     #[test]
@@ -802,6 +1054,7 @@ mod tests {
             let mut f = good_underlay();
             mutate(&mut f);
             assert_eq!(parse_underlay(&f).map(|_| ()), Err(want), "{want}");
+            underlay_need(&f);
             covered.insert(want);
         }
         assert_eq!(covered.len(), UnderlayDrop::ALL.len());
@@ -877,6 +1130,177 @@ mod tests {
         let mut other = arp.clone();
         other[12..14].copy_from_slice(&0x88ccu16.to_be_bytes());
         assert_eq!(parse_inner(&other).unwrap().l3, L3::Other(0x88cc));
+    }
+
+    /// Every scapy frame, split at every point: the `_head` parsers decide exactly as
+    /// the contiguous ones or not at all, and decide once the headers are in the head.
+    #[test]
+    fn head_parsers_agree_on_every_vector_and_split() {
+        for v in vectors("inner") {
+            let f = unhex(v["frame"]);
+            let need = inner_need(&f);
+            // The end of the last span read (module documentation).
+            let m = parse_inner(&f).unwrap();
+            let want = match (m.l3, m.proto) {
+                (L3::Arp | L3::Other(_), _) => m.l3_off,
+                (_, ipv4::protocol::TCP) if m.payload_off > m.l4_off => m.l4_off + tcp::HEADER_LEN,
+                _ => m.payload_off,
+            };
+            assert_eq!(need, want, "{}", v["name"]);
+        }
+        for kind in ["underlay", "drop"] {
+            for v in vectors(kind) {
+                underlay_need(&unhex(v["frame"]));
+            }
+        }
+    }
+
+    /// A 9014-byte underlay frame (9000-byte MTU) as AF_XDP delivers it: 3840 + 3840 +
+    /// 1334 bytes. The first piece alone yields the same metadata as the copied frame,
+    /// for the outer headers and for the inner Ethernet/IPv6/TCP frame.
+    #[test]
+    fn jumbo_frame_parses_from_its_first_piece() {
+        let payload = vec![0x5a; 9014 - OUTER_MIN_LEN - 8 - 14 - 40 - 32];
+        let mut inner = Vec::new();
+        etherparse::PacketBuilder::ethernet2([2, 8, 0x20, 1, 2, 3], [2, 8, 0x20, 4, 5, 6])
+            .ipv6([0xfd; 16], [0xfe; 16], 64)
+            .tcp(40000, 5201, 7, 512)
+            .ack(1)
+            .options(&[
+                etherparse::TcpOptionElement::Noop,
+                etherparse::TcpOptionElement::Noop,
+                etherparse::TcpOptionElement::Timestamp(1, 2),
+            ])
+            .unwrap()
+            .write(&mut inner, &payload)
+            .unwrap();
+        let f = underlay_around(&inner);
+        assert_eq!(f.len(), 3840 + 3840 + 1334);
+        let head = &f[..3840];
+
+        let m = parse_underlay(&f).unwrap();
+        assert_eq!(parse_underlay_head(head, f.len()), Some(Ok(m)));
+        assert_eq!((m.inner_off, m.inner_end, m.mss), (78, 9014, Some(1448)));
+
+        let im = parse_inner(&f[m.inner_off..m.inner_end]).unwrap();
+        let inner_head = &head[m.inner_off..m.inner_end.min(head.len())];
+        assert_eq!(
+            parse_inner_head(inner_head, m.inner_end - m.inner_off),
+            Some(Ok(im))
+        );
+        assert_eq!((im.l3, im.proto, im.dst_port), (L3::Ipv6, 6, 5201));
+        assert_eq!((im.payload_off, im.ip_end), (14 + 40 + 32, inner.len()));
+        assert!(im.ip_end > inner_head.len());
+    }
+
+    /// A length field that runs past the frame is refused from the head alone, with the
+    /// reason the contiguous parser gives, even when the head holds none of the bytes
+    /// the length claims: only the spans the parser reads must be in the head, and
+    /// every length is checked against `total`. The bytes past the head are garbage
+    /// here, to show they are not read.
+    #[test]
+    fn lengths_past_the_frame_are_refused_from_the_head() {
+        fn garbage_after(mut f: Vec<u8>, head: usize, total: usize) -> Vec<u8> {
+            f.resize(total, 0);
+            f[head..].fill(0xa5);
+            f
+        }
+        // Underlay: the 70 bytes of fixed headers are the head; the frame is 9014.
+        type Mutation = fn(&mut Vec<u8>);
+        let under: [(UnderlayDrop, Mutation); 4] = [
+            // IPv6 payload length past the frame.
+            (UnderlayDrop::BadIpv6Length, |f| {
+                f[18..20].copy_from_slice(&9000u16.to_be_bytes())
+            }),
+            // UDP length past the frame (and so unlike the IPv6 payload length).
+            (UnderlayDrop::BadUdpLength, |f| {
+                f[58..60].copy_from_slice(&9000u16.to_be_bytes())
+            }),
+            // 60 bytes of options in a datagram that ends 4 bytes after the Geneve header.
+            (UnderlayDrop::BadOptionLength, |f| {
+                f[18..20].copy_from_slice(&20u16.to_be_bytes());
+                f[58..60].copy_from_slice(&20u16.to_be_bytes());
+                f[62] = 15;
+            }),
+            // 13 bytes after options that are all in the head.
+            (UnderlayDrop::InnerTruncated, |f| {
+                f[18..20].copy_from_slice(&37u16.to_be_bytes());
+                f[58..60].copy_from_slice(&37u16.to_be_bytes());
+            }),
+        ];
+        for (want, mutate) in under {
+            let mut f = good_underlay();
+            mutate(&mut f);
+            let head = if want == UnderlayDrop::InnerTruncated {
+                78
+            } else {
+                OUTER_MIN_LEN
+            };
+            let f = garbage_after(f, head, 9014);
+            assert_eq!(parse_underlay(&f).map(|_| ()), Err(want));
+            assert_eq!(
+                parse_underlay_head(&f[..head], f.len()).map(|r| r.map(|_| ())),
+                Some(Err(want)),
+                "{want}"
+            );
+        }
+
+        // Inner: each case names the frame, the bytes changed and the head it needs.
+        let cases: [(&str, usize, &[u8], usize); 5] = [
+            // IPv4 total length past the frame: only the 20-byte header in the head.
+            ("ipv4_tcp_syn", 16, &4000u16.to_be_bytes(), 34),
+            // IPv6 payload length past the frame.
+            ("ipv6_udp", 18, &4000u16.to_be_bytes(), 54),
+            // UDP length past the IPv6 payload.
+            ("ipv6_udp", 58, &4000u16.to_be_bytes(), 62),
+            // TCP data offset past the IPv4 packet (its options are not read).
+            ("ipv4_tcp_data_padded", 46, &[0xf0], 54),
+            // A routing header (after hop-by-hop) longer than the IPv6 payload: its
+            // first two bytes are in the head, its body would not be.
+            ("ipv6_ext_headers_tcp", 54 + 8 + 1, &[0xff], 54 + 8 + 2),
+        ];
+        for (name, at, bytes, head) in cases {
+            let mut f = vector("inner", name);
+            f[at..at + bytes.len()].copy_from_slice(bytes);
+            let total = f.len();
+            // Keep the IP lengths consistent with a frame of `total` bytes, so the
+            // refusal comes from the field changed.
+            let f = garbage_after(f, head, total);
+            assert_eq!(parse_inner(&f), Err(WireError::Truncated), "{name}@{at}");
+            assert_eq!(
+                parse_inner_head(&f[..head], total),
+                Some(Err(WireError::Truncated)),
+                "{name}@{at}"
+            );
+        }
+
+        // An ICMPv6 header cut short by the IPv6 payload length in a frame that has the
+        // bytes (as padding): L4 reads are bounded by the IP packet, not by the head.
+        let mut f = vector("inner", "ipv6_icmpv6_echo");
+        f[18..20].copy_from_slice(&4u16.to_be_bytes());
+        assert_eq!(parse_inner(&f), Err(WireError::Truncated));
+        for head in [58, f.len()] {
+            assert_eq!(
+                parse_inner_head(&f[..head], f.len()),
+                Some(Err(WireError::Truncated))
+            );
+        }
+
+        // A VLAN tag whose type field runs past a 15-byte frame: decided with 14 bytes
+        // in hand. In a longer frame that field is needed.
+        let mut f = vector("inner", "arp_request");
+        f[12..14].copy_from_slice(&ethertype::VLAN.to_be_bytes());
+        f[16..18].copy_from_slice(&ethertype::ARP.to_be_bytes());
+        assert_eq!(parse_inner(&f[..15]), Err(WireError::Truncated));
+        assert_eq!(
+            parse_inner_head(&f[..14], 15),
+            Some(Err(WireError::Truncated))
+        );
+        assert_eq!(parse_inner_head(&f[..14], 18), None);
+        assert_eq!(
+            parse_inner_head(&f[..18], f.len()),
+            Some(Ok(parse_inner(&f).unwrap()))
+        );
     }
 
     mod prop {
@@ -1030,6 +1454,7 @@ mod tests {
                 let ip_len = frame.len();
                 frame.resize(ip_len + padding, 0);
                 let m = parse_inner(&frame).unwrap();
+                super::inner_need(&frame);
                 let h = PacketHeaders::from_ethernet_slice(&frame).unwrap();
 
                 prop_assert_eq!(m.dst_mac.0, macs.1);
@@ -1106,6 +1531,22 @@ mod tests {
                     prop_assert!(m.payload_off <= m.ip_end);
                     prop_assert!(m.ip_end <= frame.len());
                 }
+                let need = super::inner_need(&frame);
+                // Without IPv6 extension headers the spans read end by 102 bytes: two
+                // VLAN tags, an IPv4 header with options, a TCP header.
+                let ext = ethernet::skip_vlan_tags(&frame).is_ok_and(|(ety, l3)| {
+                    ety == ethertype::IPV6
+                        && frame.get(l3 + 6).is_some_and(|&nh| {
+                            matches!(
+                                nh,
+                                protocol::HOP_BY_HOP
+                                    | protocol::IPV6_ROUTING
+                                    | protocol::IPV6_FRAGMENT
+                                    | protocol::IPV6_DEST_OPTS
+                            )
+                        })
+                });
+                prop_assert!(ext || need <= 22 + 60 + 20, "needs {}", need);
                 // The same bytes behind an underlay header.
                 let mut under = super::good_underlay();
                 under.truncate(78);
@@ -1116,6 +1557,7 @@ mod tests {
                 if let Ok(m) = parse_underlay(&under) {
                     prop_assert!(m.inner_off + 14 <= m.inner_end && m.inner_end <= under.len());
                 }
+                super::underlay_need(&under);
             }
 
             #[test]
@@ -1139,6 +1581,42 @@ mod tests {
                 }
                 if let Ok(m) = parse_underlay(&f) {
                     prop_assert!(m.inner_off + 14 <= m.inner_end && m.inner_end <= f.len());
+                }
+                super::underlay_need(&f);
+            }
+
+            /// Geneve-in-IPv6 around a guest TCP frame of up to a jumbo frame's size:
+            /// the 3840-byte first piece of the AF_XDP chain decides both parsers, with
+            /// the metadata of the copied frame; and any split obeys the contract.
+            #[test]
+            fn geneve_tcp_parses_from_a_3840_byte_first_piece(
+                vlan in proptest::option::of(0u16..4095),
+                v6 in any::<bool>(),
+                l4 in l4().prop_filter("tcp", |l| matches!(l, L4::Tcp { .. })),
+                payload_len in 0usize..8900,
+                splits in proptest::collection::vec(any::<prop::sample::Index>(), 8),
+            ) {
+                let payload = vec![0x5a; payload_len];
+                let (macs, addrs) = (([2; 6], [4; 6]), ([1; 16], [3; 16]));
+                let inner = build(macs, vlan, v6, addrs, 64, (40000, 5201), &l4, &payload);
+                let f = super::underlay_around(&inner);
+                let head = &f[..f.len().min(3840)];
+                let m = parse_underlay(&f).unwrap();
+                prop_assert_eq!(parse_underlay_head(head, f.len()), Some(Ok(m)));
+                let im = parse_inner(&inner).unwrap();
+                let inner_head = &head[m.inner_off..m.inner_end.min(head.len())];
+                let inner_total = m.inner_end - m.inner_off;
+                prop_assert_eq!(parse_inner_head(inner_head, inner_total), Some(Ok(im)));
+                for i in splits {
+                    let h = i.index(f.len() + 1);
+                    let u = parse_underlay_head(&f[..h], f.len());
+                    prop_assert_eq!(u.is_some(), h >= m.inner_off, "head {}", h);
+                    prop_assert!(u.is_none() || u == Some(Ok(m)), "head {}: {:?}", h, u);
+                    let h = i.index(inner.len() + 1);
+                    let r = parse_inner_head(&inner[..h], inner.len());
+                    let need = im.l4_off + crate::tcp::HEADER_LEN;
+                    prop_assert_eq!(r.is_some(), h >= need, "inner head {}", h);
+                    prop_assert!(r.is_none() || r == Some(Ok(im)), "inner head {}: {:?}", h, r);
                 }
             }
         }

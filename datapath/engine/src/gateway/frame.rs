@@ -41,7 +41,11 @@ pub(super) fn to_guest(port: PortId) -> TxDest {
 }
 
 /// Reserves a frame of `len` bytes for the guest.
-pub(super) fn push_to_guest(out: &mut TxBatch, port: PortId, len: usize) -> &mut [u8] {
+pub(super) fn push_to_guest<'b>(
+    out: &'b mut TxBatch<'_>,
+    port: PortId,
+    len: usize,
+) -> &'b mut [u8] {
     out.push(to_guest(port), len)
 }
 

@@ -7,7 +7,7 @@ use super::*;
 use crate::output::{TxBatch, TxDest};
 
 /// Feeds vector `req` through the gateway; returns the verdict and the batch.
-fn run(cfg: &PortConfig, st: &mut GatewayState, req: &[u8]) -> (GatewayVerdict, TxBatch) {
+fn run(cfg: &PortConfig, st: &mut GatewayState, req: &[u8]) -> (GatewayVerdict, TxBatch<'static>) {
     let mut out = TxBatch::new();
     let v = handle_from_guest(cfg, st, PORT, &meta_of(req), req, 1_000, &mut out);
     (v, out)
@@ -233,7 +233,7 @@ fn fragments_reassemble_to_the_original() {
     assert_eq!(n, 6); // 7980 payload bytes / 1480 per fragment
     let mut payload = vec![0u8; 7980];
     let mut seen = 0;
-    for (i, (d, fr)) in out.iter().enumerate() {
+    for (i, (d, fr)) in out.to_vecs(&[]).unwrap().into_iter().enumerate() {
         assert_eq!(d, dest);
         assert!(fr.len() - 14 <= 1500);
         assert_eq!(&fr[..14], &f[..14]);

@@ -137,13 +137,13 @@ pub fn internal_segment_size(underlay_mtu: u16, meta: &InnerMeta) -> usize {
         .saturating_sub(meta.payload_off)
 }
 
-/// Checks that the metadata's offsets are ordered and inside the frame, so that every
-/// later slice is in bounds.
-fn check_offsets(frame: &[u8], meta: &InnerMeta) -> Result<(), TsoDrop> {
+/// Checks that the metadata's offsets are ordered and inside a frame of `len` bytes,
+/// so that every later slice is in bounds.
+fn check_offsets(len: usize, meta: &InnerMeta) -> Result<(), TsoDrop> {
     let ordered = meta.l3_off <= meta.l4_off
         && meta.l4_off <= meta.payload_off
         && meta.payload_off <= meta.ip_end
-        && meta.ip_end <= frame.len()
+        && meta.ip_end <= len
         && meta.l3_off >= 14;
     if ordered {
         Ok(())
@@ -266,7 +266,7 @@ pub fn segment(
     if !vnet.is_gso() {
         return encapsulate_one(frame, vnet, meta, outer, inner_dst_mac, dest, out);
     }
-    check_offsets(frame, meta)?;
+    check_offsets(frame.len(), meta)?;
     match (vnet.gso_kind(), meta.l3) {
         (GSO_TCPV4, L3::Ipv4) | (GSO_TCPV6, L3::Ipv6) => {}
         (GSO_TCPV4 | GSO_TCPV6, _) => return Err(TsoDrop::GsoIpMismatch),
@@ -409,7 +409,7 @@ fn encapsulate_one(
     // IP frames end where their length fields say (dropping any Ethernet padding);
     // other frames are sent whole.
     let inner_len = if is_ip(meta) {
-        check_offsets(frame, meta)?;
+        check_offsets(frame.len(), meta)?;
         meta.ip_end
     } else {
         frame.len()

@@ -3,6 +3,7 @@
 //! outer frames are validated with `wire::meta::parse_underlay`.
 
 use super::*;
+use crate::input::RxFrame;
 use crate::port::{PortId, Vni};
 use proptest::prelude::*;
 use wire::meta::{parse_inner, parse_underlay};
@@ -201,8 +202,9 @@ fn check_segments(spec: &Spec, out: &TxBatch, mtu: usize, seg: usize, mss: u32) 
     let mut inners = Vec::new();
     let mut stream = Vec::new();
     let (l3, l4, hdrs) = (14, 14 + spec.ip_hdr(), spec.hdrs());
-    for (i, (dest, f)) in out.iter().enumerate() {
+    for (i, (dest, f)) in own_frames(out).into_iter().enumerate() {
         assert_eq!(dest, UNDERLAY);
+        let f = &f[..];
         assert!(
             f.len() - 14 <= mtu,
             "outer IPv6 packet {} > MTU {mtu}",
@@ -262,16 +264,60 @@ fn check_segments(spec: &Spec, out: &TxBatch, mtu: usize, seg: usize, mss: u32) 
     inners
 }
 
-/// Feeds inner frames to a coalescer as the receiving sled would and returns its output.
-fn coalesce(inners: &[Vec<u8>], mss: Option<u32>) -> (TxBatch, CoalesceStats) {
+/// The frames of a batch that holds no gathered input (segmentation output).
+fn own_frames(out: &TxBatch) -> Vec<(TxDest, Vec<u8>)> {
+    out.to_vecs(&[]).expect("every frame in the batch's arena")
+}
+
+/// Size of the pieces the coalescer tests cut received frames into, as AF_XDP
+/// chains do; odd, so that pieces also start at odd offsets of a payload.
+const PIECE: usize = 777;
+
+/// Pushes frame `f` (input number `input`, metadata `m`) to the coalescer in pieces,
+/// as it would arrive.
+fn push_frame(
+    c: &mut Coalescer,
+    f: &[u8],
+    input: u32,
+    m: &InnerMeta,
+    mss: Option<u32>,
+    out: &mut TxBatch,
+) {
+    let pieces: Vec<&[u8]> = f.chunks(PIECE).collect();
+    c.push(
+        PortId(3),
+        RxFrame::new(&pieces, input),
+        m,
+        mss,
+        MacAddr(GW_MAC),
+        out,
+    );
+}
+
+/// Pushes `frames` (no Mss option) as inputs `first`, `first + 1`, ...
+fn push_frames(c: &mut Coalescer, frames: &[Vec<u8>], first: u32, out: &mut TxBatch) {
+    for (i, f) in frames.iter().enumerate() {
+        push_frame(c, f, first + i as u32, &parse_inner(f).unwrap(), None, out);
+    }
+}
+
+/// `frames` as the coalescer's inputs 0, 1, ...
+fn inputs(frames: &[Vec<u8>]) -> Vec<&[u8]> {
+    frames.iter().map(|f| &f[..]).collect()
+}
+
+/// Feeds inner frames to a coalescer as the receiving sled would (input `i` is
+/// `inners[i]`) and returns its output, references resolved.
+fn coalesce(inners: &[Vec<u8>], mss: Option<u32>) -> (Vec<(TxDest, Vec<u8>)>, CoalesceStats) {
     let mut c = Coalescer::new();
     let mut out = TxBatch::new();
-    for f in inners {
+    for (i, f) in inners.iter().enumerate() {
         let meta = parse_inner(f).unwrap();
-        c.push(PortId(3), f, &meta, mss, MacAddr(GW_MAC), &mut out);
+        push_frame(&mut c, f, i as u32, &meta, mss, &mut out);
     }
     c.flush(&mut out);
-    (out, c.stats())
+    let frames = out.to_vecs(&inputs(inners)).expect("references resolve");
+    (frames, c.stats())
 }
 
 /// Completes a NEEDS_CSUM frame the way the guest's kernel would.
@@ -281,13 +327,13 @@ fn complete(f: &[u8], v: &VnetHdr) -> Vec<u8> {
     g
 }
 
-fn check_coalesced(spec: &Spec, out: &TxBatch, mss: u32) {
+fn check_coalesced(spec: &Spec, out: &[(TxDest, Vec<u8>)], mss: u32) {
     assert_eq!(
         out.len(),
         1,
         "segments of one buffer coalesce into one frame"
     );
-    let (dest, f) = out.frame(0).unwrap();
+    let (dest, f) = (out[0].0, &out[0].1[..]);
     let TxDest::Port { port, vnet } = dest else {
         panic!("not to a port: {dest:?}")
     };
@@ -415,8 +461,8 @@ proptest! {
             Err(_) => prop_assert!(out.is_empty()),
             Ok(n) => {
                 prop_assert_eq!(n, out.len());
-                for (_, o) in out.iter() {
-                    prop_assert!(parse_underlay(o).is_ok());
+                for (_, o) in own_frames(&out) {
+                    prop_assert!(parse_underlay(&o).is_ok());
                 }
             }
         }
@@ -432,7 +478,7 @@ proptest! {
         let (frames, _) = flow_segments(false, &[700, 700, 700, 700, 700, 700], 1);
         let mut c = Coalescer::new();
         let mut out = TxBatch::new();
-        for (f, (d3, d4, dp, v6)) in frames.iter().zip(deltas.iter().cycle()) {
+        for (i, (f, (d3, d4, dp, v6))) in frames.iter().zip(deltas.iter().cycle()).enumerate() {
             let mut m = parse_inner(f).unwrap();
             let shift = |x: usize, d: i64| (x as i64 + d).max(0) as usize;
             m.l3_off = shift(m.l3_off, *d3);
@@ -441,13 +487,15 @@ proptest! {
             if *v6 {
                 m.l3 = L3::Ipv6;
             }
-            c.push(PortId(1), f, &m, mss, MacAddr(GW_MAC), &mut out);
+            push_frame(&mut c, f, i as u32, &m, mss, &mut out);
         }
         c.flush(&mut out);
         let s = c.stats();
         prop_assert_eq!(s.frames_in, 6);
         prop_assert_eq!(s.frames_out + s.merged, 6);
         prop_assert_eq!(out.len() as u64, s.frames_out);
+        // Whatever was merged, every reference points into its input.
+        prop_assert!(out.to_vecs(&inputs(&frames)).is_some());
     }
 
     #[test]
@@ -485,9 +533,9 @@ fn the_worked_example_fills_the_underlay_exactly() {
         run_segment(&f, &spec.vnet(8448), seg, 8448, &mut out),
         Ok(3)
     );
-    for (_, o) in out.iter() {
+    for (_, o) in own_frames(&out) {
         assert_eq!(o.len() - 14, 9000);
-        assert_eq!(be16(o, 58), 8960);
+        assert_eq!(be16(&o, 58), 8960);
     }
 }
 
@@ -676,6 +724,7 @@ fn non_gso_frames_get_their_checksum_completed() {
     let mut out = TxBatch::new();
     assert_eq!(run_segment(&f, &v, 8850, 0, &mut out), Ok(1));
     let o = out.frame(0).unwrap().1;
+    assert_eq!(out.len(), 1);
     let u = parse_underlay(o).unwrap();
     assert_eq!(u.mss, None);
     assert_eq!(u.inner_off, 70);
@@ -746,7 +795,7 @@ fn coalesces_without_mss_option_using_the_first_segment_size() {
     let (frames, all) = flow_segments(false, &[1448, 1448, 1448, 100], 5);
     let (out, stats) = coalesce(&frames, None);
     assert_eq!(out.len(), 1);
-    let (dest, f) = out.frame(0).unwrap();
+    let (dest, f) = (out[0].0, &out[0].1[..]);
     let TxDest::Port { vnet, .. } = dest else {
         unreachable!()
     };
@@ -771,7 +820,7 @@ fn coalesces_without_mss_option_using_the_first_segment_size() {
 fn a_single_large_segment_becomes_gso_for_the_guest() {
     let (frames, _) = flow_segments(true, &[8850], 1);
     let (out, _) = coalesce(&frames, Some(1440));
-    let (dest, f) = out.frame(0).unwrap();
+    let (dest, f) = (out[0].0, &out[0].1[..]);
     let TxDest::Port { vnet, .. } = dest else {
         unreachable!()
     };
@@ -783,7 +832,7 @@ fn a_single_large_segment_becomes_gso_for_the_guest() {
     // Small ones stay plain, checksum verified.
     let (frames, _) = flow_segments(true, &[1000], 1);
     let (out, _) = coalesce(&frames, Some(1440));
-    let TxDest::Port { vnet, .. } = out.frame(0).unwrap().0 else {
+    let TxDest::Port { vnet, .. } = out[0].0 else {
         unreachable!()
     };
     assert_eq!(
@@ -805,7 +854,7 @@ fn what_is_not_merged() {
     // Frame 1 no longer verifies and its sequence is off: 0 | 1 | 2+3.
     assert_eq!(out.len(), 3);
     assert_eq!(stats.merged, 1);
-    let TxDest::Port { vnet, .. } = out.frame(1).unwrap().0 else {
+    let TxDest::Port { vnet, .. } = out[1].0 else {
         unreachable!()
     };
     assert_eq!(
@@ -850,13 +899,28 @@ fn a_segment_header_changed_in_flight_is_not_merged() {
             let (out, stats) = coalesce(&frames, None);
             assert_eq!(out.len(), 3, "0 | changed 1 | 2 (v6 {v6}, byte {at})");
             assert_eq!(stats.merged, 0);
-            let (dest, f) = out.frame(1).unwrap();
+            let (dest, f) = (out[1].0, &out[1].1[..]);
             assert_eq!(&f[12..], &frames[1][12..]);
             let TxDest::Port { vnet, .. } = dest else {
                 unreachable!()
             };
             assert_eq!(vnet, VnetHdr::default());
         }
+    }
+}
+
+/// A payload byte changed in flight, in any piece of the frame, is caught by the
+/// checksum read across the pieces.
+#[test]
+fn a_payload_changed_in_flight_is_caught_in_any_piece() {
+    let (clean, _) = flow_segments(false, &[3000; 2], 1);
+    for at in [66, PIECE - 1, PIECE, 2 * PIECE + 1, 3065] {
+        let mut frames = clean.clone();
+        frames[1][at] ^= 0x40;
+        let (out, stats) = coalesce(&frames, None);
+        assert_eq!((out.len(), stats.merged), (2, 0), "byte {at}");
+        assert_eq!(out[1].1[12..], frames[1][12..]);
+        assert!(matches!(out[1].0, TxDest::Port { vnet, .. } if vnet == VnetHdr::default()));
     }
 }
 
@@ -869,7 +933,7 @@ fn a_merged_frame_stands_for_at_most_max_segments() {
     assert_eq!(stats.merged as usize, MAX_SEGMENTS + 3);
     let mut payload = Vec::new();
     for (i, want) in [MAX_SEGMENTS, 5].into_iter().enumerate() {
-        let (dest, f) = out.frame(i).unwrap();
+        let (dest, f) = (out[i].0, &out[i].1[..]);
         let TxDest::Port { vnet, .. } = dest else {
             unreachable!()
         };
@@ -891,13 +955,6 @@ fn non_tcp_flushes_the_port_first_and_interleaved_flows_merge() {
         let c = !naive_sum(&[pseudo_bytes(f, 14, 34, end), f[34..].to_vec()].concat());
         f[50..52].copy_from_slice(&c.to_be_bytes());
     }
-    let mut c = Coalescer::new();
-    let mut out = TxBatch::new();
-    let gw = MacAddr(GW_MAC);
-    for f in [&a[0], &b[0], &a[1], &b[1]] {
-        c.push(PortId(1), f, &parse_inner(f).unwrap(), None, gw, &mut out);
-    }
-    assert_eq!(out.len(), 1, "one flow built in the batch, the other held");
     let arp = {
         let mut f = vec![0xff; 6];
         f.extend_from_slice(&GUEST_MAC);
@@ -905,24 +962,30 @@ fn non_tcp_flushes_the_port_first_and_interleaved_flows_merge() {
         f.extend_from_slice(&[0; 28]);
         f
     };
-    c.push(
-        PortId(1),
-        &arp,
-        &parse_inner(&arp).unwrap(),
+    let all = [a[0].clone(), b[0].clone(), a[1].clone(), b[1].clone(), arp];
+    let mut c = Coalescer::new();
+    let mut out = TxBatch::new();
+    push_frames(&mut c, &all[..4], 0, &mut out);
+    assert!(out.is_empty(), "both flows held");
+    push_frame(
+        &mut c,
+        &all[4],
+        4,
+        &parse_inner(&all[4]).unwrap(),
         None,
-        gw,
         &mut out,
     );
+    let out = out.to_vecs(&inputs(&all)).unwrap();
     assert_eq!(out.len(), 3);
     let payloads: Vec<_> = out.iter().take(2).map(|(_, f)| f[66..].to_vec()).collect();
     assert!(payloads.contains(&a_all) && payloads.contains(&b_all));
-    let (_, last) = out.frame(2).unwrap();
+    let last = &out[2].1;
     assert_eq!(
         &last[6..12],
         &GW_MAC,
         "source MAC rewritten on pass-through too"
     );
-    assert_eq!(&last[12..], &arp[12..]);
+    assert_eq!(&last[12..], &all[4][12..]);
 }
 
 #[test]
@@ -932,18 +995,10 @@ fn steady_state_reuses_buffers() {
     let mut c = Coalescer::new();
     let mut out = TxBatch::new();
     for _ in 0..2 {
-        for f in &frames {
-            c.push(
-                PortId(1),
-                f,
-                &parse_inner(f).unwrap(),
-                None,
-                MacAddr(GW_MAC),
-                &mut out,
-            );
-        }
+        push_frames(&mut c, &frames, 0, &mut out);
         c.flush(&mut out);
         assert_eq!(c.slots.len(), 1);
+        assert_eq!(c.slots[0].refs.capacity(), coalesce::REFS_RESERVED);
     }
     assert_eq!(out.len(), 2);
 }
@@ -963,14 +1018,6 @@ fn maximal_buffers_round_trip() {
     }
 }
 
-/// Pushes `frames` of one flow to a coalescer on port 1 (no Mss option).
-fn push_all(c: &mut Coalescer, frames: &[&Vec<u8>], out: &mut TxBatch) {
-    for f in frames {
-        let m = parse_inner(f).unwrap();
-        c.push(PortId(1), f, &m, None, MacAddr(GW_MAC), out);
-    }
-}
-
 /// The payloads of a coalesced frame and whether its TCP checksum verifies the way the
 /// guest's kernel would check it.
 fn payload_and_verifies(dest: TxDest, f: &[u8]) -> (Vec<u8>, bool) {
@@ -981,89 +1028,74 @@ fn payload_and_verifies(dest: TxDest, f: &[u8]) -> (Vec<u8>, bool) {
     (f[66..].to_vec(), ok && naive_sum(&f[14..34]) == 0xffff)
 }
 
+/// A held frame lives in the coalescer, not in the batch: frames others push in
+/// between go out first, and the held one comes out whole at the flush.
 #[test]
-fn a_frame_built_in_the_batch_is_complete_when_others_push_after_it() {
+fn frames_pushed_by_others_do_not_disturb_a_held_frame() {
     let (frames, all) = flow_segments(false, &[1000; 4], 1);
     let mut c = Coalescer::new();
     let mut out = TxBatch::new();
-    push_all(&mut c, &[&frames[0], &frames[1]], &mut out);
-    assert_eq!(out.len(), 1, "the first flow's frame is built in the batch");
+    push_frames(&mut c, &frames[..2], 0, &mut out);
     // Another part of the engine appends a frame between two receive calls.
     out.push(UNDERLAY, 60).fill(0x5a);
-    push_all(&mut c, &[&frames[2], &frames[3]], &mut out);
+    push_frames(&mut c, &frames[2..], 2, &mut out);
     c.flush(&mut out);
-    assert_eq!(out.len(), 3);
-    let (first, ok0) = payload_and_verifies(out.frame(0).unwrap().0, out.frame(0).unwrap().1);
-    assert_eq!(out.frame(1).unwrap(), (UNDERLAY, &[0x5a; 60][..]));
-    let (second, ok2) = payload_and_verifies(out.frame(2).unwrap().0, out.frame(2).unwrap().1);
-    assert!(ok0 && ok2, "both frames complete and verifying");
-    assert_eq!([first, second].concat(), all);
+    let out = out.to_vecs(&inputs(&frames)).unwrap();
+    assert_eq!(out.len(), 2);
+    assert_eq!((out[0].0, &out[0].1[..]), (UNDERLAY, &[0x5a; 60][..]));
+    let (payload, ok) = payload_and_verifies(out[1].0, &out[1].1);
+    assert!(ok, "the merged frame verifies");
+    assert_eq!(payload, all);
     let s = c.stats();
-    assert_eq!((s.frames_in, s.frames_out, s.merged), (4, 2, 2));
+    assert_eq!((s.frames_in, s.frames_out, s.merged), (4, 1, 3));
 }
 
 #[test]
-fn a_bad_segment_leaves_the_frame_in_the_batch_as_it_was() {
+fn a_bad_segment_ends_the_frame_before_it() {
     let (mut frames, _) = flow_segments(false, &[1000; 3], 1);
     let last = frames[1].len() - 1;
     frames[1][last] ^= 0xff; // payload corrupted: the checksum no longer verifies
-    let mut c = Coalescer::new();
-    let mut out = TxBatch::new();
-    push_all(&mut c, &[&frames[0], &frames[1], &frames[2]], &mut out);
-    c.flush(&mut out);
+    let (out, _) = coalesce(&frames, None);
     assert_eq!(out.len(), 3, "0 | bad 1 | 2");
     let mut expect = frames[0].clone();
     expect[6..12].copy_from_slice(&GW_MAC);
-    assert_eq!(
-        out.frame(0).unwrap().1,
-        &expect[..],
-        "first segment untouched"
-    );
-    let TxDest::Port { vnet, .. } = out.frame(0).unwrap().0 else {
+    assert_eq!(out[0].1, expect, "first segment untouched");
+    let TxDest::Port { vnet, .. } = out[0].0 else {
         unreachable!()
     };
     assert_eq!(vnet.flags, F_DATA_VALID);
-    let (dest, bad) = out.frame(1).unwrap();
-    assert_eq!(&bad[12..], &frames[1][12..]);
+    assert_eq!(&out[1].1[12..], &frames[1][12..]);
     assert_eq!(
-        dest,
+        out[1].0,
         TxDest::Port {
-            port: PortId(1),
+            port: PortId(3),
             vnet: VnetHdr::default()
         }
     );
 }
 
+/// Headers that do not lie in the first piece cannot be merged or vouched for: the
+/// segment is passed on as it is, with no offload claim.
 #[test]
-fn a_cleared_batch_is_never_written_into() {
+fn headers_across_pieces_pass_through_unclaimed() {
     let (frames, _) = flow_segments(true, &[1000; 2], 1);
     let mut c = Coalescer::new();
     let mut out = TxBatch::new();
-    push_all(&mut c, &[&frames[0]], &mut out);
-    // Against the contract (flush first), the caller clears the batch and puts a
-    // frame of the same length where the held frame was.
-    out.clear();
-    let dest = out.frame(0).map(|(d, _)| d);
-    assert_eq!(dest, None);
-    let foreign = vec![0x77; frames[0].len()];
-    out.push(
-        TxDest::Port {
-            port: PortId(1),
-            vnet: VnetHdr {
-                flags: F_DATA_VALID,
-                ..VnetHdr::default()
-            },
-        },
-        foreign.len(),
-    )
-    .copy_from_slice(&foreign);
-    push_all(&mut c, &[&frames[1]], &mut out);
-    c.flush(&mut out);
-    assert_eq!(out.len(), 2);
-    assert_eq!(
-        out.frame(0).unwrap().1,
-        &foreign[..],
-        "foreign frame untouched"
+    let f = &frames[0];
+    let pieces = [&f[..60], &f[60..]];
+    let m = parse_inner(f).unwrap();
+    c.push(
+        PortId(3),
+        RxFrame::new(&pieces, 0),
+        &m,
+        None,
+        MacAddr(GW_MAC),
+        &mut out,
     );
-    assert_eq!(&out.frame(1).unwrap().1[12..], &frames[1][12..]);
+    c.flush(&mut out);
+    let out = out.to_vecs(&inputs(&frames)).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(&out[0].1[12..], &f[12..]);
+    assert_eq!(&out[0].1[6..12], &GW_MAC);
+    assert!(matches!(out[0].0, TxDest::Port { vnet, .. } if vnet == VnetHdr::default()));
 }

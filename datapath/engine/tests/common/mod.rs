@@ -4,7 +4,7 @@
 
 use engine::{
     Direction, Engine, EngineConfig, FwAction, MacAddr, NextHop, PortConfig, PortId, Predicate,
-    Rule, UnderlayRoutes, Vni,
+    Rule, RxFrame, TxBatch, TxDest, UnderlayRoutes, Vni,
 };
 use etherparse::PacketBuilder;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -200,4 +200,28 @@ pub fn decode_underlay(f: &[u8]) -> Decoded {
         options: g[8..8 + opt_len].to_vec(),
         inner: g[8 + opt_len..].to_vec(),
     }
+}
+
+/// Bytes of the first piece a received underlay frame is cut into before it is fed
+/// to an engine: what the first buffer of a copy-mode AF_XDP chain holds.
+pub const PIECE: usize = 3840;
+
+/// Every frame of `out`, references to received frames resolved against `inputs`
+/// (input `n` is `inputs[n]`).
+pub fn frames_of(out: &TxBatch, inputs: &[&[u8]]) -> Vec<(TxDest, Vec<u8>)> {
+    out.to_vecs(inputs).expect("every frame resolves")
+}
+
+/// Feeds `frames` to `engine` as received underlay frames (input `i` is
+/// `frames[i]`, in pieces of [`PIECE`] bytes as AF_XDP hands them over), ends the
+/// batch and returns what it produced.
+pub fn receive(engine: &mut Engine, frames: &[Vec<u8>], now: u64) -> Vec<(TxDest, Vec<u8>)> {
+    let mut out = TxBatch::new();
+    for (i, f) in frames.iter().enumerate() {
+        let pieces: Vec<&[u8]> = f.chunks(PIECE).collect();
+        engine.process_underlay(RxFrame::new(&pieces, i as u32), now, &Fabric, &mut out);
+    }
+    engine.end_of_batch(&mut out);
+    let inputs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+    frames_of(&out, &inputs)
 }

@@ -1,0 +1,262 @@
+//! Underlay to guest: [`Engine::process_underlay`] (decapsulation, the port's inbound
+//! checks, coalescing), frames other workers hand over ([`Engine::process_sibling`]),
+//! and delivery to a port of this engine.
+
+use super::{confirm, match_fields, quoted, reason, slot_mut, Engine, Owner, Port};
+use crate::firewall::Decision;
+use crate::flow::FlowKey;
+use crate::input::RxFrame;
+use crate::output::{SiblingFrame, TxBatch, TxDest};
+use crate::port::{PortId, Vni};
+use crate::rule::Direction;
+use crate::uft::{InAction, UftEntry};
+use crate::UnderlayRoutes;
+use std::net::IpAddr;
+
+use wire::meta::{InnerMeta, L3};
+use wire::vnet::VnetHdr;
+
+impl Engine {
+    /// One frame from the underlay, as received (in pieces or not). Decapsulated
+    /// frames refer to `frame`'s input (see [`crate::output`]): keep it until the
+    /// batch is drained.
+    pub fn process_underlay(
+        &mut self,
+        frame: RxFrame<'_>,
+        now: u64,
+        routes: &dyn UnderlayRoutes,
+        out: &mut TxBatch,
+    ) {
+        self.now = self.now.max(now);
+        // The metadata is borrowed from the parsers' results rather than moved out
+        // of them: together they are ~170 bytes, and moving them was a copy per
+        // packet.
+        let outer = wire::meta::parse_underlay_head(frame.head(), frame.len());
+        let um = match &outer {
+            Some(Ok(um)) => um,
+            Some(Err(d)) => return self.underlay_drops.inc(d.name()),
+            None => return self.process_underlay_linearized(frame, now, routes, out),
+        };
+        if um.outer_dst != self.cfg.underlay_addr {
+            self.drops.inc(reason::NOT_OUR_UNDERLAY_ADDR);
+            return;
+        }
+        // The parser bounds the inner frame by the frame's length.
+        let inner = frame.sub(um.inner_off..um.inner_end);
+        let parsed = wire::meta::parse_inner_head(inner.head(), inner.len());
+        let meta = match &parsed {
+            Some(Ok(m)) => m,
+            Some(Err(_)) => return self.drops.inc(reason::INNER_PARSE),
+            None => return self.process_underlay_linearized(frame, now, routes, out),
+        };
+        if meta.dst_mac.is_multicast() {
+            self.drops.inc(reason::INNER_MULTICAST);
+            return;
+        }
+        let port = match self.by_mac.get(um.vni, meta.dst_mac) {
+            Some(Owner::Port(p)) => p,
+            Some(Owner::Sibling(worker)) => {
+                let dest = TxDest::Sibling {
+                    worker,
+                    frame: SiblingFrame::Underlay,
+                };
+                out.push_gather(dest, &[], &[frame.input_ref(0..frame.len())]);
+                return;
+            }
+            None => {
+                self.drops.inc(reason::NO_PORT);
+                return;
+            }
+        };
+        let epoch = self.epoch;
+        let Some(p) = slot_mut(&mut self.ports, port) else {
+            self.drops.inc(reason::NO_PORT);
+            return;
+        };
+        // Ethernet padding after the IP packet stays behind.
+        let inner = inner.sub(0..meta.ip_end);
+        let key = FlowKey::from_meta(um.vni, meta);
+        if let Err(r) = inbound_verdict(p, &key, meta, inner.head(), epoch, now) {
+            p.c.drops.inc(r);
+            return;
+        }
+        p.c.in_packets += 1;
+        p.c.in_bytes += inner.len() as u64;
+        self.coalescer
+            .push(port, inner, meta, um.mss, p.cfg.gateway_mac, out);
+    }
+
+    /// [`Engine::process_underlay`] of a frame whose headers span its pieces: never
+    /// seen from copy-mode AF_XDP, whose first piece holds 3840 bytes, but possible
+    /// with other drivers. The frame is made contiguous; references still resolve
+    /// to the input's own pieces, which hold the same bytes at the same offsets.
+    #[cold]
+    fn process_underlay_linearized(
+        &mut self,
+        frame: RxFrame<'_>,
+        now: u64,
+        routes: &dyn UnderlayRoutes,
+        out: &mut TxBatch,
+    ) {
+        let mut linear = std::mem::take(&mut self.linear);
+        linear.clear();
+        frame.copy_to(0..frame.len(), &mut linear);
+        let pieces = [&linear[..]];
+        // Contiguous: the parsers decide from it, so this does not come back here.
+        self.process_underlay(RxFrame::new(&pieces, frame.input()), now, routes, out);
+        self.linear = linear;
+    }
+
+    /// A guest frame another worker of this sled handed over for a port of this
+    /// engine in VPC `vni` (it left that worker's engine as [`SiblingFrame::Guest`]
+    /// after the sending port's own checks). It gets the destination port's inbound
+    /// checks, as same-sled delivery does. Delivered frames refer to `frame`'s input.
+    pub fn process_sibling(
+        &mut self,
+        vni: Vni,
+        vnet: VnetHdr,
+        frame: RxFrame<'_>,
+        now: u64,
+        out: &mut TxBatch,
+    ) {
+        self.now = self.now.max(now);
+        let parsed = wire::meta::parse_inner_head(frame.head(), frame.len());
+        match &parsed {
+            Some(Ok(m)) => self.sibling_parsed(vni, vnet, frame, m, now, out),
+            Some(Err(_)) => self.drops.inc(reason::INNER_PARSE),
+            None => {
+                // Headers across pieces (see `process_underlay_linearized`).
+                let mut linear = std::mem::take(&mut self.linear);
+                linear.clear();
+                frame.copy_to(0..frame.len(), &mut linear);
+                let pieces = [&linear[..]];
+                self.process_sibling(vni, vnet, RxFrame::new(&pieces, frame.input()), now, out);
+                self.linear = linear;
+            }
+        }
+    }
+
+    fn sibling_parsed(
+        &mut self,
+        vni: Vni,
+        vnet: VnetHdr,
+        frame: RxFrame<'_>,
+        m: &InnerMeta,
+        now: u64,
+        out: &mut TxBatch,
+    ) {
+        let Some(Owner::Port(dst)) = self.by_mac.get(vni.get(), m.dst_mac) else {
+            self.drops.inc(reason::NO_PORT);
+            return;
+        };
+        let frame = frame.sub(0..m.ip_end);
+        deliver_local(&mut self.ports, self.epoch, dst, vnet, frame, m, now, out);
+    }
+
+    /// Flushes frames held for coalescing; call after each receive batch.
+    pub fn end_of_batch(&mut self, out: &mut TxBatch) {
+        self.coalescer.flush(out);
+    }
+}
+
+/// Inbound checks for a frame bound to port `p` (from the underlay or another local
+/// port): the destination must be the guest, then the cached flow or the inbound
+/// firewall decides. `head` is the start of the inner Ethernet frame `m` describes,
+/// as far as it is contiguous (read for the packet an ICMP error quotes).
+pub(super) fn inbound_verdict(
+    p: &mut Port,
+    key: &FlowKey,
+    m: &InnerMeta,
+    head: &[u8],
+    epoch: u64,
+    now: u64,
+) -> Result<(), &'static str> {
+    let own = match (m.l3, m.dst_ip) {
+        (L3::Ipv4, IpAddr::V4(a)) => p.cfg.ipv4 == Some(a),
+        (L3::Ipv6, IpAddr::V6(a)) => p.cfg.ipv6 == Some(a),
+        (L3::Ipv4 | L3::Ipv6, _) => false,
+        _ => return Err(reason::INBOUND_NOT_IP),
+    };
+    if !own {
+        return Err(reason::INBOUND_DST_NOT_GUEST);
+    }
+    let Port {
+        fw,
+        uft_in,
+        uft_out,
+        ..
+    } = p;
+    let action = match uft_in.lookup(key, epoch, now) {
+        Some(e) if confirm(e, fw, Direction::In, m.tcp_flags, now) => e.action,
+        cached => {
+            let f = match_fields(key, m);
+            let q = quoted(key, m, head);
+            let (action, needs_conn, conn) =
+                match fw.decide_conn(Direction::In, &f, m.tcp_flags, q.as_ref(), now) {
+                    Ok((d, conn)) => {
+                        if d == Decision::Created {
+                            uft_out.remove(&key.reversed());
+                        }
+                        (InAction::Deliver, d.needs_conn(), conn)
+                    }
+                    // Depends on this segment's flags, not on the flow: a later SYN
+                    // of the same flow must be decided afresh, so nothing is cached.
+                    Err(r) if r == crate::firewall::reason::MIDSTREAM_IN => return Err(r),
+                    Err(r) => (InAction::Drop(r), false, None),
+                };
+            let n = UftEntry {
+                epoch,
+                action,
+                path_mtu: 0,
+                needs_conn,
+                conn,
+                created: now,
+                last_hit: now,
+                hits: 0,
+            };
+            match cached {
+                Some(e) => *e = n,
+                None => {
+                    uft_in.insert(*key, n);
+                }
+            }
+            action
+        }
+    };
+    match action {
+        InAction::Deliver => Ok(()),
+        InAction::Drop(r) => Err(r),
+    }
+}
+
+/// Same-sled delivery: the destination port's inbound checks, then the frame goes to
+/// its tap as it is (a partial checksum or GSO buffer is fine for a tap), with the
+/// MACs a frame from the gateway has. A frame whose input the caller keeps until the
+/// batch is drained is passed by reference; a [`RxFrame::TRANSIENT`] one is copied.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn deliver_local(
+    ports: &mut [Option<Port>],
+    epoch: u64,
+    dst: PortId,
+    vnet: VnetHdr,
+    frame: RxFrame<'_>,
+    m: &InnerMeta,
+    now: u64,
+    out: &mut TxBatch,
+) {
+    let Some(p) = slot_mut(ports, dst) else {
+        return;
+    };
+    let key = FlowKey::from_meta(p.cfg.vni.get(), m);
+    if let Err(r) = inbound_verdict(p, &key, m, frame.head(), epoch, now) {
+        p.c.drops.inc(r);
+        return;
+    }
+    // The parser saw a whole Ethernet header, so the MACs are in the head.
+    let macs = out.push_received(TxDest::Port { port: dst, vnet }, &frame, 12);
+    macs[..6].copy_from_slice(p.cfg.guest_mac.as_bytes());
+    macs[6..].copy_from_slice(p.cfg.gateway_mac.as_bytes());
+    p.c.in_packets += 1;
+    p.c.in_bytes += frame.len() as u64;
+    p.c.local_delivered += 1;
+}

@@ -1,0 +1,443 @@
+//! One measured run: an iperf3 server in the server guest, an iperf3 client in the
+//! client guest (`--json`), and CPU snapshots around the middle of the run.
+//!
+//! The client runs `--omit` warm-up seconds (TCP slow start, first flow set-up)
+//! that iperf3 leaves out of its figures, then the measured seconds. The CPU window
+//! is the measured seconds less a small margin at each end, so the throughput and
+//! the CPU figures describe the same steady state.
+
+use super::cpu::{Snapshot, Usage, Watched};
+use super::process::Background;
+use super::setup::{server_addr, Topology};
+use crate::cmd::Outcome;
+use crate::poll::poll_until;
+use crate::{Error, Result};
+use serde_json::Value;
+use std::fmt;
+use std::path::Path;
+use std::thread::{self, ScopedJoinHandle};
+use std::time::{Duration, Instant};
+
+/// The iperf3 port (control and data); one run at a time, so one port.
+const PORT: &str = "5201";
+
+/// Where the CPU window starts after the warm-up: past the control exchange that
+/// precedes iperf3's own timer.
+const WINDOW_LEAD: Duration = Duration::from_millis(200);
+/// Where it ends before the run's end: before iperf3 stops sending.
+const WINDOW_TAIL: Duration = Duration::from_millis(100);
+
+/// Datagram size of the small-packet test: a per-packet cost test.
+pub const UDP_PAYLOAD: u32 = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Traffic {
+    /// Bulk TCP with this many parallel streams (`-P`).
+    Tcp { streams: u8 },
+    /// UDP datagrams of [`UDP_PAYLOAD`] bytes, unlimited rate (`-u -l 64 -b 0`).
+    Udp64,
+}
+
+/// What one run measures; the guest MTU decides which topology it runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Test {
+    pub mtu: u16,
+    pub traffic: Traffic,
+    pub family: Family,
+}
+
+/// The guest MTUs the tests use: the datapath's jumbo port MTU and Ethernet's.
+pub const GUEST_MTUS: [u16; 2] = [8500, 1500];
+
+impl Test {
+    /// Every TCP test (1 and 4 streams, IPv4 and IPv6, both guest MTUs), then the
+    /// small-UDP test over both families at MTU 8500 (the packet is the same at
+    /// either MTU, so once is enough).
+    pub fn default_list() -> Vec<Test> {
+        let mut tests = Vec::new();
+        for mtu in GUEST_MTUS {
+            for streams in [1, 4] {
+                for family in [Family::V4, Family::V6] {
+                    tests.push(Test {
+                        mtu,
+                        traffic: Traffic::Tcp { streams },
+                        family,
+                    });
+                }
+            }
+        }
+        for family in [Family::V4, Family::V6] {
+            tests.push(Test {
+                mtu: GUEST_MTUS[0],
+                traffic: Traffic::Udp64,
+                family,
+            });
+        }
+        tests
+    }
+
+    /// The smoke test's: one TCP stream over IPv6 and small UDP over IPv6, MTU 8500.
+    pub fn smoke_list() -> Vec<Test> {
+        let test = |traffic| Test {
+            mtu: GUEST_MTUS[0],
+            traffic,
+            family: Family::V6,
+        };
+        vec![test(Traffic::Tcp { streams: 1 }), test(Traffic::Udp64)]
+    }
+
+    /// Parses an id as printed by `Display`: `tcp1-v6-8500`, `udp64-v4-1500`.
+    pub fn parse(id: &str) -> Result<Test> {
+        let bad = |why: &str| {
+            Error::new(format!(
+                "invalid test {id:?}: {why} (expected e.g. tcp1-v6-8500 or udp64-v4-8500)"
+            ))
+        };
+        let [traffic, family, mtu] = id.split('-').collect::<Vec<_>>()[..] else {
+            return Err(bad("not three parts joined by '-'"));
+        };
+        let traffic = match traffic {
+            "udp64" => Traffic::Udp64,
+            t => match t.strip_prefix("tcp").map(str::parse::<u8>) {
+                Some(Ok(streams)) if streams > 0 => Traffic::Tcp { streams },
+                _ => return Err(bad(&format!("unknown traffic {t:?}"))),
+            },
+        };
+        let family = match family {
+            "v4" => Family::V4,
+            "v6" => Family::V6,
+            f => return Err(bad(&format!("unknown family {f:?}"))),
+        };
+        let mtu = mtu
+            .parse::<u16>()
+            .ok()
+            .filter(|m| (1280..=8500).contains(m))
+            .ok_or_else(|| bad(&format!("guest MTU {mtu:?} is not in 1280..=8500")))?;
+        Ok(Test {
+            mtu,
+            traffic,
+            family,
+        })
+    }
+
+    pub fn is_udp(&self) -> bool {
+        self.traffic == Traffic::Udp64
+    }
+
+    /// iperf3 client flags of this test (besides address, port and timing).
+    fn client_flags(&self) -> Vec<String> {
+        match self.traffic {
+            Traffic::Tcp { streams: 1 } => Vec::new(),
+            Traffic::Tcp { streams } => vec!["-P".into(), streams.to_string()],
+            Traffic::Udp64 => ["-u", "-l", &UDP_PAYLOAD.to_string(), "-b", "0"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
+}
+
+impl fmt::Display for Test {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.traffic {
+            Traffic::Tcp { streams } => write!(f, "tcp{streams}")?,
+            Traffic::Udp64 => write!(f, "udp{UDP_PAYLOAD}")?,
+        }
+        let family = match self.family {
+            Family::V4 => "v4",
+            Family::V6 => "v6",
+        };
+        write!(f, "-{family}-{}", self.mtu)
+    }
+}
+
+/// How long each run lasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// Measured seconds (`-t`).
+    pub seconds: u32,
+    /// Warm-up seconds left out of the figures (`-O`).
+    pub omit: u32,
+}
+
+/// What the receiver saw of the small-UDP test.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UdpFigures {
+    pub sent_pps: f64,
+    /// Datagrams the server received per second (received bytes / payload size).
+    pub delivered_pps: f64,
+    /// Datagrams sent but not delivered, in percent of those sent.
+    pub loss_percent: f64,
+}
+
+/// iperf3's figures for one run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Figures {
+    /// Received by the server.
+    pub gbps: f64,
+    /// TCP retransmissions counted by the client.
+    pub retransmits: Option<u64>,
+    pub udp: Option<UdpFigures>,
+}
+
+/// One successful run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measurement {
+    pub figures: Figures,
+    pub cpu: Usage,
+}
+
+/// Runs `test` on `topo`: starts the server, runs the client, samples CPU of the
+/// machine and of the topology's daemons during the measured seconds.
+pub fn measure(
+    topo: &dyn Topology,
+    test: Test,
+    timing: Timing,
+    dir: &Path,
+    hz: f64,
+) -> Result<Measurement> {
+    let addr = server_addr(test.family).to_string();
+    let mut server = start_server(topo, &addr, dir)?;
+    let client = topo
+        .client()
+        .cmd("iperf3")
+        .args(["-c", &addr, "-p", PORT, "-J", "--connect-timeout", "5000"])
+        .args(["-t".to_string(), timing.seconds.to_string()])
+        .args(["-O".to_string(), timing.omit.to_string()])
+        .args(test.client_flags())
+        .timeout(Duration::from_secs(
+            u64::from(timing.seconds + timing.omit) + 30,
+        ));
+    let watched = topo.daemons();
+    let (outcome, usage) = thread::scope(|s| {
+        let handle = s.spawn(|| client.output());
+        let usage = cpu_window(&handle, timing, &watched, hz);
+        let outcome = handle
+            .join()
+            .unwrap_or_else(|_| Err(Error::new("the iperf3 client thread panicked")));
+        (outcome, usage)
+    });
+    let outcome = outcome?;
+    let figures =
+        parse_client_output(&outcome).map_err(|e| e.context(format!("`{}`", client.display())))?;
+    let cpu = usage?;
+    // A one-off server exits once its test is over; if not, the guard kills it.
+    server.wait_exit(Duration::from_secs(5))?;
+    Ok(Measurement { figures, cpu })
+}
+
+/// Starts `iperf3 -s -1` bound to `addr` and waits until it listens.
+fn start_server(topo: &dyn Topology, addr: &str, dir: &Path) -> Result<Background> {
+    let cmd = topo
+        .server()
+        .cmd("iperf3")
+        .args(["-s", "-1", "-B", addr, "-p", PORT]);
+    let mut server = Background::start(cmd, &dir.join("iperf3-server.log"), "iperf3 server")?;
+    let ns = topo.server();
+    poll_until(
+        &format!(
+            "iperf3 server to listen on [{addr}]:{PORT} in {}",
+            ns.name()
+        ),
+        Duration::from_secs(10),
+        || {
+            server.check_running()?;
+            let out = ns.run("ss", &["-Hltn", &format!("sport = :{PORT}")])?;
+            if out.trim().is_empty() {
+                Err(Error::new("not listening yet"))
+            } else {
+                Ok(())
+            }
+        },
+    )?;
+    Ok(server)
+}
+
+/// Snapshots CPU at the start and end of the window (see the module docs); fails
+/// if the client ends before the window does (it failed, or timing went wrong).
+fn cpu_window(
+    client: &ScopedJoinHandle<'_, Result<Outcome>>,
+    timing: Timing,
+    watched: &[Watched],
+    hz: f64,
+) -> Result<Usage> {
+    let t0 = Instant::now();
+    let warm_up = Duration::from_secs(u64::from(timing.omit));
+    let end = t0 + warm_up + Duration::from_secs(u64::from(timing.seconds)) - WINDOW_TAIL;
+    sleep_while_running(client, t0 + warm_up + WINDOW_LEAD)?;
+    let before = Snapshot::take(watched)?;
+    sleep_while_running(client, end)?;
+    let after = Snapshot::take(watched)?;
+    Ok(Usage::between(&before, &after, hz))
+}
+
+fn sleep_while_running(
+    client: &ScopedJoinHandle<'_, Result<Outcome>>,
+    until: Instant,
+) -> Result<()> {
+    loop {
+        if client.is_finished() {
+            return Err(Error::new(
+                "the iperf3 client ended before the CPU measurement window did",
+            ));
+        }
+        let now = Instant::now();
+        if now >= until {
+            return Ok(());
+        }
+        thread::sleep((until - now).min(Duration::from_millis(50)));
+    }
+}
+
+/// iperf3's JSON, or why there is none: with `-J` iperf3 reports its own errors as
+/// `{"error": ...}` on stdout.
+fn parse_client_output(out: &Outcome) -> Result<Figures> {
+    match serde_json::from_str::<Value>(&out.stdout) {
+        Ok(v) => parse_report(&v),
+        Err(_) if !out.status.success() => Err(Error::new(format!(
+            "iperf3 failed ({}): {}",
+            out.status,
+            out.stderr.trim()
+        ))),
+        Err(e) => Err(Error::new(format!("iperf3 printed no JSON ({e})"))),
+    }
+}
+
+/// The figures of a client's `-J` report (which carries the server's side too).
+pub fn parse_report(v: &Value) -> Result<Figures> {
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        return Err(Error::new(format!("iperf3: {e}")));
+    }
+    let end = &v["end"];
+    let received = &end["sum_received"];
+    let gbps = number(received, "end.sum_received", "bits_per_second")? / 1e9;
+    let protocol = v["start"]["test_start"]["protocol"].as_str().unwrap_or("");
+    if protocol != "UDP" {
+        let retransmits = end["sum_sent"]["retransmits"].as_u64();
+        return Ok(Figures {
+            gbps,
+            retransmits,
+            udp: None,
+        });
+    }
+    // iperf3's own loss count is off when --omit is used (it mixes the omitted
+    // seconds in); received bytes and sent datagrams are counted cleanly.
+    let blksize = number(&v["start"]["test_start"], "start.test_start", "blksize")?;
+    let delivered = number(received, "end.sum_received", "bytes")? / blksize.max(1.0);
+    let seconds = number(received, "end.sum_received", "seconds")?;
+    let sent = number(&end["sum_sent"], "end.sum_sent", "packets")?;
+    let sent_seconds = number(&end["sum_sent"], "end.sum_sent", "seconds")?;
+    Ok(Figures {
+        gbps,
+        retransmits: None,
+        udp: Some(UdpFigures {
+            sent_pps: sent / sent_seconds.max(1e-9),
+            delivered_pps: delivered / seconds.max(1e-9),
+            loss_percent: if sent > 0.0 {
+                ((sent - delivered) / sent * 100.0).max(0.0)
+            } else {
+                0.0
+            },
+        }),
+    })
+}
+
+fn number(v: &Value, at: &str, key: &str) -> Result<f64> {
+    v[key]
+        .as_f64()
+        .ok_or_else(|| Error::new(format!("iperf3 JSON has no number {at}.{key}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn ids_round_trip() {
+        for t in Test::default_list().into_iter().chain(Test::smoke_list()) {
+            assert_eq!(Test::parse(&t.to_string()).unwrap(), t);
+        }
+        assert_eq!(
+            Test::default_list()
+                .iter()
+                .map(Test::to_string)
+                .collect::<Vec<_>>(),
+            [
+                "tcp1-v4-8500",
+                "tcp1-v6-8500",
+                "tcp4-v4-8500",
+                "tcp4-v6-8500",
+                "tcp1-v4-1500",
+                "tcp1-v6-1500",
+                "tcp4-v4-1500",
+                "tcp4-v6-1500",
+                "udp64-v4-8500",
+                "udp64-v6-8500"
+            ]
+        );
+        for bad in [
+            "tcp0-v4-8500",
+            "tcp1-v5-8500",
+            "tcp1-v4-9000",
+            "udp-v4-8500",
+            "tcp1",
+        ] {
+            assert!(Test::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn client_flags_per_traffic() {
+        let mut t = Test::parse("tcp4-v4-1500").unwrap();
+        assert_eq!(t.client_flags(), ["-P", "4"]);
+        t.traffic = Traffic::Tcp { streams: 1 };
+        assert!(t.client_flags().is_empty());
+        t.traffic = Traffic::Udp64;
+        assert_eq!(t.client_flags(), ["-u", "-l", "64", "-b", "0"]);
+    }
+
+    #[test]
+    fn tcp_report() {
+        let v = json!({
+            "start": {"test_start": {"protocol": "TCP", "blksize": 131072}},
+            "end": {
+                "sum_sent": {"bits_per_second": 7.1e9, "retransmits": 12, "seconds": 5.0},
+                "sum_received": {"bits_per_second": 7.0e9, "seconds": 5.0}
+            }
+        });
+        let f = parse_report(&v).unwrap();
+        assert_eq!(f.gbps, 7.0);
+        assert_eq!(f.retransmits, Some(12));
+        assert!(f.udp.is_none());
+    }
+
+    #[test]
+    fn udp_report_counts_delivered_from_bytes() {
+        let v = json!({
+            "start": {"test_start": {"protocol": "UDP", "blksize": 64}},
+            "end": {
+                "sum_sent": {"bits_per_second": 5.12e8, "packets": 2_000_000, "seconds": 2.0},
+                "sum_received": {"bits_per_second": 2.56e8, "bytes": 64_000_000,
+                                 "seconds": 2.0, "packets": 2_000_000, "lost_packets": 5}
+            }
+        });
+        let u = parse_report(&v).unwrap().udp.unwrap();
+        assert_eq!(u.sent_pps, 1e6);
+        assert_eq!(u.delivered_pps, 5e5);
+        assert_eq!(u.loss_percent, 50.0);
+    }
+
+    #[test]
+    fn iperf_errors_are_reported() {
+        let e = parse_report(&json!({"error": "unable to connect to server"})).unwrap_err();
+        assert!(e.0.contains("unable to connect"), "{e}");
+        let e = parse_report(&json!({"start": {}, "end": {}})).unwrap_err();
+        assert!(e.0.contains("end.sum_received.bits_per_second"), "{e}");
+    }
+}

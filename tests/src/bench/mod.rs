@@ -1,0 +1,28 @@
+//! The side-by-side benchmark (`bench-e2e`, run through `scripts/bench-e2e.sh`): the
+//! same two-sled job built four ways and measured with iperf3 in alternation.
+//!
+//! | setup | what carries guest traffic between the sleds |
+//! |---|---|
+//! | `ours` (and named variants) | this datapath: one `overlayd` per sled, guests on tap ports ([`crate::Rack`]) |
+//! | `vxlan` | the kernel's VXLAN over IPv6, a Linux bridge per sled |
+//! | `veth` | nothing: one veth pair between the two guests (the ceiling) |
+//! | `ovs` | Open vSwitch's userspace (netdev) datapath with a Geneve/IPv6 tunnel |
+//!
+//! Every setup with an underlay uses the harness's switch bridge and veth links at
+//! MTU 9000 ([`crate::Rack::build`]), so only the overlay differs.
+//!
+//! Modules: [`options`] (command line), [`setup`] (building each topology),
+//! [`ovs`] (the per-namespace OVS daemons), [`iperf`] (one measured run),
+//! [`cpu`] (CPU accounting from `/proc`), [`runner`] (rounds in alternation),
+//! [`report`] (medians, tables, JSON), [`process`] (background processes),
+//! [`signals`] (stopping cleanly on Ctrl-C).
+
+pub mod cpu;
+pub mod iperf;
+pub mod options;
+pub mod ovs;
+pub mod process;
+pub mod report;
+pub mod runner;
+pub mod setup;
+pub mod signals;

@@ -1,0 +1,314 @@
+//! `bench-e2e`'s command line (parsed with std only: a handful of flags).
+
+use super::iperf::{Test, Timing};
+use super::setup::{Kind, Setup, KERNEL_AND_OVS};
+use crate::{Error, Result};
+use std::path::PathBuf;
+
+pub const USAGE: &str = "\
+usage: bench-e2e [OPTIONS]
+
+Builds the same two-sled job four ways (this datapath, kernel VXLAN over IPv6, a
+plain veth pair, OVS userspace with Geneve over IPv6) in network namespaces and
+measures each with iperf3, in alternation, round after round.
+
+options:
+  --rounds N          rounds (default 3; 1 with --smoke)
+  --seconds S         measured seconds per run (default 5; 2 with --smoke)
+  --omit S            warm-up seconds before each run, left out (default 1)
+  --variant NAME=FLAGS
+                      a variant of this datapath: overlayd started with FLAGS
+                      (split at spaces), e.g. --variant ours2w='--cores 0,1';
+                      repeatable; default: one variant `ours` with no flags
+  --ours-flags FLAGS  the same as --variant ours=FLAGS
+  --skip SETUP[,..]   leave setups out: vxlan, veth, ovs, a variant's name, or
+                      `ours` for every variant; repeatable
+  --tests ID[,..]     tests to run, e.g. tcp1-v6-8500,udp64-v4-8500 (default: all of
+                      tcp1/tcp4 x v4/v6 x 8500/1500, and udp64 x v4/v6 at 8500)
+  --smoke             a quick check of the harness: 1 round of 2 s runs of
+                      tcp1-v6-8500 and udp64-v6-8500
+  --json PATH         where to write every run and the medians
+                      (default target/bench-e2e/results.json)
+  -h, --help          this text
+
+environment: BENCH_E2E_PREFIX starts every namespace name (default `bx`);
+OVERLAYD_BIN and XDEADM_BIN name the daemon and admin tool (else they are built).";
+
+/// What to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    pub rounds: usize,
+    pub timing: Timing,
+    /// In run order: this datapath's variants, then vxlan, veth, ovs.
+    pub setups: Vec<Setup>,
+    /// In run order.
+    pub tests: Vec<Test>,
+    pub json: PathBuf,
+}
+
+/// What the command line asked for: either options or the usage text.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    Run(Options),
+    Help,
+}
+
+impl Options {
+    /// Parses the arguments after the program name. `--smoke` sets defaults that
+    /// explicit options override, wherever they appear.
+    pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Parsed> {
+        let mut raw = Raw::default();
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+                _ => (arg.clone(), None),
+            };
+            let mut value = || {
+                inline
+                    .clone()
+                    .or_else(|| args.next())
+                    .ok_or_else(|| Error::new(format!("{flag} needs a value")))
+            };
+            match flag.as_str() {
+                "-h" | "--help" => return Ok(Parsed::Help),
+                "--smoke" => raw.smoke = true,
+                "--rounds" => raw.rounds = Some(positive(&flag, &value()?)?),
+                "--seconds" => raw.seconds = Some(positive(&flag, &value()?)?),
+                "--omit" => raw.omit = Some(number(&flag, &value()?)?),
+                "--variant" => raw.variants.push(variant(&value()?)?),
+                "--ours-flags" => raw.variants.push(("ours".into(), split_flags(&value()?))),
+                "--skip" => raw.skip.extend(list(&value()?)),
+                "--tests" => {
+                    raw.tests = Some(
+                        list(&value()?)
+                            .iter()
+                            .map(|id| Test::parse(id))
+                            .collect::<Result<_>>()?,
+                    );
+                }
+                "--json" => raw.json = Some(PathBuf::from(value()?)),
+                _ => return Err(Error::new(format!("unknown option {arg:?}; see --help"))),
+            }
+        }
+        raw.resolve().map(Parsed::Run)
+    }
+}
+
+/// The command line as given, before defaults.
+#[derive(Default)]
+struct Raw {
+    smoke: bool,
+    rounds: Option<u32>,
+    seconds: Option<u32>,
+    omit: Option<u32>,
+    variants: Vec<(String, Vec<String>)>,
+    skip: Vec<String>,
+    tests: Option<Vec<Test>>,
+    json: Option<PathBuf>,
+}
+
+impl Raw {
+    fn resolve(self) -> Result<Options> {
+        let setups = setups(self.variants, &self.skip)?;
+        let tests = self.tests.unwrap_or_else(|| {
+            if self.smoke {
+                Test::smoke_list()
+            } else {
+                Test::default_list()
+            }
+        });
+        if tests.is_empty() {
+            return Err(Error::new("--tests names no test"));
+        }
+        let smoke_or = |smoke: u32, full: u32| if self.smoke { smoke } else { full };
+        Ok(Options {
+            rounds: self.rounds.unwrap_or(smoke_or(1, 3)) as usize,
+            timing: Timing {
+                seconds: self.seconds.unwrap_or(smoke_or(2, 5)),
+                omit: self.omit.unwrap_or(1),
+            },
+            setups,
+            tests,
+            json: self
+                .json
+                .unwrap_or_else(|| PathBuf::from("target/bench-e2e/results.json")),
+        })
+    }
+}
+
+/// This datapath's variants (or the default one), then the fixed setups, less the
+/// skipped ones. Names must be unique and skips must name something.
+fn setups(variants: Vec<(String, Vec<String>)>, skip: &[String]) -> Result<Vec<Setup>> {
+    let variants = if variants.is_empty() {
+        vec![("ours".to_string(), Vec::new())]
+    } else {
+        variants
+    };
+    let mut all: Vec<Setup> = Vec::new();
+    for (name, flags) in variants {
+        if all.iter().any(|s| s.name == name) {
+            return Err(Error::new(format!("variant {name:?} is given twice")));
+        }
+        all.push(Setup {
+            name,
+            kind: Kind::Ours { flags },
+        });
+    }
+    all.extend(KERNEL_AND_OVS.iter().filter_map(|n| Setup::fixed(n)));
+    let is_ours = |s: &Setup| matches!(s.kind, Kind::Ours { .. });
+    for name in skip {
+        if !(name == "ours" || all.iter().any(|s| &s.name == name)) {
+            let known: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+            return Err(Error::new(format!(
+                "--skip {name:?}: no such setup (known: ours, {})",
+                known.join(", ")
+            )));
+        }
+    }
+    let kept: Vec<Setup> = all
+        .into_iter()
+        .filter(|s| {
+            !skip
+                .iter()
+                .any(|k| *k == s.name || (k == "ours" && is_ours(s)))
+        })
+        .collect();
+    if kept.is_empty() {
+        return Err(Error::new("--skip leaves no setup to run"));
+    }
+    Ok(kept)
+}
+
+/// `NAME=FLAGS` of `--variant`.
+fn variant(v: &str) -> Result<(String, Vec<String>)> {
+    let (name, flags) = v
+        .split_once('=')
+        .ok_or_else(|| Error::new(format!("--variant {v:?}: expected NAME=FLAGS")))?;
+    let valid = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if !valid || Setup::fixed(name).is_some() {
+        return Err(Error::new(format!(
+            "--variant {v:?}: the name must be letters, digits, '-' or '_' and not one of {}",
+            KERNEL_AND_OVS.join(", ")
+        )));
+    }
+    Ok((name.to_string(), split_flags(flags)))
+}
+
+fn split_flags(flags: &str) -> Vec<String> {
+    flags.split_whitespace().map(String::from).collect()
+}
+
+fn list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+fn number(flag: &str, v: &str) -> Result<u32> {
+    v.parse()
+        .map_err(|_| Error::new(format!("{flag} {v:?}: expected a whole number")))
+}
+
+fn positive(flag: &str, v: &str) -> Result<u32> {
+    match number(flag, v)? {
+        0 => Err(Error::new(format!("{flag} must be at least 1"))),
+        n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options> {
+        match Options::parse(args.iter().map(|s| s.to_string()))? {
+            Parsed::Run(o) => Ok(o),
+            Parsed::Help => Err(Error::new("help")),
+        }
+    }
+
+    fn names(o: &Options) -> Vec<&str> {
+        o.setups.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn defaults() {
+        let o = parse(&[]).unwrap();
+        assert_eq!(o.rounds, 3);
+        assert_eq!(
+            o.timing,
+            Timing {
+                seconds: 5,
+                omit: 1
+            }
+        );
+        assert_eq!(names(&o), ["ours", "vxlan", "veth", "ovs"]);
+        assert_eq!(o.setups[0].kind, Kind::Ours { flags: vec![] });
+        assert_eq!(o.tests, Test::default_list());
+        assert_eq!(o.json, PathBuf::from("target/bench-e2e/results.json"));
+    }
+
+    #[test]
+    fn smoke_sets_defaults_that_explicit_options_override() {
+        let o = parse(&["--seconds", "3", "--smoke", "--skip", "ovs"]).unwrap();
+        assert_eq!(
+            (o.rounds, o.timing),
+            (
+                1,
+                Timing {
+                    seconds: 3,
+                    omit: 1
+                }
+            )
+        );
+        assert_eq!(o.tests, Test::smoke_list());
+        assert_eq!(names(&o), ["ours", "vxlan", "veth"]);
+    }
+
+    #[test]
+    fn variants_carry_flags_and_can_be_skipped() {
+        let o = parse(&[
+            "--variant",
+            "ours1w=",
+            "--variant=ours2w=--cores 0,1  --poll busy",
+            "--skip=veth,ovs",
+        ])
+        .unwrap();
+        assert_eq!(names(&o), ["ours1w", "ours2w", "vxlan"]);
+        assert_eq!(
+            o.setups[1].kind,
+            Kind::Ours {
+                flags: ["--cores", "0,1", "--poll", "busy"]
+                    .map(String::from)
+                    .to_vec()
+            }
+        );
+        let o = parse(&["--ours-flags", "--cores 0", "--skip", "ours"]).unwrap();
+        assert_eq!(names(&o), ["vxlan", "veth", "ovs"]);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        for (args, want) in [
+            (&["--skip", "ovz"][..], "no such setup"),
+            (&["--variant", "vxlan=--cores 0"][..], "not one of"),
+            (&["--variant", "nameonly"][..], "NAME=FLAGS"),
+            (&["--variant", "a=", "--variant", "a=x"][..], "twice"),
+            (&["--rounds", "0"][..], "at least 1"),
+            (&["--seconds"][..], "needs a value"),
+            (&["--tests", "tcp9-v7-1"][..], "invalid test"),
+            (&["--frobnicate"][..], "unknown option"),
+            (&["--skip", "ours,vxlan,veth,ovs"][..], "no setup"),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(e.0.contains(want), "{args:?}: {e}");
+        }
+        assert_eq!(Options::parse(["-h".to_string()]).unwrap(), Parsed::Help);
+    }
+}

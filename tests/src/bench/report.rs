@@ -1,0 +1,554 @@
+//! Results: medians per (test, setup) over the rounds, ratios to the baseline
+//! (kernel VXLAN), Markdown tables, and the JSON file with every run.
+//!
+//! Every figure's median is taken over the successful runs separately (so "per
+//! busy core" is the median of each run's ratio, not a ratio of medians).
+
+use super::cpu::Usage;
+use super::iperf::{Measurement, Test};
+use super::setup::BASELINE;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// Threads whose median use is below this many cores are left out of the tables
+/// (they are in the JSON's runs).
+const THREAD_FLOOR: f64 = 0.01;
+
+/// One run: which, and what it measured or why it failed.
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub round: usize,
+    pub setup: String,
+    pub test: Test,
+    /// Cores the machine kept busy just before this run's topology was built, while
+    /// nothing of the benchmark ran (see [`crate::bench::cpu::background_busy_cores`]).
+    pub background_cores: Option<f64>,
+    pub result: Result<Measurement, String>,
+}
+
+impl Run {
+    /// One progress line for the terminal.
+    pub fn line(&self) -> String {
+        let head = format!("round {} {:>8} {:<13}", self.round, self.setup, self.test);
+        match &self.result {
+            Err(e) => format!("{head} FAILED: {}", e.lines().next().unwrap_or("")),
+            Ok(m) => {
+                let figure = match m.figures.udp {
+                    Some(u) => format!(
+                        "{:8.0} kpps delivered, loss {:5.1}%",
+                        u.delivered_pps / 1e3,
+                        u.loss_percent
+                    ),
+                    None => format!("{:6.2} Gbit/s", m.figures.gbps),
+                };
+                let daemons = m
+                    .cpu
+                    .daemon_cores()
+                    .map_or_else(String::new, |c| format!(", daemons {c:.2} cores"));
+                format!(
+                    "{head} {figure}, busy {:.2} cores{daemons}",
+                    m.cpu.busy_cores
+                )
+            }
+        }
+    }
+}
+
+/// Gbit/s per busy core of one run.
+fn gbps_per_core(m: &Measurement) -> f64 {
+    m.figures.gbps / m.cpu.busy_cores.max(1e-9)
+}
+
+/// Delivered thousands of packets per second per busy core of one UDP run.
+fn kpps_per_core(m: &Measurement) -> Option<f64> {
+    m.figures
+        .udp
+        .map(|u| u.delivered_pps / 1e3 / m.cpu.busy_cores.max(1e-9))
+}
+
+/// The medians of one (test, setup) over its successful runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Medians {
+    pub gbps: f64,
+    pub busy_cores: f64,
+    pub gbps_per_core: f64,
+    /// Only for setups with daemons.
+    pub daemon_cores: Option<f64>,
+    pub udp: Option<UdpMedians>,
+    /// (process label, thread name, allowed CPUs, cores), sorted by process and thread.
+    pub threads: Vec<(String, String, String, f64)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UdpMedians {
+    pub delivered_kpps: f64,
+    pub loss_percent: f64,
+    pub kpps_per_core: f64,
+}
+
+/// One row of the results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub test: Test,
+    pub setup: String,
+    pub ok: usize,
+    pub total: usize,
+    /// `None` when every run failed.
+    pub medians: Option<Medians>,
+}
+
+/// The median (mean of the middle two for an even count); `None` for no values.
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len() % 2 == 0 {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    })
+}
+
+/// Rows in test order, setups in run order within each test.
+pub fn summarize(runs: &[Run], setups: &[String], tests: &[Test]) -> Vec<Summary> {
+    let mut rows = Vec::new();
+    for &test in tests {
+        for setup in setups {
+            let mine: Vec<&Run> = runs
+                .iter()
+                .filter(|r| r.test == test && &r.setup == setup)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let ok: Vec<&Measurement> =
+                mine.iter().filter_map(|r| r.result.as_ref().ok()).collect();
+            rows.push(Summary {
+                test,
+                setup: setup.clone(),
+                ok: ok.len(),
+                total: mine.len(),
+                medians: medians(&ok),
+            });
+        }
+    }
+    rows
+}
+
+fn medians(ok: &[&Measurement]) -> Option<Medians> {
+    let of = |f: &dyn Fn(&Measurement) -> f64| median(ok.iter().map(|m| f(m)).collect());
+    let udp = if ok.iter().all(|m| m.figures.udp.is_some()) {
+        let u = |f: &dyn Fn(&Measurement) -> Option<f64>| {
+            median(ok.iter().filter_map(|m| f(m)).collect())
+        };
+        Some(UdpMedians {
+            delivered_kpps: u(&|m| m.figures.udp.map(|u| u.delivered_pps / 1e3))?,
+            loss_percent: u(&|m| m.figures.udp.map(|u| u.loss_percent))?,
+            kpps_per_core: u(&kpps_per_core)?,
+        })
+    } else {
+        None
+    };
+    let daemon_cores: Vec<f64> = ok.iter().filter_map(|m| m.cpu.daemon_cores()).collect();
+    Some(Medians {
+        gbps: of(&|m| m.figures.gbps)?,
+        busy_cores: of(&|m| m.cpu.busy_cores)?,
+        gbps_per_core: of(&gbps_per_core)?,
+        daemon_cores: median(daemon_cores),
+        udp,
+        threads: thread_medians(ok.iter().map(|m| &m.cpu)),
+    })
+}
+
+/// Per (process, thread name): the median over runs (a run without the thread
+/// counts as 0), at least [`THREAD_FLOOR`].
+fn thread_medians<'a>(
+    usages: impl Iterator<Item = &'a Usage>,
+) -> Vec<(String, String, String, f64)> {
+    let usages: Vec<&Usage> = usages.collect();
+    let mut cpus: BTreeMap<(String, String), String> = BTreeMap::new();
+    for u in &usages {
+        for p in &u.processes {
+            for t in &p.threads {
+                cpus.entry((p.label.clone(), t.name.clone()))
+                    .or_insert_with(|| t.cpus.clone());
+            }
+        }
+    }
+    cpus.into_iter()
+        .filter_map(|((process, thread), allowed)| {
+            let values = usages
+                .iter()
+                .map(|u| {
+                    u.processes
+                        .iter()
+                        .filter(|p| p.label == process)
+                        .flat_map(|p| &p.threads)
+                        .filter(|t| t.name == thread)
+                        .map(|t| t.cores)
+                        .sum()
+                })
+                .collect();
+            let m = median(values)?;
+            (m >= THREAD_FLOOR).then_some((process, thread, allowed, m))
+        })
+        .collect()
+}
+
+/// `value / baseline` of the baseline setup's row for the same test.
+fn ratio(rows: &[Summary], row: &Summary, value: impl Fn(&Medians) -> Option<f64>) -> Option<f64> {
+    let base = rows
+        .iter()
+        .find(|r| r.test == row.test && r.setup == BASELINE)?;
+    let b = value(base.medians.as_ref()?)?;
+    let v = value(row.medians.as_ref()?)?;
+    (b > 0.0).then(|| v / b)
+}
+
+fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
+}
+
+fn fmt_ratio(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
+}
+
+/// The Markdown tables: TCP, small UDP, and the daemons' threads.
+pub fn markdown(rows: &[Summary]) -> String {
+    let mut out = String::new();
+    let tcp: Vec<&Summary> = rows.iter().filter(|r| !r.test.is_udp()).collect();
+    if !tcp.is_empty() {
+        out.push_str(&tcp_table(rows, &tcp));
+    }
+    let udp: Vec<&Summary> = rows.iter().filter(|r| r.test.is_udp()).collect();
+    if !udp.is_empty() {
+        out.push('\n');
+        out.push_str(&udp_table(rows, &udp));
+    }
+    let threads = threads_table(rows);
+    if !threads.is_empty() {
+        out.push('\n');
+        out.push_str(&threads);
+    }
+    out
+}
+
+/// One line on the other users' load: busy figures include it.
+pub fn background_line(runs: &[Run]) -> Option<String> {
+    let v: Vec<f64> = runs.iter().filter_map(|r| r.background_cores).collect();
+    let max = v.iter().copied().fold(f64::NAN, f64::max);
+    let median = median(v)?;
+    Some(format!(
+        "Background load (machine busy cores just before each topology was built, while \
+         nothing of the benchmark ran): median {median:.2}, max {max:.2}."
+    ))
+}
+
+fn tcp_table(all: &[Summary], rows: &[&Summary]) -> String {
+    let mut t = format!(
+        "| test | setup | Gbit/s | vs {BASELINE} | busy cores | vs {BASELINE} | Gbit/s per busy core | vs {BASELINE} | daemon cores | runs |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    for r in rows {
+        let m = r.medians.as_ref();
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} |",
+            r.test,
+            r.setup,
+            fmt_opt(m.map(|m| m.gbps), 2),
+            fmt_ratio(ratio(all, r, |m| Some(m.gbps))),
+            fmt_opt(m.map(|m| m.busy_cores), 2),
+            fmt_ratio(ratio(all, r, |m| Some(m.busy_cores))),
+            fmt_opt(m.map(|m| m.gbps_per_core), 2),
+            fmt_ratio(ratio(all, r, |m| Some(m.gbps_per_core))),
+            fmt_opt(m.and_then(|m| m.daemon_cores), 2),
+            r.ok,
+            r.total
+        );
+    }
+    t
+}
+
+fn udp_table(all: &[Summary], rows: &[&Summary]) -> String {
+    let mut t = format!(
+        "| test | setup | delivered kpps | vs {BASELINE} | loss % | busy cores | vs {BASELINE} | kpps per busy core | vs {BASELINE} | daemon cores | runs |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    for r in rows {
+        let m = r.medians.as_ref();
+        let u = m.and_then(|m| m.udp);
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} |",
+            r.test,
+            r.setup,
+            fmt_opt(u.map(|u| u.delivered_kpps), 0),
+            fmt_ratio(ratio(all, r, |m| m.udp.map(|u| u.delivered_kpps))),
+            fmt_opt(u.map(|u| u.loss_percent), 1),
+            fmt_opt(m.map(|m| m.busy_cores), 2),
+            fmt_ratio(ratio(all, r, |m| Some(m.busy_cores))),
+            fmt_opt(u.map(|u| u.kpps_per_core), 0),
+            fmt_ratio(ratio(all, r, |m| m.udp.map(|u| u.kpps_per_core))),
+            fmt_opt(m.and_then(|m| m.daemon_cores), 2),
+            r.ok,
+            r.total
+        );
+    }
+    t
+}
+
+/// Per row with daemons: each busy thread's cores, `@N` when pinned to core N.
+fn threads_table(rows: &[Summary]) -> String {
+    let mut t = String::new();
+    for r in rows {
+        let Some(m) = &r.medians else { continue };
+        if m.threads.is_empty() {
+            continue;
+        }
+        let mut by_process: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for (process, thread, cpus, cores) in &m.threads {
+            let pinned = if cpus.parse::<u32>().is_ok() {
+                format!("@{cpus}")
+            } else {
+                String::new()
+            };
+            by_process
+                .entry(process)
+                .or_default()
+                .push(format!("{thread}{pinned} {cores:.2}"));
+        }
+        let cells: Vec<String> = by_process
+            .into_iter()
+            .map(|(p, threads)| format!("{p}: {}", threads.join(", ")))
+            .collect();
+        let _ = writeln!(t, "| {} | {} | {} |", r.test, r.setup, cells.join("; "));
+    }
+    if t.is_empty() {
+        return t;
+    }
+    format!("| test | setup | daemon threads, cores (@N: pinned to core N) |\n|---|---|---|\n{t}")
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "seconds": u.seconds,
+        "busy_cores": u.busy_cores,
+        "daemon_cores": u.daemon_cores(),
+        "daemons": u.processes.iter().map(|p| json!({
+            "label": p.label,
+            "cores": p.cores,
+            "threads": p.threads.iter().map(|t| json!({
+                "name": t.name, "cpus": t.cpus, "cores": t.cores,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn run_json(r: &Run) -> Value {
+    let mut v = json!({
+        "round": r.round,
+        "setup": r.setup,
+        "test": r.test.to_string(),
+        "mtu": r.test.mtu,
+        "background_busy_cores": r.background_cores,
+        "ok": r.result.is_ok(),
+    });
+    match &r.result {
+        Err(e) => v["error"] = json!(e),
+        Ok(m) => {
+            v["gbps"] = json!(m.figures.gbps);
+            v["gbps_per_busy_core"] = json!(gbps_per_core(m));
+            v["retransmits"] = json!(m.figures.retransmits);
+            v["udp"] = match m.figures.udp {
+                Some(u) => json!({
+                    "sent_pps": u.sent_pps,
+                    "delivered_pps": u.delivered_pps,
+                    "loss_percent": u.loss_percent,
+                    "delivered_kpps_per_busy_core": kpps_per_core(m),
+                }),
+                None => Value::Null,
+            };
+            v["cpu"] = usage_json(&m.cpu);
+        }
+    }
+    v
+}
+
+fn summary_json(all: &[Summary], r: &Summary) -> Value {
+    let mut v = json!({
+        "test": r.test.to_string(),
+        "setup": r.setup,
+        "ok_runs": r.ok,
+        "runs": r.total,
+    });
+    let Some(m) = &r.medians else { return v };
+    v["gbps"] = json!(m.gbps);
+    v["busy_cores"] = json!(m.busy_cores);
+    v["gbps_per_busy_core"] = json!(m.gbps_per_core);
+    v["daemon_cores"] = json!(m.daemon_cores);
+    v["udp"] = match m.udp {
+        Some(u) => json!({
+            "delivered_kpps": u.delivered_kpps,
+            "loss_percent": u.loss_percent,
+            "delivered_kpps_per_busy_core": u.kpps_per_core,
+        }),
+        None => Value::Null,
+    };
+    v[format!("vs_{BASELINE}")] = json!({
+        "gbps": ratio(all, r, |m| Some(m.gbps)),
+        "busy_cores": ratio(all, r, |m| Some(m.busy_cores)),
+        "gbps_per_busy_core": ratio(all, r, |m| Some(m.gbps_per_core)),
+        "delivered_kpps": ratio(all, r, |m| m.udp.map(|u| u.delivered_kpps)),
+        "delivered_kpps_per_busy_core": ratio(all, r, |m| m.udp.map(|u| u.kpps_per_core)),
+    });
+    v["threads"] = m
+        .threads
+        .iter()
+        .map(|(p, t, cpus, cores)| json!({"process": p, "thread": t, "cpus": cpus, "cores": cores}))
+        .collect();
+    v
+}
+
+/// The whole result file: `meta` as given, every run, every median row.
+pub fn to_json(meta: Value, runs: &[Run], rows: &[Summary]) -> Value {
+    json!({
+        "meta": meta,
+        "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
+        "medians": rows.iter().map(|r| summary_json(rows, r)).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::cpu::{ProcessUse, ThreadUse};
+    use crate::bench::iperf::{Figures, UdpFigures};
+
+    fn measurement(gbps: f64, busy: f64, worker: f64) -> Measurement {
+        Measurement {
+            figures: Figures {
+                gbps,
+                retransmits: Some(0),
+                udp: None,
+            },
+            cpu: Usage {
+                seconds: 4.7,
+                busy_cores: busy,
+                processes: vec![ProcessUse {
+                    label: "overlayd s0".into(),
+                    cores: worker + 0.001,
+                    threads: vec![
+                        ThreadUse {
+                            name: "worker0".into(),
+                            cpus: "0".into(),
+                            cores: worker,
+                        },
+                        ThreadUse {
+                            name: "api-accept".into(),
+                            cpus: "0-1".into(),
+                            cores: 0.001,
+                        },
+                    ],
+                }],
+            },
+        }
+    }
+
+    fn run(round: usize, setup: &str, test: &str, r: Result<Measurement, String>) -> Run {
+        Run {
+            round,
+            setup: setup.into(),
+            test: Test::parse(test).unwrap(),
+            background_cores: Some(0.1 * round as f64),
+            result: r,
+        }
+    }
+
+    #[test]
+    fn medians_of_odd_and_even_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(vec![]), None);
+    }
+
+    #[test]
+    fn rows_ratios_and_tables() {
+        let vx = |gbps| {
+            let mut m = measurement(gbps, 2.0, 0.0);
+            m.cpu.processes.clear();
+            Ok(m)
+        };
+        let runs = vec![
+            run(1, "ours", "tcp1-v6-8500", Ok(measurement(6.0, 2.0, 0.9))),
+            run(1, "vxlan", "tcp1-v6-8500", vx(12.0)),
+            run(2, "ours", "tcp1-v6-8500", Ok(measurement(7.0, 2.0, 1.0))),
+            run(2, "vxlan", "tcp1-v6-8500", vx(14.0)),
+            run(3, "ours", "tcp1-v6-8500", Err("boom\nlog".into())),
+            run(3, "vxlan", "tcp1-v6-8500", vx(13.0)),
+        ];
+        let setups = ["ours".to_string(), "vxlan".to_string()];
+        let rows = summarize(&runs, &setups, &[Test::parse("tcp1-v6-8500").unwrap()]);
+        assert_eq!(rows.len(), 2);
+        let ours = rows[0].medians.as_ref().unwrap();
+        assert_eq!((rows[0].ok, rows[0].total), (2, 3));
+        assert_eq!(ours.gbps, 6.5);
+        assert_eq!(ours.gbps_per_core, 3.25);
+        assert_eq!(rows[1].medians.as_ref().unwrap().daemon_cores, None);
+        assert_eq!(ratio(&rows, &rows[0], |m| Some(m.gbps)), Some(0.5));
+        assert_eq!(
+            ours.threads,
+            vec![("overlayd s0".into(), "worker0".into(), "0".into(), 0.95)]
+        );
+        let md = markdown(&rows);
+        assert!(
+            md.contains(
+                "| tcp1-v6-8500 | ours | 6.50 | 0.50x | 2.00 | 1.00x | 3.25 | 0.50x | 0.95 | 2/3 |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| tcp1-v6-8500 | vxlan | 13.00 | 1.00x |"),
+            "{md}"
+        );
+        assert!(md.contains("overlayd s0: worker0@0 0.95"), "{md}");
+        assert!(
+            runs[4].line().contains("FAILED: boom"),
+            "{}",
+            runs[4].line()
+        );
+        let bg = background_line(&runs).unwrap();
+        assert!(bg.contains("median 0.20, max 0.30"), "{bg}");
+        assert_eq!(background_line(&[]), None);
+        let v = to_json(json!({"rounds": 3}), &runs, &rows);
+        assert_eq!(v["runs"].as_array().unwrap().len(), 6);
+        assert_eq!(v["runs"][4]["error"], "boom\nlog");
+        assert_eq!(v["medians"][0]["vs_vxlan"]["gbps"], 0.5);
+    }
+
+    #[test]
+    fn udp_rows_use_delivered_packets() {
+        let mut m = measurement(0.1, 2.0, 1.0);
+        m.figures.udp = Some(UdpFigures {
+            sent_pps: 1e6,
+            delivered_pps: 5e5,
+            loss_percent: 50.0,
+        });
+        let runs = vec![run(1, "ours", "udp64-v4-8500", Ok(m))];
+        let rows = summarize(
+            &runs,
+            &["ours".into()],
+            &[Test::parse("udp64-v4-8500").unwrap()],
+        );
+        let u = rows[0].medians.as_ref().unwrap().udp.unwrap();
+        assert_eq!((u.delivered_kpps, u.kpps_per_core), (500.0, 250.0));
+        let md = markdown(&rows);
+        assert!(
+            md.contains("| udp64-v4-8500 | ours | 500 | - | 50.0 | 2.00 | - | 250 | - |"),
+            "{md}"
+        );
+    }
+}
