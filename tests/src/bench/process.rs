@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// How long a process gets to exit after SIGTERM before it is killed.
-
 /// How many lines of a log an error message quotes.
 pub const LOG_TAIL_LINES: usize = 15;
 
