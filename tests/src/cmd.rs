@@ -220,6 +220,32 @@ fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> thread::JoinHandle<String
     })
 }
 
+/// How long [`terminate`] waits after SIGTERM before it kills.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Stops `child` as a service manager would: SIGTERM, up to [`STOP_GRACE`] to exit,
+/// then SIGKILL (saying so, with `label`). Returns its exit status.
+pub fn terminate(child: &mut Child, label: &str) -> Result<ExitStatus> {
+    if let Some(status) = child.try_wait()? {
+        return Ok(status);
+    }
+    let pid = libc::pid_t::try_from(child.id())
+        .map_err(|_| Error::new(format!("pid {} out of range", child.id())))?;
+    // SAFETY: kill(2) on the pid of our own unreaped child: it cannot have been
+    // recycled for another process while we have not waited for it.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + STOP_GRACE;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("{label} ignored SIGTERM for {STOP_GRACE:?}; killing it");
+    child.kill()?;
+    Ok(child.wait()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,30 +282,4 @@ mod tests {
         let c = Cmd::in_netns("ns1", "ping").args(["-c", "1", "a b", ""]);
         assert_eq!(c.display(), "ip netns exec ns1 ping -c 1 'a b' ''");
     }
-}
-
-/// How long [`terminate`] waits after SIGTERM before it kills.
-pub const STOP_GRACE: Duration = Duration::from_secs(5);
-
-/// Stops `child` as a service manager would: SIGTERM, up to [`STOP_GRACE`] to exit,
-/// then SIGKILL (saying so, with `label`). Returns its exit status.
-pub fn terminate(child: &mut Child, label: &str) -> Result<ExitStatus> {
-    if let Some(status) = child.try_wait()? {
-        return Ok(status);
-    }
-    let pid = libc::pid_t::try_from(child.id())
-        .map_err(|_| Error::new(format!("pid {} out of range", child.id())))?;
-    // SAFETY: kill(2) on the pid of our own unreaped child: it cannot have been
-    // recycled for another process while we have not waited for it.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let deadline = Instant::now() + STOP_GRACE;
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait()? {
-            return Ok(status);
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    eprintln!("{label} ignored SIGTERM for {STOP_GRACE:?}; killing it");
-    child.kill()?;
-    Ok(child.wait()?)
 }
