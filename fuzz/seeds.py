@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""Writes a seed corpus for one fuzz target from the wire crate's known-answer
-vectors (datapath/wire/testdata/vectors.txt, generated with scapy), so short runs
-start from real frames instead of random bytes.
+"""Writes a seed corpus for one fuzz target, so short runs start from real inputs
+instead of random bytes: for the packet targets, frames from the wire crate's
+known-answer vectors (datapath/wire/testdata/vectors.txt, generated with scapy); for
+`api`, the checked-in request sequences (seeds/api: one per request type, replayed by
+control/tests/api_corpus.rs) and every input kept from earlier campaigns
+(regressions/api).
 
 usage: seeds.py TARGET DIR
 """
 import pathlib
 import sys
 
-VECTORS = pathlib.Path(__file__).resolve().parent.parent / "datapath/wire/testdata/vectors.txt"
+HERE = pathlib.Path(__file__).resolve().parent
+VECTORS = HERE.parent / "datapath/wire/testdata/vectors.txt"
 
 
 def frames():
@@ -21,7 +25,16 @@ def frames():
             yield fields["kind"], bytes.fromhex(fields["frame"])
 
 
+def kept(target):
+    """The checked-in seeds and regression inputs of a target, if it has any."""
+    for d in (HERE / "seeds" / target, HERE / "regressions" / target):
+        if d.is_dir():
+            for f in sorted(d.iterdir()):
+                yield f.read_bytes()
+
+
 def seeds(target):
+    yield from kept(target)
     for kind, frame in frames():
         inner = kind == "inner"
         if target == "parse_inner" and inner:

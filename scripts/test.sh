@@ -26,6 +26,9 @@ bash scripts/fuzz-smoke.sh
 # 2-core machine. Built first so the first test's time is not the build's.
 cargo build --release -p control --bins
 run_tests --release -p e2e
+# A minute of the soak (docs/reliability.md); churn reset by RST so the tables reach
+# their steady size within its warm-up (the 600 s default uses FIN and TIME_WAIT).
+bash scripts/soak.sh --seconds 60 --churn-close rst
 # The side-by-side benchmark once, briefly: keeps its four topologies working. The
 # figures of a 2-second run mean nothing; see docs/benchmarks.md for real runs.
 bash scripts/bench-e2e.sh --smoke

@@ -139,8 +139,10 @@ pub fn data_frame(spec: &FlowSpec, payload: usize) -> Result<Vec<u8>, String> {
         tcp::Repr {
             src_port: spec.src_port,
             dst_port: spec.dst_port,
+            // The same number both ways, so that each side acknowledges exactly what
+            // the other sent (connection tracking checks both against the window).
             seq_number: 0x1000_0000,
-            ack_number: 0x2000_0000,
+            ack_number: 0x1000_0000,
             flags: TCP_ACK,
             window_len: 502,
             urgent_at: 0,

@@ -99,8 +99,16 @@ pub enum Request {
         port: String,
         layer: String,
     },
+    /// One page of the port's unified flow table.
     DumpUft {
         port: String,
+        /// Where the page starts: the `next` of the previous page (the first page
+        /// without it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cursor: Option<u64>,
+        /// Most entries in the page; the daemon's largest page (4096) without it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
     },
     ClearUft {
         port: String,
@@ -403,11 +411,51 @@ impl fmt::Display for FwRule {
     }
 }
 
-/// A port as `list-ports` shows it.
+/// A port as the state file keeps it: its configuration and where its tap goes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortInfo {
     pub config: PortConfig,
     pub netns: Option<String>,
+}
+
+/// A port as `list-ports` shows it: what was configured and, when the dataplane does
+/// not hold it (refused when the daemon restored it), why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortStatus {
+    #[serde(flatten)]
+    pub port: PortInfo,
+    /// Absent for a port that is in the dataplane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_applied: Option<NotApplied>,
+    /// Whether the port's tap is served (absent from a daemon without taps, and
+    /// for a port not applied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<PortLink>,
+}
+
+/// Whether a port's tap is served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum PortLink {
+    Up,
+    /// The tap went away (its guest's namespace or the device was deleted); the
+    /// daemon re-opens it, on a back-off, once it can (the guest is back).
+    Down {
+        /// When it went, in milliseconds since the Unix epoch.
+        since_unix_ms: u64,
+        reason: String,
+    },
+}
+
+/// Why a saved item (a port, a V2P mapping) is kept in the state but not in the
+/// dataplane, and when the daemon tries it again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotApplied {
+    /// The dataplane's refusal at the last attempt.
+    pub reason: String,
+    pub attempts: u32,
+    /// Until the next attempt (sooner for a port whose namespace appears).
+    pub retry_in_ms: u64,
 }
 
 /// A successful answer; the variant says what it carries.
@@ -416,7 +464,7 @@ pub struct PortInfo {
 pub enum Reply {
     /// A change was applied (and persisted).
     Done,
-    Ports(Vec<PortInfo>),
+    Ports(Vec<PortStatus>),
     V2p(Vec<V2pEntry>),
     Routes(Vec<RouteEntry>),
     FwRules(Vec<FwRule>),
@@ -580,6 +628,13 @@ pub(crate) mod tests {
             },
             Request::DumpUft {
                 port: "opte0".into(),
+                cursor: None,
+                limit: None,
+            },
+            Request::DumpUft {
+                port: "opte0".into(),
+                cursor: Some(1 << 32),
+                limit: Some(100),
             },
             Request::ClearUft {
                 port: "opte0".into(),
@@ -624,10 +679,31 @@ pub(crate) mod tests {
     fn every_reply_round_trips() {
         let replies = vec![
             Outcome::Ok(Reply::Done),
-            Outcome::Ok(Reply::Ports(vec![PortInfo {
-                config: sample_port("opte1", 7),
-                netns: None,
-            }])),
+            Outcome::Ok(Reply::Ports(vec![
+                PortStatus {
+                    port: PortInfo {
+                        config: sample_port("opte1", 7),
+                        netns: None,
+                    },
+                    not_applied: None,
+                    link: Some(PortLink::Down {
+                        since_unix_ms: 1_700_000_000_000,
+                        reason: "read: File descriptor in bad state".into(),
+                    }),
+                },
+                PortStatus {
+                    port: PortInfo {
+                        config: sample_port("opte2", 8),
+                        netns: Some("guest2".into()),
+                    },
+                    not_applied: Some(NotApplied {
+                        reason: "network namespace \"guest2\" not found".into(),
+                        attempts: 3,
+                        retry_in_ms: 4000,
+                    }),
+                    link: None,
+                },
+            ])),
             Outcome::Ok(Reply::Inspect(serde_json::json!({"drops": {"bad_vni": 3}}))),
             Outcome::Error("invalid MAC address \"zz\"".into()),
         ];

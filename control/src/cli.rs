@@ -5,8 +5,8 @@
 //! it should and that bad values are refused by name before anything is sent.
 
 use crate::api::{
-    CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule, PortInfo, Reply, Request,
-    RouteEntry, RouteTarget, V2pEntry, DEFAULT_API_SOCKET,
+    CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule, PortLink, PortStatus,
+    Reply, Request, RouteEntry, RouteTarget, V2pEntry, DEFAULT_API_SOCKET,
 };
 use crate::config::parse_vni;
 use clap::{Args, Parser, Subcommand};
@@ -16,6 +16,7 @@ use ipnet::IpNet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr};
 use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
 use wire::MacAddr;
 
 #[derive(Debug, Parser)]
@@ -98,8 +99,17 @@ pub enum Command {
     },
     /// Show a layer's rules and flows (gateway, firewall, router, overlay).
     DumpLayer { port: String, layer: String },
-    /// Show the unified flow table of a port.
-    DumpUft { port: String },
+    /// Show the unified flow table of a port, a page at a time (a table that fits
+    /// one page is shown whole); a page that is not the last ends with `next`.
+    DumpUft {
+        port: String,
+        /// Most entries in the page (the daemon shows at most 4096).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Show the page from here: the `next` the previous page ended with.
+        #[arg(long)]
+        cursor: Option<u64>,
+    },
     /// Empty the unified flow table of a port.
     ClearUft { port: String },
     /// Counters: datapath-wide, or one port's.
@@ -393,7 +403,15 @@ impl Command {
             },
             Command::SetFwRules { port, rules } => Request::SetFwRules { port, rules },
             Command::DumpLayer { port, layer } => Request::DumpLayer { port, layer },
-            Command::DumpUft { port } => Request::DumpUft { port },
+            Command::DumpUft {
+                port,
+                limit,
+                cursor,
+            } => Request::DumpUft {
+                port,
+                cursor,
+                limit,
+            },
             Command::ClearUft { port } => Request::ClearUft { port },
             Command::Stats { port } => Request::Stats { port },
             Command::Mtu { port } => Request::Mtu { port },
@@ -461,10 +479,13 @@ pub fn render(reply: &Reply) -> String {
     out
 }
 
-fn render_ports(out: &mut String, ports: &[PortInfo]) {
+/// One row per port; a port the daemon could not put into the dataplane says why
+/// and when it is tried again.
+fn render_ports(out: &mut String, ports: &[PortStatus]) {
     let rows = ports
         .iter()
-        .map(|p| {
+        .map(|s| {
+            let p = &s.port;
             let c = &p.config;
             let ips: Vec<String> = c
                 .ipv4
@@ -479,10 +500,41 @@ fn render_ports(out: &mut String, ports: &[PortInfo]) {
                 c.vni.to_string(),
                 c.mtu.to_string(),
                 p.netns.clone().unwrap_or_else(|| "-".into()),
+                match &s.not_applied {
+                    None => link_status(s.link.as_ref(), SystemTime::now()),
+                    Some(n) => format!(
+                        "NOT APPLIED (try {}, next in {} s): {}",
+                        n.attempts,
+                        n.retry_in_ms.div_ceil(1000),
+                        n.reason
+                    ),
+                },
             ]
         })
         .collect();
-    table(out, &["NAME", "MAC", "IP", "VNI", "MTU", "NETNS"], rows);
+    table(
+        out,
+        &["NAME", "MAC", "IP", "VNI", "MTU", "NETNS", "STATUS"],
+        rows,
+    );
+}
+
+/// A port in the dataplane: whether its tap is served, and since when not.
+fn link_status(link: Option<&PortLink>, now: SystemTime) -> String {
+    match link {
+        None => "applied".into(),
+        Some(PortLink::Up) => "up".into(),
+        Some(PortLink::Down {
+            since_unix_ms,
+            reason,
+        }) => {
+            let now_ms = now
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            let secs = now_ms.saturating_sub(*since_unix_ms) / 1000;
+            format!("DOWN for {secs} s (re-attached when the tap is back): {reason}")
+        }
+    }
 }
 
 fn table(out: &mut String, head: &[&str], rows: Vec<Vec<String>>) {
@@ -718,6 +770,28 @@ mod tests {
     }
 
     #[test]
+    fn dump_uft_pages() {
+        assert_eq!(
+            parse(&["dump-uft", "p"]).unwrap(),
+            Action::Call(Request::DumpUft {
+                port: "p".into(),
+                cursor: None,
+                limit: None
+            })
+        );
+        assert_eq!(
+            parse(&["dump-uft", "p", "--limit", "50", "--cursor", "4294967300"]).unwrap(),
+            Action::Call(Request::DumpUft {
+                port: "p".into(),
+                cursor: Some(4_294_967_300),
+                limit: Some(50)
+            })
+        );
+        let e = parse(&["dump-uft", "p", "--cursor", "-1"]).unwrap_err();
+        assert!(e.contains("-1"), "{e}");
+    }
+
+    #[test]
     fn rule_strings() {
         let r =
             parse_rule("direction=out priority=5 action=deny host=10.0.0.0/8 proto=udp ports=53")
@@ -747,5 +821,59 @@ mod tests {
             "warnings": ["a", "b"],
         })));
         assert_eq!(s, "drops:\n  bad_vni: 2\nport: opte0\nwarnings: a, b\n");
+    }
+
+    /// A port that is not applied says so on its own line, with the reason.
+    #[test]
+    fn renders_ports_with_their_status() {
+        let port = |name: &str, last: u8, netns: Option<&str>| crate::api::PortInfo {
+            config: crate::api::tests::sample_port(name, last),
+            netns: netns.map(Into::into),
+        };
+        let s = render(&Reply::Ports(vec![
+            PortStatus {
+                port: port("opte0", 5, None),
+                not_applied: None,
+                link: None,
+            },
+            PortStatus {
+                port: port("opte1", 6, Some("g1")),
+                not_applied: Some(crate::api::NotApplied {
+                    reason: "network namespace \"g1\" not found".into(),
+                    attempts: 2,
+                    retry_in_ms: 1500,
+                }),
+                link: None,
+            },
+        ]));
+        let lines: Vec<&str> = s.lines().collect();
+        assert!(lines[0].ends_with("NETNS  STATUS"), "{s}");
+        assert!(
+            lines[1].starts_with("opte0") && lines[1].ends_with("-      applied"),
+            "{s}"
+        );
+        assert!(
+            lines[2].starts_with("opte1")
+                && lines[2].ends_with(
+                    "g1     NOT APPLIED (try 2, next in 2 s): network namespace \"g1\" not found"
+                ),
+            "{s}"
+        );
+    }
+
+    /// A port whose tap is gone says so, since when and why; a served one is up.
+    #[test]
+    fn link_status_says_down_since_when_and_why() {
+        let at = UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+        let down = PortLink::Down {
+            since_unix_ms: 958_500,
+            reason: "read: File descriptor in bad state".into(),
+        };
+        assert_eq!(
+            link_status(Some(&down), at),
+            "DOWN for 41 s (re-attached when the tap is back): read: File descriptor in bad state"
+        );
+        assert_eq!(link_status(Some(&PortLink::Up), at), "up");
+        assert_eq!(link_status(None, at), "applied", "a daemon without taps");
     }
 }

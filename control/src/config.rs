@@ -5,7 +5,7 @@ use crate::api::DEFAULT_API_SOCKET;
 use clap::Parser;
 use core::fmt;
 use core::str::FromStr;
-use engine::Vni;
+use engine::{TableBudget, Vni};
 use serde::{Deserialize, Serialize};
 use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
@@ -169,6 +169,8 @@ pub struct FileConfig {
     pub xdp_mode: Option<XdpMode>,
     pub poll: Option<PollMode>,
     pub log_level: Option<String>,
+    pub table_budget_mib: Option<usize>,
+    pub max_ports: Option<usize>,
 }
 
 impl FileConfig {
@@ -228,6 +230,27 @@ pub struct DaemonArgs {
     /// tracing filter, e.g. info or overlayd=debug.
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+    /// Memory for every port's flow and connection tables together, in MiB
+    /// (default 16384); each of `--max-ports` ports gets an equal share.
+    #[arg(long, value_name = "MIB")]
+    pub table_budget_mib: Option<usize>,
+    /// Ports the table budget is shared by, and the most this sled accepts
+    /// (default 256).
+    #[arg(long, value_name = "N")]
+    pub max_ports: Option<usize>,
+}
+
+/// Refuses a relative path: the daemon would resolve it against wherever it was
+/// started (a service manager's `/`, an operator's shell) and work on files there.
+fn absolute(option: &str, path: &Path) -> Result<(), String> {
+    if path.is_absolute() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{option} {} is not an absolute path",
+            path.display()
+        ))
+    }
 }
 
 /// Parses a VNI argument, naming the value when it is not a 24-bit number.
@@ -254,6 +277,8 @@ pub struct DaemonConfig {
     pub xdp_mode: XdpMode,
     pub poll: PollMode,
     pub log_level: String,
+    /// The sled's flow and connection table budget (docs/engine.md, "Table budget").
+    pub tables: TableBudget,
 }
 
 impl DaemonConfig {
@@ -297,19 +322,34 @@ impl DaemonConfig {
             Some(v) => v,
             None => Vni::new(DEFAULT_BOUNDARY_VNI)?,
         };
+        let api_socket = args
+            .api_socket
+            .clone()
+            .or(file.api_socket)
+            .unwrap_or_else(|| DEFAULT_API_SOCKET.into());
+        let state_dir = args
+            .state_dir
+            .clone()
+            .or(file.state_dir)
+            .unwrap_or_else(|| DEFAULT_STATE_DIR.into());
+        absolute("api-socket", &api_socket)?;
+        absolute("state-dir", &state_dir)?;
+        let default = TableBudget::default();
+        let tables = TableBudget {
+            bytes: match args.table_budget_mib.or(file.table_budget_mib) {
+                Some(mib) => mib
+                    .checked_mul(1 << 20)
+                    .ok_or_else(|| format!("table budget of {mib} MiB is too large"))?,
+                None => default.bytes,
+            },
+            ports: args.max_ports.or(file.max_ports).unwrap_or(default.ports),
+        };
+        tables.validate()?;
         Ok(DaemonConfig {
             underlay,
             underlay_addr,
-            api_socket: args
-                .api_socket
-                .clone()
-                .or(file.api_socket)
-                .unwrap_or_else(|| DEFAULT_API_SOCKET.into()),
-            state_dir: args
-                .state_dir
-                .clone()
-                .or(file.state_dir)
-                .unwrap_or_else(|| DEFAULT_STATE_DIR.into()),
+            api_socket,
+            state_dir,
             cores: args
                 .cores
                 .clone()
@@ -326,6 +366,7 @@ impl DaemonConfig {
                 .clone()
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".into()),
+            tables,
         })
     }
 }
@@ -407,6 +448,58 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("ff02::1"), "{e}");
+    }
+
+    #[test]
+    fn table_budget_from_flags() {
+        let base = ["--underlay", "eth0", "--underlay-addr", "fd00::1"];
+        let c = DaemonConfig::resolve(&args(&base).unwrap()).unwrap();
+        assert_eq!(c.tables, TableBudget::default());
+        let with = |extra: &[&str]| {
+            let v: Vec<&str> = base.iter().chain(extra).copied().collect();
+            DaemonConfig::resolve(&args(&v).unwrap())
+        };
+        let c = with(&["--table-budget-mib", "512", "--max-ports", "8"]).unwrap();
+        assert_eq!(
+            c.tables,
+            TableBudget {
+                bytes: 512 << 20,
+                ports: 8
+            }
+        );
+        let e = with(&["--max-ports", "0"]).unwrap_err();
+        assert!(e.contains("ports"), "{e}");
+        let e = with(&["--table-budget-mib", "0"]).unwrap_err();
+        assert!(e.contains("0 bytes"), "{e}");
+    }
+
+    /// `--api-socket api.sock` used to make the daemon take over (and chmod) the
+    /// directory it was started in; relative paths are refused by name.
+    #[test]
+    fn relative_paths_are_refused() {
+        let base = ["--underlay", "eth0", "--underlay-addr", "fd00::1"];
+        for (flag, value) in [
+            ("--api-socket", "api.sock"),
+            ("--api-socket", "run/overlayd.sock"),
+            ("--state-dir", "state"),
+        ] {
+            let a = args(&[&base[..], &[flag, value]].concat()).unwrap();
+            let e = DaemonConfig::resolve(&a).unwrap_err();
+            assert!(
+                e.contains(&flag[2..]) && e.contains(value) && e.contains("not an absolute path"),
+                "{e}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "underlay = [\"eth0\"]\nunderlay-addr = \"fd00::1\"\napi-socket = \"x.sock\"\n",
+        )
+        .unwrap();
+        let e = DaemonConfig::resolve(&args(&["--config", path.to_str().unwrap()]).unwrap())
+            .unwrap_err();
+        assert!(e.contains("x.sock"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Request handling: checks each API request, applies it to the dataplane, records it
-//! in the persisted state, and answers.
+//! in the persisted state, and answers; and the restore of the saved state at start.
 //!
 //! The rule every verb follows: a refused request changes nothing. Requests are first
 //! checked against the current state (unknown port, duplicate entry), then applied to
@@ -7,24 +7,74 @@
 //! the underlay), and only then recorded and saved. When saving fails the dataplane
 //! change is undone, so the running daemon never holds configuration that would be
 //! lost on restart.
+//!
+//! Restore goes the other way: the saved state is the truth and is never shortened.
+//! It goes into the dataplane without being rewritten item by item; what the
+//! dataplane refuses at start (a guest namespace not there yet, an underlay whose
+//! MTU is still 1500) stays in the state, is shown as not applied (`list-ports`,
+//! `stats`) and is tried again ([`Controller::retry_due`]).
+
+mod unapplied;
 
 use crate::api::{
-    CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule, Outcome, PortInfo, Reply,
-    Request, RouteEntry, V2pEntry,
+    CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule, Outcome, PortInfo,
+    PortStatus, Reply, Request, RouteEntry, V2pEntry,
 };
+use crate::server::ApiCounters;
 use crate::state::{State, StateStore};
 use engine::{PortConfig, Vni};
 use ipnet::IpNet;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+use unapplied::Retry;
 
 /// Engine-produced inspection a request can ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Inspect {
-    Layer { port: String, layer: String },
-    Uft { port: String },
-    Stats { port: Option<String> },
-    Mtu { port: String },
-    Ra { port: String },
+    Layer {
+        port: String,
+        layer: String,
+    },
+    Uft {
+        port: String,
+        cursor: Option<u64>,
+        limit: Option<usize>,
+    },
+    Stats {
+        port: Option<String>,
+    },
+    Mtu {
+        port: String,
+    },
+    Ra {
+        port: String,
+    },
+}
+
+impl Inspect {
+    /// The port inspected, if the request names one.
+    fn port(&self) -> Option<&str> {
+        match self {
+            Inspect::Layer { port, .. }
+            | Inspect::Uft { port, .. }
+            | Inspect::Mtu { port }
+            | Inspect::Ra { port } => Some(port),
+            Inspect::Stats { port } => port.as_deref(),
+        }
+    }
+}
+
+/// The tables a port is created with, in force before it carries its first frame:
+/// a restored port must never run, even briefly, with rules looser than the ones
+/// saved for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortTables {
+    /// The whole routing table; `None` keeps the routes the engine gives a new port.
+    pub routes: Option<Vec<RouteEntry>>,
+    pub fw_rules: Vec<FwRule>,
 }
 
 /// What the controller needs from the running datapath (engine, and taps when I/O is
@@ -35,9 +85,24 @@ pub enum Inspect {
 /// Every method either applies completely or refuses with a message naming the bad
 /// value and changes nothing.
 pub trait Dataplane {
-    fn add_port(&mut self, port: &PortInfo) -> Result<(), String>;
+    /// Creates a port with `tables` applied before its tap is opened.
+    fn add_port(&mut self, port: &PortInfo, tables: &PortTables) -> Result<(), String>;
     fn remove_port(&mut self, name: &str) -> Result<(), String>;
     fn set_v2p(&mut self, entry: &V2pEntry) -> Result<(), String>;
+    /// Adds mappings the dataplane does not hold yet (a restore). One call for the
+    /// lot, so that a dataplane spread over workers can take 10,000 mappings in one
+    /// round trip per worker instead of 10,000.
+    fn add_v2p_batch(&mut self, entries: &[V2pEntry]) -> Result<(), String> {
+        for (i, e) in entries.iter().enumerate() {
+            if let Err(err) = self.set_v2p(e) {
+                for done in &entries[..i] {
+                    let _ = self.clear_v2p(done.vpc_ip, done.vni);
+                }
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
     fn clear_v2p(&mut self, vpc_ip: IpAddr, vni: Vni) -> Result<(), String>;
     /// Makes the port's routing table exactly `routes`.
     fn set_routes(&mut self, port: &str, routes: &[RouteEntry]) -> Result<(), String>;
@@ -48,12 +113,32 @@ pub trait Dataplane {
     fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String>;
 }
 
+/// Says whether a network namespace of that name exists now.
+type NetnsProbe = Box<dyn Fn(&str) -> bool + Send>;
+
+/// `ip netns` keeps its namespaces as files under /run/netns.
+fn netns_exists(name: &str) -> bool {
+    dpio::netns::netns_path(name).is_ok_and(|p| p.exists())
+}
+
+/// How many not-applied V2P mappings `stats` lists (it counts them all).
+const STATS_V2P_LISTED: usize = 32;
+
 /// The state of the control plane and the dataplane it drives.
 pub struct Controller<D: Dataplane> {
     dp: D,
     state: State,
     /// Absent in tests that do not persist.
     store: Option<StateStore>,
+    /// Saved ports the dataplane does not hold, by name.
+    unapplied_ports: BTreeMap<String, Retry>,
+    /// Saved V2P mappings the dataplane does not hold.
+    unapplied_v2p: BTreeMap<(Vni, IpAddr), Retry>,
+    /// Why the last save failed; cleared by the next one that works.
+    save_error: Option<String>,
+    netns_exists: NetnsProbe,
+    /// The API server's counters, shown by `stats`.
+    api: Option<Arc<ApiCounters>>,
 }
 
 /// The firewall a new port starts with, like a VPC's default rules: traffic from the
@@ -84,13 +169,53 @@ fn default_vpc_rules(cfg: &PortConfig) -> Vec<FwRule> {
 /// Priority of the default rules: after anything an operator is likely to add.
 const DEFAULT_VPC_RULE_PRIORITY: u16 = 65534;
 
+/// A saved port's tables as saved: the whole routing table (no entry means an empty
+/// table, the engine's default routes deleted) and the firewall rules.
+fn saved_tables(state: &State, port: &str) -> PortTables {
+    PortTables {
+        routes: Some(state.routes.get(port).cloned().unwrap_or_default()),
+        fw_rules: state.fw_rules.get(port).cloned().unwrap_or_default(),
+    }
+}
+
+/// Records a port's table in `tables`, or forgets it when empty (the file keeps no
+/// empty lists).
+fn put_table<T>(tables: &mut BTreeMap<String, Vec<T>>, port: &str, table: Vec<T>) {
+    if table.is_empty() {
+        tables.remove(port);
+    } else {
+        tables.insert(port.to_string(), table);
+    }
+}
+
+fn v2p_key(e: &V2pEntry) -> (Vni, IpAddr) {
+    (e.vni, e.vpc_ip)
+}
+
 impl<D: Dataplane> Controller<D> {
     pub fn new(dp: D, store: Option<StateStore>) -> Self {
         Controller {
             dp,
             state: State::default(),
             store,
+            unapplied_ports: BTreeMap::new(),
+            unapplied_v2p: BTreeMap::new(),
+            save_error: None,
+            netns_exists: Box::new(netns_exists),
+            api: None,
         }
+    }
+
+    /// Tests decide which namespaces exist.
+    #[cfg(test)]
+    fn with_netns_probe(mut self, probe: impl Fn(&str) -> bool + Send + 'static) -> Self {
+        self.netns_exists = Box::new(probe);
+        self
+    }
+
+    /// Shows the API server's counters in `stats`.
+    pub fn set_api_counters(&mut self, counters: Arc<ApiCounters>) {
+        self.api = Some(counters);
     }
 
     pub fn dataplane(&self) -> &D {
@@ -105,40 +230,135 @@ impl<D: Dataplane> Controller<D> {
         &self.state
     }
 
-    /// Replays a saved state through the normal request path. Items the dataplane
-    /// refuses now (a namespace that is gone, an MTU the underlay no longer carries)
-    /// are logged and left out; the rest is restored. Returns the refusals.
-    pub fn restore(&mut self, saved: State) -> Vec<String> {
-        let mut refused = Vec::new();
-        let mut note = |what: &str, r: Result<Reply, String>| {
-            if let Err(e) = r {
-                tracing::error!(error = %e, "{what} not restored");
-                refused.push(e);
-            }
+    /// Puts a saved state into the dataplane and keeps all of it: each port with
+    /// its saved routes and firewall rules in one step, then the V2P mappings in one
+    /// batch. What the dataplane refuses stays in the state, marked not applied, and
+    /// is retried by [`Controller::retry_due`]. Nothing is written on the way; the
+    /// state is saved once at the end, and should that fail (a read-only state
+    /// directory) the error is logged and shown by `stats` while the restored
+    /// dataplane keeps running.
+    pub fn restore(&mut self, saved: State, now: Instant) {
+        self.state = saved;
+        let names: Vec<String> = self
+            .state
+            .ports
+            .iter()
+            .map(|p| p.config.name.clone())
+            .collect();
+        for name in &names {
+            self.try_port(name, now);
+        }
+        self.try_v2p(now, |_| true);
+        tracing::info!(
+            ports = self.state.ports.len(),
+            ports_not_applied = self.unapplied_ports.len(),
+            v2p = self.state.v2p.len(),
+            v2p_not_applied = self.unapplied_v2p.len(),
+            "state restored"
+        );
+        let state = self.state.clone();
+        if let Err(e) = self.save(&state) {
+            tracing::error!(
+                error = %e,
+                "the restored state cannot be saved: the dataplane runs as restored, \
+                 and every change will be refused until the state directory is writable"
+            );
+        }
+    }
+
+    /// Tries again the saved items whose back-off has run out, and at once a port
+    /// whose network namespace has appeared since its last attempt. Cheap when
+    /// nothing waits: the daemon calls it every time round its main loop.
+    pub fn retry_due(&mut self, now: Instant) {
+        let ports: Vec<String> = self
+            .unapplied_ports
+            .iter()
+            .filter(|(name, r)| r.is_due(now) || r.netns_appeared(self.netns_present(name)))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &ports {
+            self.try_port(name, now);
+        }
+        let due: BTreeSet<(Vni, IpAddr)> = self
+            .unapplied_v2p
+            .iter()
+            .filter(|(_, r)| r.is_due(now))
+            .map(|(k, _)| *k)
+            .collect();
+        if !due.is_empty() {
+            self.try_v2p(now, |e| due.contains(&v2p_key(e)));
+        }
+    }
+
+    /// Whether saved port `name` goes into a namespace that exists now.
+    fn netns_present(&self, name: &str) -> bool {
+        self.port(name)
+            .ok()
+            .and_then(|p| p.netns.as_deref())
+            .is_some_and(|ns| (self.netns_exists)(ns))
+    }
+
+    /// Puts saved port `name` into the dataplane with its saved tables, and records
+    /// whether that worked. Its name and MAC are checked against the ports saved
+    /// before it only, so of two colliding entries in a hand-edited file the first
+    /// one still comes up.
+    fn try_port(&mut self, name: &str, now: Instant) {
+        let Some(i) = self.state.ports.iter().position(|p| p.config.name == name) else {
+            self.unapplied_ports.remove(name);
+            return;
         };
-        for port in saved.ports {
-            let r = self.create_port(CreatePort {
-                config: port.config,
-                netns: port.netns,
-            });
-            note("port", r);
+        let port = &self.state.ports[i];
+        let result = check_port(&self.state.ports[..i], port)
+            .and_then(|()| self.dp.add_port(port, &saved_tables(&self.state, name)));
+        match result {
+            Ok(()) => {
+                if let Some(r) = self.unapplied_ports.remove(name) {
+                    tracing::info!(port = name, after = r.reason(), "port applied on retry");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(port = name, error = %e, "port not applied; it will be retried");
+                let seen = self.netns_present(name);
+                let previous = self.unapplied_ports.get(name);
+                let retry = Retry::after(previous, e, now, seen);
+                self.unapplied_ports.insert(name.to_string(), retry);
+            }
         }
-        for entry in saved.v2p {
-            let r = self.set_v2p(entry);
-            note("V2P mapping", r);
+    }
+
+    /// Puts the saved V2P mappings that `select` picks into the dataplane in one
+    /// batch, and records which are not applied.
+    fn try_v2p(&mut self, now: Instant, select: impl Fn(&V2pEntry) -> bool) {
+        let mut batch = Vec::new();
+        for e in self.state.v2p.iter().filter(|e| select(e)) {
+            match validate_v2p(e) {
+                Ok(()) => batch.push(*e),
+                Err(reason) => {
+                    let key = v2p_key(e);
+                    let retry = Retry::after(self.unapplied_v2p.get(&key), reason, now, false);
+                    self.unapplied_v2p.insert(key, retry);
+                }
+            }
         }
-        for (port, routes) in saved.routes {
-            let r = self
-                .port(&port)
-                .map(|_| ())
-                .and_then(|()| self.replace_routes(&port, routes));
-            note("routing table", r);
+        if batch.is_empty() {
+            return;
         }
-        for (port, rules) in saved.fw_rules {
-            let r = self.set_fw_rules(&port, rules);
-            note("firewall rules", r);
+        match self.dp.add_v2p_batch(&batch) {
+            Ok(()) => {
+                for e in &batch {
+                    self.unapplied_v2p.remove(&v2p_key(e));
+                }
+            }
+            Err(reason) => {
+                tracing::warn!(mappings = batch.len(), error = %reason, "V2P mappings not applied; they will be retried");
+                for e in &batch {
+                    let key = v2p_key(e);
+                    let retry =
+                        Retry::after(self.unapplied_v2p.get(&key), reason.clone(), now, false);
+                    self.unapplied_v2p.insert(key, retry);
+                }
+            }
         }
-        refused
     }
 
     /// Handles one request.
@@ -153,7 +373,7 @@ impl<D: Dataplane> Controller<D> {
         match req {
             Request::CreatePort(c) => self.create_port(c),
             Request::DeletePort { name } => self.delete_port(&name),
-            Request::ListPorts => Ok(Reply::Ports(self.state.ports.clone())),
+            Request::ListPorts => Ok(Reply::Ports(self.port_statuses(Instant::now()))),
             Request::SetV2p(e) => self.set_v2p(e),
             Request::ClearV2p { vpc_ip, vni } => self.clear_v2p(vpc_ip, vni),
             Request::DumpV2p => Ok(Reply::V2p(self.state.v2p.clone())),
@@ -174,9 +394,17 @@ impl<D: Dataplane> Controller<D> {
             } => self.rm_fw_rule(&port, direction, priority, &filters),
             Request::SetFwRules { port, rules } => self.set_fw_rules(&port, rules),
             Request::DumpLayer { port, layer } => self.inspect(Inspect::Layer { port, layer }),
-            Request::DumpUft { port } => self.inspect(Inspect::Uft { port }),
+            Request::DumpUft {
+                port,
+                cursor,
+                limit,
+            } => self.inspect(Inspect::Uft {
+                port,
+                cursor,
+                limit,
+            }),
             Request::ClearUft { port } => {
-                self.port(&port)?;
+                self.applied_port(&port)?;
                 self.dp.clear_uft(&port)?;
                 Ok(Reply::Done)
             }
@@ -186,18 +414,69 @@ impl<D: Dataplane> Controller<D> {
         }
     }
 
+    fn port_statuses(&self, now: Instant) -> Vec<PortStatus> {
+        self.state
+            .ports
+            .iter()
+            .map(|p| PortStatus {
+                port: p.clone(),
+                not_applied: self
+                    .unapplied_ports
+                    .get(&p.config.name)
+                    .map(|r| r.view(now)),
+                // Filled in by the daemon, which asks the workers serving the taps.
+                link: None,
+            })
+            .collect()
+    }
+
+    /// Inspection of a port the dataplane does not hold answers with why (for
+    /// `stats PORT`) or refuses naming the reason; `stats` adds the control plane's
+    /// own figures to the dataplane's.
     fn inspect(&mut self, what: Inspect) -> Result<Reply, String> {
-        let port = match &what {
-            Inspect::Layer { port, .. }
-            | Inspect::Uft { port }
-            | Inspect::Mtu { port }
-            | Inspect::Ra { port } => Some(port),
-            Inspect::Stats { port } => port.as_ref(),
-        };
-        if let Some(p) = port {
-            self.port(p)?;
+        let now = Instant::now();
+        if let Some(port) = what.port() {
+            self.port(port)?;
+            if let (Inspect::Stats { .. }, Some(r)) = (&what, self.unapplied_ports.get(port)) {
+                return Ok(Reply::Inspect(
+                    json!({ "name": port, "not_applied": r.view(now) }),
+                ));
+            }
+            self.applied_port(port)?;
         }
-        self.dp.inspect(&what).map(Reply::Inspect)
+        let mut v = self.dp.inspect(&what)?;
+        if let (Inspect::Stats { port: None }, Value::Object(m)) = (&what, &mut v) {
+            m.insert("control".into(), self.control_stats(now));
+        }
+        Ok(Reply::Inspect(v))
+    }
+
+    /// What is saved but not applied, the state file and whether saving works, and
+    /// the API server's counters.
+    fn control_stats(&self, now: Instant) -> Value {
+        let ports: Vec<Value> = self
+            .unapplied_ports
+            .iter()
+            .map(|(name, r)| json!({ "name": name, "not_applied": r.view(now) }))
+            .collect();
+        let v2p: Vec<Value> = self
+            .unapplied_v2p
+            .iter()
+            .take(STATS_V2P_LISTED)
+            .map(|((vni, ip), r)| json!({ "vni": vni, "vpc_ip": ip, "not_applied": r.view(now) }))
+            .collect();
+        json!({
+            "not_applied": {
+                "ports": ports,
+                "v2p_count": self.unapplied_v2p.len(),
+                "v2p": v2p,
+            },
+            "state": {
+                "file": self.store.as_ref().map(|s| s.path()),
+                "save_error": self.save_error,
+            },
+            "api": self.api.as_deref(),
+        })
     }
 
     fn port(&self, name: &str) -> Result<&PortInfo, String> {
@@ -208,30 +487,52 @@ impl<D: Dataplane> Controller<D> {
             .ok_or_else(|| format!("no port named {name:?}"))
     }
 
+    /// A port that is in the dataplane: the only kind whose tables can change or
+    /// whose engine state can be inspected.
+    fn applied_port(&self, name: &str) -> Result<&PortInfo, String> {
+        let p = self.port(name)?;
+        match self.unapplied_ports.get(name) {
+            None => Ok(p),
+            Some(r) => Err(format!(
+                "port {name:?} is not applied ({}); it is retried, and delete-xde removes it",
+                r.reason()
+            )),
+        }
+    }
+
+    /// Writes `state`, remembering the outcome for `stats`.
+    fn save(&mut self, state: &State) -> Result<(), String> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let r = store.save(state);
+        self.save_error = r.as_ref().err().cloned();
+        r
+    }
+
     /// Saves `next` as the state; on failure runs `undo` on the dataplane and reports.
     fn commit(&mut self, next: State, undo: impl FnOnce(&mut D)) -> Result<Reply, String> {
-        if let Some(store) = &self.store {
-            if let Err(e) = store.save(&next) {
-                undo(&mut self.dp);
-                return Err(format!("change undone: {e}"));
-            }
+        if let Err(e) = self.save(&next) {
+            undo(&mut self.dp);
+            return Err(format!("change undone: {e}"));
         }
         self.state = next;
         Ok(Reply::Done)
     }
 
     fn create_port(&mut self, c: CreatePort) -> Result<Reply, String> {
-        c.config.validate()?;
-        check_port_against(&self.state, &c.config)?;
-        if let Some(ns) = &c.netns {
-            check_netns_name(ns)?;
-        }
         let info = PortInfo {
             config: c.config,
             netns: c.netns,
         };
-        self.dp.add_port(&info)?;
+        check_port(&self.state.ports, &info)?;
         let name = info.config.name.clone();
+        let rules = default_vpc_rules(&info.config);
+        let tables = PortTables {
+            routes: None,
+            fw_rules: rules.clone(),
+        };
+        self.dp.add_port(&info, &tables)?;
         let routes = match self.dp.routes(&name) {
             Ok(r) => r,
             Err(e) => {
@@ -239,105 +540,98 @@ impl<D: Dataplane> Controller<D> {
                 return Err(e);
             }
         };
-        let rules = default_vpc_rules(&info.config);
-        if let Err(e) = self.dp.set_fw_rules(&name, &rules) {
-            let _ = self.dp.remove_port(&name);
-            return Err(e);
-        }
         let mut next = self.state.clone();
         next.ports.push(info);
-        if !routes.is_empty() {
-            next.routes.insert(name.clone(), routes);
-        }
-        next.fw_rules.insert(name.clone(), rules);
+        put_table(&mut next.routes, &name, routes);
+        put_table(&mut next.fw_rules, &name, rules);
         self.commit(next, |dp| {
             let _ = dp.remove_port(&name);
         })
     }
 
+    /// Deletes a port, also one that is not applied (from the state alone).
     fn delete_port(&mut self, name: &str) -> Result<Reply, String> {
         let info = self.port(name)?.clone();
-        let routes = self.state.routes.get(name).cloned().unwrap_or_default();
-        let rules = self.state.fw_rules.get(name).cloned().unwrap_or_default();
-        self.dp.remove_port(name)?;
+        let applied = !self.unapplied_ports.contains_key(name);
+        let tables = saved_tables(&self.state, name);
+        if applied {
+            self.dp.remove_port(name)?;
+        }
         let mut next = self.state.clone();
         next.ports.retain(|p| p.config.name != name);
         next.routes.remove(name);
         next.fw_rules.remove(name);
-        self.commit(next, |dp| {
-            if dp.add_port(&info).is_ok() {
-                let _ = dp.set_routes(name, &routes);
-                let _ = dp.set_fw_rules(name, &rules);
+        let done = self.commit(next, |dp| {
+            if applied {
+                let _ = dp.add_port(&info, &tables);
             }
-        })
+        })?;
+        self.unapplied_ports.remove(name);
+        Ok(done)
     }
 
+    /// Sets a mapping; one saved but not applied is replaced and applied.
     fn set_v2p(&mut self, e: V2pEntry) -> Result<Reply, String> {
-        if !e.vpc_mac.is_unicast() {
-            return Err(format!("VPC MAC {} is not a unicast address", e.vpc_mac));
-        }
-        if e.underlay_ip.is_unspecified() || e.underlay_ip.is_multicast() {
-            return Err(format!(
-                "underlay address {} is not a unicast address",
-                e.underlay_ip
-            ));
-        }
-        let old = self
-            .state
-            .v2p
-            .iter()
-            .find(|o| o.vpc_ip == e.vpc_ip && o.vni == e.vni)
-            .copied();
+        validate_v2p(&e)?;
+        let key = v2p_key(&e);
+        let slot = self.state.v2p.iter().position(|o| v2p_key(o) == key);
+        // What the dataplane holds now, to put back if saving fails.
+        let held = slot
+            .filter(|_| !self.unapplied_v2p.contains_key(&key))
+            .map(|i| self.state.v2p[i]);
         self.dp.set_v2p(&e)?;
         let mut next = self.state.clone();
-        match next
-            .v2p
-            .iter_mut()
-            .find(|o| o.vpc_ip == e.vpc_ip && o.vni == e.vni)
-        {
-            Some(slot) => *slot = e,
+        match slot {
+            Some(i) => next.v2p[i] = e,
             None => next.v2p.push(e),
         }
-        self.commit(next, |dp| {
-            let _ = match old {
+        let done = self.commit(next, |dp| {
+            let _ = match held {
                 Some(o) => dp.set_v2p(&o),
                 None => dp.clear_v2p(e.vpc_ip, e.vni),
             };
-        })
+        })?;
+        self.unapplied_v2p.remove(&key);
+        Ok(done)
     }
 
+    /// Clears a mapping, also one that is not applied (from the state alone).
     fn clear_v2p(&mut self, vpc_ip: IpAddr, vni: Vni) -> Result<Reply, String> {
+        let key = (vni, vpc_ip);
         let old = self
             .state
             .v2p
             .iter()
-            .find(|o| o.vpc_ip == vpc_ip && o.vni == vni)
+            .find(|o| v2p_key(o) == key)
             .copied()
             .ok_or_else(|| format!("no V2P mapping for {vpc_ip} in VNI {vni}"))?;
-        self.dp.clear_v2p(vpc_ip, vni)?;
+        let applied = !self.unapplied_v2p.contains_key(&key);
+        if applied {
+            self.dp.clear_v2p(vpc_ip, vni)?;
+        }
         let mut next = self.state.clone();
-        next.v2p.retain(|o| !(o.vpc_ip == vpc_ip && o.vni == vni));
-        self.commit(next, |dp| {
-            let _ = dp.set_v2p(&old);
-        })
+        next.v2p.retain(|o| v2p_key(o) != key);
+        let done = self.commit(next, |dp| {
+            if applied {
+                let _ = dp.set_v2p(&old);
+            }
+        })?;
+        self.unapplied_v2p.remove(&key);
+        Ok(done)
     }
 
     fn replace_routes(&mut self, port: &str, routes: Vec<RouteEntry>) -> Result<Reply, String> {
         let old = self.state.routes.get(port).cloned().unwrap_or_default();
         self.dp.set_routes(port, &routes)?;
         let mut next = self.state.clone();
-        if routes.is_empty() {
-            next.routes.remove(port);
-        } else {
-            next.routes.insert(port.to_string(), routes);
-        }
+        put_table(&mut next.routes, port, routes);
         self.commit(next, |dp| {
             let _ = dp.set_routes(port, &old);
         })
     }
 
     fn add_route(&mut self, port: &str, entry: RouteEntry) -> Result<Reply, String> {
-        self.port(port)?;
+        self.applied_port(port)?;
         if let Some(mtu) = entry.mtu {
             if mtu < engine::port::MIN_PORT_MTU {
                 return Err(format!(
@@ -358,7 +652,7 @@ impl<D: Dataplane> Controller<D> {
     }
 
     fn del_route(&mut self, port: &str, dest: IpNet) -> Result<Reply, String> {
-        self.port(port)?;
+        self.applied_port(port)?;
         let mut routes = self.state.routes.get(port).cloned().unwrap_or_default();
         let before = routes.len();
         routes.retain(|r| r.dest != dest);
@@ -372,18 +666,14 @@ impl<D: Dataplane> Controller<D> {
         let old = self.state.fw_rules.get(port).cloned().unwrap_or_default();
         self.dp.set_fw_rules(port, &rules)?;
         let mut next = self.state.clone();
-        if rules.is_empty() {
-            next.fw_rules.remove(port);
-        } else {
-            next.fw_rules.insert(port.to_string(), rules);
-        }
+        put_table(&mut next.fw_rules, port, rules);
         self.commit(next, |dp| {
             let _ = dp.set_fw_rules(port, &old);
         })
     }
 
     fn add_fw_rule(&mut self, port: &str, rule: FwRule) -> Result<Reply, String> {
-        self.port(port)?;
+        self.applied_port(port)?;
         rule.filters.validate()?;
         let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
         if rules
@@ -403,7 +693,7 @@ impl<D: Dataplane> Controller<D> {
         priority: u16,
         filters: &FwFilters,
     ) -> Result<Reply, String> {
-        self.port(port)?;
+        self.applied_port(port)?;
         let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
         let before = rules.len();
         rules.retain(|r| !r.same_identity(direction, priority, filters));
@@ -417,7 +707,7 @@ impl<D: Dataplane> Controller<D> {
     }
 
     fn set_fw_rules(&mut self, port: &str, rules: Vec<FwRule>) -> Result<Reply, String> {
-        self.port(port)?;
+        self.applied_port(port)?;
         for (i, r) in rules.iter().enumerate() {
             r.filters
                 .validate()
@@ -433,11 +723,21 @@ impl<D: Dataplane> Controller<D> {
     }
 }
 
-/// Refuses a new port that collides with an existing one: the same name (it names
-/// the tap), or the same guest MAC in the same VPC (inbound frames are dispatched by
-/// VNI and destination MAC, so two would be ambiguous).
-fn check_port_against(state: &State, cfg: &PortConfig) -> Result<(), String> {
-    for p in &state.ports {
+/// Refuses a port that is invalid in itself (configuration, namespace name) or
+/// collides with one of `others`.
+fn check_port(others: &[PortInfo], p: &PortInfo) -> Result<(), String> {
+    p.config.validate()?;
+    if let Some(ns) = &p.netns {
+        check_netns_name(ns)?;
+    }
+    check_port_against(others, &p.config)
+}
+
+/// Refuses a port that collides with one of `others`: the same name (it names the
+/// tap), or the same guest MAC in the same VPC (inbound frames are dispatched by VNI
+/// and destination MAC, so two would be ambiguous).
+fn check_port_against(others: &[PortInfo], cfg: &PortConfig) -> Result<(), String> {
+    for p in others {
         if p.config.name == cfg.name {
             return Err(format!("a port named {:?} already exists", cfg.name));
         }
@@ -460,11 +760,34 @@ fn check_netns_name(ns: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The checks the engine makes on a mapping, made here first: at restore a mapping
+/// that would be refused is set aside by itself instead of failing the whole batch.
+fn validate_v2p(e: &V2pEntry) -> Result<(), String> {
+    if !e.vpc_mac.is_unicast() {
+        return Err(format!("VPC MAC {} is not a unicast address", e.vpc_mac));
+    }
+    if e.underlay_ip.is_unspecified() || e.underlay_ip.is_multicast() {
+        return Err(format!(
+            "underlay address {} is not a unicast address",
+            e.underlay_ip
+        ));
+    }
+    if e.vpc_ip.is_unspecified() || e.vpc_ip.is_multicast() {
+        return Err(format!("VPC address {} is not a unicast address", e.vpc_ip));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
     use crate::api::tests::sample_port;
-    use crate::api::{FwAction, FwHost, FwProto, RouteTarget};
+    use crate::api::{FwAction, FwHost, FwProto, NotApplied, RouteTarget};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// Namespaces a test pretends are missing, seen by the dataplane and the probe.
+    type Missing = Arc<Mutex<BTreeSet<String>>>;
 
     /// A dataplane that records what it was told and refuses on command, to check the
     /// controller's bookkeeping apart from the engine.
@@ -472,12 +795,18 @@ pub(crate) mod tests {
     struct Recorder {
         ports: Vec<String>,
         v2p: Vec<V2pEntry>,
-        routes: std::collections::BTreeMap<String, Vec<RouteEntry>>,
+        routes: BTreeMap<String, Vec<RouteEntry>>,
+        rules: BTreeMap<String, Vec<FwRule>>,
+        /// Every change asked for, in order ("op port").
+        log: Vec<String>,
         refuse: Option<&'static str>,
+        /// A port to be moved into one of these is refused, as the tap would be.
+        missing_netns: Missing,
     }
 
     impl Recorder {
-        fn check(&self, op: &str) -> Result<(), String> {
+        fn check(&mut self, op: &str, target: &str) -> Result<(), String> {
+            self.log.push(format!("{op} {target}"));
             match self.refuse {
                 Some(r) if r == op => Err(format!("dataplane refuses {op}")),
                 _ => Ok(()),
@@ -486,53 +815,75 @@ pub(crate) mod tests {
     }
 
     impl Dataplane for Recorder {
-        fn add_port(&mut self, p: &PortInfo) -> Result<(), String> {
-            self.check("add_port")?;
-            self.ports.push(p.config.name.clone());
+        fn add_port(&mut self, p: &PortInfo, tables: &PortTables) -> Result<(), String> {
+            let name = p.config.name.clone();
+            self.check("add_port", &name)?;
+            if let Some(ns) = &p.netns {
+                if self.missing_netns.lock().unwrap().contains(ns) {
+                    return Err(format!("network namespace {ns:?} not found"));
+                }
+            }
+            self.ports.push(name.clone());
             // Like the engine, a new port starts with a route to its VPC subnet.
             let subnet = RouteEntry {
                 dest: IpNet::V4(p.config.vpc_subnet4.unwrap()),
                 target: RouteTarget::Subnet,
                 mtu: None,
             };
-            self.routes.insert(p.config.name.clone(), vec![subnet]);
+            let routes = tables.routes.clone().unwrap_or_else(|| vec![subnet]);
+            self.routes.insert(name.clone(), routes);
+            self.rules.insert(name, tables.fw_rules.clone());
             Ok(())
         }
         fn remove_port(&mut self, name: &str) -> Result<(), String> {
-            self.check("remove_port")?;
+            self.check("remove_port", name)?;
             self.ports.retain(|n| n != name);
             self.routes.remove(name);
+            self.rules.remove(name);
             Ok(())
         }
         fn set_v2p(&mut self, e: &V2pEntry) -> Result<(), String> {
-            self.check("set_v2p")?;
+            self.check("set_v2p", &e.vpc_ip.to_string())?;
             self.v2p
                 .retain(|o| !(o.vpc_ip == e.vpc_ip && o.vni == e.vni));
             self.v2p.push(*e);
             Ok(())
         }
         fn clear_v2p(&mut self, ip: IpAddr, vni: Vni) -> Result<(), String> {
-            self.check("clear_v2p")?;
+            self.check("clear_v2p", &ip.to_string())?;
             self.v2p.retain(|o| !(o.vpc_ip == ip && o.vni == vni));
             Ok(())
         }
         fn set_routes(&mut self, port: &str, r: &[RouteEntry]) -> Result<(), String> {
-            self.check("set_routes")?;
+            self.check("set_routes", port)?;
             self.routes.insert(port.into(), r.to_vec());
             Ok(())
         }
         fn routes(&self, port: &str) -> Result<Vec<RouteEntry>, String> {
             Ok(self.routes.get(port).cloned().unwrap_or_default())
         }
-        fn set_fw_rules(&mut self, _: &str, _: &[FwRule]) -> Result<(), String> {
-            self.check("set_fw_rules")
+        fn set_fw_rules(&mut self, port: &str, rules: &[FwRule]) -> Result<(), String> {
+            self.check("set_fw_rules", port)?;
+            self.rules.insert(port.into(), rules.to_vec());
+            Ok(())
         }
-        fn clear_uft(&mut self, _: &str) -> Result<(), String> {
-            self.check("clear_uft")
+        fn clear_uft(&mut self, port: &str) -> Result<(), String> {
+            self.check("clear_uft", port)
         }
         fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String> {
-            Ok(serde_json::Value::String(format!("{what:?}")))
+            // Shaped like the real stats, so the control plane's part can be added.
+            Ok(json!({ "asked": format!("{what:?}") }))
         }
+    }
+
+    /// A controller over a [`Recorder`] whose namespace probe sees `missing` too.
+    fn with_missing(missing: &Missing, store: Option<StateStore>) -> Controller<Recorder> {
+        let dp = Recorder {
+            missing_netns: missing.clone(),
+            ..Recorder::default()
+        };
+        let probe = missing.clone();
+        Controller::new(dp, store).with_netns_probe(move |ns| !probe.lock().unwrap().contains(ns))
     }
 
     fn create(name: &str, last: u8) -> Request {
@@ -553,15 +904,55 @@ pub(crate) mod tests {
         let before = c.state().clone();
         let dp_ports = c.dataplane().ports.clone();
         let dp_routes = c.dataplane().routes.clone();
+        let dp_rules = c.dataplane().rules.clone();
+        let dp_v2p = c.dataplane().v2p.clone();
+        let listed = ok(c, Request::ListPorts);
         match c.handle(r) {
             Outcome::Ok(r) => panic!("accepted: {r:?}"),
             Outcome::Error(e) => {
                 assert_eq!(c.state(), &before, "a refused request changed the state");
                 assert_eq!(c.dataplane().ports, dp_ports);
                 assert_eq!(c.dataplane().routes, dp_routes);
+                assert_eq!(c.dataplane().rules, dp_rules);
+                assert_eq!(c.dataplane().v2p, dp_v2p);
+                assert_eq!(
+                    ports_applied(ok(c, Request::ListPorts)),
+                    ports_applied(listed)
+                );
                 e
             }
         }
+    }
+
+    /// (name, applied?) of every port `list-ports` shows.
+    fn ports_applied(r: Reply) -> Vec<(String, bool)> {
+        let Reply::Ports(ports) = r else {
+            panic!("{r:?}")
+        };
+        ports
+            .into_iter()
+            .map(|p| (p.port.config.name, p.not_applied.is_none()))
+            .collect()
+    }
+
+    /// The `not_applied` record `list-ports` shows for `port`.
+    fn not_applied(c: &mut Controller<Recorder>, port: &str) -> Option<NotApplied> {
+        let Reply::Ports(ports) = ok(c, Request::ListPorts) else {
+            panic!()
+        };
+        ports
+            .into_iter()
+            .find(|p| p.port.config.name == port)
+            .unwrap_or_else(|| panic!("{port} not listed"))
+            .not_applied
+    }
+
+    /// The control plane's part of `stats`.
+    fn control_stats(c: &mut Controller<Recorder>) -> Value {
+        let Reply::Inspect(v) = ok(c, Request::Stats { port: None }) else {
+            panic!()
+        };
+        v["control"].clone()
     }
 
     fn v2p(ip: &str) -> V2pEntry {
@@ -770,22 +1161,320 @@ pub(crate) mod tests {
         assert_eq!(&saved, c.state());
 
         let mut fresh = Controller::new(Recorder::default(), Some(store.clone()));
-        assert!(fresh.restore(saved.clone()).is_empty());
+        fresh.restore(saved.clone(), Instant::now());
         assert_eq!(fresh.state(), &saved);
+        assert_eq!(store.load().unwrap(), saved);
         assert_eq!(fresh.dataplane().ports, ["opte1"]);
         assert_eq!(fresh.dataplane().routes["opte1"].len(), 2); // default + ::/0
+        assert_eq!(fresh.dataplane().v2p, saved.v2p);
+        assert_eq!(
+            ports_applied(ok(&mut fresh, Request::ListPorts)),
+            [("opte1".to_string(), true)]
+        );
+    }
 
-        // A port the dataplane refuses at restore is reported and left out.
-        let mut picky = Controller::new(
+    fn fw_rule(priority: u16, proto: FwProto, ports: Vec<u16>) -> FwRule {
+        FwRule {
+            direction: Direction::In,
+            priority,
+            action: FwAction::Allow,
+            filters: FwFilters {
+                host: FwHost::Any,
+                proto,
+                ports,
+            },
+        }
+    }
+
+    /// A saved state of two ports: opte0 in namespace g0 with only an internet
+    /// route (its subnet route deleted) and one rule (the defaults removed), opte1
+    /// with the defaults; and two V2P mappings.
+    fn saved_state() -> State {
+        let mut c = Controller::new(Recorder::default(), None);
+        ok(
+            &mut c,
+            Request::CreatePort(CreatePort {
+                config: sample_port("opte0", 5),
+                netns: Some("g0".into()),
+            }),
+        );
+        ok(&mut c, create("opte1", 6));
+        let igw = RouteEntry {
+            dest: "0.0.0.0/0".parse().unwrap(),
+            target: RouteTarget::Igw,
+            mtu: None,
+        };
+        ok(
+            &mut c,
+            Request::AddRouterEntry {
+                port: "opte0".into(),
+                entry: igw,
+            },
+        );
+        ok(
+            &mut c,
+            Request::DelRouterEntry {
+                port: "opte0".into(),
+                dest: "172.30.0.0/22".parse().unwrap(),
+            },
+        );
+        ok(
+            &mut c,
+            Request::SetFwRules {
+                port: "opte0".into(),
+                rules: vec![fw_rule(10, FwProto::Tcp, vec![22])],
+            },
+        );
+        ok(&mut c, Request::SetV2p(v2p("172.30.0.9")));
+        ok(&mut c, Request::SetV2p(v2p("172.30.0.10")));
+        c.state().clone()
+    }
+
+    /// A restored port is created with its saved routes and rules in the same
+    /// dataplane call: no moment with the defaults (or no rules) in between, and
+    /// no save until the end.
+    #[test]
+    fn restored_port_carries_its_tables_from_the_start() {
+        let saved = saved_state();
+        let mut c = Controller::new(Recorder::default(), None);
+        c.restore(saved.clone(), Instant::now());
+        assert_eq!(
+            c.dataplane().log,
+            [
+                "add_port opte0",
+                "add_port opte1",
+                "set_v2p 172.30.0.9",
+                "set_v2p 172.30.0.10"
+            ]
+        );
+        let dp = c.dataplane();
+        assert_eq!(dp.routes["opte0"], saved.routes["opte0"]);
+        assert_eq!(dp.rules["opte0"], [fw_rule(10, FwProto::Tcp, vec![22])]);
+        assert_eq!(dp.rules["opte1"], saved.fw_rules["opte1"]);
+        assert_eq!(c.state(), &saved);
+    }
+
+    /// A port refused at restore stays in the state, is listed with the reason,
+    /// refuses changes and inspection by name, is not retried before its back-off
+    /// and comes up with its saved tables once the dataplane takes it.
+    #[test]
+    fn refused_port_is_kept_and_applied_on_retry() {
+        let saved = saved_state();
+        let mut c = Controller::new(
             Recorder {
                 refuse: Some("add_port"),
                 ..Recorder::default()
             },
             None,
         );
-        let refused = picky.restore(saved);
-        assert_eq!(refused.len(), 3, "{refused:?}"); // the port, its routes, its rules
-        assert!(picky.state().ports.is_empty());
+        let t0 = Instant::now();
+        c.restore(saved.clone(), t0);
+        assert_eq!(c.state(), &saved, "nothing lost");
+        assert!(c.dataplane().ports.is_empty());
+        let na = not_applied(&mut c, "opte0").expect("marked");
+        assert_eq!(na.reason, "dataplane refuses add_port");
+        assert_eq!(na.attempts, 1);
+        assert!(na.retry_in_ms <= 1000, "{na:?}");
+        let stats = control_stats(&mut c);
+        assert_eq!(stats["not_applied"]["ports"][1]["name"], "opte1");
+        assert_eq!(
+            stats["not_applied"]["ports"][0]["not_applied"]["reason"],
+            "dataplane refuses add_port"
+        );
+        let Reply::Inspect(one) = ok(
+            &mut c,
+            Request::Stats {
+                port: Some("opte0".into()),
+            },
+        ) else {
+            panic!()
+        };
+        assert_eq!(one["not_applied"]["attempts"], 1);
+        let e = err(
+            &mut c,
+            Request::Mtu {
+                port: "opte0".into(),
+            },
+        );
+        assert!(
+            e.contains("not applied") && e.contains("refuses add_port"),
+            "{e}"
+        );
+        let e = err(
+            &mut c,
+            Request::AddFwRule {
+                port: "opte0".into(),
+                rule: fw_rule(20, FwProto::Udp, vec![53]),
+            },
+        );
+        assert!(e.contains("opte0") && e.contains("not applied"), "{e}");
+        // Saved tables can still be read.
+        assert_eq!(
+            ok(
+                &mut c,
+                Request::DumpRoutes {
+                    port: "opte0".into()
+                }
+            ),
+            Reply::Routes(saved.routes["opte0"].clone())
+        );
+
+        let tries = |c: &Controller<Recorder>| {
+            c.dataplane()
+                .log
+                .iter()
+                .filter(|l| l.starts_with("add_port"))
+                .count()
+        };
+        assert_eq!(tries(&c), 2);
+        c.retry_due(t0 + Duration::from_millis(900));
+        assert_eq!(tries(&c), 2, "retried before its back-off");
+        c.retry_due(t0 + Duration::from_secs(1));
+        assert_eq!(tries(&c), 4);
+        assert_eq!(not_applied(&mut c, "opte0").unwrap().attempts, 2);
+
+        c.dataplane_mut().refuse = None;
+        let t1 = t0 + Duration::from_secs(3);
+        c.retry_due(t1);
+        assert_eq!(c.dataplane().ports, ["opte0", "opte1"]);
+        assert_eq!(not_applied(&mut c, "opte0"), None);
+        assert_eq!(c.dataplane().rules["opte0"], saved.fw_rules["opte0"]);
+        assert_eq!(c.dataplane().routes["opte0"], saved.routes["opte0"]);
+        assert_eq!(control_stats(&mut c)["not_applied"]["ports"], json!([]));
+        ok(
+            &mut c,
+            Request::Mtu {
+                port: "opte0".into(),
+            },
+        );
+        // Nothing left to do: later rounds try nothing.
+        c.retry_due(t1 + Duration::from_secs(120));
+        assert_eq!(tries(&c), 6);
+    }
+
+    /// A port refused because its namespace was missing is tried again as soon as
+    /// the namespace exists, long before its back-off runs out.
+    #[test]
+    fn port_is_retried_when_its_netns_appears() {
+        let missing = Missing::default();
+        missing.lock().unwrap().insert("g0".into());
+        let mut c = with_missing(&missing, None);
+        let t0 = Instant::now();
+        c.restore(saved_state(), t0);
+        assert_eq!(c.dataplane().ports, ["opte1"]);
+        let na = not_applied(&mut c, "opte0").unwrap();
+        assert!(na.reason.contains("\"g0\" not found"), "{na:?}");
+        c.retry_due(t0 + Duration::from_millis(100));
+        assert_eq!(c.dataplane().ports, ["opte1"], "namespace still missing");
+        missing.lock().unwrap().clear();
+        c.retry_due(t0 + Duration::from_millis(200));
+        assert_eq!(c.dataplane().ports, ["opte1", "opte0"]);
+        assert_eq!(not_applied(&mut c, "opte0"), None);
+    }
+
+    /// A port that is not applied can be deleted: it leaves the state without the
+    /// dataplane being asked, and its name is free again.
+    #[test]
+    fn unapplied_port_can_be_deleted() {
+        let missing = Missing::default();
+        missing.lock().unwrap().insert("g0".into());
+        let mut c = with_missing(&missing, None);
+        c.restore(saved_state(), Instant::now());
+        ok(
+            &mut c,
+            Request::DeletePort {
+                name: "opte0".into(),
+            },
+        );
+        assert!(!c
+            .dataplane()
+            .log
+            .iter()
+            .any(|l| l.starts_with("remove_port")));
+        assert_eq!(
+            ports_applied(ok(&mut c, Request::ListPorts)),
+            [("opte1".to_string(), true)]
+        );
+        assert!(!c.state().fw_rules.contains_key("opte0"));
+        assert!(!c.state().routes.contains_key("opte0"));
+        ok(&mut c, create("opte0", 5));
+        c.retry_due(Instant::now() + Duration::from_secs(3600));
+        assert_eq!(c.dataplane().ports, ["opte1", "opte0"]);
+    }
+
+    /// V2P mappings the dataplane refuses at restore are kept, counted in stats
+    /// and applied later; one that could never be applied is set aside alone
+    /// instead of failing the batch.
+    #[test]
+    fn refused_v2p_is_kept_and_retried() {
+        let mut saved = saved_state();
+        let mut bad = v2p("224.0.0.9");
+        bad.vni = Vni::new(7).unwrap();
+        saved.v2p.push(bad);
+        let mut c = Controller::new(
+            Recorder {
+                refuse: Some("set_v2p"),
+                ..Recorder::default()
+            },
+            None,
+        );
+        let t0 = Instant::now();
+        c.restore(saved.clone(), t0);
+        assert_eq!(c.state(), &saved);
+        assert_eq!(control_stats(&mut c)["not_applied"]["v2p_count"], 3);
+        assert_eq!(ok(&mut c, Request::DumpV2p), Reply::V2p(saved.v2p.clone()));
+
+        // Setting one by hand applies it (and it is no longer marked).
+        c.dataplane_mut().refuse = None;
+        ok(&mut c, Request::SetV2p(v2p("172.30.0.9")));
+        assert_eq!(control_stats(&mut c)["not_applied"]["v2p_count"], 2);
+        c.retry_due(t0 + Duration::from_secs(1));
+        assert_eq!(c.dataplane().v2p, [v2p("172.30.0.9"), v2p("172.30.0.10")]);
+        let stats = control_stats(&mut c);
+        assert_eq!(stats["not_applied"]["v2p_count"], 1);
+        let reason = stats["not_applied"]["v2p"][0]["not_applied"]["reason"]
+            .as_str()
+            .unwrap();
+        assert!(reason.contains("224.0.0.9"), "{reason}");
+        // Clearing the one that cannot be applied touches only the state.
+        ok(
+            &mut c,
+            Request::ClearV2p {
+                vpc_ip: bad.vpc_ip,
+                vni: bad.vni,
+            },
+        );
+        assert!(!c.dataplane().log.iter().any(|l| l.starts_with("clear_v2p")));
+        assert_eq!(control_stats(&mut c)["not_applied"]["v2p_count"], 0);
+    }
+
+    /// When the state cannot be written at start, the restored dataplane stays as
+    /// restored (nothing undone), the failure is shown by stats, and changes are
+    /// refused without changing anything.
+    #[test]
+    fn unwritable_state_dir_does_not_undo_the_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        let saved = saved_state();
+        store.save(&saved).unwrap();
+        // The temporary file's name taken by a directory: every save fails.
+        std::fs::create_dir(dir.path().join("state.json.tmp")).unwrap();
+        let mut c = Controller::new(Recorder::default(), Some(store.clone()));
+        c.restore(store.load().unwrap(), Instant::now());
+        assert_eq!(c.dataplane().ports, ["opte0", "opte1"]);
+        assert_eq!(c.state(), &saved);
+        let e = control_stats(&mut c)["state"]["save_error"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("state.json"), "{e}");
+        let e = err(&mut c, create("opte2", 7));
+        assert!(e.contains("change undone"), "{e}");
+        assert_eq!(store.load().unwrap(), saved, "file untouched");
+        // Writable again: the next change goes through and the error clears.
+        std::fs::remove_dir(dir.path().join("state.json.tmp")).unwrap();
+        ok(&mut c, create("opte2", 7));
+        assert!(control_stats(&mut c)["state"]["save_error"].is_null());
     }
 
     #[test]

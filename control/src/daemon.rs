@@ -10,12 +10,12 @@
 
 use crate::config::DaemonConfig;
 use crate::controller::Controller;
-use crate::datapath::{engine_config, pin_to_core, Datapath};
+use crate::datapath::{engine_config, pin_to_core, with_port_links, Datapath};
 use crate::handoff::Doorbell;
 use crate::neighbours::NextHops;
-use crate::server::{request_channel, serve_next, serve_pending, ApiServer};
+use crate::server::{request_channel, serve_next, serve_pending, ApiLimits, ApiServer};
 use crate::state::StateStore;
-use crate::underlay::{warn_if_address_missing, Underlay, FRAME_OVERHEAD};
+use crate::underlay::{warn_if_address_missing, Underlay, UnderlayWatch, FRAME_OVERHEAD};
 use crate::worker::{mesh, run_worker, WorkerIo};
 use crate::workers::{JobTx, Workers};
 use engine::{Engine, EngineConfig};
@@ -23,7 +23,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long the main thread waits for an API request before checking for a
 /// signal or a dead worker.
@@ -92,6 +92,10 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     }
     let store = StateStore::open(&cfg.state_dir)?;
     let saved = store.load()?;
+    // Before the underlay is touched, so that a bad socket path stops the daemon
+    // early; requests wait in the channel until the state is restored.
+    let (tx, rx) = request_channel();
+    let server = ApiServer::start(&cfg.api_socket, tx, ApiLimits::default())?;
     warn_if_address_missing(cfg.underlay_addr);
     let n = cfg.cores.len().max(1);
     let mut underlay = Underlay::open(cfg, n)?;
@@ -118,7 +122,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
         let io = WorkerIo::new(
             index,
             queues,
-            NextHops::start()?,
+            NextHops::start(Some(doorbells[index].clone()))?,
             mesh,
             doorbells[index].clone(),
             cfg.poll,
@@ -130,18 +134,12 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
         pool.threads.push(t);
         jobs.push(tx);
     }
-    let link_stats = move || serde_json::to_value(underlay.stats()).unwrap_or_default();
+    let mut watch = UnderlayWatch::start(cfg, n, underlay, u32::from(ecfg.underlay_mtu))?;
+    let link_stats = watch.stats();
     let workers = Workers::new(jobs, Some(Box::new(link_stats))).with_doorbells(doorbells);
     let mut ctl = Controller::new(workers, Some(store));
-    let refused = ctl.restore(saved);
-    tracing::info!(
-        ports = ctl.state().ports.len(),
-        v2p = ctl.state().v2p.len(),
-        refused = refused.len(),
-        "state restored"
-    );
-    let (tx, rx) = request_channel();
-    let server = ApiServer::start(&cfg.api_socket, tx)?;
+    ctl.set_api_counters(server.counters());
+    ctl.restore(saved, Instant::now());
     tracing::info!(socket = %server.path().display(), "API listening");
     let mut result = Ok(());
     while !stop.load(Ordering::Relaxed) {
@@ -149,16 +147,24 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
             result = Err("a worker stopped unexpectedly; shutting down".to_string());
             break;
         }
-        if !serve_next(&rx, MAIN_POLL, |r| ctl.handle(r)) {
+        let served = serve_next(&rx, MAIN_POLL, |r| {
+            let out = ctl.handle(r);
+            with_port_links(out, ctl.dataplane())
+        });
+        if !served {
             break;
         }
+        ctl.retry_due(Instant::now());
+        watch.poll(ctl.dataplane());
     }
     tracing::info!("shutting down");
     drop(server);
-    // Workers first (their sockets close), then the controller, whose link
-    // statistics closure holds the underlay: XDP detached, UMEM unmapped.
+    // Workers first (their sockets close), then the controller (whose link
+    // statistics closure) and the underlay watch, which hold the underlay: XDP
+    // detached, UMEM unmapped.
     drop(pool);
     drop(ctl);
+    drop(watch);
     result
 }
 
@@ -183,11 +189,10 @@ impl Headless {
             None => Default::default(),
         };
         let mut ctl = Controller::new(Datapath::without_io(engine), store);
-        for e in ctl.restore(saved) {
-            tracing::error!(error = %e, "not restored");
-        }
         let (tx, rx) = request_channel();
-        let server = ApiServer::start(socket, tx)?;
+        let server = ApiServer::start(socket, tx, ApiLimits::default())?;
+        ctl.set_api_counters(server.counters());
+        ctl.restore(saved, Instant::now());
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let worker = thread::Builder::new()
@@ -197,6 +202,7 @@ impl Headless {
                     if serve_pending(&rx, |r| ctl.handle(r)) == 0 {
                         thread::sleep(Duration::from_millis(2));
                     }
+                    ctl.retry_due(Instant::now());
                 }
                 ctl
             })

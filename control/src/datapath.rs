@@ -14,28 +14,41 @@
 //! (`Engine::set_sibling_port`, from [`WorkerPlane::set_port_owner`]); the engine
 //! then says when a frame belongs to another worker and the loop hands it over.
 //!
+//! A port whose tap goes away (its guest's namespace deleted, the device removed)
+//! is marked down and its tap re-opened by a [`Reattacher`] thread on a back-off
+//! until the tap can be had again; the worker then serves it as before. The
+//! worker only takes fds out of and into its poll set: it never waits for a tap
+//! to be opened.
+//!
 //! Without I/O (tests, `--no-io` style embedding) the same [`Datapath`] runs with no
 //! taps and no underlay: requests are applied to the engine alone.
 
 use crate::api::{
-    Direction, FwAction, FwHost, FwProto, FwRule, PortInfo, RouteEntry, RouteTarget, V2pEntry,
+    Direction, FwAction, FwHost, FwProto, FwRule, Outcome, PortInfo, PortLink, Reply, RouteEntry,
+    RouteTarget, V2pEntry,
 };
 use crate::config::DaemonConfig;
-use crate::controller::{Dataplane, Inspect};
-use crate::worker::{WorkerIo, WorkerStats};
-use crate::workers::{PortKey, WorkerPlane};
+use crate::controller::{Dataplane, Inspect, PortTables};
+use crate::worker::{Backoff, WorkerIo, WorkerStats};
+use crate::workers::{PortKey, WorkerPlane, Workers};
 use dpio::tap::TapPort;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::{Engine, EngineConfig, TxBatch, Vni};
 use ipnet::IpNet;
+use std::collections::HashMap;
 use std::net::IpAddr;
-use std::time::Instant;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// One worker's engine plus, when I/O is on, its taps and underlay queues.
 pub struct Datapath {
     pub(crate) engine: Engine,
-    /// Each port's tap, by the engine's port id (`None`: no I/O, or the tap is gone).
-    pub(crate) taps: Vec<Option<TapPort>>,
+    /// Each port's tap, by the engine's port id (`None`: no I/O, or no such port).
+    pub(crate) taps: Vec<Option<PortTap>>,
+    /// Numbers the ports this worker was given, so that a tap re-attached for a
+    /// deleted port never goes to a later port in the same slot.
+    next_gen: u64,
     pub(crate) io: Option<WorkerIo>,
     pub(crate) stats: WorkerStats,
     /// The output batch, kept for its capacity.
@@ -54,6 +67,9 @@ pub fn engine_config(cfg: &DaemonConfig, underlay_mtu: u32) -> Result<EngineConf
         .map_err(|_| format!("underlay MTU {underlay_mtu} is above 65535"))?;
     e.external_jumbo = cfg.external_jumbo;
     e.boundary_services = cfg.boundary_services.map(|a| (a, cfg.boundary_vni));
+    // One engine per worker (one worker per configured core, or one): together
+    // they keep to the sled's table budget.
+    e.tables = cfg.tables.split(cfg.cores.len().max(1));
     e.hash_seed = random_seed()?;
     Ok(e)
 }
@@ -86,6 +102,7 @@ impl Datapath {
         Datapath {
             engine,
             taps: Vec::new(),
+            next_gen: 0,
             io: None,
             stats: WorkerStats::default(),
             batch: TxBatch::new(),
@@ -107,6 +124,13 @@ impl Datapath {
         &self.engine
     }
 
+    /// Plans with an underlay of `mtu` from now on (segment sizes, MTU budget,
+    /// Packet Too Big); returns this worker's ports whose MTU no longer fits.
+    pub(crate) fn set_underlay_mtu(&mut self, mtu: u32) -> Result<Vec<String>, String> {
+        let mtu = u16::try_from(mtu).map_err(|_| format!("underlay MTU {mtu} is above 65535"))?;
+        self.engine.set_underlay_mtu(mtu).map_err(|e| e.to_string())
+    }
+
     /// The engine's clock at `at`: nanoseconds since this datapath started.
     pub(crate) fn nanos(&self, at: Instant) -> u64 {
         u64::try_from(at.duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
@@ -117,12 +141,20 @@ impl Datapath {
     }
 }
 
-/// Opens (or, after a restart, reattaches to) the tap of a port and puts it where the
-/// guest expects it.
+/// Opens (or, after a restart or once its guest is back, reattaches to) the tap of a
+/// port and puts it where the guest expects it.
 fn open_tap(p: &PortInfo) -> Result<TapPort, String> {
     let name = &p.config.name;
     let ctx = |e: std::io::Error| format!("tap {name:?}: {e}");
     if let Some(ns) = &p.netns {
+        // A tap made for a namespace that is not there could only be destroyed again.
+        let path = dpio::netns::netns_path(ns).map_err(ctx)?;
+        if !path.exists() {
+            return Err(format!(
+                "tap {name:?}: network namespace {ns:?} ({}) does not exist",
+                path.display()
+            ));
+        }
         // A persistent tap survives the daemon; if it is already in the guest's
         // namespace, take it over there.
         match TapPort::attach_in_netns(ns, name) {
@@ -140,6 +172,252 @@ fn open_tap(p: &PortInfo) -> Result<TapPort, String> {
         }
     }
     Ok(tap)
+}
+
+/// One port's tap as its worker serves it.
+pub(crate) struct PortTap {
+    /// What the tap is opened from: name, MAC, MTU, the guest's namespace.
+    pub(crate) info: PortInfo,
+    /// Which port of this worker it is (see [`Datapath::next_gen`]).
+    pub(crate) gen: u64,
+    pub(crate) link: TapLink,
+}
+
+/// Whether a port's tap is served.
+pub(crate) enum TapLink {
+    /// Open and in the worker's poll set.
+    Up(TapPort),
+    /// Gone since `since` (why: `reason`); the [`Reattacher`] is getting it back.
+    Down { since: SystemTime, reason: String },
+}
+
+impl TapLink {
+    /// As `list-ports` shows it.
+    fn view(&self) -> PortLink {
+        match self {
+            TapLink::Up(_) => PortLink::Up,
+            TapLink::Down { since, reason } => PortLink::Down {
+                since_unix_ms: since
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                reason: reason.clone(),
+            },
+        }
+    }
+}
+
+impl Datapath {
+    /// The link state of each of this worker's ports.
+    fn port_links(&self) -> Vec<(String, PortLink)> {
+        self.taps
+            .iter()
+            .flatten()
+            .map(|p| (p.info.config.name.clone(), p.link.view()))
+            .collect()
+    }
+}
+
+/// A `list-ports` answer with each port's link state filled in, asked of the
+/// workers that serve the taps; any other answer as it is.
+pub fn with_port_links(out: Outcome, workers: &Workers<Datapath>) -> Outcome {
+    let Outcome::Ok(Reply::Ports(mut ports)) = out else {
+        return out;
+    };
+    let mut links = HashMap::new();
+    for w in 0..workers.count() {
+        match workers.call(w, |dp: &mut Datapath| dp.port_links()) {
+            Ok(l) => links.extend(l),
+            Err(e) => tracing::warn!(worker = w, error = %e, "port link states not read"),
+        }
+    }
+    for p in &mut ports {
+        p.link = links.remove(&p.port.config.name);
+    }
+    Outcome::Ok(Reply::Ports(ports))
+}
+
+/// How soon a port whose tap went away is first tried again, and the longest wait
+/// between tries: a guest back within a second gets its link back at once, one
+/// that stays away costs one failed open every few seconds.
+const REATTACH_FIRST: Duration = Duration::from_millis(100);
+const REATTACH_MAX: Duration = Duration::from_secs(5);
+
+/// What a worker asks of its [`Reattacher`].
+enum Want {
+    /// Get the tap of port `slot` number `gen` back.
+    Tap {
+        slot: usize,
+        gen: u64,
+        port: Box<PortInfo>,
+    },
+    /// That port was deleted: stop trying.
+    Forget { slot: usize, gen: u64 },
+}
+
+/// A tap opened again for port `slot` number `gen`.
+pub(crate) struct Reattached {
+    pub(crate) slot: usize,
+    pub(crate) gen: u64,
+    pub(crate) tap: TapPort,
+}
+
+/// One worker's tap re-opener: a thread that tries to open the taps of the
+/// worker's down ports, each on its own back-off, and hands back those it got.
+/// On a thread because opening a tap in a guest's namespace takes a thread of its
+/// own and several netlink round trips, which the worker must not wait for.
+pub struct Reattacher {
+    /// `None` once dropped, which ends the thread.
+    wants: Option<Sender<Want>>,
+    back: Receiver<Reattached>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Reattacher {
+    /// Starts worker `index`'s re-opener (it opens taps in the caller's network
+    /// namespace, like the worker's own ports).
+    pub fn start(index: usize) -> Result<Reattacher, String> {
+        let (wants, wants_rx) = mpsc::channel();
+        let (back_tx, back) = mpsc::channel();
+        let thread = thread::Builder::new()
+            .name(format!("taps{index}"))
+            .spawn(move || reattach_loop(&wants_rx, &back_tx))
+            .map_err(|e| format!("cannot start worker {index}'s tap re-opener: {e}"))?;
+        Ok(Reattacher {
+            wants: Some(wants),
+            back,
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, w: Want) {
+        if let Some(tx) = &self.wants {
+            if tx.send(w).is_err() {
+                tracing::error!("tap re-opener has stopped");
+            }
+        }
+    }
+
+    /// Starts getting the tap of port `slot` number `gen` back.
+    pub(crate) fn want(&self, slot: usize, gen: u64, port: &PortInfo) {
+        self.send(Want::Tap {
+            slot,
+            gen,
+            port: Box::new(port.clone()),
+        });
+    }
+
+    /// Stops trying for a port that was deleted.
+    pub(crate) fn forget(&self, slot: usize, gen: u64) {
+        self.send(Want::Forget { slot, gen });
+    }
+
+    /// A tap opened again, if one is waiting (never blocks).
+    pub(crate) fn take(&self) -> Option<Reattached> {
+        self.back.try_recv().ok()
+    }
+}
+
+impl Drop for Reattacher {
+    fn drop(&mut self) {
+        self.wants.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A down port's tap being tried for.
+struct Waiting {
+    port: Box<PortInfo>,
+    due: Instant,
+    backoff: Backoff,
+}
+
+/// The re-opener's loop: sleeps until a request or the next try, tries the ports
+/// that are due. Returns once the worker's side is dropped.
+fn reattach_loop(wants: &Receiver<Want>, back: &Sender<Reattached>) {
+    let mut waiting: HashMap<(usize, u64), Waiting> = HashMap::new();
+    loop {
+        let first = match waiting.values().map(|w| w.due).min() {
+            None => wants.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(due) => wants.recv_timeout(due.saturating_duration_since(Instant::now())),
+        };
+        match first {
+            Ok(w) => note(&mut waiting, w),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        let due: Vec<(usize, u64)> = waiting
+            .iter()
+            .filter(|(_, w)| w.due <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in due {
+            if !try_reattach(key, &mut waiting, wants, back) {
+                return;
+            }
+        }
+    }
+}
+
+/// Records one request.
+fn note(waiting: &mut HashMap<(usize, u64), Waiting>, w: Want) {
+    match w {
+        Want::Tap { slot, gen, port } => {
+            let mut backoff = Backoff::new(REATTACH_FIRST, REATTACH_MAX);
+            let due = Instant::now() + backoff.next();
+            waiting.insert((slot, gen), Waiting { port, due, backoff });
+        }
+        Want::Forget { slot, gen } => {
+            waiting.remove(&(slot, gen));
+        }
+    }
+}
+
+/// Records every request waiting; false once the worker's side is gone.
+fn note_all(waiting: &mut HashMap<(usize, u64), Waiting>, wants: &Receiver<Want>) -> bool {
+    loop {
+        match wants.try_recv() {
+            Ok(w) => note(waiting, w),
+            Err(TryRecvError::Empty) => return true,
+            Err(TryRecvError::Disconnected) => return false,
+        }
+    }
+}
+
+/// One try at port `key`'s tap: handed back when opened (unless the port was
+/// deleted meanwhile: then the new tap is destroyed), else tried again after the
+/// port's next back-off. False once the worker's side is gone.
+fn try_reattach(
+    key: (usize, u64),
+    waiting: &mut HashMap<(usize, u64), Waiting>,
+    wants: &Receiver<Want>,
+    back: &Sender<Reattached>,
+) -> bool {
+    let Some(w) = waiting.get_mut(&key) else {
+        return true;
+    };
+    let tap = match open_tap(&w.port) {
+        Ok(tap) => tap,
+        Err(e) => {
+            w.due = Instant::now() + w.backoff.next();
+            tracing::debug!(port = %w.port.config.name, error = %e, "tap not back yet");
+            return true;
+        }
+    };
+    if !note_all(waiting, wants) {
+        // Shutting down: the tap (persistent) stays for the next start.
+        return false;
+    }
+    if waiting.remove(&key).is_none() {
+        if let Err(e) = tap.destroy() {
+            tracing::warn!(error = %e, "tap of a deleted port not destroyed");
+        }
+        return true;
+    }
+    let (slot, gen) = key;
+    back.send(Reattached { slot, gen, tap }).is_ok()
 }
 
 fn engine_target(t: RouteTarget) -> engine::RouteTarget {
@@ -175,14 +453,29 @@ impl Datapath {
         }
         Ok(())
     }
+
+    /// Gives a new port its routing table (unless it keeps the engine's default
+    /// routes) and its firewall rules.
+    fn set_tables(&mut self, port: &str, tables: &PortTables) -> Result<(), String> {
+        if let Some(routes) = &tables.routes {
+            self.sync_routes(port, routes)?;
+        }
+        self.set_fw_rules(port, &tables.fw_rules)
+    }
 }
 
 impl Dataplane for Datapath {
-    fn add_port(&mut self, p: &PortInfo) -> Result<(), String> {
+    fn add_port(&mut self, p: &PortInfo, tables: &PortTables) -> Result<(), String> {
         let id = self
             .engine
             .add_port(p.config.clone())
             .map_err(|e| e.to_string())?;
+        // The tables are in force before the tap exists: the port's first frame
+        // already meets them.
+        if let Err(e) = self.set_tables(&p.config.name, tables) {
+            let _ = self.engine.remove_port(&p.config.name);
+            return Err(e);
+        }
         let Some(io) = &self.io else {
             return Ok(());
         };
@@ -198,19 +491,30 @@ impl Dataplane for Datapath {
         if self.taps.len() <= i {
             self.taps.resize_with(i + 1, || None);
         }
-        self.taps[i] = Some(tap);
+        self.next_gen += 1;
+        self.taps[i] = Some(PortTap {
+            info: p.clone(),
+            gen: self.next_gen,
+            link: TapLink::Up(tap),
+        });
         Ok(())
     }
 
     fn remove_port(&mut self, name: &str) -> Result<(), String> {
         let id = self.engine.remove_port(name).map_err(|e| e.to_string())?;
-        if let Some(tap) = self.taps.get_mut(id.0 as usize).and_then(Option::take) {
-            if let Some(io) = &self.io {
+        let slot = id.0 as usize;
+        let (Some(port), Some(io)) = (self.taps.get_mut(slot).and_then(Option::take), &self.io)
+        else {
+            return Ok(());
+        };
+        match port.link {
+            TapLink::Up(tap) => {
                 io.unwatch_tap(&tap);
+                if let Err(e) = tap.destroy() {
+                    tracing::warn!(port = name, error = %e, "tap not destroyed");
+                }
             }
-            if let Err(e) = tap.destroy() {
-                tracing::warn!(port = name, error = %e, "tap not destroyed");
-            }
+            TapLink::Down { .. } => io.reattach.forget(slot, port.gen),
         }
         Ok(())
     }
@@ -277,8 +581,15 @@ impl Dataplane for Datapath {
             Inspect::Layer { port, layer } => json(serde_json::to_value(
                 self.engine.dump_layer(port, layer).map_err(e)?,
             )),
-            Inspect::Uft { port } => {
-                json(serde_json::to_value(self.engine.dump_uft(port).map_err(e)?))
+            Inspect::Uft {
+                port,
+                cursor,
+                limit,
+            } => {
+                // Without a limit, the engine's largest page.
+                let limit = limit.unwrap_or(usize::MAX);
+                let page = self.engine.dump_uft(port, cursor.unwrap_or(0), limit);
+                json(serde_json::to_value(page.map_err(e)?))
             }
             Inspect::Mtu { port } => json(serde_json::to_value(
                 self.engine.mtu_budget(port).map_err(e)?,
@@ -420,7 +731,7 @@ pub fn pin_to_core(core: usize) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Every daemon draws its own seed: never the engine's fixed test default, and
@@ -439,6 +750,10 @@ mod tests {
             xdp_mode: crate::config::XdpMode::Native,
             poll: crate::config::PollMode::Adaptive,
             log_level: "info".into(),
+            tables: engine::TableBudget {
+                bytes: 64 << 20,
+                ports: 4,
+            },
         };
         let fixed = EngineConfig::new(cfg.underlay_addr).hash_seed;
         let a = engine_config(&cfg, 9000).unwrap();
@@ -446,5 +761,73 @@ mod tests {
         assert_ne!(a.hash_seed, fixed);
         assert_ne!(a.hash_seed, b.hash_seed);
         assert_eq!(a.underlay_mtu, 9000);
+        assert_eq!(a.tables, cfg.tables);
+    }
+
+    /// `ip ARGS...`, which must succeed.
+    pub(crate) fn ip(args: &[&str]) {
+        let ok = std::process::Command::new("ip")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "ip {args:?} failed (this test needs root)");
+    }
+
+    /// A network namespace deleted on drop.
+    pub(crate) struct Netns(pub(crate) String);
+
+    impl Netns {
+        /// `ctl-TAG-PID`, created.
+        pub(crate) fn new(tag: &str) -> Netns {
+            let name = format!("ctl-{tag}-{}", std::process::id());
+            ip(&["netns", "add", &name]);
+            Netns(name)
+        }
+    }
+
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &self.0])
+                .status();
+        }
+    }
+
+    /// A down port's tap is not made while its guest's namespace is missing, and
+    /// comes back (made in the namespace) once it exists; a port deleted while it
+    /// waited gets no tap.
+    #[test]
+    fn reattacher_waits_for_the_namespace_and_skips_deleted_ports() {
+        let ns = format!("ctl-reattach-{}", std::process::id());
+        // Created below, once the ports wait for it.
+        let port = |name: &str, last: u8| PortInfo {
+            config: crate::api::tests::sample_port(name, last),
+            netns: Some(ns.clone()),
+        };
+        let r = Reattacher::start(0).unwrap();
+        r.want(3, 1, &port("rat0", 1));
+        r.want(4, 2, &port("rat1", 2));
+        r.forget(4, 2);
+        std::thread::sleep(REATTACH_FIRST * 3);
+        assert!(r.take().is_none(), "no namespace, no tap");
+        ip(&["netns", "add", &ns]);
+        let _guard = Netns(ns.clone());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let back = loop {
+            if let Some(b) = r.take() {
+                break b;
+            }
+            assert!(Instant::now() < deadline, "the tap did not come back");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!((back.slot, back.gen, back.tap.name()), (3, 1, "rat0"));
+        ip(&["-n", &ns, "link", "show", "rat0"]);
+        let forgotten = std::process::Command::new("ip")
+            .args(["-n", &ns, "link", "show", "rat1"])
+            .output()
+            .unwrap();
+        assert!(!forgotten.status.success(), "a deleted port's tap was made");
+        assert!(r.take().is_none());
+        back.tap.destroy().unwrap();
     }
 }

@@ -2,22 +2,28 @@
 //! rules, kept in one JSON file in the state directory and restored at start.
 //!
 //! The file is the control plane's intent, not the engine's memory: on restart the
-//! daemon replays it through the same request handling the API uses, so a restored
-//! port is validated exactly like a new one. Writes are atomic (temporary file, fsync,
-//! rename, fsync of the directory), so a crash leaves either the old or the new file.
+//! daemon puts it back into the dataplane with the same checks the API applies, and
+//! what the dataplane refuses then stays in the file (see
+//! [`crate::controller::Controller::restore`]). Writes are atomic (temporary file,
+//! fsync, rename, fsync of the directory), so a crash leaves either the old or the
+//! new file.
 
 use crate::api::{FwRule, PortInfo, RouteEntry, V2pEntry};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Bumped when the file's shape changes incompatibly.
 pub const STATE_FORMAT: u32 = 1;
 
 const STATE_FILE: &str = "state.json";
+
+/// The file describes tenants' networks: readable by the daemon's user only.
+const FILE_MODE: u32 = 0o600;
+const DIR_MODE: u32 = 0o700;
 
 /// Everything configured through the API.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,10 +51,13 @@ pub struct StateStore {
 }
 
 impl StateStore {
-    /// Creates the directory (mode 0700: the file describes tenants' networks) if
-    /// needed.
+    /// Creates the directory (and missing parents) mode 0700 if needed; an existing
+    /// one is left as it is.
     pub fn open(dir: &Path) -> Result<StateStore, String> {
-        fs::create_dir_all(dir)
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(dir)
             .map_err(|e| format!("cannot create state directory {}: {e}", dir.display()))?;
         Ok(StateStore {
             dir: dir.to_path_buf(),
@@ -89,12 +98,17 @@ impl StateStore {
         })
         .map_err(|e| format!("cannot encode state: {e}"))?;
         let write = || -> std::io::Result<()> {
+            // The mode given to open is reduced by the umask and ignored for a
+            // temporary file left by a crash, so it is set on the open file too; a
+            // symlink planted in its place is refused rather than followed.
             let mut f = OpenOptions::new()
                 .write(true)
                 .create(true)
                 .truncate(true)
-                .mode(0o600)
+                .mode(FILE_MODE)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&tmp)?;
+            f.set_permissions(fs::Permissions::from_mode(FILE_MODE))?;
             f.write_all(&body)?;
             f.sync_all()?;
             fs::rename(&tmp, &path)?;
@@ -171,9 +185,43 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, [STATE_FILE], "no temporary file left behind");
-        use std::os::unix::fs::PermissionsExt;
         let mode = fs::metadata(store.path()).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    fn mode(p: &Path) -> u32 {
+        fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    /// The directory is created private; the file is 0600 even when a temporary
+    /// file left by a crash was world-readable (open's mode does not apply to an
+    /// existing file, and the umask cannot widen what is set afterwards).
+    #[test]
+    fn modes_are_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("a/state");
+        let store = StateStore::open(&sub).unwrap();
+        assert_eq!(mode(&sub), 0o700);
+        let tmp = sub.join(format!("{STATE_FILE}.tmp"));
+        fs::write(&tmp, b"stale").unwrap();
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o666)).unwrap();
+        store.save(&sample_state()).unwrap();
+        assert_eq!(mode(&store.path()), 0o600);
+        assert_eq!(store.load().unwrap(), sample_state());
+    }
+
+    /// A symlink where the temporary file goes is not followed: saving fails and
+    /// the link's target is untouched.
+    #[test]
+    fn planted_symlink_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(&dir.path().join("s")).unwrap();
+        let target = dir.path().join("elsewhere");
+        fs::write(&target, b"keep").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join("s/state.json.tmp")).unwrap();
+        let e = store.save(&sample_state()).unwrap_err();
+        assert!(e.contains("state.json"), "{e}");
+        assert_eq!(fs::read(&target).unwrap(), b"keep");
     }
 
     #[test]

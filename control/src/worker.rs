@@ -17,22 +17,31 @@
 //! Threading: one worker per configured core, each pinned and each owning a
 //! [`Datapath`]; requests from the controller arrive as jobs between rounds, so the
 //! fast path takes no lock.
+//!
+//! Faults: a tap that reports an error or hang-up, or whose read or write fails in
+//! a way that means its device is gone ([`TapFault::Gone`]), takes its port down
+//! at the end of the round: its fd leaves the poll set (a dead fd is reported by
+//! every wait, which would keep the worker spinning), and the worker's
+//! [`crate::datapath::Reattacher`] gets the tap back on a back-off; the worker picks
+//! re-opened taps up on its timer tick. Frames for a down port are counted, not
+//! written. The underlay sockets can be replaced between rounds
+//! ([`WorkerIo::replace_queues`]) when the daemon re-attaches a link.
 
 use crate::config::PollMode;
-use crate::datapath::Datapath;
+use crate::datapath::{Datapath, PortTap, Reattached, Reattacher, TapLink};
 use crate::handoff::{handoff_ring, Doorbell, Handoff, HandoffRx, HandoffTx, PushError};
 use crate::neighbours::NextHops;
 use crate::underlay::{LentSlots, SendError, UnderlayQueues};
 use crate::workers::{serve_jobs, JobRx};
 use dpio::poll::Epoll;
-use dpio::tap::{TapPort, MAX_GATHER, MAX_TAP_FRAME};
+use dpio::tap::{TapFault, TapPort, MAX_GATHER, MAX_TAP_FRAME};
 use dpio::xsk::{RxHeld, TxError};
 use engine::{FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest};
 use serde::Serialize;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Frames taken from one source before moving to the next, so one busy guest cannot
 /// starve the others or the underlay.
@@ -55,6 +64,30 @@ const TAP_EVERY: u32 = 8;
 /// How many frames may wait in one worker-to-worker channel.
 pub const HANDOFF_SLOTS: usize = 256;
 
+/// Waits between attempts at something that failed and may work later (a tap
+/// coming back, a next hop resolving, an underlay link re-attaching): short at
+/// first, doubling up to a ceiling, so a fault that lasts costs almost nothing and
+/// one that clears is noticed soon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Backoff {
+    wait: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub(crate) const fn new(first: Duration, max: Duration) -> Backoff {
+        Backoff { wait: first, max }
+    }
+
+    /// The wait before the next attempt; the one after is twice as long, at most
+    /// the ceiling.
+    pub(crate) fn next(&mut self) -> Duration {
+        let w = self.wait;
+        self.wait = (w * 2).min(self.max);
+        w
+    }
+}
+
 /// epoll tokens that are not taps (taps use their engine port id).
 const TOKEN_DOORBELL: u64 = u64::MAX;
 const TOKEN_UNDERLAY: u64 = u64::MAX - 1;
@@ -68,15 +101,21 @@ pub struct WorkerStats {
     /// Times an adaptive worker went to sleep for lack of work.
     pub idle_sleeps: u64,
     pub tap_rx_frames: u64,
+    /// Tap reads refused for one frame (the tap itself is fine).
     pub tap_rx_errors: u64,
-    /// Taps that reported an error or hang-up (their device is gone): taken out of
-    /// the poll set, their port no longer served.
+    /// Ports whose tap went away (an error or hang-up from epoll, or a read or
+    /// write failing as [`TapFault::Gone`]): taken down until the tap is back.
     pub tap_gone: u64,
+    /// Down ports whose tap was opened again: up and served again.
+    pub tap_reattached: u64,
     pub tap_tx_frames: u64,
     /// Frames for a guest whose link is down (EIO from the tap): dropped.
     pub tap_tx_link_down: u64,
+    /// Frames the kernel refused to write to a tap (one frame, the tap is fine).
     pub tap_tx_errors: u64,
-    /// Frames for a port that has no tap (deleted meanwhile): dropped.
+    /// Frames for a port whose tap is gone (the port is down): dropped.
+    pub tap_tx_port_down: u64,
+    /// Frames for a port that does not exist (deleted meanwhile): dropped.
     pub tap_tx_no_port: u64,
     /// Frames of more pieces than one `writev` takes, copied into one buffer first.
     pub tap_tx_linearized: u64,
@@ -265,12 +304,16 @@ pub struct WorkerIo {
     pub mesh: Mesh,
     pub doorbell: Arc<Doorbell>,
     pub poll: PollMode,
+    /// Re-opens the taps of ports that went down.
+    pub(crate) reattach: Reattacher,
     epoll: Epoll,
     held: Held,
     lent: LentSlots,
-    /// Taps epoll reported readable this round, and those it reported gone.
+    /// Taps epoll reported readable this round.
     ready: Vec<u64>,
-    gone: Vec<u64>,
+    /// Taps found gone this round (by epoll, a read or a write), with why: their
+    /// ports go down at the end of the round.
+    gone: Vec<(u64, String)>,
     /// The tap read buffer.
     buf: Vec<u8>,
     /// For frames of more pieces than one `writev` takes.
@@ -305,6 +348,7 @@ impl WorkerIo {
             mesh,
             doorbell,
             poll,
+            reattach: Reattacher::start(index)?,
             epoll,
             held,
             lent: LentSlots::default(),
@@ -329,11 +373,28 @@ impl WorkerIo {
         }
     }
 
+    /// Serves `queues` from now on; the current sockets are closed. Called between
+    /// rounds, when no frame of theirs is held and no slot of theirs lent, so
+    /// nothing refers to them any more: a worker never uses a closed socket.
+    pub(crate) fn replace_queues(&mut self, queues: UnderlayQueues) -> Result<(), String> {
+        for fd in self.queues.fds() {
+            if let Err(e) = self.epoll.remove(fd) {
+                tracing::debug!(error = %e, "underlay socket not in the poll set");
+            }
+        }
+        self.queues = queues;
+        self.held.rx = self.queues.sockets.iter().map(|_| RxHeld::new()).collect();
+        let err = |e: std::io::Error| format!("worker {}: {e}", self.index);
+        for fd in self.queues.fds() {
+            self.epoll.add_edge(fd, TOKEN_UNDERLAY).map_err(err)?;
+        }
+        Ok(())
+    }
+
     /// Waits up to `timeout` for readiness and sorts what is ready into `ready`
     /// (taps with frames) and `gone` (taps whose device went away).
     fn readiness(&mut self, timeout: Duration) {
         self.ready.clear();
-        self.gone.clear();
         match self.epoll.wait(timeout) {
             Ok(events) => {
                 for r in events {
@@ -341,7 +402,8 @@ impl WorkerIo {
                         continue;
                     }
                     if r.gone {
-                        self.gone.push(r.token);
+                        let why = "epoll reported an error or hang-up (the device was deleted)";
+                        self.gone.push((r.token, why.to_string()));
                     } else if r.input {
                         self.ready.push(r.token);
                     }
@@ -452,10 +514,6 @@ impl Datapath {
             io.readiness(timeout);
         } else {
             io.ready.clear();
-            io.gone.clear();
-        }
-        for i in 0..io.gone.len() {
-            forget_tap(&mut self.taps, io, io.gone[i], st);
         }
         let mut got = io.take_inputs(st);
 
@@ -464,10 +522,7 @@ impl Datapath {
         let mut space = io.queues.space(&mut io.lent);
         let mut out = std::mem::take(&mut self.batch).lending(&mut space);
         for &token in &io.ready {
-            let Some(Some(tap)) = usize::try_from(token)
-                .ok()
-                .and_then(|i| self.taps.get_mut(i))
-            else {
+            let Some(tap) = up_tap_mut(&mut self.taps, token) else {
                 continue;
             };
             let port = engine::PortId(token as u32);
@@ -480,6 +535,10 @@ impl Datapath {
                         engine.process_guest(port, vnet, frame, nanos, routes, &mut out);
                     }
                     Ok(None) => break,
+                    Err(e) if TapFault::of(&e) == TapFault::Gone => {
+                        io.gone.push((token, format!("read: {e}")));
+                        break;
+                    }
                     Err(e) => {
                         st.tap_rx_errors += 1;
                         tracing::debug!(port = tap.name(), error = %e, "tap read failed");
@@ -509,6 +568,8 @@ impl Datapath {
                 SiblingFrame::Underlay => engine.process_underlay(f, nanos, routes, &mut out),
             }
         }
+        // Frames held for a next hop the last snapshot resolved leave now.
+        engine.retry_held(nanos, routes, &mut out);
         engine.end_of_batch(&mut out);
         let mut out = out.unlend();
         drain(&out, io, &self.taps, st);
@@ -522,6 +583,7 @@ impl Datapath {
             tracing::debug!("underlay next hop changed; recompiling flows");
             self.engine.invalidate_next_hops();
         }
+        self.ports_down();
         got
     }
 
@@ -551,7 +613,17 @@ impl Datapath {
         self.io.as_mut().is_some_and(|io| io.mesh.pending())
     }
 
-    /// The engine's timers: unsolicited RAs, flow expiry; their frames go out at once.
+    /// Serves `queues` from now on instead of the current underlay sockets (see
+    /// [`WorkerIo::replace_queues`]); a job, so it runs between rounds.
+    pub(crate) fn replace_underlay(&mut self, queues: UnderlayQueues) -> Result<(), String> {
+        match self.io.as_mut() {
+            Some(io) => io.replace_queues(queues),
+            None => Err("this datapath has no underlay I/O".into()),
+        }
+    }
+
+    /// The engine's timers: unsolicited RAs, flow expiry; their frames go out at
+    /// once. Also where re-opened taps are picked up.
     fn tick(&mut self) {
         let now = self.nanos(Instant::now());
         let mut out = std::mem::take(&mut self.batch);
@@ -562,44 +634,122 @@ impl Datapath {
         }
         out.clear();
         self.batch = out;
+        self.ports_down();
+        while let Some(r) = self.io.as_ref().and_then(|io| io.reattach.take()) {
+            self.tap_back(r);
+        }
+    }
+
+    /// Takes down the ports whose tap this round found gone.
+    fn ports_down(&mut self) {
+        let Some(io) = self.io.as_mut() else {
+            return;
+        };
+        for (token, reason) in std::mem::take(&mut io.gone) {
+            let slot = usize::try_from(token).ok();
+            let Some(port) = slot.and_then(|i| self.taps.get_mut(i)?.as_mut()) else {
+                continue;
+            };
+            let TapLink::Up(tap) = &port.link else {
+                continue; // already down (found gone twice in one round)
+            };
+            io.unwatch_tap(tap);
+            self.stats.tap_gone += 1;
+            tracing::warn!(
+                port = %port.info.config.name, %reason,
+                "tap gone: port down until its tap is back"
+            );
+            // Closes the old fd: a dead fd in the poll set would be reported forever.
+            port.link = TapLink::Down {
+                since: SystemTime::now(),
+                reason,
+            };
+            io.reattach.want(token as usize, port.gen, &port.info);
+        }
+    }
+
+    /// Serves a re-opened tap again, if its port is still the one it was opened
+    /// for and still down; otherwise the port was deleted meanwhile, and so is
+    /// the tap (unless a port of the same name uses it now).
+    fn tap_back(&mut self, r: Reattached) {
+        let Some(io) = self.io.as_ref() else {
+            return;
+        };
+        let port = self.taps.get_mut(r.slot).and_then(Option::as_mut);
+        let Some(port) = port.filter(|p| p.gen == r.gen && matches!(p.link, TapLink::Down { .. }))
+        else {
+            let name = r.tap.name();
+            if !self
+                .taps
+                .iter()
+                .flatten()
+                .any(|p| p.info.config.name == name)
+            {
+                if let Err(e) = r.tap.destroy() {
+                    tracing::warn!(error = %e, "tap of a deleted port not destroyed");
+                }
+            }
+            return;
+        };
+        match io.watch_tap(&r.tap, r.slot as u64) {
+            Ok(()) => {
+                self.stats.tap_reattached += 1;
+                tracing::info!(port = %port.info.config.name, "tap back: port up");
+                port.link = TapLink::Up(r.tap);
+            }
+            Err(e) => {
+                tracing::warn!(port = %port.info.config.name, error = %e, "re-opened tap not watched");
+                io.reattach.want(r.slot, port.gen, &port.info);
+            }
+        }
     }
 }
 
-/// A tap whose device went away: out of the poll set and no longer read or written.
-fn forget_tap(taps: &mut [Option<TapPort>], io: &WorkerIo, token: u64, st: &mut WorkerStats) {
-    let Some(slot) = usize::try_from(token).ok().and_then(|i| taps.get_mut(i)) else {
-        return;
-    };
-    if let Some(tap) = slot.take() {
-        io.unwatch_tap(&tap);
-        st.tap_gone += 1;
-        tracing::warn!(
-            tap = tap.name(),
-            "tap reported an error or hang-up: port no longer served"
-        );
+/// The tap of port `token` if it is up.
+fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut TapPort> {
+    let port = taps.get_mut(usize::try_from(token).ok()?)?.as_mut()?;
+    match &mut port.link {
+        TapLink::Up(tap) => Some(tap),
+        TapLink::Down { .. } => None,
     }
 }
 
 /// Sends every frame of the batch where the engine said.
-fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<TapPort>], st: &mut WorkerStats) {
+fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<PortTap>], st: &mut WorkerStats) {
     for (dest, frame) in out.iter() {
         match dest {
             TxDest::Underlay { ifindex } => to_underlay(io, ifindex, frame, st),
             TxDest::Port { port, vnet } => {
-                let Some(tap) = taps.get(port.0 as usize).and_then(Option::as_ref) else {
-                    st.tap_tx_no_port += 1;
-                    continue;
+                let tap = match taps.get(port.0 as usize).and_then(Option::as_ref) {
+                    Some(PortTap {
+                        link: TapLink::Up(tap),
+                        ..
+                    }) => tap,
+                    Some(_) => {
+                        st.tap_tx_port_down += 1;
+                        continue;
+                    }
+                    None => {
+                        st.tap_tx_no_port += 1;
+                        continue;
+                    }
                 };
                 match to_tap(tap, &vnet.to_bytes(), frame, &io.held, &mut io.linear) {
                     Ok(linearized) => {
                         st.tap_tx_frames += 1;
                         st.tap_tx_linearized += u64::from(linearized);
                     }
-                    Err(e) if dpio::tap::is_link_down(&e) => st.tap_tx_link_down += 1,
-                    Err(e) => {
-                        st.tap_tx_errors += 1;
-                        tracing::debug!(tap = tap.name(), error = %e, "tap write failed");
-                    }
+                    Err(e) => match TapFault::of(&e) {
+                        TapFault::LinkDown => st.tap_tx_link_down += 1,
+                        TapFault::Gone => {
+                            st.tap_tx_port_down += 1;
+                            io.gone.push((u64::from(port.0), format!("write: {e}")));
+                        }
+                        TapFault::Frame => {
+                            st.tap_tx_errors += 1;
+                            tracing::debug!(tap = tap.name(), error = %e, "tap write failed");
+                        }
+                    },
                 }
             }
             TxDest::Sibling {

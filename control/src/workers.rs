@@ -17,7 +17,7 @@
 //! applied it are put back, so a refusal changes nothing.
 
 use crate::api::{FwRule, PortInfo, RouteEntry, V2pEntry};
-use crate::controller::{Dataplane, Inspect};
+use crate::controller::{Dataplane, Inspect, PortTables};
 use crate::handoff::Doorbell;
 use engine::{MacAddr, Vni};
 use serde_json::Value;
@@ -137,8 +137,9 @@ impl<D: WorkerPlane + 'static> Workers<D> {
         self.ports.get(name).map(|p| p.worker)
     }
 
-    /// Runs `f` on worker `w` and waits for its result.
-    fn call<R: Send + 'static>(
+    /// Runs `f` on worker `w` and waits for its result (also how the daemon hands
+    /// every worker an underlay change: `crate::underlay::UnderlayWatch`).
+    pub fn call<R: Send + 'static>(
         &self,
         w: usize,
         f: impl FnOnce(&mut D) -> R + Send + 'static,
@@ -287,10 +288,10 @@ pub fn merge_sum(a: &mut Value, b: Value) {
 }
 
 impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
-    fn add_port(&mut self, p: &PortInfo) -> Result<(), String> {
+    fn add_port(&mut self, p: &PortInfo, tables: &PortTables) -> Result<(), String> {
         let w = least_loaded(&self.loads());
-        let info = p.clone();
-        self.call(w, move |dp: &mut D| dp.add_port(&info))??;
+        let (info, tables) = (p.clone(), tables.clone());
+        self.call(w, move |dp: &mut D| dp.add_port(&info, &tables))??;
         let (name, key) = (p.config.name.clone(), PortKey::of(p));
         if let Err(e) = self.announce(&key, Some(w)) {
             let _ = self.announce(&key, None);
@@ -334,6 +335,23 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
         Ok(())
     }
 
+    /// One job per worker for the whole batch.
+    fn add_v2p_batch(&mut self, entries: &[V2pEntry]) -> Result<(), String> {
+        let batch: Arc<[V2pEntry]> = entries.into();
+        let added = batch.clone();
+        self.on_all(
+            move |dp: &mut D| dp.add_v2p_batch(&batch),
+            move |dp: &mut D| {
+                for e in added.iter() {
+                    let _ = dp.clear_v2p(e.vpc_ip, e.vni);
+                }
+            },
+        )?;
+        self.v2p
+            .extend(entries.iter().map(|e| ((e.vni, e.vpc_ip), *e)));
+        Ok(())
+    }
+
     fn clear_v2p(&mut self, vpc_ip: IpAddr, vni: Vni) -> Result<(), String> {
         let old = self.v2p.get(&(vni, vpc_ip)).copied();
         self.on_all(
@@ -373,7 +391,7 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
             Inspect::Stats { port: None } => return self.merged_stats(),
             Inspect::Stats { port: Some(p) }
             | Inspect::Layer { port: p, .. }
-            | Inspect::Uft { port: p }
+            | Inspect::Uft { port: p, .. }
             | Inspect::Mtu { port: p }
             | Inspect::Ra { port: p } => p.clone(),
         };
@@ -403,7 +421,7 @@ mod tests {
     }
 
     impl Dataplane for Fake {
-        fn add_port(&mut self, p: &PortInfo) -> Result<(), String> {
+        fn add_port(&mut self, p: &PortInfo, _: &PortTables) -> Result<(), String> {
             self.ports.push(p.config.name.clone());
             Ok(())
         }
@@ -546,7 +564,8 @@ mod tests {
     fn ports_spread_least_loaded_and_owners_are_announced() {
         let (mut ws, _pool) = pool(vec![Fake::default(), Fake::default()]);
         for (i, name) in ["p0", "p1", "p2"].iter().enumerate() {
-            ws.add_port(&port(name, 5 + i as u8)).unwrap();
+            ws.add_port(&port(name, 5 + i as u8), &PortTables::default())
+                .unwrap();
         }
         assert_eq!(peek(&ws, 0, |f| f.ports.clone()), ["p0", "p2"]);
         assert_eq!(peek(&ws, 1, |f| f.ports.clone()), ["p1"]);
@@ -559,9 +578,10 @@ mod tests {
         ws.remove_port("p0").unwrap();
         assert_eq!(peek(&ws, 1, |f| f.owners.len()), 2, "p0 forgotten");
         // Worker 0 now has one port, worker 1 one: a tie goes to worker 0.
-        ws.add_port(&port("p3", 9)).unwrap();
+        ws.add_port(&port("p3", 9), &PortTables::default()).unwrap();
         assert_eq!(ws.owner("p3"), Some(0));
-        ws.add_port(&port("p4", 10)).unwrap();
+        ws.add_port(&port("p4", 10), &PortTables::default())
+            .unwrap();
         assert_eq!(ws.owner("p4"), Some(1));
         // Per-port requests go to the owner (the fake refuses ports it lacks).
         ws.set_routes("p1", &[]).unwrap();
@@ -649,8 +669,8 @@ mod tests {
                 ..Fake::default()
             },
         ]);
-        ws.add_port(&port("p0", 5)).unwrap();
-        ws.add_port(&port("p1", 6)).unwrap();
+        ws.add_port(&port("p0", 5), &PortTables::default()).unwrap();
+        ws.add_port(&port("p1", 6), &PortTables::default()).unwrap();
         ws.set_v2p(&v2p("10.0.0.9")).unwrap();
         let v = ws.inspect(&Inspect::Stats { port: None }).unwrap();
         assert_eq!(v["worker"]["batches"], 7);
@@ -680,7 +700,9 @@ mod tests {
         let (tx, rx) = mpsc::channel::<Job<Fake>>();
         drop(rx);
         let mut ws = Workers::new(vec![tx], None);
-        let e = ws.add_port(&port("p0", 5)).unwrap_err();
+        let e = ws
+            .add_port(&port("p0", 5), &PortTables::default())
+            .unwrap_err();
         assert!(e.contains("worker 0 has stopped"), "{e}");
         assert_eq!(ws.owner("p0"), None);
     }

@@ -12,7 +12,7 @@ use engine::{
     Rule, RxFrame, TxBatch, TxDest, UnderlayRoutes, VnetHdr, Vni,
 };
 use libfuzzer_sys::fuzz_target;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::Ipv6Addr;
 use std::sync::{Mutex, OnceLock};
 use wire::meta::parse_underlay;
 
@@ -37,19 +37,21 @@ struct Sled {
     out: TxBatch<'static>,
 }
 
-fn port(name: &str, n: u8) -> PortConfig {
+/// A guest port in VPC `vni`: guest MAC `a8:40:25:00:00:<mac>`, addresses
+/// 172.30.0.<host> and fd00:1122::<host>.
+fn port(name: &str, vni: u32, mac: u8, gateway_mac: u8, host: u8) -> PortConfig {
     PortConfig {
         name: name.into(),
-        guest_mac: MacAddr([0xa8, 0x40, 0x25, 0xff, 0, n]),
-        gateway_mac: MacAddr([0xa8, 0x40, 0x25, 0, 0, 1]),
-        ipv4: Some([172, 30, 0, n].into()),
-        ipv6: Some(format!("fd00:1122:3344:100::{n}").parse().unwrap()),
+        guest_mac: MacAddr([0xa8, 0x40, 0x25, 0, 0, mac]),
+        gateway_mac: MacAddr([0xa8, 0x40, 0x25, 0, 0, gateway_mac]),
+        ipv4: Some([172, 30, 0, host].into()),
+        ipv6: Some(format!("fd00:1122::{host}").parse().unwrap()),
         vpc_subnet4: Some("172.30.0.0/22".parse().unwrap()),
-        vpc_subnet6: Some("fd00:1122:3344:100::/64".parse().unwrap()),
+        vpc_subnet6: Some("fd00:1122::/64".parse().unwrap()),
         gateway_ipv4: Some([172, 30, 0, 1].into()),
-        vni: Vni::new(1701).unwrap(),
+        vni: Vni::new(vni).unwrap(),
         mtu: 8500,
-        external_jumbo: n % 2 == 0,
+        external_jumbo: host % 2 == 0,
         dns_servers4: vec![],
         dns_servers6: vec![],
         hostname: None,
@@ -57,14 +59,28 @@ fn port(name: &str, n: u8) -> PortConfig {
     }
 }
 
+/// The VPCs of the seed vectors' underlay frames (datapath/wire/testdata/vectors.txt).
+const VNIS: [u32; 3] = [1193046, 77, 16777215];
+
+/// Sled fd00:99::2, laid out so that the seed vectors reach every check: guest frames
+/// (from a8:40:25:00:00:01, 172.30.0.5 / fd00:1122::5, to the gateway
+/// a8:40:25:00:00:02) come from port `opte0`, and go to `opte1` on this sled (same-sled
+/// delivery, with the fuzzed virtio_net_hdr) or through V2P to sled fd00:99::1;
+/// underlay frames (from fd00:99::1, to guest MAC a8:40:25:00:00:02 in each vector's
+/// VNI) find a port, and their inner source (172.30.0.5 / fd00:1122::5,
+/// a8:40:25:00:00:01) is what V2P maps to fd00:99::1, so they pass the underlay source
+/// check unless the fuzzer changes a byte of it; fd00:99::1 is boundary services too,
+/// so External frames pass it as well.
 fn sled() -> Sled {
-    let mut cfg = EngineConfig::new("fd00:99::1".parse().unwrap());
-    cfg.boundary_services = Some(("fd00:99::ff".parse().unwrap(), Vni::new(99).unwrap()));
+    let mut cfg = EngineConfig::new("fd00:99::2".parse().unwrap());
+    cfg.boundary_services = Some(("fd00:99::1".parse().unwrap(), Vni::new(99).unwrap()));
     let mut engine = Engine::new(cfg).unwrap();
-    let a = engine.add_port(port("opte0", 5)).unwrap();
-    let b = engine.add_port(port("opte1", 6)).unwrap();
-    for name in ["opte0", "opte1"] {
-        for net in ["172.30.0.0/22", "fd00:1122:3344:100::/64"] {
+    let a = engine.add_port(port("opte0", VNIS[0], 1, 2, 5)).unwrap();
+    let b = engine.add_port(port("opte1", VNIS[0], 2, 0xfe, 6)).unwrap();
+    engine.add_port(port("opte2", VNIS[1], 2, 0xfe, 6)).unwrap();
+    engine.add_port(port("opte3", VNIS[2], 2, 0xfe, 6)).unwrap();
+    for name in ["opte0", "opte1", "opte2", "opte3"] {
+        for net in ["172.30.0.0/22", "fd00:1122::/64"] {
             let r = Rule::new(100, FwAction::Allow)
                 .matching(Predicate::SrcIp(net.parse().unwrap()))
                 .finalize()
@@ -72,13 +88,15 @@ fn sled() -> Sled {
             engine.add_fw_rule(name, Direction::In, r).unwrap();
         }
     }
-    let vni = Vni::new(1701).unwrap();
-    let remote: Ipv6Addr = "fd00:99::2".parse().unwrap();
-    for n in 7..9u8 {
-        let mac = MacAddr([0xa8, 0x40, 0x25, 0xff, 0, n]);
-        engine.set_v2p(vni, IpAddr::from([172, 30, 0, n]), remote, mac).unwrap();
-        let v6: IpAddr = format!("fd00:1122:3344:100::{n}").parse().unwrap();
-        engine.set_v2p(vni, v6, remote, mac).unwrap();
+    let remote: Ipv6Addr = "fd00:99::1".parse().unwrap();
+    let mac = MacAddr([0xa8, 0x40, 0x25, 0, 0, 1]);
+    for vni in VNIS {
+        let vni = Vni::new(vni).unwrap();
+        for ip in ["172.30.0.5", "fd00:1122::5", "172.30.0.7", "fd00:1122::7"] {
+            engine
+                .set_v2p(vni, ip.parse().unwrap(), remote, mac)
+                .unwrap();
+        }
     }
     Sled {
         engine,

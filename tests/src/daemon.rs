@@ -26,9 +26,11 @@ pub struct DaemonPaths {
 }
 
 impl DaemonPaths {
+    /// The socket gets a directory of its own (`run/`): the daemon refuses one
+    /// that holds other files.
     pub fn under(dir: &Path) -> DaemonPaths {
         DaemonPaths {
-            api_socket: dir.join("api.sock"),
+            api_socket: dir.join("run").join("api.sock"),
             state_dir: dir.join("state"),
             log: dir.join("overlayd.log"),
         }

@@ -188,23 +188,9 @@ pub struct Guest {
 impl Guest {
     /// Creates the port on `sled` with its tap moved into a new namespace `ns_name`,
     /// allows inbound traffic from `spec.allow_inbound_from`, then configures the
-    /// guest OS side:
-    /// - IPv6 forwarding off and accept_ra on (a host, not a router: the kernel
-    ///   applies the RA's MTU), DAD off;
-    /// - IPv4 as a /32 with an on-link route to the gateway and a default route via it
-    ///   (what the datapath's DHCP hands out);
-    /// - IPv6 as a /128 with a default route via the gateway's link-local address (the
-    ///   RA adds the same one; ours has a higher metric so they do not clash).
+    /// guest OS side ([`Guest::configure_os`]).
     pub fn create(sled: &Sled, ns_name: &str, spec: GuestSpec) -> Result<Guest> {
-        let ns = Netns::create(
-            ns_name,
-            &[
-                ("net.ipv6.conf.all.forwarding", "0"),
-                ("net.ipv6.conf.default.accept_ra", "1"),
-                ("net.ipv6.conf.all.accept_dad", "0"),
-                ("net.ipv6.conf.default.accept_dad", "0"),
-            ],
-        )?;
+        let ns = Guest::namespace(ns_name)?;
         let args = spec.create_args(ns.name());
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         sled.admin(&refs)?;
@@ -226,33 +212,56 @@ impl Guest {
             ])?;
         }
         let guest = Guest { spec, ns };
-        let ifname = guest.spec.name.clone();
+        guest.configure_os()?;
+        Ok(guest)
+    }
+
+    /// A guest's namespace, with the sysctls its interfaces inherit: a host, not a
+    /// router (IPv6 forwarding off, RAs accepted), and no DAD delay.
+    pub fn namespace(name: &str) -> Result<Netns> {
+        Netns::create(
+            name,
+            &[
+                ("net.ipv6.conf.all.forwarding", "0"),
+                ("net.ipv6.conf.default.accept_ra", "1"),
+                ("net.ipv6.conf.all.accept_dad", "0"),
+                ("net.ipv6.conf.default.accept_dad", "0"),
+            ],
+        )
+    }
+
+    /// The guest OS side, once the daemon has put the port's tap in the namespace
+    /// (waited for):
+    /// - IPv6 forwarding off and accept_ra on (a host, not a router: the kernel
+    ///   applies the RA's MTU), DAD off;
+    /// - IPv4 as a /32 with an on-link route to the gateway and a default route via it
+    ///   (what the datapath's DHCP hands out);
+    /// - IPv6 as a /128 with a default route via the gateway's link-local address (the
+    ///   RA adds the same one; ours has a higher metric so they do not clash).
+    pub fn configure_os(&self) -> Result<()> {
+        let ifname = self.spec.name.clone();
         poll_until(
-            &format!("tap {ifname} to appear in {}", guest.ns.name()),
+            &format!("tap {ifname} to appear in {}", self.ns.name()),
             Duration::from_secs(10),
-            || guest.ns.ip(&["link", "show", &ifname]),
+            || self.ns.ip(&["link", "show", &ifname]),
         )?;
         for (key, value) in [("forwarding", "0"), ("accept_ra", "1"), ("accept_dad", "0")] {
-            guest
-                .ns
+            self.ns
                 .sysctl(&format!("net.ipv6.conf.{ifname}.{key}"), value)?;
         }
-        guest.ns.ip(&["link", "set", &ifname, "up"])?;
-        if let Some(ip) = guest.spec.ipv4 {
-            let gw = guest.spec.gateway_ipv4.to_string();
-            guest
-                .ns
+        self.ns.ip(&["link", "set", &ifname, "up"])?;
+        if let Some(ip) = self.spec.ipv4 {
+            let gw = self.spec.gateway_ipv4.to_string();
+            self.ns
                 .ip(&["addr", "add", &format!("{ip}/32"), "dev", &ifname])?;
-            guest
-                .ns
+            self.ns
                 .ip(&["route", "add", &gw, "dev", &ifname, "scope", "link"])?;
-            guest
-                .ns
+            self.ns
                 .ip(&["route", "add", "default", "via", &gw, "dev", &ifname])?;
         }
-        if let Some(ip) = guest.spec.ipv6 {
-            let gw = guest.spec.gateway_ipv6()?.to_string();
-            guest.ns.ip(&[
+        if let Some(ip) = self.spec.ipv6 {
+            let gw = self.spec.gateway_ipv6()?.to_string();
+            self.ns.ip(&[
                 "-6",
                 "addr",
                 "add",
@@ -261,11 +270,11 @@ impl Guest {
                 &ifname,
                 "nodad",
             ])?;
-            guest.ns.ip(&[
+            self.ns.ip(&[
                 "-6", "route", "add", "default", "via", &gw, "dev", &ifname, "metric", "2048",
             ])?;
         }
-        Ok(guest)
+        Ok(())
     }
 
     /// The guest's IPv4 address (an error for an IPv6-only guest).

@@ -19,6 +19,13 @@
 //! [`poll`], [`daemon`], [`bins`]; [`bench`] is the side-by-side benchmark against
 //! kernel VXLAN, OVS and plain veth built on the same topology (`bench-e2e`).
 //!
+//! Hostile input and reliability (docs/reliability.md): [`inject`] (raw frames
+//! through AF_PACKET, the rogue host on the switch), [`frames`] (frames built byte by
+//! byte, the XDP program's model), [`hostile`] (the catalogue of bad frames and the
+//! counter each must hit), [`watch`] (captures proving where they went), [`pcap`],
+//! [`counters`] (stats snapshots and their differences), [`soak`] (the long run
+//! under mixed traffic, `soak`).
+//!
 //! Binaries: `overlayd` and `xdeadm` are found through `OVERLAYD_BIN`/`XDEADM_BIN`,
 //! or else built once per test process with `cargo build -p control` into the same
 //! target directory and profile as the running test (see [`bins`]).
@@ -27,13 +34,20 @@ pub mod bench;
 pub mod bins;
 pub mod capture;
 pub mod cmd;
+pub mod counters;
 pub mod daemon;
+pub mod frames;
 pub mod guest;
+pub mod hostile;
+pub mod inject;
 pub mod netns;
+pub mod pcap;
 pub mod poll;
 pub mod rack;
+pub mod soak;
 pub mod standard;
 pub mod stats;
+pub mod watch;
 pub mod xfer;
 
 pub use cmd::Cmd;

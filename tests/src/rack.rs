@@ -264,6 +264,13 @@ impl Rack {
     /// new one with the same socket and state directory: what an operator's restart
     /// or upgrade does. The new daemon restores ports and mappings from its state.
     pub fn restart_daemon(&mut self, index: usize, extra: &[&str]) -> Result<()> {
+        self.stop_daemon(index)?;
+        self.start_daemon(index, extra)
+    }
+
+    /// Stops sled `index`'s daemon with SIGTERM; it must exit cleanly. Its socket
+    /// and state directory stay for [`Rack::start_daemon`].
+    pub fn stop_daemon(&mut self, index: usize) -> Result<()> {
         let sled = self.sled_mut(index)?;
         let mut old = sled
             .daemon
@@ -277,8 +284,7 @@ impl Rack {
             )));
         }
         old.set_log_on_drop(false);
-        drop(old);
-        self.start_daemon(index, extra)
+        Ok(())
     }
 
     /// Starts a daemon on every sled (same extra flags for all).

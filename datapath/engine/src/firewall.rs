@@ -6,13 +6,19 @@
 //! replies out. Without a connection entry or an allowing rule, inbound is denied —
 //! the reference VPC's defaults (outbound allow all, inbound deny).
 //!
-//! TCP connections are tracked from the guest's point of view on the flags alone (no
-//! sequence-number checks), which is enough to choose the right idle timeout:
-//! half-open connections expire in seconds, established ones in hours, closed ones
-//! after TIME-WAIT. Only a full handshake establishes an inbound connection (the
-//! peer's SYN, the guest's SYN|ACK, the peer's ACK), and a TCP flow first seen
-//! without a SYN (mid-stream, e.g. after a daemon restart) is picked up only from the
-//! guest's side: remote peers cannot create long-lived entries on their own.
+//! Deciding and opening are two steps ([`Firewall::decide`], [`Firewall::commit`]):
+//! the outbound path opens a connection only once the router and the overlay have
+//! accepted the flow, so a guest cannot fill the table with flows that go nowhere.
+//!
+//! TCP connections are tracked from the guest's point of view (`tcp`): the flags
+//! choose the idle timeout (half-open connections expire in seconds, established ones
+//! in hours, closed ones after TIME-WAIT), and each side's sequence numbers and window
+//! bound what the other may send (`tcp_out_of_window`). Only a full handshake
+//! establishes an inbound connection (the peer's SYN, the guest's SYN|ACK, the peer's
+//! ACK), and a TCP flow first seen without a SYN (mid-stream, e.g. after a daemon
+//! restart) is picked up only from the guest's side, and keeps the half-open timeout
+//! until the peer answers: remote peers cannot create long-lived entries on their own,
+//! and neither can a guest sending into the void.
 //!
 //! ICMP: only echo requests open connections (their replies are then admitted).
 //! Every other ICMP message is decided by the rules alone and tracked by nothing;
@@ -21,7 +27,8 @@
 //!
 //! The table has a size limit; a full table evicts an expired, half-open (or
 //! unanswered) or closed connection if it finds one among the first few it inspects,
-//! and otherwise refuses the new flow.
+//! and otherwise refuses the new flow. Expired connections are swept a bounded number
+//! of slots at a time ([`Firewall::expire`]), so no sweep holds a worker up.
 //!
 //! Connections live in a slab indexed by a keyed hash map. A decision hands back a
 //! [`ConnHandle`] (slot and generation) that the unified flow table keeps, so that a
@@ -30,11 +37,16 @@
 //! (expiry, eviction, replacement, `clear_flows`) bumps its slot's generation, which
 //! turns every handle to it into a miss: the flow is decided again.
 
+mod tcp;
+
+pub use tcp::{TcpSegment, TcpState};
+
 use crate::flow::{flow_map, FlowKey, FlowMap, PROTO_TCP};
 use crate::layer::{Layer, LayerDump};
 use crate::rule::{Direction, MatchFields};
 use core::fmt;
 use serde::{Deserialize, Serialize};
+use tcp::TcpConn;
 
 /// What a firewall rule does with a flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,30 +77,65 @@ pub mod reason {
     /// a remote peer opens a connection only with a SYN (mid-stream flows are picked
     /// up from the guest's side only).
     pub const MIDSTREAM_IN: &str = "fw_midstream_in";
+    /// A TCP segment of a tracked connection outside what its receiver accepts: an
+    /// RST outside the receiver's window, data entirely outside it, or an ACK of
+    /// data never sent (see `firewall::tcp`). Either direction.
+    pub const OUT_OF_WINDOW: &str = "tcp_out_of_window";
+
+    /// Whether a refusal depends on the packet rather than on its flow: such drops are
+    /// never cached, so the flow's next packet (a SYN, a segment in the window) is
+    /// decided afresh.
+    pub fn per_packet(r: &str) -> bool {
+        r == MIDSTREAM_IN || r == OUT_OF_WINDOW
+    }
 }
 
 /// How [`Firewall::decide`] admitted a flow's first packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// A new connection was created: a decision cached for the other direction (a
-    /// deny, taken before the connection existed) is out of date.
-    Created,
-    /// An existing connection covers the packet.
-    Tracked,
+    /// A live connection covers the packet (and has tracked it).
+    Tracked(ConnHandle),
     /// A rule allowed it and nothing is tracked (ICMP other than echo requests): the
     /// decision holds until the rules change.
     Stateless,
     /// An ICMP error quoting a packet of a live connection: holds for this packet
     /// only.
     Related,
+    /// Allowed, and the packet opens a connection, which [`Firewall::commit`] creates
+    /// once the rest of the pipeline has accepted the flow.
+    Open(Opening),
 }
 
 impl Decision {
-    /// Whether a cached decision must be confirmed by [`Firewall::track`] on every
-    /// later packet (false only for stateless decisions, which hold for the epoch).
-    pub fn needs_conn(self) -> bool {
-        self != Decision::Stateless
+    /// Whether a cached decision must be confirmed by [`Firewall::track_handle`] on
+    /// every later packet (false only for stateless decisions, which hold for the
+    /// epoch).
+    pub fn needs_conn(&self) -> bool {
+        !matches!(self, Decision::Stateless)
     }
+}
+
+/// A connection a decision asks to open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opening {
+    /// The connection key (guest as source).
+    key: FlowKey,
+    initiator: Direction,
+    tcp: bool,
+    /// The first packet's TCP segment.
+    seg: Option<TcpSegment>,
+}
+
+/// What [`Firewall::commit`] made of a decision, for the flow table to cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admission {
+    /// The connection that admits the flow.
+    pub conn: Option<ConnHandle>,
+    /// See [`Decision::needs_conn`].
+    pub needs_conn: bool,
+    /// A connection was created: a decision cached for the other direction (a deny,
+    /// taken before the connection existed) is out of date.
+    pub created: bool,
 }
 
 const NS_PER_SEC: u64 = 1_000_000_000;
@@ -96,7 +143,8 @@ const NS_PER_SEC: u64 = 1_000_000_000;
 /// Idle timeouts and table sizes for flows (defaults as in the reference).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlowLimits {
-    /// TCP connections not yet established (SYN seen), and closed ones.
+    /// TCP connections not yet established (SYN seen), closed ones, and ones picked
+    /// up mid-stream from the guest until the peer answers.
     pub tcp_incipient_ns: u64,
     pub tcp_established_ns: u64,
     pub tcp_time_wait_ns: u64,
@@ -140,106 +188,53 @@ impl FlowLimits {
     }
 }
 
-/// TCP connection state, seen from the guest.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TcpState {
-    Closed,
-    /// The guest sent a SYN.
-    SynSent,
-    /// The guest received a SYN.
-    SynRcvd,
-    /// ...and answered it with SYN|ACK; the peer's ACK completes the handshake.
-    SynAckSent,
-    Established,
-    /// The guest sent the first FIN.
-    FinWait1,
-    /// ...and the peer acknowledged something after it.
-    FinWait2,
-    /// The peer sent the first FIN.
-    CloseWait,
-    /// ...and the guest sent its FIN.
-    LastAck,
-    /// Both sides sent FIN.
-    TimeWait,
-}
-
-const FIN: u8 = 0x01;
-const SYN: u8 = 0x02;
-const RST: u8 = 0x04;
-const ACK: u8 = 0x10;
-
-impl TcpState {
-    /// The state after a segment with `flags` going `dir`.
-    pub fn next(self, dir: Direction, flags: u8) -> TcpState {
-        use Direction::{In, Out};
-        use TcpState::*;
-        let syn = flags & SYN != 0;
-        let ack = flags & ACK != 0;
-        let fin = flags & FIN != 0;
-        if flags & RST != 0 {
-            return Closed;
-        }
-        match (self, dir) {
-            (Closed | TimeWait, Out) if syn && !ack => SynSent,
-            (Closed | TimeWait, In) if syn && !ack => SynRcvd,
-            (SynSent, In) if syn && ack => Established,
-            // Simultaneous open.
-            (SynSent, In) if syn => SynRcvd,
-            // Only the side that did not send the SYN (the guest) moves a passive
-            // open on, and only the peer's ACK of that completes it: a remote peer
-            // cannot establish a connection with its own ACK.
-            (SynRcvd, Out) if ack => SynAckSent,
-            (SynAckSent, In) if ack => Established,
-            (Established, Out) if fin => FinWait1,
-            (Established, In) if fin => CloseWait,
-            (FinWait1 | FinWait2, In) if fin => TimeWait,
-            (FinWait1, In) if ack => FinWait2,
-            (CloseWait, Out) if fin => LastAck,
-            (LastAck, In) if ack => Closed,
-            (s, _) => s,
-        }
-    }
-
-    fn timeout(self, l: &FlowLimits) -> u64 {
-        use TcpState::*;
-        match self {
-            Closed | SynSent | SynRcvd | SynAckSent => l.tcp_incipient_ns,
-            Established => l.tcp_established_ns,
-            TimeWait => l.tcp_time_wait_ns,
-            FinWait1 | FinWait2 | CloseWait | LastAck => l.other_ns,
-        }
-    }
-
-    /// Half-open: the first to go when the table is full.
-    fn incipient(self) -> bool {
-        matches!(
-            self,
-            TcpState::SynSent | TcpState::SynRcvd | TcpState::SynAckSent
-        )
-    }
-
-    /// Closed: the next to go.
-    fn closed(self) -> bool {
-        matches!(self, TcpState::Closed | TcpState::TimeWait)
-    }
-}
-
 /// One tracked connection, keyed by its outbound orientation (guest is the source).
 #[derive(Clone, Copy, Debug)]
 struct Conn {
-    tcp: Option<TcpState>,
+    tcp: Option<TcpConn>,
     /// Who sent the first packet.
     initiator: Direction,
-    /// A packet went the other way (for non-TCP flows: answered, not just offered).
+    /// A packet went the other way (answered, not just offered).
     replied: bool,
     created: u64,
     last_seen: u64,
 }
 
 impl Conn {
+    fn new(o: &Opening, now: u64) -> Conn {
+        Conn {
+            tcp: o.tcp.then(|| TcpConn::open(o.initiator, o.seg)),
+            initiator: o.initiator,
+            replied: false,
+            created: now,
+            last_seen: now,
+        }
+    }
+
+    fn state(&self) -> Option<TcpState> {
+        self.tcp.map(|t| t.state)
+    }
+
+    /// Open but never answered: a half-open TCP connection, a TCP flow picked up
+    /// mid-stream that the peer has not answered yet, or a non-TCP flow only one side
+    /// has spoken in. What a flood (or a guest sending into the void) creates.
+    fn unanswered(&self) -> bool {
+        match self.state() {
+            Some(s) => s.incipient() || (s == TcpState::Established && !self.replied),
+            None => !self.replied,
+        }
+    }
+
     fn timeout(&self, l: &FlowLimits) -> u64 {
-        self.tcp.map_or(l.other_ns, |s| s.timeout(l))
+        use TcpState::*;
+        match self.state() {
+            None => l.other_ns,
+            Some(Established) if !self.replied => l.tcp_incipient_ns,
+            Some(Closed | SynSent | SynRcvd | SynAckSent) => l.tcp_incipient_ns,
+            Some(Established) => l.tcp_established_ns,
+            Some(TimeWait) => l.tcp_time_wait_ns,
+            Some(FinWait1 | FinWait2 | CloseWait | LastAck) => l.other_ns,
+        }
     }
 
     fn live(&self, now: u64, l: &FlowLimits) -> bool {
@@ -247,20 +242,38 @@ impl Conn {
     }
 
     /// Eviction preference, lowest first; `None` for connections a full table keeps
-    /// (established, closing, or answered non-TCP flows). Expired entries go first,
-    /// then half-open TCP and unanswered non-TCP flows (what a flood from remote
-    /// peers creates), then closed TCP.
+    /// (answered ones that are not closed). Expired entries go first, then unanswered
+    /// ones, then closed TCP.
     fn eviction_rank(&self, now: u64, l: &FlowLimits) -> Option<u8> {
         if !self.live(now, l) {
-            return Some(0);
+            Some(0)
+        } else if self.unanswered() {
+            Some(1)
+        } else if self.state().is_some_and(TcpState::closed) {
+            Some(2)
+        } else {
+            None
         }
-        match self.tcp {
-            Some(s) if s.incipient() => Some(1),
-            Some(s) if s.closed() => Some(2),
-            Some(_) => None,
-            None if !self.replied => Some(1),
-            None => None,
+    }
+
+    /// Takes in a packet of this (live) connection going `dir`; refuses a TCP segment
+    /// outside the window, changing nothing (not even the idle clock). `Ok(true)`
+    /// when the segment reopened a closed connection (see `TcpConn::reopened_by`).
+    #[inline]
+    fn track(
+        &mut self,
+        dir: Direction,
+        seg: Option<TcpSegment>,
+        now: u64,
+    ) -> Result<bool, &'static str> {
+        let mut reopened = false;
+        if let (Some(t), Some(s)) = (self.tcp.as_mut(), seg) {
+            reopened = t.reopened_by(&s);
+            t.track(dir, s)?;
         }
+        self.last_seen = now;
+        self.replied |= dir != self.initiator;
+        Ok(reopened)
     }
 }
 
@@ -280,6 +293,13 @@ struct Slot {
     conn: Option<(FlowKey, Conn)>,
 }
 
+/// Bytes of one slot of the connection slab (what a connection costs besides its
+/// index entry), for the table budget.
+pub const CONN_SLOT_BYTES: usize = core::mem::size_of::<Slot>();
+
+// TCP tracking made connections bigger; keep a slot within two cache lines.
+const _: () = assert!(CONN_SLOT_BYTES <= 128);
+
 /// A connection in `dump-tcp-flows` / stats output.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ConnDump {
@@ -296,6 +316,9 @@ pub struct ConnDump {
 pub struct FirewallStats {
     pub flows: u64,
     pub flows_created: u64,
+    /// Closed connections a new SYN opened again in place (port reuse after
+    /// TIME-WAIT): new connections that `flows_created` does not count.
+    pub flows_reopened: u64,
     pub flows_expired: u64,
     pub flows_evicted: u64,
 }
@@ -303,6 +326,14 @@ pub struct FirewallStats {
 /// How many entries a full table inspects looking for one to evict: bounded so a
 /// table full of established connections costs a new flow little.
 const EVICT_SCAN: usize = 16;
+
+/// How many slots one [`Firewall::expire`] call visits. A full table (524288
+/// connections per port) swept in one go would hold the worker up for milliseconds;
+/// in steps of this size a sweep costs tens of microseconds and covers the table in
+/// `slots / EXPIRE_SCAN` calls. A connection idle past its timeout is refused, and is
+/// the first to be evicted, before the sweep reaches it: the sweep only gives its
+/// memory back.
+pub const EXPIRE_SCAN: usize = 4096;
 
 /// The firewall of one port: rules plus connection table.
 #[derive(Debug)]
@@ -313,6 +344,8 @@ pub struct Firewall {
     /// The connections. A freed slot goes on `free` with its generation bumped.
     slots: Vec<Slot>,
     free: Vec<u32>,
+    /// The slot the next [`Firewall::expire`] call starts from.
+    sweep_at: usize,
     limits: FlowLimits,
     stats: FirewallStats,
 }
@@ -325,6 +358,7 @@ impl Firewall {
             index: flow_map(hash_seed),
             slots: Vec::new(),
             free: Vec::new(),
+            sweep_at: 0,
             limits,
             stats: FirewallStats::default(),
         }
@@ -350,67 +384,44 @@ impl Firewall {
         }
     }
 
-    /// The live connection with connection key `ck`, by slot.
+    /// The connection with connection key `ck`, live or not, by slot.
     fn find(&self, ck: &FlowKey) -> Option<(u32, &Conn)> {
         let slot = *self.index.get(ck)?;
         let (_, c) = self.slots.get(slot as usize)?.conn.as_ref()?;
         Some((slot, c))
     }
 
-    fn handle(&self, slot: u32) -> Option<ConnHandle> {
-        let s = self.slots.get(slot as usize)?;
-        s.conn.as_ref().map(|_| ConnHandle { slot, gen: s.gen })
+    /// The handle of the live connection with connection key `ck`.
+    fn live_handle(&self, ck: &FlowKey, now: u64) -> Option<ConnHandle> {
+        let (slot, c) = self.find(ck)?;
+        if !c.live(now, &self.limits) {
+            return None;
+        }
+        let gen = self.slots.get(slot as usize)?.gen;
+        Some(ConnHandle { slot, gen })
     }
 
-    /// Decides the first packet of a flow (a flow-table miss) and tracks it.
-    /// `quoted` is, for an ICMP error, the flow of the packet it quotes (in that
-    /// packet's own orientation), if it could be read.
+    /// Decides the first packet of a flow (a flow-table miss), tracking it on its
+    /// connection if it has a live one. `seg` is the packet's TCP segment
+    /// ([`TcpSegment::read`]); `quoted` is, for an ICMP error, the flow of the
+    /// packet it quotes (in that packet's own orientation), if it could be read.
+    /// Nothing is created: an [`Decision::Open`] goes to [`Firewall::commit`].
     pub fn decide(
         &mut self,
         dir: Direction,
         f: &MatchFields,
-        tcp_flags: u8,
+        seg: Option<TcpSegment>,
         quoted: Option<&FlowKey>,
         now: u64,
     ) -> Result<Decision, &'static str> {
-        self.decide_conn(dir, f, tcp_flags, quoted, now)
-            .map(|(d, _)| d)
-    }
-
-    /// [`Firewall::decide`], also returning the handle of the connection that admitted
-    /// the packet (`Created` and `Tracked` decisions), for the flow table to keep.
-    pub fn decide_conn(
-        &mut self,
-        dir: Direction,
-        f: &MatchFields,
-        tcp_flags: u8,
-        quoted: Option<&FlowKey>,
-        now: u64,
-    ) -> Result<(Decision, Option<ConnHandle>), &'static str> {
         let ck = Self::conn_key(dir, &f.key);
-        if let Some((slot, c)) = self.find(&ck) {
-            if c.live(now, &self.limits) {
-                let h = self.handle(slot);
-                if let Some(h) = h {
-                    self.track_handle(h, dir, tcp_flags, now);
-                }
-                return Ok((Decision::Tracked, h));
+        if let Some(h) = self.live_handle(&ck, now) {
+            if self.track_handle(h, dir, seg, now)? {
+                return Ok(Decision::Tracked(h));
             }
         }
-        if f.key.is_icmp_error() {
-            // The quoted packet went the other way: an error toward the guest quotes
-            // something the guest sent.
-            let back = match dir {
-                Direction::In => Direction::Out,
-                Direction::Out => Direction::In,
-            };
-            let related = quoted.is_some_and(|q| {
-                self.find(&Self::conn_key(back, q))
-                    .is_some_and(|(_, c)| c.live(now, &self.limits))
-            });
-            if related {
-                return Ok((Decision::Related, None));
-            }
+        if f.key.is_icmp_error() && self.related(dir, quoted, now) {
+            return Ok(Decision::Related);
         }
         let allowed = match self.layer.evaluate(dir, f) {
             Some((_, a)) => *a == FwAction::Allow,
@@ -424,39 +435,74 @@ impl Firewall {
             });
         }
         if !f.key.opens_connection() {
-            return Ok((Decision::Stateless, None));
+            return Ok(Decision::Stateless);
         }
-        let is_tcp = f.key.proto == PROTO_TCP;
-        let syn = tcp_flags & SYN != 0;
-        if is_tcp && !syn && dir == Direction::In {
+        let tcp = f.key.proto == PROTO_TCP;
+        let syn = seg.is_some_and(|s| s.flags & tcp::SYN != 0);
+        if tcp && !syn && dir == Direction::In {
             return Err(reason::MIDSTREAM_IN);
         }
-        // A dead connection with the same key is replaced by a new one (a new
-        // generation: handles to the old one stop working).
-        if let Some(&slot) = self.index.get(&ck) {
+        Ok(Decision::Open(Opening {
+            key: ck,
+            initiator: dir,
+            tcp,
+            seg,
+        }))
+    }
+
+    /// Whether an ICMP error going `dir` quotes (`quoted`) a packet of a live
+    /// connection. The quoted packet went the other way: an error toward the guest
+    /// quotes something the guest sent.
+    fn related(&self, dir: Direction, quoted: Option<&FlowKey>, now: u64) -> bool {
+        let back = match dir {
+            Direction::In => Direction::Out,
+            Direction::Out => Direction::In,
+        };
+        quoted.is_some_and(|q| self.live_handle(&Self::conn_key(back, q), now).is_some())
+    }
+
+    /// Carries out a decision: opens the connection an [`Decision::Open`] asks for
+    /// (refused with `fw_table_full` when the table is full of connections it may not
+    /// evict). Call it once the flow is known to go somewhere.
+    pub fn commit(&mut self, d: Decision, now: u64) -> Result<Admission, &'static str> {
+        let conn = match d {
+            Decision::Open(o) => Some(self.open(&o, now)?),
+            Decision::Tracked(h) => Some(h),
+            Decision::Stateless | Decision::Related => None,
+        };
+        Ok(Admission {
+            conn,
+            needs_conn: d.needs_conn(),
+            created: matches!(d, Decision::Open(_)),
+        })
+    }
+
+    /// [`Firewall::decide`] and [`Firewall::commit`] in one, for a packet that has
+    /// nothing else to pass (inbound: the port is known).
+    pub fn admit(
+        &mut self,
+        dir: Direction,
+        f: &MatchFields,
+        seg: Option<TcpSegment>,
+        quoted: Option<&FlowKey>,
+        now: u64,
+    ) -> Result<Admission, &'static str> {
+        let d = self.decide(dir, f, seg, quoted, now)?;
+        self.commit(d, now)
+    }
+
+    /// Creates a connection, replacing a dead one with the same key (a new
+    /// generation: handles to the old one stop working) or evicting one from a full
+    /// table.
+    fn open(&mut self, o: &Opening, now: u64) -> Result<ConnHandle, &'static str> {
+        if let Some(&slot) = self.index.get(&o.key) {
             self.release(slot);
         } else if self.index.len() >= self.limits.fw_flow_limit {
             self.evict_one(now)?;
         }
-        // With a SYN the state machine starts from Closed; a TCP flow the guest sends
-        // without one (e.g. after a daemon restart) is picked up as established.
-        let tcp = is_tcp.then(|| {
-            if syn {
-                TcpState::Closed.next(dir, tcp_flags)
-            } else {
-                TcpState::Established.next(dir, tcp_flags)
-            }
-        });
-        let conn = Conn {
-            tcp,
-            initiator: dir,
-            replied: false,
-            created: now,
-            last_seen: now,
-        };
-        let h = self.occupy(ck, conn);
+        let h = self.occupy(o.key, Conn::new(o, now));
         self.stats.flows_created += 1;
-        Ok((Decision::Created, Some(h)))
+        Ok(h)
     }
 
     /// Puts a connection into a free (or new) slot and indexes it.
@@ -511,44 +557,43 @@ impl Firewall {
         }
     }
 
-    /// Tracks a packet of a known flow (flow-table hit). False if the flow has no
-    /// live connection any more: the caller must decide it again.
-    pub fn track(&mut self, dir: Direction, key: &FlowKey, tcp_flags: u8, now: u64) -> bool {
-        let ck = Self::conn_key(dir, key);
-        match self.index.get(&ck).and_then(|&slot| self.handle(slot)) {
-            Some(h) => self.track_handle(h, dir, tcp_flags, now),
-            None => false,
-        }
-    }
-
-    /// [`Firewall::track`] by handle (the fast path: no hashing). False if the
-    /// handle's connection is gone (its slot was freed, whatever occupies it now) or
-    /// idle past its timeout.
+    /// Tracks a packet of a cached flow by its connection's handle (the fast path: no
+    /// hashing). `Ok(false)` if the connection is gone (its slot was freed, whatever
+    /// occupies it now) or idle past its timeout: the flow must be decided again.
+    /// `Err(tcp_out_of_window)` for a TCP segment its receiver would not accept; the
+    /// connection is left as it was.
     #[inline]
-    pub fn track_handle(&mut self, h: ConnHandle, dir: Direction, tcp_flags: u8, now: u64) -> bool {
+    pub fn track_handle(
+        &mut self,
+        h: ConnHandle,
+        dir: Direction,
+        seg: Option<TcpSegment>,
+        now: u64,
+    ) -> Result<bool, &'static str> {
         let limits = &self.limits;
         match self.slots.get_mut(h.slot as usize) {
             Some(Slot {
                 gen,
                 conn: Some((_, c)),
             }) if *gen == h.gen && c.live(now, limits) => {
-                c.last_seen = now;
-                c.replied |= dir != c.initiator;
-                if let Some(s) = c.tcp.as_mut() {
-                    *s = s.next(dir, tcp_flags);
-                }
-                true
+                let reopened = c.track(dir, seg, now)?;
+                self.stats.flows_reopened += u64::from(reopened);
+                Ok(true)
             }
-            _ => false,
+            _ => Ok(false),
         }
     }
 
-    /// Removes connections idle past their timeout, calling `gone` with each one's
-    /// key (guest as source) so the caller can drop cached flows of it.
+    /// Removes connections idle past their timeout among the next [`EXPIRE_SCAN`]
+    /// slots (resuming where the previous call stopped, wrapping round), calling
+    /// `gone` with each one's key (guest as source) so the caller can drop cached
+    /// flows of it.
     pub fn expire(&mut self, now: u64, mut gone: impl FnMut(&FlowKey)) {
+        let n = self.slots.len();
         let limits = self.limits;
-        let mut n = 0;
-        for slot in 0..self.slots.len() {
+        for _ in 0..n.min(EXPIRE_SCAN) {
+            let slot = self.sweep_at % n;
+            self.sweep_at = slot + 1;
             let dead = match &self.slots[slot].conn {
                 Some((k, c)) if !c.live(now, &limits) => {
                     gone(k);
@@ -558,10 +603,9 @@ impl Firewall {
             };
             if dead {
                 self.release(slot as u32);
-                n += 1;
+                self.stats.flows_expired += 1;
             }
         }
-        self.stats.flows_expired += n;
     }
 
     /// Drops every connection (the port is going away or its rules were replaced).
@@ -572,7 +616,7 @@ impl Firewall {
     }
 
     pub fn tcp_state(&self, conn_key: &FlowKey) -> Option<TcpState> {
-        self.find(conn_key).and_then(|(_, c)| c.tcp)
+        self.find(conn_key).and_then(|(_, c)| c.state())
     }
 
     pub fn stats(&self) -> FirewallStats {
@@ -590,7 +634,7 @@ impl Firewall {
             .map(|(k, c)| ConnDump {
                 key: *k,
                 initiator: c.initiator,
-                tcp_state: c.tcp,
+                tcp_state: c.state(),
                 age_ns: now.saturating_sub(c.created),
                 idle_ns: now.saturating_sub(c.last_seen),
             })
@@ -602,9 +646,53 @@ impl Firewall {
 
 #[cfg(test)]
 mod tests {
+    use super::tcp::{ACK, FIN, RST, SYN};
     use super::*;
     use crate::rule::{PortRange, Predicate, Rule};
     use TcpState::*;
+
+    /// A segment with these flags and all-zero numbers, which every window accepts:
+    /// these tests are about flags, policy and the table (`tcp` tests the numbers).
+    fn flags(fl: u8) -> TcpSegment {
+        TcpSegment {
+            flags: fl,
+            ..TcpSegment::default()
+        }
+    }
+
+    /// How a packet was admitted, for assertions.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Got {
+        Created,
+        Tracked,
+        Stateless,
+        Related,
+    }
+
+    fn admit(
+        fw: &mut Firewall,
+        dir: Direction,
+        f: &MatchFields,
+        fl: u8,
+        quoted: Option<&FlowKey>,
+        now: u64,
+    ) -> Result<Got, &'static str> {
+        let a = fw.admit(dir, f, Some(flags(fl)), quoted, now)?;
+        Ok(match (a.created, a.conn, a.needs_conn) {
+            (true, _, _) => Got::Created,
+            (false, Some(_), _) => Got::Tracked,
+            (false, None, true) => Got::Related,
+            (false, None, false) => Got::Stateless,
+        })
+    }
+
+    /// Tracks a packet of a known flow by its key; false if it has no live connection.
+    fn track(fw: &mut Firewall, dir: Direction, key: &FlowKey, fl: u8, now: u64) -> bool {
+        match fw.live_handle(&Firewall::conn_key(dir, key), now) {
+            Some(h) => fw.track_handle(h, dir, Some(flags(fl)), now) == Ok(true),
+            None => false,
+        }
+    }
 
     const S: u64 = NS_PER_SEC;
 
@@ -632,61 +720,34 @@ mod tests {
     }
 
     #[test]
-    fn client_handshake_and_close() {
-        let seq = [
-            (Closed, Direction::Out, SYN, SynSent),
-            (SynSent, Direction::In, SYN | ACK, Established),
-            (Established, Direction::Out, ACK, Established),
-            (Established, Direction::Out, FIN | ACK, FinWait1),
-            (FinWait1, Direction::In, ACK, FinWait2),
-            (FinWait2, Direction::In, FIN | ACK, TimeWait),
-            (TimeWait, Direction::Out, SYN, SynSent),
-        ];
-        for (from, dir, flags, to) in seq {
-            assert_eq!(from.next(dir, flags), to, "{from:?} {dir} {flags:#x}");
-        }
-    }
-
-    #[test]
-    fn server_handshake_passive_close_and_reset() {
-        let seq = [
-            (Closed, Direction::In, SYN, SynRcvd),
-            (SynRcvd, Direction::Out, SYN | ACK, SynAckSent),
-            (SynAckSent, Direction::In, ACK, Established),
-            (Established, Direction::In, FIN | ACK, CloseWait),
-            (CloseWait, Direction::Out, FIN | ACK, LastAck),
-            (LastAck, Direction::In, ACK, Closed),
-            (Established, Direction::In, RST, Closed),
-            (SynSent, Direction::In, SYN, SynRcvd),
-            (FinWait1, Direction::In, FIN | ACK, TimeWait),
-        ];
-        for (from, dir, flags, to) in seq {
-            assert_eq!(from.next(dir, flags), to, "{from:?} {dir} {flags:#x}");
-        }
-    }
-
-    #[test]
     fn outbound_flow_permits_replies_only() {
         let mut fw = Firewall::new(FlowLimits::default(), 1);
         let f = out_fields(40000, 80);
         // Unsolicited inbound is denied by default.
         assert_eq!(
-            fw.decide(Direction::In, &reply(&f), SYN | ACK, None, 0),
+            admit(&mut fw, Direction::In, &reply(&f), SYN | ACK, None, 0),
             Err(reason::DENY_IN)
         );
         assert_eq!(
-            fw.decide(Direction::Out, &f, SYN, None, 1),
-            Ok(Decision::Created)
+            admit(&mut fw, Direction::Out, &f, SYN, None, 1),
+            Ok(Got::Created)
         );
         assert_eq!(fw.tcp_state(&f.key), Some(SynSent));
         assert_eq!(
-            fw.decide(Direction::In, &reply(&f), SYN | ACK, None, 2),
-            Ok(Decision::Tracked)
+            admit(&mut fw, Direction::In, &reply(&f), SYN | ACK, None, 2),
+            Ok(Got::Tracked)
         );
         assert_eq!(fw.tcp_state(&f.key), Some(Established));
         // A different port on the same host is still denied.
         assert_eq!(
-            fw.decide(Direction::In, &reply(&out_fields(40001, 80)), SYN, None, 3),
+            admit(
+                &mut fw,
+                Direction::In,
+                &reply(&out_fields(40001, 80)),
+                SYN,
+                None,
+                3
+            ),
             Err(reason::DENY_IN)
         );
         assert_eq!(fw.dump().inbound.denied, 2);
@@ -708,18 +769,25 @@ mod tests {
         fw.layer_mut().add(Direction::Out, d);
         let inbound = reply(&out_fields(22, 5555)); // 10.0.0.9:5555 -> guest:22
         assert_eq!(
-            fw.decide(Direction::In, &inbound, SYN, None, 0),
-            Ok(Decision::Created)
+            admit(&mut fw, Direction::In, &inbound, SYN, None, 0),
+            Ok(Got::Created)
         );
         // The guest's reply is allowed by the connection despite the deny rule.
         assert_eq!(
-            fw.decide(Direction::Out, &reply(&inbound), SYN | ACK, None, 1),
-            Ok(Decision::Tracked)
+            admit(
+                &mut fw,
+                Direction::Out,
+                &reply(&inbound),
+                SYN | ACK,
+                None,
+                1
+            ),
+            Ok(Got::Tracked)
         );
         assert_eq!(fw.tcp_state(&reply(&inbound).key), Some(SynAckSent));
         // A new outbound flow to that host is denied.
         assert_eq!(
-            fw.decide(Direction::Out, &out_fields(1, 2), SYN, None, 2),
+            admit(&mut fw, Direction::Out, &out_fields(1, 2), SYN, None, 2),
             Err(reason::DENY_OUT)
         );
     }
@@ -729,23 +797,22 @@ mod tests {
         let l = FlowLimits::default();
         let mut fw = Firewall::new(l, 1);
         let f = out_fields(1000, 80);
-        fw.decide(Direction::Out, &f, SYN, None, 0).unwrap();
+        admit(&mut fw, Direction::Out, &f, SYN, None, 0).unwrap();
         // Half-open: gone after 5 s.
-        assert!(fw.track(Direction::Out, &f.key, SYN, 4 * S));
+        assert!(track(&mut fw, Direction::Out, &f.key, SYN, 4 * S));
         let mut gone = vec![];
         fw.expire(9 * S + 1, |k| gone.push(*k));
         assert_eq!(gone, vec![f.key]);
         assert_eq!(fw.stats().flows_expired, 1);
         // Established: survives 5 s and 60 s idle, expires after 8000 s.
-        fw.decide(Direction::Out, &f, SYN, None, 10 * S).unwrap();
-        fw.decide(Direction::In, &reply(&f), SYN | ACK, None, 10 * S)
-            .unwrap();
+        admit(&mut fw, Direction::Out, &f, SYN, None, 10 * S).unwrap();
+        admit(&mut fw, Direction::In, &reply(&f), SYN | ACK, None, 10 * S).unwrap();
         fw.expire(100 * S, |_| {});
         assert_eq!(fw.stats().flows, 1);
-        assert!(!fw.track(Direction::Out, &f.key, ACK, 8011 * S));
+        assert!(!track(&mut fw, Direction::Out, &f.key, ACK, 8011 * S));
         // Time-wait: 120 s.
         let g = out_fields(1001, 80);
-        fw.decide(Direction::Out, &g, SYN, None, 0).unwrap();
+        admit(&mut fw, Direction::Out, &g, SYN, None, 0).unwrap();
         for (dir, fl) in [
             (Direction::In, SYN | ACK),
             (Direction::Out, FIN | ACK),
@@ -756,11 +823,35 @@ mod tests {
             } else {
                 g.key.reversed()
             };
-            assert!(fw.track(dir, &k, fl, S));
+            assert!(track(&mut fw, dir, &k, fl, S));
         }
         assert_eq!(fw.tcp_state(&g.key), Some(TimeWait));
-        assert!(fw.track(Direction::Out, &g.key, ACK, 120 * S));
-        assert!(!fw.track(Direction::Out, &g.key, ACK, 241 * S));
+        assert!(track(&mut fw, Direction::Out, &g.key, ACK, 120 * S));
+        assert!(!track(&mut fw, Direction::Out, &g.key, ACK, 241 * S));
+        // A SYN on the same ports during time-wait (the client reusing its port)
+        // opens the connection again in place: counted, though not created.
+        let h = out_fields(1002, 80);
+        admit(&mut fw, Direction::Out, &h, SYN, None, 300 * S).unwrap();
+        for (dir, fl) in [(Direction::In, SYN | ACK), (Direction::Out, FIN | ACK)] {
+            let k = if dir == Direction::Out {
+                h.key
+            } else {
+                h.key.reversed()
+            };
+            assert!(track(&mut fw, dir, &k, fl, 300 * S));
+        }
+        assert!(track(
+            &mut fw,
+            Direction::In,
+            &h.key.reversed(),
+            FIN | ACK,
+            300 * S
+        ));
+        let created = fw.stats().flows_created;
+        assert!(track(&mut fw, Direction::Out, &h.key, SYN, 310 * S));
+        assert_eq!(fw.tcp_state(&h.key), Some(SynSent));
+        assert_eq!(fw.stats().flows_reopened, 1);
+        assert_eq!(fw.stats().flows_created, created);
     }
 
     #[test]
@@ -770,33 +861,27 @@ mod tests {
             ..FlowLimits::default()
         };
         let mut fw = Firewall::new(l, 1);
-        let a = out_fields(1, 80);
-        let b = out_fields(2, 80);
-        fw.decide(Direction::Out, &a, SYN, None, 0).unwrap();
-        fw.decide(Direction::Out, &b, ACK, None, 0).unwrap(); // picked up established
-                                                              // `a` is half-open, so it is evicted for the newcomer.
-        fw.decide(Direction::Out, &out_fields(3, 80), ACK, None, 1)
-            .unwrap();
+        let (a, b, c) = (out_fields(1, 80), out_fields(2, 80), out_fields(3, 80));
+        admit(&mut fw, Direction::Out, &a, SYN, None, 0).unwrap();
+        // Picked up established, and answered.
+        admit(&mut fw, Direction::Out, &b, ACK, None, 0).unwrap();
+        assert!(track(&mut fw, Direction::In, &b.key.reversed(), ACK, 0));
+        // `a` is half-open, so it is evicted for the newcomer.
+        admit(&mut fw, Direction::Out, &c, ACK, None, 1).unwrap();
         assert_eq!(fw.stats().flows_evicted, 1);
         assert_eq!(fw.tcp_state(&a.key), None);
-        // Two established flows: nothing to evict, the new flow is refused.
+        // An unanswered pick-up may go too: `c` makes room for `d`.
+        let d = out_fields(4, 80);
+        admit(&mut fw, Direction::Out, &d, ACK, None, 2).unwrap();
+        assert_eq!(fw.stats().flows_evicted, 2);
+        assert_eq!(fw.tcp_state(&c.key), None);
+        // Two established, answered flows: nothing to evict, the new flow is refused.
+        assert!(track(&mut fw, Direction::In, &d.key.reversed(), ACK, 2));
         assert_eq!(
-            fw.decide(Direction::Out, &out_fields(4, 80), ACK, None, 2),
+            admit(&mut fw, Direction::Out, &out_fields(5, 80), ACK, None, 2),
             Err(reason::TABLE_FULL)
         );
         assert_eq!(fw.stats().flows, 2);
-    }
-
-    #[test]
-    fn a_remote_peer_cannot_complete_its_own_handshake() {
-        // Peer SYN then peer ACK, without the guest's SYN|ACK: still half-open.
-        assert_eq!(Closed.next(Direction::In, SYN), SynRcvd);
-        assert_eq!(SynRcvd.next(Direction::In, ACK), SynRcvd);
-        assert_eq!(SynRcvd.next(Direction::In, SYN | ACK), SynRcvd);
-        // The guest's SYN|ACK alone does not establish either: the peer must answer.
-        assert_eq!(SynRcvd.next(Direction::Out, SYN | ACK), SynAckSent);
-        assert_eq!(SynAckSent.next(Direction::Out, ACK), SynAckSent);
-        assert_eq!(SynAckSent.next(Direction::In, ACK), Established);
     }
 
     fn allow_in_443() -> Firewall {
@@ -819,20 +904,20 @@ mod tests {
         let mut fw = allow_in_443();
         let inbound = reply(&out_fields(443, 5555));
         assert_eq!(
-            fw.decide(Direction::In, &inbound, ACK, None, 0),
+            admit(&mut fw, Direction::In, &inbound, ACK, None, 0),
             Err(reason::MIDSTREAM_IN)
         );
         assert_eq!(fw.stats().flows, 0);
         // The guest's own segment of the same flow picks it up; the peer's then pass.
         let out = reply(&inbound);
         assert_eq!(
-            fw.decide(Direction::Out, &out, ACK, None, 1),
-            Ok(Decision::Created)
+            admit(&mut fw, Direction::Out, &out, ACK, None, 1),
+            Ok(Got::Created)
         );
         assert_eq!(fw.tcp_state(&out.key), Some(Established));
         assert_eq!(
-            fw.decide(Direction::In, &inbound, ACK, None, 2),
-            Ok(Decision::Tracked)
+            admit(&mut fw, Direction::In, &inbound, ACK, None, 2),
+            Ok(Got::Tracked)
         );
     }
 
@@ -843,7 +928,7 @@ mod tests {
         for sp in 1000..11000u16 {
             let f = reply(&out_fields(443, sp));
             assert_eq!(
-                fw.decide(Direction::In, &f, ACK, None, 0),
+                admit(&mut fw, Direction::In, &f, ACK, None, 0),
                 Err(reason::MIDSTREAM_IN)
             );
         }
@@ -852,8 +937,8 @@ mod tests {
         // entries only, which new connections may evict.
         for sp in 1000..11000u16 {
             let f = reply(&out_fields(443, sp));
-            fw.decide(Direction::In, &f, SYN, None, 1).unwrap();
-            assert!(fw.track(Direction::In, &f.key, ACK, 1));
+            admit(&mut fw, Direction::In, &f, SYN, None, 1).unwrap();
+            assert!(track(&mut fw, Direction::In, &f.key, ACK, 1));
         }
         assert_eq!(fw.stats().flows, 64);
         assert!(fw
@@ -862,13 +947,26 @@ mod tests {
             .all(|c| c.tcp_state == Some(SynRcvd)));
         // The guest can still open connections, and a real inbound handshake works.
         assert_eq!(
-            fw.decide(Direction::Out, &out_fields(40000, 80), SYN, None, 2),
-            Ok(Decision::Created)
+            admit(
+                &mut fw,
+                Direction::Out,
+                &out_fields(40000, 80),
+                SYN,
+                None,
+                2
+            ),
+            Ok(Got::Created)
         );
         let f = reply(&out_fields(443, 20000));
-        fw.decide(Direction::In, &f, SYN, None, 2).unwrap();
-        assert!(fw.track(Direction::Out, &f.key.reversed(), SYN | ACK, 2));
-        assert!(fw.track(Direction::In, &f.key, ACK, 2));
+        admit(&mut fw, Direction::In, &f, SYN, None, 2).unwrap();
+        assert!(track(
+            &mut fw,
+            Direction::Out,
+            &f.key.reversed(),
+            SYN | ACK,
+            2
+        ));
+        assert!(track(&mut fw, Direction::In, &f.key, ACK, 2));
         assert_eq!(fw.tcp_state(&f.key.reversed()), Some(Established));
     }
 
@@ -885,11 +983,11 @@ mod tests {
             f
         };
         let (a, b, c) = (udp(1), udp(2), udp(3));
-        fw.decide(Direction::Out, &a, 0, None, 0).unwrap();
-        fw.decide(Direction::Out, &b, 0, None, 0).unwrap();
+        admit(&mut fw, Direction::Out, &a, 0, None, 0).unwrap();
+        admit(&mut fw, Direction::Out, &b, 0, None, 0).unwrap();
         // `a` is answered, `b` is not: `b` goes.
-        assert!(fw.track(Direction::In, &a.key.reversed(), 0, 0));
-        fw.decide(Direction::Out, &c, 0, None, 1).unwrap();
+        assert!(track(&mut fw, Direction::In, &a.key.reversed(), 0, 0));
+        admit(&mut fw, Direction::Out, &c, 0, None, 1).unwrap();
         let keys: Vec<u16> = fw.dump_flows(1).iter().map(|d| d.key.src_port).collect();
         assert_eq!(keys, vec![1, 3]);
     }
@@ -898,11 +996,11 @@ mod tests {
         fw: &mut Firewall,
         dir: Direction,
         f: &MatchFields,
-        flags: u8,
+        fl: u8,
         now: u64,
     ) -> ConnHandle {
-        match fw.decide_conn(dir, f, flags, None, now) {
-            Ok((Decision::Created | Decision::Tracked, Some(h))) => h,
+        match fw.admit(dir, f, Some(flags(fl)), None, now) {
+            Ok(Admission { conn: Some(h), .. }) => h,
             other => panic!("expected a connection handle, got {other:?}"),
         }
     }
@@ -918,14 +1016,26 @@ mod tests {
             h
         );
         assert_eq!(fw.tcp_state(&f.key), Some(Established));
-        assert!(fw.track_handle(h, Direction::Out, FIN | ACK, 2));
+        assert_eq!(
+            fw.track_handle(h, Direction::Out, Some(flags(FIN | ACK)), 2),
+            Ok(true)
+        );
         assert_eq!(fw.tcp_state(&f.key), Some(FinWait1));
         // A second connection gets another slot.
         let g = handle_of(&mut fw, Direction::Out, &out_fields(40001, 80), SYN, 2);
         assert_ne!(g, h);
         // Idle past the timeout: refused by handle as by key, even before a sweep.
-        assert!(!fw.track_handle(g, Direction::Out, ACK, 100 * S));
-        assert!(!fw.track(Direction::Out, &out_fields(40001, 80).key, ACK, 100 * S));
+        assert_eq!(
+            fw.track_handle(g, Direction::Out, Some(flags(ACK)), 100 * S),
+            Ok(false)
+        );
+        assert!(!track(
+            &mut fw,
+            Direction::Out,
+            &out_fields(40001, 80).key,
+            ACK,
+            100 * S
+        ));
     }
 
     #[test]
@@ -941,23 +1051,47 @@ mod tests {
         fw.expire(10 * S, |_| {});
         let hb = handle_of(&mut fw, Direction::Out, &b, SYN, 10 * S);
         assert_eq!(hb.slot, ha.slot, "the freed slot is reused");
-        assert!(!fw.track_handle(ha, Direction::Out, ACK, 10 * S));
-        assert!(fw.track_handle(hb, Direction::Out, ACK, 10 * S));
+        assert_eq!(
+            fw.track_handle(ha, Direction::Out, Some(flags(ACK)), 10 * S),
+            Ok(false)
+        );
+        assert_eq!(
+            fw.track_handle(hb, Direction::Out, Some(flags(ACK)), 10 * S),
+            Ok(true)
+        );
         // Eviction (a full table, `b` half-open): `b`'s handle dies, `a`'s new one lives.
         let ha2 = handle_of(&mut fw, Direction::Out, &a, SYN, 11 * S);
         assert_eq!(fw.stats().flows_evicted, 1);
-        assert!(!fw.track_handle(hb, Direction::Out, ACK, 11 * S));
-        assert!(!fw.track_handle(ha, Direction::Out, ACK, 11 * S));
-        assert!(fw.track_handle(ha2, Direction::Out, ACK, 11 * S));
+        assert_eq!(
+            fw.track_handle(hb, Direction::Out, Some(flags(ACK)), 11 * S),
+            Ok(false)
+        );
+        assert_eq!(
+            fw.track_handle(ha, Direction::Out, Some(flags(ACK)), 11 * S),
+            Ok(false)
+        );
+        assert_eq!(
+            fw.track_handle(ha2, Direction::Out, Some(flags(ACK)), 11 * S),
+            Ok(true)
+        );
         // Replacing a dead connection under the same key: a new handle, the old dies.
         let ha3 = handle_of(&mut fw, Direction::Out, &a, SYN, 30 * S);
         assert_ne!(ha3, ha2);
-        assert!(!fw.track_handle(ha2, Direction::Out, ACK, 30 * S));
-        assert!(fw.track_handle(ha3, Direction::Out, ACK, 30 * S));
+        assert_eq!(
+            fw.track_handle(ha2, Direction::Out, Some(flags(ACK)), 30 * S),
+            Ok(false)
+        );
+        assert_eq!(
+            fw.track_handle(ha3, Direction::Out, Some(flags(ACK)), 30 * S),
+            Ok(true)
+        );
         assert_eq!(fw.stats().flows, 1);
         // Clearing kills every handle and empties the table.
         fw.clear_flows();
-        assert!(!fw.track_handle(ha3, Direction::Out, ACK, 30 * S));
+        assert_eq!(
+            fw.track_handle(ha3, Direction::Out, Some(flags(ACK)), 30 * S),
+            Ok(false)
+        );
         assert_eq!((fw.stats().flows, fw.tcp_state(&a.key)), (0, None));
         assert!(fw.dump_flows(30 * S).is_empty());
         // A handle from another table's slot space is refused, not a panic.
@@ -966,7 +1100,10 @@ mod tests {
             handle_of(&mut other, Direction::Out, &out_fields(sp, 80), SYN, 0);
         }
         let far = handle_of(&mut other, Direction::Out, &out_fields(9, 80), SYN, 0);
-        assert!(!fw.track_handle(far, Direction::Out, ACK, 30 * S));
+        assert_eq!(
+            fw.track_handle(far, Direction::Out, Some(flags(ACK)), 30 * S),
+            Ok(false)
+        );
     }
 
     fn icmp(t: u8, code: u8, id: u16) -> MatchFields {
@@ -988,32 +1125,32 @@ mod tests {
         rep.key = req.key.reversed();
         rep.icmp_type = Some(0);
         assert_eq!(
-            fw.decide(Direction::Out, &req, 0, None, 0),
-            Ok(Decision::Created)
+            admit(&mut fw, Direction::Out, &req, 0, None, 0),
+            Ok(Got::Created)
         );
         assert_eq!(
-            fw.decide(Direction::In, &rep, 0, None, 0),
-            Ok(Decision::Tracked)
+            admit(&mut fw, Direction::In, &rep, 0, None, 0),
+            Ok(Got::Tracked)
         );
         // The echo connection admits no other type from that host.
         let mut unreach = icmp(3, 1, 0);
         unreach.key = unreach.key.reversed();
         assert_eq!(
-            fw.decide(Direction::In, &unreach, 0, None, 0),
+            admit(&mut fw, Direction::In, &unreach, 0, None, 0),
             Err(reason::DENY_IN)
         );
         // An outbound error is allowed by the default rule but opens nothing, so
         // nothing comes back in on it.
         let err = icmp(3, 3, 0);
         assert_eq!(
-            fw.decide(Direction::Out, &err, 0, None, 0),
-            Ok(Decision::Stateless)
+            admit(&mut fw, Direction::Out, &err, 0, None, 0),
+            Ok(Got::Stateless)
         );
         assert_eq!(fw.stats().flows, 1);
         let mut back = err;
         back.key = err.key.reversed();
         assert_eq!(
-            fw.decide(Direction::In, &back, 0, None, 0),
+            admit(&mut fw, Direction::In, &back, 0, None, 0),
             Err(reason::DENY_IN)
         );
         // An inbound allow for type 3 admits type 3 only, and tracks nothing.
@@ -1023,13 +1160,13 @@ mod tests {
             .unwrap();
         fw.layer_mut().add(Direction::In, r);
         assert_eq!(
-            fw.decide(Direction::In, &unreach, 0, None, 0),
-            Ok(Decision::Stateless)
+            admit(&mut fw, Direction::In, &unreach, 0, None, 0),
+            Ok(Got::Stateless)
         );
         let mut exceeded = icmp(11, 0, 0);
         exceeded.key = exceeded.key.reversed();
         assert_eq!(
-            fw.decide(Direction::In, &exceeded, 0, None, 0),
+            admit(&mut fw, Direction::In, &exceeded, 0, None, 0),
             Err(reason::DENY_IN)
         );
         assert_eq!(fw.stats().flows, 1);
@@ -1039,26 +1176,26 @@ mod tests {
     fn icmp_errors_about_live_connections_are_related() {
         let mut fw = Firewall::new(FlowLimits::default(), 1);
         let tcp = out_fields(40000, 443);
-        fw.decide(Direction::Out, &tcp, SYN, None, 0).unwrap();
+        admit(&mut fw, Direction::Out, &tcp, SYN, None, 0).unwrap();
         let mut exceeded = icmp(11, 0, 0);
         exceeded.key = exceeded.key.reversed();
         // Quoting the guest's own packet: admitted, nothing created.
         assert_eq!(
-            fw.decide(Direction::In, &exceeded, 0, Some(&tcp.key), 1),
-            Ok(Decision::Related)
+            admit(&mut fw, Direction::In, &exceeded, 0, Some(&tcp.key), 1),
+            Ok(Got::Related)
         );
         assert_eq!(fw.stats().flows, 1);
         // Quoting another flow, or nothing: the rules (default deny) decide.
         let other = out_fields(40001, 443).key;
         for q in [Some(&other), None] {
             assert_eq!(
-                fw.decide(Direction::In, &exceeded, 0, q, 1),
+                admit(&mut fw, Direction::In, &exceeded, 0, q, 1),
                 Err(reason::DENY_IN)
             );
         }
         // Once the connection has expired, the same quote is no longer related.
         assert_eq!(
-            fw.decide(Direction::In, &exceeded, 0, Some(&tcp.key), 10 * S),
+            admit(&mut fw, Direction::In, &exceeded, 0, Some(&tcp.key), 10 * S),
             Err(reason::DENY_IN)
         );
         // An outbound error about an inbound-created connection is related too.
@@ -1073,15 +1210,158 @@ mod tests {
         );
         let mut udp_in = reply(&out_fields(53, 3000));
         udp_in.key.proto = crate::flow::PROTO_UDP;
-        fw.decide(Direction::In, &udp_in, 0, None, 0).unwrap();
+        admit(&mut fw, Direction::In, &udp_in, 0, None, 0).unwrap();
         let unreach = icmp(3, 3, 0);
         assert_eq!(
-            fw.decide(Direction::Out, &unreach, 0, Some(&udp_in.key), 0),
-            Ok(Decision::Related)
+            admit(&mut fw, Direction::Out, &unreach, 0, Some(&udp_in.key), 0),
+            Ok(Got::Related)
         );
         assert_eq!(
-            fw.decide(Direction::Out, &unreach, 0, None, 0),
+            admit(&mut fw, Direction::Out, &unreach, 0, None, 0),
             Err(reason::DENY_OUT)
+        );
+    }
+
+    #[test]
+    fn deciding_opens_nothing_until_committed() {
+        let mut fw = Firewall::new(FlowLimits::default(), 1);
+        let f = out_fields(40000, 80);
+        let d = fw
+            .decide(Direction::Out, &f, Some(flags(SYN)), None, 0)
+            .unwrap();
+        assert!(matches!(d, Decision::Open(_)));
+        // Decided but not committed (the router dropped the flow): nothing exists,
+        // and the reply is not admitted.
+        assert_eq!((fw.stats().flows, fw.stats().flows_created), (0, 0));
+        assert_eq!(
+            admit(&mut fw, Direction::In, &reply(&f), SYN | ACK, None, 1),
+            Err(reason::DENY_IN)
+        );
+        let a = fw.commit(d, 2).unwrap();
+        assert!(a.created && a.needs_conn && a.conn.is_some());
+        assert_eq!(fw.tcp_state(&f.key), Some(SynSent));
+        assert_eq!(
+            admit(&mut fw, Direction::In, &reply(&f), SYN | ACK, None, 3),
+            Ok(Got::Tracked)
+        );
+    }
+
+    #[test]
+    fn a_mid_stream_pickup_keeps_the_short_timeout_until_answered() {
+        let mut fw = Firewall::new(FlowLimits::default(), 1);
+        let (lone, answered) = (out_fields(1, 80), out_fields(2, 80));
+        for f in [&lone, &answered] {
+            admit(&mut fw, Direction::Out, f, ACK, None, 0).unwrap();
+            assert_eq!(fw.tcp_state(&f.key), Some(Established));
+        }
+        // The guest keeps sending into the void: the idle clock restarts, the
+        // timeout stays the half-open one.
+        assert!(track(&mut fw, Direction::Out, &lone.key, ACK, 4 * S));
+        assert!(track(
+            &mut fw,
+            Direction::In,
+            &answered.key.reversed(),
+            ACK,
+            4 * S
+        ));
+        fw.expire(9 * S + 1, |_| {});
+        assert_eq!(fw.tcp_state(&lone.key), None, "expired after 5 s idle");
+        assert_eq!(fw.tcp_state(&answered.key), Some(Established));
+        fw.expire(1000 * S, |_| {});
+        assert_eq!(fw.stats().flows, 1, "answered: the established timeout");
+    }
+
+    #[test]
+    fn expiry_visits_a_bounded_number_of_slots_per_call() {
+        let n = 3 * EXPIRE_SCAN + 100;
+        let l = FlowLimits {
+            fw_flow_limit: n,
+            ..FlowLimits::default()
+        };
+        let mut fw = Firewall::new(l, 1);
+        for i in 0..n {
+            let mut f = out_fields(0, 80);
+            f.key.proto = crate::flow::PROTO_UDP;
+            f.key.src_port = i as u16;
+            f.key.src_ip = std::net::Ipv4Addr::from(0x0a00_0000 + (i as u32 >> 16)).into();
+            admit(&mut fw, Direction::Out, &f, 0, None, 0).unwrap();
+        }
+        assert_eq!(fw.stats().flows, n as u64);
+        // Every connection is idle past 60 s; each call takes the next EXPIRE_SCAN
+        // slots, resuming where the last one stopped, and tells `gone` of each.
+        let mut gone = 0;
+        for step in 1..=4 {
+            fw.expire(61 * S, |_| gone += 1);
+            let want = (step * EXPIRE_SCAN).min(n);
+            assert_eq!((fw.stats().flows_expired, gone), (want as u64, want));
+        }
+        assert_eq!(fw.stats().flows, 0);
+        // Round again: new connections in the freed slots are found as well.
+        let f = out_fields(7, 80);
+        admit(&mut fw, Direction::Out, &f, SYN, None, 100 * S).unwrap();
+        for _ in 0..4 {
+            fw.expire(200 * S, |_| {});
+        }
+        assert_eq!(fw.stats().flows, 0);
+    }
+
+    #[test]
+    fn segments_outside_the_window_are_refused_and_change_nothing() {
+        let mut fw = Firewall::new(FlowLimits::default(), 1);
+        let f = out_fields(40000, 80);
+        let seg = |flags, seq, ack| TcpSegment {
+            flags,
+            seq,
+            ack,
+            win: 1000,
+            len: u32::from(flags & SYN != 0),
+            wscale: None,
+        };
+        let h = match fw.admit(Direction::Out, &f, Some(seg(SYN, 100, 0)), None, 0) {
+            Ok(Admission { conn: Some(h), .. }) => h,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            fw.track_handle(h, Direction::In, Some(seg(SYN | ACK, 500, 101)), 1),
+            Ok(true)
+        );
+        assert_eq!(
+            fw.track_handle(h, Direction::Out, Some(seg(ACK, 101, 501)), 2),
+            Ok(true)
+        );
+        // A reset far from the guest's window (501..=1501): refused by handle and
+        // when decided afresh, a refusal no cache may keep.
+        let bad = seg(RST, 90_000, 0);
+        assert_eq!(
+            fw.track_handle(h, Direction::In, Some(bad), 3 * S),
+            Err(reason::OUT_OF_WINDOW)
+        );
+        assert_eq!(
+            fw.decide(Direction::In, &reply(&f), Some(bad), None, 3 * S),
+            Err(reason::OUT_OF_WINDOW)
+        );
+        assert!(reason::per_packet(reason::OUT_OF_WINDOW));
+        // Nothing changed, and a reset in the window still closes.
+        assert_eq!(fw.tcp_state(&f.key), Some(Established));
+        assert_eq!(
+            fw.track_handle(h, Direction::In, Some(seg(RST, 501, 0)), 4 * S),
+            Ok(true)
+        );
+        assert_eq!(fw.tcp_state(&f.key), Some(Closed));
+        let g = out_fields(40001, 80);
+        let hg = match fw.admit(Direction::Out, &g, Some(flags(ACK)), None, 0) {
+            Ok(Admission { conn: Some(h), .. }) => h,
+            other => panic!("{other:?}"),
+        };
+        fw.track_handle(hg, Direction::In, Some(flags(ACK)), 1)
+            .unwrap();
+        // Refused packets do not keep a connection alive: idle since 1 ns, it is
+        // gone 8000 s later however many were refused meanwhile.
+        let refused = fw.track_handle(hg, Direction::In, Some(seg(RST, 1 << 31, 0)), 7000 * S);
+        assert_eq!(refused, Err(reason::OUT_OF_WINDOW));
+        assert_eq!(
+            fw.track_handle(hg, Direction::In, Some(flags(ACK)), 8001 * S),
+            Ok(false)
         );
     }
 }

@@ -379,6 +379,22 @@ pub fn flow_map<V>(seed: u64) -> FlowMap<V> {
     FlowMap::with_hasher(FlowHashBuilder::new(seed))
 }
 
+/// A UDP flow 10.0.0.1:`sp` -> 10.0.0.2:53 in VNI 5: keys that differ by one number,
+/// for the tables' unit tests.
+#[cfg(test)]
+pub(crate) fn udp_test_key(sp: u16) -> FlowKey {
+    FlowKey {
+        vni: 5,
+        proto: 17,
+        src_ip: "10.0.0.1".parse().unwrap(),
+        dst_ip: "10.0.0.2".parse().unwrap(),
+        src_port: sp,
+        dst_port: 53,
+        icmp_type: 0,
+        icmp_code: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,12 +7,14 @@
 //! [`RxFrame`], in the pieces they arrived in), lends the memory underlay frames are
 //! written to ([`FrameSpace`]), and takes frames out of a [`TxBatch`].
 
+pub mod budget;
 pub mod counters;
 pub mod encap;
 pub mod engine;
 pub mod firewall;
 pub mod flow;
 pub mod gateway;
+pub mod hold;
 pub mod input;
 pub mod layer;
 pub mod output;
@@ -20,9 +22,11 @@ pub mod overlay;
 pub mod port;
 pub mod router;
 pub mod rule;
+pub mod slab;
 pub mod tso;
 pub mod uft;
 
+pub use budget::TableBudget;
 pub use engine::{Engine, EngineConfig, EngineError, EngineStats, NextHop, UnderlayRoutes};
 pub use firewall::{FlowLimits, FwAction};
 pub use flow::FlowKey;

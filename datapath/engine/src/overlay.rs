@@ -5,8 +5,16 @@
 //! the outer IPv6 destination and the inner destination MAC of every frame sent to
 //! it. Boundary services is where traffic routed to the internet gateway goes: the
 //! rack's switches, reached at an underlay address in a VNI of their own.
+//!
+//! The same tables say who may send into a VPC ([`InboundTrust`]): a frame from the
+//! underlay is delivered only if its outer source is the sled V2P names for its inner
+//! source address in its VNI and its inner source MAC is the mapped guest's, or, for
+//! traffic from outside the VPC (the Geneve External option), if its outer source is
+//! a boundary-services endpoint. Otherwise any host that reaches a sled's underlay
+//! address could inject frames into any VPC by naming a VNI and a guest MAC.
 
 use crate::port::Vni;
+use core::fmt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -46,6 +54,108 @@ pub mod reason {
     pub const NO_V2P: &str = "no_v2p";
     /// An internet-gateway route on a sled without boundary services.
     pub const NO_BOUNDARY: &str = "no_boundary_services";
+    /// An underlay frame from a sender the overlay does not trust for it: the outer
+    /// source is not the sled V2P maps the inner source address to in the frame's
+    /// VNI (or there is no mapping: e.g. an address of another VPC), the inner source
+    /// MAC is not the mapped guest's, the outer source is this sled itself, or an
+    /// External frame's outer source is not a boundary-services endpoint.
+    pub const UNDERLAY_SRC_MISMATCH: &str = "underlay_src_mismatch";
+}
+
+/// Who may send the frames of an inbound flow, compiled into its flow-table entry
+/// when the flow is first seen (from V2P or the boundary-services endpoints), so that
+/// later frames cost a compare instead of a lookup. A V2P change bumps the epoch, so
+/// no entry outlives the mapping it was compiled from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sender {
+    /// A guest on another sled: the outer source must be `sled` and the inner source
+    /// MAC `mac`.
+    Sled { sled: Ipv6Addr, mac: MacAddr },
+    /// Outside the VPC: an External frame from a boundary-services endpoint.
+    Boundary,
+    /// A guest of this sled, delivered without the underlay (nothing to check).
+    Local,
+}
+
+impl fmt::Display for Sender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Sender::Sled { sled, mac } => write!(f, "sled {sled} mac {mac}"),
+            Sender::Boundary => f.write_str("boundary services"),
+            Sender::Local => f.write_str("this sled"),
+        }
+    }
+}
+
+/// What an underlay frame says about where it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnderlaySource {
+    /// Outer IPv6 source.
+    pub sled: Ipv6Addr,
+    /// The Geneve Oxide External option: from outside the VPC.
+    pub external: bool,
+    /// Inner source MAC.
+    pub mac: MacAddr,
+}
+
+/// The sled's view of who may send what over the underlay (see the module doc).
+/// Built per frame from borrowed tables, so it costs a few pointer stores.
+#[derive(Clone, Copy, Debug)]
+pub struct InboundTrust<'a> {
+    pub v2p: &'a V2p,
+    /// The boundary-services endpoints (today the one configured; a V2B table of
+    /// several plugs in here).
+    pub boundary: &'a [Ipv6Addr],
+    /// This sled's underlay address: nothing that claims it comes over the underlay.
+    pub this_sled: &'a Ipv6Addr,
+}
+
+impl InboundTrust<'_> {
+    /// The sender a flow from `src_ip` in VPC `vni` may have, if `from` is it (the
+    /// first frame of the flow, checked against the tables).
+    pub fn sender(
+        &self,
+        vni: Vni,
+        src_ip: IpAddr,
+        from: &UnderlaySource,
+    ) -> Result<Sender, &'static str> {
+        if from.external {
+            return if self.is_boundary(from.sled) {
+                Ok(Sender::Boundary)
+            } else {
+                Err(reason::UNDERLAY_SRC_MISMATCH)
+            };
+        }
+        match self.v2p.get(vni, src_ip) {
+            Some(v)
+                if v.underlay == from.sled
+                    && v.mac == from.mac
+                    && v.underlay != *self.this_sled =>
+            {
+                Ok(Sender::Sled {
+                    sled: v.underlay,
+                    mac: v.mac,
+                })
+            }
+            _ => Err(reason::UNDERLAY_SRC_MISMATCH),
+        }
+    }
+
+    /// Whether `from` is the sender compiled for a flow (a later frame of it).
+    #[inline]
+    pub fn admits(&self, s: &Sender, from: &UnderlaySource) -> bool {
+        match s {
+            Sender::Sled { sled, mac } => !from.external && from.sled == *sled && from.mac == *mac,
+            Sender::Boundary => from.external && self.is_boundary(from.sled),
+            Sender::Local => false,
+        }
+    }
+
+    /// Whether `addr` is a boundary-services endpoint.
+    #[inline]
+    fn is_boundary(&self, addr: Ipv6Addr) -> bool {
+        self.boundary.contains(&addr)
+    }
 }
 
 /// The V2P table of the whole sled (all VPCs).

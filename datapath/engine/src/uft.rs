@@ -4,19 +4,25 @@
 //! Each entry carries the engine epoch it was computed in. Any change to rules,
 //! routes, V2P mappings or ports bumps the epoch, which makes every older entry stale
 //! at once without walking the tables: a stale entry is a miss, recomputed and
-//! overwritten. Entries idle longer than the TTL are misses too and are swept by
-//! `Engine::tick`. The table has a size limit; a full table evicts (counted) a stale
-//! or idle entry if it finds one among the first few it inspects, else any entry.
+//! overwritten. Entries idle longer than the TTL are misses too. `Engine::tick`
+//! removes stale and idle entries a bounded number at a time ([`Uft::expire_step`],
+//! resuming where the last step stopped), so no tick walks a whole table. The table
+//! has a size limit (from the sled's table budget); a full table evicts (counted) a
+//! stale or idle entry among the next few it inspects, else the next entry, going
+//! round the table so that the same entries are not the victims every time.
+//! `dump-uft` reads a table in pages ([`Uft::dump_page`]).
 //!
-//! A hit costs one hash-map lookup and allocates nothing; inserting (a miss) may grow
-//! the map, which is the slow path.
+//! Entries live in a [`FlowSlab`], so walks and pages resume by position. A hit costs
+//! one hash probe and one indexed load and allocates nothing; inserting (a miss) may
+//! grow the table, which is the slow path.
 
 use crate::encap::OuterTemplate;
 use crate::firewall::ConnHandle;
-use crate::flow::{flow_map, FlowKey, FlowMap};
-use crate::port::PortId;
+use crate::flow::FlowKey;
+use crate::overlay::Sender;
+use crate::port::{PortId, Vni};
+use crate::slab::FlowSlab;
 use serde::Serialize;
-use std::collections::hash_map::Entry;
 use std::net::Ipv6Addr;
 use wire::MacAddr;
 
@@ -36,13 +42,26 @@ pub enum OutAction {
     Sibling { worker: u16, mac: MacAddr },
     /// To another sled (or boundary services): encapsulate.
     Encap(Box<EncapAction>),
+    /// To another sled whose underlay next hop is not known yet: the packet waits
+    /// for it (`hold`). Never cached: the flow is compiled again, asking for the next
+    /// hop, until it resolves.
+    Unresolved(Box<EncapPlan>),
     /// Drop, counted under this reason.
     Drop(&'static str),
 }
 
-/// What to do with every packet of an inbound flow.
+/// What to do with every packet of an inbound flow, and who may send it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InAction {
+pub struct InAction {
+    /// Checked on every packet from the underlay before anything else: a frame from
+    /// anyone else is dropped (`underlay_src_mismatch`) and leaves the entry as it was.
+    pub sender: Sender,
+    pub verdict: InVerdict,
+}
+
+/// The cached decision of an inbound flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InVerdict {
     /// Hand to the port's guest.
     Deliver,
     /// Drop, counted under this reason.
@@ -61,6 +80,10 @@ impl CachedAction for OutAction {
                 e.ifindex,
                 if e.internal { "" } else { " (external)" }
             ),
+            OutAction::Unresolved(p) => format!(
+                "encap vni {} to {} (next hop unresolved)",
+                p.vni, p.underlay_dst
+            ),
             OutAction::Drop(r) => format!("drop {r}"),
         }
     }
@@ -68,9 +91,9 @@ impl CachedAction for OutAction {
 
 impl CachedAction for InAction {
     fn describe(&self) -> String {
-        match self {
-            InAction::Deliver => "deliver".to_string(),
-            InAction::Drop(r) => format!("drop {r}"),
+        match self.verdict {
+            InVerdict::Deliver => format!("deliver from {}", self.sender),
+            InVerdict::Drop(r) => format!("drop {r} from {}", self.sender),
         }
     }
 }
@@ -88,6 +111,39 @@ pub struct EncapAction {
     /// For dumps.
     pub underlay_dst: Ipv6Addr,
     pub vni: u32,
+}
+
+/// An encapsulation short of its underlay next hop: everything of an
+/// [`EncapAction`] but the interface and the MACs.
+#[derive(Clone, Copy, Debug)]
+pub struct EncapPlan {
+    pub underlay_dst: Ipv6Addr,
+    pub vni: Vni,
+    pub inner_dst_mac: MacAddr,
+    pub internal: bool,
+    pub udp_src_port: u16,
+    pub flow_label: u32,
+}
+
+impl EncapPlan {
+    /// The plan for flow `key` to sled (or boundary services) `underlay_dst`; the
+    /// outer UDP source port and flow label come from the flow.
+    pub fn new(
+        key: &FlowKey,
+        underlay_dst: Ipv6Addr,
+        vni: Vni,
+        inner_dst_mac: MacAddr,
+        internal: bool,
+    ) -> Self {
+        EncapPlan {
+            underlay_dst,
+            vni,
+            inner_dst_mac,
+            internal,
+            udp_src_port: key.udp_src_port(),
+            flow_label: key.flow_label(),
+        }
+    }
 }
 
 /// One cached flow.
@@ -141,9 +197,12 @@ const EVICT_SCAN: usize = 16;
 /// One port's table for one direction.
 #[derive(Debug)]
 pub struct Uft<A> {
-    map: FlowMap<UftEntry<A>>,
+    map: FlowSlab<UftEntry<A>>,
     limit: usize,
     ttl_ns: u64,
+    /// Where the next expiry step and the next eviction look first.
+    sweep_at: usize,
+    evict_at: usize,
     stats: UftStats,
 }
 
@@ -151,12 +210,14 @@ impl<A: CachedAction> Uft<A> {
     /// `limit` entries at most; space for `limit.min(1024)` is reserved now so that a
     /// port's first flows do not grow the map. `hash_seed` keys the table's hash.
     pub fn new(limit: usize, ttl_ns: u64, hash_seed: u64) -> Self {
-        let mut map = flow_map(hash_seed);
+        let mut map = FlowSlab::new(hash_seed);
         map.reserve(limit.min(1024));
         Uft {
             map,
             limit,
             ttl_ns,
+            sweep_at: 0,
+            evict_at: 0,
             stats: UftStats::default(),
         }
     }
@@ -203,25 +264,39 @@ impl<A: CachedAction> Uft<A> {
     /// Installs (or replaces) the entry for `key`, evicting one if the table is full.
     pub fn insert(&mut self, key: FlowKey, entry: UftEntry<A>) -> &mut UftEntry<A> {
         if !self.map.contains_key(&key) && self.map.len() >= self.limit {
-            let (epoch, now, ttl) = (entry.epoch, entry.last_hit, self.ttl_ns);
-            let victim = self
-                .map
-                .iter()
-                .take(EVICT_SCAN)
-                .find(|(_, e)| Self::usable(e, epoch, now, ttl).is_err())
-                .or_else(|| self.map.iter().next())
-                .map(|(k, _)| *k);
-            if let Some(k) = victim {
-                self.map.remove(&k);
-                self.stats.evicted += 1;
+            self.evict_one(entry.epoch, entry.last_hit);
+        }
+        self.map.insert(key, entry)
+    }
+
+    /// Makes room in a full table: the first stale or idle entry among the next
+    /// [`EVICT_SCAN`] from the eviction cursor, else the first entry found there.
+    /// The cursor moves past the victim, so a table of busy flows gives up its
+    /// entries in turn rather than the same slot every time.
+    fn evict_one(&mut self, epoch: u64, now: u64) {
+        let positions = self.map.positions();
+        let mut first = None;
+        let mut victim = None;
+        let mut seen = 0;
+        for i in 0..positions {
+            let pos = (self.evict_at + i) % positions;
+            let Some((_, e)) = self.map.at(pos) else {
+                continue;
+            };
+            if Self::usable(e, epoch, now, self.ttl_ns).is_err() {
+                victim = Some(pos);
+                break;
+            }
+            first.get_or_insert(pos);
+            seen += 1;
+            if seen == EVICT_SCAN {
+                break;
             }
         }
-        match self.map.entry(key) {
-            Entry::Occupied(mut o) => {
-                o.insert(entry);
-                o.into_mut()
-            }
-            Entry::Vacant(v) => v.insert(entry),
+        if let Some(pos) = victim.or(first) {
+            self.map.remove_at(pos);
+            self.evict_at = pos + 1;
+            self.stats.evicted += 1;
         }
     }
 
@@ -229,16 +304,23 @@ impl<A: CachedAction> Uft<A> {
         self.map.remove(key);
     }
 
-    /// Removes entries from older epochs or idle past the TTL.
-    pub fn expire(&mut self, epoch: u64, now: u64) {
-        let ttl = self.ttl_ns;
-        let mut n = 0;
-        self.map.retain(|_, e| {
-            let keep = Self::usable(e, epoch, now, ttl).is_ok();
-            n += u64::from(!keep);
-            keep
-        });
-        self.stats.expired += n;
+    /// Removes entries from older epochs or idle past the TTL among the next `max`
+    /// positions from where the previous step stopped (wrapping around), so that one
+    /// step costs at most `max` slot reads however large the table is.
+    pub fn expire_step(&mut self, epoch: u64, now: u64, max: usize) {
+        let positions = self.map.positions();
+        for _ in 0..max.min(positions) {
+            let pos = self.sweep_at % positions;
+            self.sweep_at = pos + 1;
+            let dead = self
+                .map
+                .at(pos)
+                .is_some_and(|(_, e)| Self::usable(e, epoch, now, self.ttl_ns).is_err());
+            if dead {
+                self.map.remove_at(pos);
+                self.stats.expired += 1;
+            }
+        }
     }
 
     pub fn clear(&mut self) {
@@ -247,6 +329,11 @@ impl<A: CachedAction> Uft<A> {
 
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// Slots, occupied or free: what [`Uft::expire_step`] walks.
+    pub fn slots(&self) -> usize {
+        self.map.positions()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -260,21 +347,35 @@ impl<A: CachedAction> Uft<A> {
         }
     }
 
-    pub fn dump(&self, epoch: u64, now: u64) -> Vec<UftDump> {
-        let mut v: Vec<UftDump> = self
-            .map
-            .iter()
-            .map(|(k, e)| UftDump {
-                key: *k,
-                action: e.action.describe(),
-                path_mtu: e.path_mtu,
-                hits: e.hits,
-                idle_ns: now.saturating_sub(e.last_hit),
-                stale: e.epoch != epoch,
-            })
-            .collect();
-        v.sort_by_key(|d| (d.key.proto, d.key.src_port, d.key.dst_port, d.key.dst_ip));
-        v
+    /// Up to `max` entries from position `from` on, sorted for reading, and the
+    /// position to continue from (`None`: the walk reached the end). Positions only
+    /// change when an entry is removed, so pages read one after the other return every
+    /// entry that stayed in the table exactly once.
+    pub fn dump_page(
+        &self,
+        from: usize,
+        max: usize,
+        epoch: u64,
+        now: u64,
+    ) -> (Vec<UftDump>, Option<usize>) {
+        let positions = self.map.positions();
+        let mut page = Vec::new();
+        let mut pos = from;
+        while pos < positions && page.len() < max {
+            if let Some((k, e)) = self.map.at(pos) {
+                page.push(UftDump {
+                    key: *k,
+                    action: e.action.describe(),
+                    path_mtu: e.path_mtu,
+                    hits: e.hits,
+                    idle_ns: now.saturating_sub(e.last_hit),
+                    stale: e.epoch != epoch,
+                });
+            }
+            pos += 1;
+        }
+        page.sort_by_key(|d| (d.key.proto, d.key.src_port, d.key.dst_port, d.key.dst_ip));
+        (page, (pos < positions).then_some(pos))
     }
 }
 
@@ -282,23 +383,15 @@ impl<A: CachedAction> Uft<A> {
 mod tests {
     use super::*;
 
-    fn key(sp: u16) -> FlowKey {
-        FlowKey {
-            vni: 5,
-            proto: 17,
-            src_ip: "10.0.0.1".parse().unwrap(),
-            dst_ip: "10.0.0.2".parse().unwrap(),
-            src_port: sp,
-            dst_port: 53,
-            icmp_type: 0,
-            icmp_code: 0,
-        }
-    }
+    use crate::flow::udp_test_key as key;
 
     fn entry(epoch: u64, now: u64) -> UftEntry<InAction> {
         UftEntry {
             epoch,
-            action: InAction::Deliver,
+            action: InAction {
+                sender: Sender::Local,
+                verdict: InVerdict::Deliver,
+            },
             path_mtu: 1500,
             needs_conn: true,
             conn: None,
@@ -319,7 +412,7 @@ mod tests {
         // Recomputed in the new epoch: a hit again.
         t.insert(key(1), entry(2, 12));
         assert_eq!(t.lookup(&key(1), 2, 13).unwrap().hits, 1);
-        assert!(t.dump(3, 13)[0].stale);
+        assert!(t.dump_page(0, 10, 3, 13).0[0].stale);
     }
 
     #[test]
@@ -331,11 +424,70 @@ mod tests {
         assert!(t.lookup(&key(1), 1, 900).is_some());
         assert!(t.lookup(&key(2), 1, 1000).is_none());
         assert_eq!(t.stats().expired, 1);
-        t.expire(1, 1500);
+        t.expire_step(1, 1500, 8);
         assert_eq!(t.len(), 1);
-        t.expire(1, 1900);
+        t.expire_step(1, 1900, 8);
         assert!(t.is_empty());
         assert_eq!(t.stats().expired, 3);
+    }
+
+    #[test]
+    fn expiry_visits_a_bounded_number_of_entries_per_step_and_resumes() {
+        let mut t = Uft::new(1000, 1000, 1);
+        for i in 0..100 {
+            // Every other entry goes idle.
+            t.insert(key(i), entry(1, if i % 2 == 0 { 0 } else { 5000 }));
+        }
+        let mut removed = Vec::new();
+        for _ in 0..10 {
+            let before = t.len();
+            t.expire_step(1, 5500, 10);
+            removed.push(before - t.len());
+        }
+        // Each step of 10 positions finds 5 idle entries; ten steps cover the table.
+        assert_eq!(removed, vec![5; 10]);
+        assert_eq!(t.len(), 50);
+        assert!((0..100)
+            .step_by(2)
+            .all(|i| t.lookup(&key(i), 1, 5500).is_none()));
+        // The next step wraps around to the start.
+        t.expire_step(2, 5500, 10);
+        assert_eq!(t.len(), 45);
+    }
+
+    #[test]
+    fn pages_return_every_entry_exactly_once() {
+        let mut t = Uft::new(1000, 1000, 1);
+        for i in 0..250 {
+            t.insert(key(i), entry(1, 0));
+        }
+        let mut seen = Vec::new();
+        let mut cursor = Some(0);
+        let mut pages = 0;
+        while let Some(from) = cursor {
+            let (page, next) = t.dump_page(from, 64, 1, 0);
+            assert!(page.len() <= 64);
+            seen.extend(page.iter().map(|d| d.key.src_port));
+            cursor = next;
+            pages += 1;
+            // The table changes between pages: a removed entry and a new one.
+            if pages == 2 {
+                t.remove(&key(249));
+                t.remove(&key(3));
+                t.insert(key(1000), entry(1, 0));
+            }
+        }
+        seen.sort_unstable();
+        let len = seen.len();
+        seen.dedup();
+        assert_eq!(seen.len(), len, "no entry twice");
+        // Entries present throughout: all of them (key 3 was already read, key 249
+        // was removed before its page; key 1000 took key 3's slot, already read).
+        let want: Vec<u16> = (0..249).collect();
+        assert_eq!(seen, want);
+        assert_eq!(pages, 4);
+        let (all, next) = t.dump_page(0, usize::MAX, 1, 0);
+        assert_eq!((all.len(), next), (249, None));
     }
 
     #[test]
@@ -358,5 +510,19 @@ mod tests {
         // No stale or idle entry: some entry still makes room.
         t.insert(key(5), entry(2, 3));
         assert_eq!((t.len(), t.stats().evicted), (3, 2));
+    }
+
+    #[test]
+    fn evictions_go_round_the_table() {
+        let mut t = Uft::new(4, 1000, 1);
+        for i in 0..4 {
+            t.insert(key(i), entry(1, 0));
+        }
+        // All busy: each new flow evicts the next one in turn, not the same slot.
+        for i in 10..14 {
+            t.insert(key(i), entry(1, 1));
+        }
+        assert_eq!(t.stats().evicted, 4);
+        assert!((10..14).all(|i| t.lookup(&key(i), 1, 2).is_some()));
     }
 }

@@ -231,7 +231,6 @@ fn every_outbound_drop_reason_is_counted() {
         ("hairpin", hairpin, &Fabric),
         ("no_v2p", no_v2p, &Fabric),
         ("no_route", external, &Fabric),
-        ("underlay_unresolved", good.clone(), &NoFabric),
         ("packet_too_big", big, &Fabric),
     ];
     for (reason, f, routes) in cases {
@@ -629,18 +628,8 @@ fn cached_drops_win_over_the_size_check() {
 /// key), and eviction must make that handle stale so the flow is decided again.
 #[test]
 fn cached_flows_outlive_no_evicted_connection() {
-    let mut cfg = engine::EngineConfig::new(SLED_A.parse().unwrap());
-    cfg.flow.fw_flow_limit = 1;
-    let mut a = engine::Engine::new(cfg).unwrap();
+    let (mut a, pa) = sled_a_with_conn_limit(1);
     let (g1, g2) = (guest(1), guest(2));
-    let pa = a.add_port(port_config(&g1)).unwrap();
-    a.set_v2p(
-        Vni::new(VNI).unwrap(),
-        IpAddr::V4(g2.v4),
-        SLED_B.parse().unwrap(),
-        g2.mac,
-    )
-    .unwrap();
     let udp = |sport| frame(&g1, Some(g2.v4), None, L4::Udp { sport, dport: 53 }, b"q");
     let send = |a: &mut engine::Engine, f: &[u8], now| {
         let mut out = TxBatch::new();
@@ -725,6 +714,9 @@ fn frames_for_another_workers_port_are_handed_to_it() {
     b.set_v2p(vni, IpAddr::V4(g1.v4), SLED_A.parse().unwrap(), g1.mac)
         .unwrap();
     let g2 = guest(2);
+    // Every worker knows the sled's V2P table: the owner checks the sender.
+    w0.set_v2p(vni, IpAddr::V4(g2.v4), SLED_B.parse().unwrap(), g2.mac)
+        .unwrap();
     let udp = frame(&g2, Some(g1.v4), None, L4::Udp { sport: 5, dport: 6 }, b"x");
     let mut wire = TxBatch::new();
     b.process_guest(pb, VnetHdr::default(), &udp, 2, &Fabric, &mut wire);

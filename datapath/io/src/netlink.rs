@@ -203,38 +203,84 @@ fn parse_route(body: &[u8]) -> Option<Route> {
     })
 }
 
+/// Opens a `NETLINK_ROUTE` socket bound to the multicast groups in `groups` (a
+/// `RTMGRP_*` mask; 0 for a request socket) with extra socket `flags`.
+fn route_socket(flags: libc::c_int, groups: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call; the result is checked before use.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC | flags,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh, valid descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_nl is plain data; all-zero is "kernel assigns the port id".
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as u16;
+    sa.nl_groups = groups;
+    // SAFETY: sa is a valid sockaddr_nl and the length matches it.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &sa as *const libc::sockaddr_nl as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// One `recv` into `buf` (retried when interrupted); `flags` as for recv(2).
+fn recv(fd: &OwnedFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is valid for writes of its full length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
+        if let Ok(n) = usize::try_from(n) {
+            return Ok(n);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// One netlink message of a datagram: its type, sequence number and body.
+struct Message<'a> {
+    kind: u16,
+    seq: u32,
+    body: &'a [u8],
+}
+
+/// The messages of one datagram, in order; a header whose length does not fit
+/// ends the datagram with an error.
+fn messages(mut rest: &[u8]) -> impl Iterator<Item = io::Result<Message<'_>>> {
+    std::iter::from_fn(move || {
+        let (mlen, kind, seq) = (read_u32(rest, 0)?, read_u16(rest, 4)?, read_u32(rest, 8)?);
+        let mlen = mlen as usize;
+        if mlen < NLMSG_HDR_LEN || mlen > rest.len() {
+            let e = bad_reply(&format!("message length {mlen} of {}", rest.len()));
+            rest = &[];
+            return Some(Err(e));
+        }
+        let body = &rest[NLMSG_HDR_LEN..mlen];
+        rest = rest.get(align4(mlen)..).unwrap_or(&[]);
+        Some(Ok(Message { kind, seq, body }))
+    })
+}
+
 impl Netlink {
     /// Opens a `NETLINK_ROUTE` socket in the calling thread's network namespace.
     pub fn open() -> io::Result<Netlink> {
-        // SAFETY: plain socket(2) call; the result is checked before use.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh, valid descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: sockaddr_nl is plain data; all-zero is "kernel assigns the port id".
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as u16;
-        // SAFETY: sa is a valid sockaddr_nl and the length matches it.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                &sa as *const libc::sockaddr_nl as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_nl>() as u32,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Netlink {
-            fd,
+            fd: route_socket(0, 0)?,
             seq: 1,
             buf: vec![0; RECV_BUF_LEN],
         })
@@ -266,50 +312,24 @@ impl Netlink {
         let seq = self.seq;
         let mut out = Vec::new();
         loop {
-            // SAFETY: self.buf is valid for writes of its full length.
-            let n = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
-                    0,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            let mut rest = &self.buf[..n as usize];
-            while rest.len() >= NLMSG_HDR_LEN {
-                let mlen = read_u32(rest, 0).ok_or_else(|| bad_reply("header"))? as usize;
-                let mtype = read_u16(rest, 4).ok_or_else(|| bad_reply("header"))?;
-                let mseq = read_u32(rest, 8).ok_or_else(|| bad_reply("header"))?;
-                if mlen < NLMSG_HDR_LEN || mlen > rest.len() {
-                    return Err(bad_reply(&format!(
-                        "message length {mlen} of {}",
-                        rest.len()
-                    )));
-                }
-                let body = &rest[NLMSG_HDR_LEN..mlen];
-                rest = rest.get(align4(mlen)..).unwrap_or(&[]);
-                if mseq != seq {
+            let n = recv(&self.fd, &mut self.buf, 0)?;
+            for m in messages(&self.buf[..n]) {
+                let m = m?;
+                if m.seq != seq {
                     continue; // a late reply to an earlier request
                 }
-                match mtype as i32 {
+                match i32::from(m.kind) {
                     libc::NLMSG_DONE => return Ok(out),
                     libc::NLMSG_ERROR => {
                         let errno =
-                            read_u32(body, 0).ok_or_else(|| bad_reply("error body"))? as i32;
+                            read_u32(m.body, 0).ok_or_else(|| bad_reply("error body"))? as i32;
                         if errno == 0 {
                             return Ok(out); // ack
                         }
                         return Err(io::Error::from_raw_os_error(-errno));
                     }
                     _ => {
-                        out.push(body.to_vec());
+                        out.push(m.body.to_vec());
                         if !dump {
                             return Ok(out);
                         }
@@ -438,6 +458,133 @@ impl Netlink {
     }
 }
 
+/// Kinds of kernel notification an [`Events`] socket can subscribe to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// Links appearing, changing (MTU, state, MAC, queues) and disappearing.
+    Link,
+    /// Neighbour entries (only IPv6 ones are reported).
+    Neighbour,
+    /// IPv6 routes.
+    Ipv6Route,
+}
+
+impl Group {
+    /// The group's bit in `sockaddr_nl.nl_groups` (`RTMGRP_*`).
+    fn mask(self) -> u32 {
+        let m = match self {
+            Group::Link => libc::RTMGRP_LINK,
+            Group::Neighbour => libc::RTMGRP_NEIGH,
+            Group::Ipv6Route => libc::RTMGRP_IPV6_ROUTE,
+        };
+        m as u32
+    }
+}
+
+/// A change the kernel announced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A link appeared or changed (`RTM_NEWLINK`), or was deleted (`RTM_DELLINK`).
+    Link { info: LinkInfo, deleted: bool },
+    /// An IPv6 neighbour entry changed state (`RTM_NEWNEIGH`) or was deleted.
+    Neighbour { neigh: Neighbour, deleted: bool },
+    /// An IPv6 route was added or removed.
+    Route,
+    /// Notifications were lost (the socket's buffer overflowed, or one did not
+    /// parse): whatever is watched must be read again from the kernel.
+    Lost,
+}
+
+/// What one notification says, if it is one of the kinds [`Event`] reports.
+fn parse_event(kind: u16, body: &[u8]) -> Option<Event> {
+    let deleted = matches!(
+        kind,
+        libc::RTM_DELLINK | libc::RTM_DELNEIGH | libc::RTM_DELROUTE
+    );
+    match kind {
+        libc::RTM_NEWLINK | libc::RTM_DELLINK => Some(Event::Link {
+            info: parse_link(body)?,
+            deleted,
+        }),
+        libc::RTM_NEWNEIGH | libc::RTM_DELNEIGH => Some(Event::Neighbour {
+            neigh: parse_neigh(body)?,
+            deleted,
+        }),
+        libc::RTM_NEWROUTE | libc::RTM_DELROUTE => {
+            (*body.first()? == libc::AF_INET6 as u8).then_some(Event::Route)
+        }
+        _ => None,
+    }
+}
+
+/// How much the kernel may queue for an [`Events`] socket before it drops
+/// notifications (reported as [`Event::Lost`]): a link flap on a sled with many
+/// neighbours announces each of them.
+const EVENTS_RCVBUF: libc::c_int = 1 << 20;
+
+/// A non-blocking `NETLINK_ROUTE` socket subscribed to kernel notifications:
+/// how the daemon learns of link, neighbour and route changes when they happen
+/// instead of polling for them. Register [`Events::as_raw_fd`] with epoll and
+/// call [`Events::drain`] when it is readable.
+pub struct Events {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+}
+
+impl Events {
+    /// Subscribes, in the calling thread's network namespace, to `groups`.
+    pub fn subscribe(groups: &[Group]) -> io::Result<Events> {
+        let mask = groups.iter().fold(0, |m, g| m | g.mask());
+        let fd = route_socket(libc::SOCK_NONBLOCK, mask)
+            .map_err(|e| io::Error::new(e.kind(), format!("netlink subscription: {e}")))?;
+        // SAFETY: SO_RCVBUF reads one c_int from the pointer, which outlives the call.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&EVENTS_RCVBUF as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
+        };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("netlink SO_RCVBUF: {e}")));
+        }
+        Ok(Events {
+            fd,
+            buf: vec![0; RECV_BUF_LEN],
+        })
+    }
+
+    /// Appends every notification waiting to `out`, without blocking.
+    pub fn drain(&mut self, out: &mut Vec<Event>) -> io::Result<()> {
+        loop {
+            let n = match recv(&self.fd, &mut self.buf, libc::MSG_DONTWAIT) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    out.push(Event::Lost);
+                    continue;
+                }
+                Err(e) => return Err(io::Error::new(e.kind(), format!("netlink events: {e}"))),
+            };
+            for m in messages(&self.buf[..n]) {
+                match m {
+                    Ok(m) => out.extend(parse_event(m.kind, m.body)),
+                    Err(_) => out.push(Event::Lost),
+                }
+            }
+        }
+    }
+}
+
+impl AsRawFd for Events {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 /// Makes the kernel start neighbour discovery for `addr`: a one-byte UDP
 /// datagram to the discard port makes it queue the packet and send a
 /// Neighbour Solicitation, exactly as any local sender would, without forging
@@ -478,6 +625,10 @@ pub struct NextHop {
 pub struct NeighbourCache {
     nl: Netlink,
     entries: HashMap<Ipv6Addr, NextHop>,
+    /// The neighbour each destination was last found to go through (its gateway,
+    /// or itself when on-link), resolved or not: what neighbour notifications are
+    /// matched against ([`NeighbourCache::through`]).
+    via: HashMap<Ipv6Addr, Ipv6Addr>,
     last_refresh: Option<Instant>,
     /// Entries older than this are re-read from the kernel (MAC changes, route changes).
     max_age: Duration,
@@ -495,6 +646,20 @@ pub struct Refresh {
     /// A destination got its first next hop: nothing was compiled with it yet,
     /// but the new entries must reach whoever looks them up.
     pub next_hops_added: bool,
+}
+
+/// What a notification means for the destinations a [`NeighbourCache`] knows.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Affected {
+    /// Destinations without a next hop whose neighbour just became usable:
+    /// worth resolving now rather than at their next retry.
+    pub resolvable: Vec<Ipv6Addr>,
+    /// Cached destinations whose next hop may have changed or vanished (their
+    /// neighbour's MAC changed, it failed or was deleted; their link's MAC
+    /// changed or the link was deleted): resolve them again now.
+    pub stale: Vec<Ipv6Addr>,
+    /// Routes changed, or notifications were lost: resolve everything again.
+    pub all: bool,
 }
 
 /// How storing one lookup result changed the cache.
@@ -533,6 +698,7 @@ impl NeighbourCache {
         Ok(NeighbourCache {
             nl: Netlink::open()?,
             entries: HashMap::new(),
+            via: HashMap::new(),
             last_refresh: None,
             max_age,
         })
@@ -541,6 +707,50 @@ impl NeighbourCache {
     /// The resolved next hops, for publishing to the fast path.
     pub fn entries(&self) -> &HashMap<Ipv6Addr, NextHop> {
         &self.entries
+    }
+
+    /// The destinations last found to go through `neighbour`: those a change of
+    /// that neighbour's entry may resolve, move or break.
+    pub fn through(&self, neighbour: Ipv6Addr) -> impl Iterator<Item = Ipv6Addr> + '_ {
+        self.via
+            .iter()
+            .filter(move |(_, n)| **n == neighbour)
+            .map(|(d, _)| *d)
+    }
+
+    /// Adds to `out` what notification `ev` means for the known destinations.
+    pub fn affected_by(&self, ev: &Event, out: &mut Affected) {
+        match ev {
+            Event::Route | Event::Lost => out.all = true,
+            Event::Link { info, deleted } => out.stale.extend(
+                self.entries
+                    .iter()
+                    .filter(|(_, h)| {
+                        h.ifindex == info.ifindex && (*deleted || info.mac != Some(h.src_mac))
+                    })
+                    .map(|(d, _)| *d),
+            ),
+            Event::Neighbour { neigh, deleted } => {
+                let usable = !deleted && neigh.is_usable();
+                for dst in self.through(neigh.addr) {
+                    match self.entries.get(&dst) {
+                        None if usable => out.resolvable.push(dst),
+                        None => {}
+                        Some(h) if h.ifindex != neigh.ifindex => {}
+                        Some(h) if usable && neigh.mac == Some(h.dst_mac) => {}
+                        Some(_) => out.stale.push(dst),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops tracking `dst` (nobody sends to it any more). A cached next hop
+    /// stays until a refresh finds it gone.
+    pub fn forget(&mut self, dst: Ipv6Addr) {
+        if !self.entries.contains_key(&dst) {
+            self.via.remove(&dst);
+        }
     }
 
     /// How long until the cached entries are due for a [`Self::refresh`] (zero when
@@ -556,6 +766,7 @@ impl NeighbourCache {
     pub fn resolve(&mut self, dst: Ipv6Addr) -> io::Result<Option<NextHop>> {
         let route = self.nl.route_get(dst)?;
         let hop = route.next_hop(dst);
+        self.via.insert(dst, hop);
         let link = self.nl.link_by_index(route.oif)?;
         let Some(src_mac) = link.mac else {
             return Err(io::Error::new(
@@ -701,6 +912,154 @@ mod tests {
         assert!(m.is_empty(), "an unresolved destination leaves the cache");
     }
 
+    /// A netlink message: header (length patched, sequence `seq`) and body.
+    fn message(kind: u16, seq: u32, body: &[u8]) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&((NLMSG_HDR_LEN + body.len()) as u32).to_ne_bytes());
+        m.extend_from_slice(&kind.to_ne_bytes());
+        m.extend_from_slice(&0u16.to_ne_bytes());
+        m.extend_from_slice(&seq.to_ne_bytes());
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        m.extend_from_slice(body);
+        m.resize(align4(m.len()), 0);
+        m
+    }
+
+    /// Notifications of each kind become events; other families and kinds are
+    /// skipped; a datagram whose header lies about its length ends in an error
+    /// instead of being read past.
+    #[test]
+    fn notifications_parse_into_events() {
+        let mut link = Vec::new();
+        Netlink::ifinfomsg(&mut link, 7, libc::IFF_UP as u32, 0);
+        push_attr(&mut link, libc::IFLA_IFNAME, b"ul0\0");
+        push_attr(&mut link, libc::IFLA_MTU, &4000u32.to_ne_bytes());
+        let mut neigh = vec![libc::AF_INET6 as u8, 0, 0, 0];
+        neigh.extend_from_slice(&7u32.to_ne_bytes());
+        neigh.extend_from_slice(&libc::NUD_REACHABLE.to_ne_bytes());
+        neigh.extend_from_slice(&[0, 1]);
+        let addr: Ipv6Addr = "fd00::2".parse().unwrap();
+        push_attr(&mut neigh, libc::NDA_DST, &addr.octets());
+        let mut route6 = vec![libc::AF_INET6 as u8];
+        route6.resize(RTMSG_LEN, 0);
+        let mut route4 = vec![libc::AF_INET as u8];
+        route4.resize(RTMSG_LEN, 0);
+        let mut dgram = message(libc::RTM_DELLINK, 0, &link);
+        dgram.extend(message(libc::RTM_NEWNEIGH, 0, &neigh));
+        dgram.extend(message(libc::RTM_NEWROUTE, 0, &route6));
+        dgram.extend(message(libc::RTM_DELROUTE, 0, &route4));
+        dgram.extend(message(libc::RTM_NEWADDR, 0, &route6));
+        let events: Vec<Event> = messages(&dgram)
+            .map(|m| m.unwrap())
+            .filter_map(|m| parse_event(m.kind, m.body))
+            .collect();
+        let Event::Link { info, deleted } = &events[0] else {
+            panic!("{events:?}")
+        };
+        assert_eq!(
+            (info.name.as_str(), info.ifindex, info.mtu),
+            ("ul0", 7, 4000)
+        );
+        assert!(*deleted && info.up);
+        assert!(matches!(
+            events[1],
+            Event::Neighbour { neigh: Neighbour { addr: a, ifindex: 7, mac: None, .. }, deleted: false } if a == addr
+        ));
+        assert_eq!(
+            events[2..],
+            [Event::Route],
+            "IPv4 routes and addresses skipped"
+        );
+        let mut lying = message(libc::RTM_NEWROUTE, 0, &route6);
+        lying[0] = 200;
+        assert!(messages(&lying).next().unwrap().is_err());
+        assert!(
+            parse_event(libc::RTM_NEWLINK, &[0; 3]).is_none(),
+            "truncated"
+        );
+    }
+
+    /// A neighbour becoming usable makes the unresolved destinations behind it
+    /// resolvable; a cached next hop is stale when its neighbour's MAC changes,
+    /// fails or goes, or its link's MAC changes or the link goes; state changes
+    /// that keep the MAC, other links, and other neighbours change nothing.
+    #[test]
+    fn notifications_select_the_destinations_they_affect() {
+        let gw: Ipv6Addr = "fd00::1".parse().unwrap();
+        let (cached, waiting, elsewhere): (Ipv6Addr, Ipv6Addr, Ipv6Addr) = (
+            "fd00:99::1".parse().unwrap(),
+            "fd00:99::2".parse().unwrap(),
+            "fd00:98::1".parse().unwrap(),
+        );
+        let hop = NextHop {
+            ifindex: 2,
+            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+        };
+        let mut cache = NeighbourCache::new(Duration::from_secs(30)).unwrap();
+        store(&mut cache.entries, cached, Some(hop));
+        cache
+            .via
+            .extend([(cached, gw), (waiting, gw), (elsewhere, elsewhere)]);
+        let neigh = |state: u16, mac: Option<MacAddr>, deleted: bool| Event::Neighbour {
+            neigh: Neighbour {
+                ifindex: 2,
+                addr: gw,
+                mac,
+                state,
+            },
+            deleted,
+        };
+        let affected = |ev: Event| {
+            let mut a = Affected::default();
+            cache.affected_by(&ev, &mut a);
+            a
+        };
+        let reachable = affected(neigh(libc::NUD_REACHABLE, Some(hop.dst_mac), false));
+        assert_eq!(
+            (reachable.resolvable, reachable.stale),
+            (vec![waiting], vec![])
+        );
+        let stale = affected(neigh(libc::NUD_STALE, Some(hop.dst_mac), false));
+        assert!(stale.stale.is_empty(), "same MAC, still usable");
+        let moved = affected(neigh(
+            libc::NUD_REACHABLE,
+            Some(MacAddr([2, 0, 0, 0, 0, 9])),
+            false,
+        ));
+        assert_eq!(moved.stale, vec![cached]);
+        let failed = affected(neigh(libc::NUD_FAILED, None, false));
+        assert_eq!((failed.resolvable, failed.stale), (vec![], vec![cached]));
+        assert_eq!(
+            affected(neigh(libc::NUD_REACHABLE, Some(hop.dst_mac), true)).stale,
+            vec![cached]
+        );
+        let link = |ifindex: u32, mac: MacAddr, deleted: bool| Event::Link {
+            info: LinkInfo {
+                name: "ul0".into(),
+                ifindex,
+                mtu: 9000,
+                mac: Some(mac),
+                up: true,
+            },
+            deleted,
+        };
+        assert!(
+            affected(link(2, hop.src_mac, false)).stale.is_empty(),
+            "MTU or state change"
+        );
+        assert_eq!(
+            affected(link(2, MacAddr([2, 0, 0, 0, 0, 7]), false)).stale,
+            vec![cached]
+        );
+        assert_eq!(affected(link(2, hop.src_mac, true)).stale, vec![cached]);
+        assert!(
+            affected(link(3, hop.src_mac, true)).stale.is_empty(),
+            "another link"
+        );
+        assert!(affected(Event::Route).all && affected(Event::Lost).all);
+    }
+
     #[test]
     fn route_next_hop_prefers_gateway() {
         let dst: Ipv6Addr = "fd00:1::5".parse().unwrap();
@@ -821,6 +1180,66 @@ mod tests {
                 .unwrap()
                 .expect("kernel entry");
             assert!(n.is_usable(), "state {:#x}", n.state);
+        });
+    }
+
+    /// Waits up to 3 s for an event `want` accepts, draining `events`.
+    fn wait_for(events: &mut Events, what: &str, want: impl Fn(&Event) -> bool) -> Event {
+        let mut ep = crate::poll::Epoll::new().unwrap();
+        ep.add(events.as_raw_fd(), 1).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut seen = Vec::new();
+        while Instant::now() < deadline {
+            ep.wait(Duration::from_millis(100)).unwrap().for_each(drop);
+            let mut got = Vec::new();
+            events.drain(&mut got).unwrap();
+            if let Some(e) = got.iter().find(|e| want(e)) {
+                return e.clone();
+            }
+            seen.extend(got);
+        }
+        panic!("no {what} event within 3 s; saw {seen:?}");
+    }
+
+    /// A subscription hears of an MTU change, a neighbour becoming usable and a
+    /// route added, as they happen; and the cache knows which destinations go
+    /// through that neighbour.
+    #[test]
+    fn events_announce_link_neighbour_and_route_changes() {
+        use crate::testnet::{VethPair, MAC_B};
+        let pair = VethPair::new(9000);
+        let a_name = pair.a.name.clone();
+        pair.a.run(move || {
+            let ip = |args: &[&str]| {
+                let ok = std::process::Command::new("ip")
+                    .args(["-n", &a_name])
+                    .args(args)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(ok, "ip {args:?}");
+            };
+            let mut events =
+                Events::subscribe(&[Group::Link, Group::Neighbour, Group::Ipv6Route]).unwrap();
+            ip(&["link", "set", "va", "mtu", "4000"]);
+            let e = wait_for(&mut events, "MTU", |e| {
+                matches!(e, Event::Link { info, deleted: false } if info.name == "va" && info.mtu == 4000)
+            });
+            let Event::Link { info, .. } = e else { unreachable!() };
+            ip(&["-6", "route", "add", "fd00:99::/64", "via", "fd00::b", "dev", "va"]);
+            wait_for(&mut events, "route", |e| *e == Event::Route);
+            let peer: Ipv6Addr = "fd00::b".parse().unwrap();
+            let far: Ipv6Addr = "fd00:99::7".parse().unwrap();
+            let mut cache = NeighbourCache::new(Duration::from_secs(30)).unwrap();
+            assert_eq!(cache.update(&[far]).unresolved, vec![far]);
+            assert_eq!(cache.through(peer).collect::<Vec<_>>(), vec![far]);
+            wait_for(&mut events, "usable neighbour", |e| {
+                matches!(e, Event::Neighbour { neigh, deleted: false }
+                    if neigh.addr == peer && neigh.ifindex == info.ifindex && neigh.is_usable()
+                        && neigh.mac == Some(MacAddr(MAC_B)))
+            });
+            assert!(cache.update(&[far]).unresolved.is_empty(), "resolved once announced");
+            cache.forget(far);
+            assert_eq!(cache.through(peer).count(), 1, "a cached destination stays tracked");
         });
     }
 }

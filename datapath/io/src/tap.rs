@@ -76,11 +76,36 @@ fn ioctl_int(
     Ok(())
 }
 
-/// True when a [`TapPort::write`] error means the guest's side of the link
-/// is down (the kernel answers EIO): the frame is dropped and the caller
-/// counts it as such rather than as an I/O failure.
-pub fn is_link_down(e: &io::Error) -> bool {
-    e.raw_os_error() == Some(libc::EIO)
+/// What a failed tap read or write says about the tap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TapFault {
+    /// The guest's side of the link is down (a write gets EIO): the device is
+    /// there, this frame is lost and later ones go through once the guest
+    /// brings its link up.
+    LinkDown,
+    /// The kernel refused this one frame (a malformed frame or vnet header,
+    /// memory pressure), or a frame we could not assemble: the tap is fine.
+    Frame,
+    /// Anything else: the descriptor no longer reaches a device (EBADFD once
+    /// the device was deleted, e.g. with the guest's namespace). The fd is
+    /// useless; the tap must be opened again.
+    Gone,
+}
+
+impl TapFault {
+    /// Classifies an error of [`TapPort::read`], [`TapPort::write`] or
+    /// [`TapPort::write_gather`] (which handle EAGAIN and EINTR themselves).
+    pub fn of(e: &io::Error) -> TapFault {
+        match e.raw_os_error() {
+            Some(libc::EIO) => TapFault::LinkDown,
+            Some(libc::EINVAL | libc::EMSGSIZE | libc::EFAULT | libc::ENOMEM | libc::ENOBUFS) => {
+                TapFault::Frame
+            }
+            Some(_) => TapFault::Gone,
+            // Our own refusals (buffer, vnet header, part count) name no errno.
+            None => TapFault::Frame,
+        }
+    }
 }
 
 impl TapPort {
@@ -268,7 +293,7 @@ impl TapPort {
     }
 
     /// Writes one frame to the guest with its vnet header (one `writev`, no copy).
-    /// An error for which [`is_link_down`] holds means the guest link is down.
+    /// [`TapFault::of`] says what an error means for the tap.
     pub fn write(&self, vnet: &VnetHdr, frame: &[u8]) -> io::Result<()> {
         let hdr = vnet.to_bytes();
         self.write_gather(&[IoSlice::new(&hdr), IoSlice::new(frame)])
@@ -403,7 +428,11 @@ mod tests {
         let e = tap
             .write(&VnetHdr::default(), &frame)
             .expect_err("write to a downed tap");
-        assert!(is_link_down(&e), "EIO expected, got {e}");
+        assert_eq!(
+            TapFault::of(&e),
+            TapFault::LinkDown,
+            "EIO expected, got {e}"
+        );
         tap.destroy().unwrap();
         assert!(
             guest
@@ -474,6 +503,50 @@ mod tests {
         assert_eq!(vnet.csum_offset, 16);
         sender.join().unwrap();
         tap.destroy().unwrap();
+    }
+
+    /// Deleting the guest's namespace deletes the tap in it: epoll reports the
+    /// fd gone, and reads and writes on it fail as [`TapFault::Gone`].
+    #[test]
+    fn tap_deleted_with_its_namespace_is_gone() {
+        let (host, guest) = (Netns::new(), Netns::new());
+        let mut tap = guest_tap(&host, &guest);
+        let mut ep = crate::poll::Epoll::new().unwrap();
+        ep.add(tap.as_raw_fd(), 7).unwrap();
+        let gone = |ep: &mut crate::poll::Epoll| {
+            ep.wait(Duration::ZERO)
+                .unwrap()
+                .any(|r| r.token == 7 && r.gone)
+        };
+        assert!(!gone(&mut ep), "a live tap is not gone");
+        drop(guest);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !gone(&mut ep) {
+            assert!(
+                Instant::now() < deadline,
+                "epoll never reported the tap gone"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut buf = vec![0u8; MAX_TAP_FRAME];
+        let e = tap.read(&mut buf).expect_err("read from a deleted tap");
+        assert_eq!(TapFault::of(&e), TapFault::Gone, "{e}");
+        let e = tap
+            .write(&VnetHdr::default(), &[0u8; 60])
+            .expect_err("write to a deleted tap");
+        assert_eq!(TapFault::of(&e), TapFault::Gone, "{e}");
+    }
+
+    #[test]
+    fn faults_are_classified_by_errno() {
+        let os = io::Error::from_raw_os_error;
+        assert_eq!(TapFault::of(&os(libc::EIO)), TapFault::LinkDown);
+        assert_eq!(TapFault::of(&os(libc::EINVAL)), TapFault::Frame);
+        assert_eq!(TapFault::of(&os(libc::ENOBUFS)), TapFault::Frame);
+        assert_eq!(TapFault::of(&os(libc::EBADFD)), TapFault::Gone);
+        assert_eq!(TapFault::of(&os(libc::ENODEV)), TapFault::Gone);
+        let ours = io::Error::new(io::ErrorKind::InvalidData, "short frame");
+        assert_eq!(TapFault::of(&ours), TapFault::Frame);
     }
 
     /// A persistent tap survives its fd and can be attached again by name.

@@ -3,18 +3,53 @@
 //! and delivery to a port of this engine.
 
 use super::{confirm, match_fields, quoted, reason, slot_mut, Engine, Owner, Port};
-use crate::firewall::Decision;
+use crate::firewall::{self, TcpSegment};
 use crate::flow::FlowKey;
 use crate::input::RxFrame;
 use crate::output::{SiblingFrame, TxBatch, TxDest};
+use crate::overlay::{InboundTrust, Sender, UnderlaySource};
 use crate::port::{PortId, Vni};
 use crate::rule::Direction;
-use crate::uft::{InAction, UftEntry};
+use crate::tso;
+use crate::uft::{InAction, InVerdict, UftEntry};
 use crate::UnderlayRoutes;
 use std::net::IpAddr;
 
 use wire::meta::{InnerMeta, L3};
 use wire::vnet::VnetHdr;
+
+/// How a frame reached the port it is bound for.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Via<'a> {
+    /// Over the underlay, from `from`; `trust` says whom the overlay admits.
+    Underlay {
+        trust: &'a InboundTrust<'a>,
+        from: UnderlaySource,
+    },
+    /// From a port of this sled, whose own outbound checks it passed.
+    Local,
+}
+
+impl Via<'_> {
+    /// Whether a frame of a cached flow comes from the flow's sender. Same-sled
+    /// delivery has no underlay and nothing to check.
+    #[inline]
+    fn admits(&self, s: &Sender) -> bool {
+        match self {
+            Via::Underlay { trust, from } => trust.admits(s, from),
+            Via::Local => true,
+        }
+    }
+
+    /// The sender to compile into a new flow's entry, if the tables trust this frame
+    /// to be it.
+    fn sender(&self, vni: Vni, src_ip: IpAddr) -> Result<Sender, &'static str> {
+        match self {
+            Via::Underlay { trust, from } => trust.sender(vni, src_ip, from),
+            Via::Local => Ok(Sender::Local),
+        }
+    }
+}
 
 impl Engine {
     /// One frame from the underlay, as received (in pieces or not). Decapsulated
@@ -56,6 +91,7 @@ impl Engine {
         let port = match self.by_mac.get(um.vni, meta.dst_mac) {
             Some(Owner::Port(p)) => p,
             Some(Owner::Sibling(worker)) => {
+                // The owner runs every check below, the sender's included.
                 let dest = TxDest::Sibling {
                     worker,
                     frame: SiblingFrame::Underlay,
@@ -69,6 +105,20 @@ impl Engine {
             }
         };
         let epoch = self.epoch;
+        let boundary = self.cfg.boundary_services.as_ref();
+        let trust = InboundTrust {
+            v2p: &self.v2p,
+            boundary: boundary.map_or(&[], |(addr, _)| std::slice::from_ref(addr)),
+            this_sled: &self.cfg.underlay_addr,
+        };
+        let via = Via::Underlay {
+            trust: &trust,
+            from: UnderlaySource {
+                sled: um.outer_src,
+                external: um.external,
+                mac: meta.src_mac,
+            },
+        };
         let Some(p) = slot_mut(&mut self.ports, port) else {
             self.drops.inc(reason::NO_PORT);
             return;
@@ -76,7 +126,7 @@ impl Engine {
         // Ethernet padding after the IP packet stays behind.
         let inner = inner.sub(0..meta.ip_end);
         let key = FlowKey::from_meta(um.vni, meta);
-        if let Err(r) = inbound_verdict(p, &key, meta, inner.head(), epoch, now) {
+        if let Err(r) = inbound_verdict(p, &via, &key, meta, inner.head(), epoch, now) {
             p.c.drops.inc(r);
             return;
         }
@@ -159,12 +209,20 @@ impl Engine {
     }
 }
 
-/// Inbound checks for a frame bound to port `p` (from the underlay or another local
-/// port): the destination must be the guest, then the cached flow or the inbound
-/// firewall decides. `head` is the start of the inner Ethernet frame `m` describes,
-/// as far as it is contiguous (read for the packet an ICMP error quotes).
+/// Inbound checks for a frame bound to port `p`, arrived `via` the underlay or from
+/// another local port: the destination must be the guest; then the cached flow, whose
+/// sender the frame must come from, or, for a new flow, the overlay's trust and the
+/// inbound firewall decide. `head` is the start of the inner Ethernet frame `m`
+/// describes, as far as it is contiguous (read for the TCP header and the packet an
+/// ICMP error quotes).
+///
+/// A frame from the wrong sender, and a firewall refusal that depends on the packet
+/// rather than the flow (`fw_midstream_in`, `tcp_out_of_window`), are dropped without
+/// touching the flow table: a forged frame can neither replace nor pre-empt the
+/// entry of a real flow.
 pub(super) fn inbound_verdict(
     p: &mut Port,
+    via: &Via<'_>,
     key: &FlowKey,
     m: &InnerMeta,
     head: &[u8],
@@ -180,59 +238,74 @@ pub(super) fn inbound_verdict(
     if !own {
         return Err(reason::INBOUND_DST_NOT_GUEST);
     }
-    let Port {
-        fw,
-        uft_in,
-        uft_out,
-        ..
-    } = p;
-    let action = match uft_in.lookup(key, epoch, now) {
-        Some(e) if confirm(e, fw, Direction::In, m.tcp_flags, now) => e.action,
-        cached => {
-            let f = match_fields(key, m);
-            let q = quoted(key, m, head);
-            let (action, needs_conn, conn) =
-                match fw.decide_conn(Direction::In, &f, m.tcp_flags, q.as_ref(), now) {
-                    Ok((d, conn)) => {
-                        if d == Decision::Created {
-                            uft_out.remove(&key.reversed());
-                        }
-                        (InAction::Deliver, d.needs_conn(), conn)
-                    }
-                    // Depends on this segment's flags, not on the flow: a later SYN
-                    // of the same flow must be decided afresh, so nothing is cached.
-                    Err(r) if r == crate::firewall::reason::MIDSTREAM_IN => return Err(r),
-                    Err(r) => (InAction::Drop(r), false, None),
-                };
-            let n = UftEntry {
-                epoch,
-                action,
-                path_mtu: 0,
-                needs_conn,
-                conn,
-                created: now,
-                last_hit: now,
-                hits: 0,
-            };
-            match cached {
-                Some(e) => *e = n,
-                None => {
-                    uft_in.insert(*key, n);
-                }
-            }
-            action
+    if let Some(e) = p.uft_in.lookup(key, epoch, now) {
+        if !via.admits(&e.action.sender) {
+            return Err(crate::overlay::reason::UNDERLAY_SRC_MISMATCH);
         }
+        if confirm(e, &mut p.fw, Direction::In, TcpSegment::read(m, head), now) {
+            return verdict(e.action.verdict);
+        }
+    }
+    compile_inbound(p, via, key, m, head, epoch, now)
+}
+
+/// The inbound flow-table miss (or an entry that no longer holds): the overlay's
+/// trust, then the firewall, decide the flow, and the result is cached. Out of line,
+/// so that the hit path above keeps its registers.
+#[cold]
+fn compile_inbound(
+    p: &mut Port,
+    via: &Via<'_>,
+    key: &FlowKey,
+    m: &InnerMeta,
+    head: &[u8],
+    epoch: u64,
+    now: u64,
+) -> Result<(), &'static str> {
+    let sender = via.sender(p.cfg.vni, m.src_ip)?;
+    let seg = TcpSegment::read(m, head);
+    let f = match_fields(key, m);
+    let q = quoted(key, m, head);
+    let (v, admitted) = match p.fw.admit(Direction::In, &f, seg, q.as_ref(), now) {
+        Ok(a) => (InVerdict::Deliver, Some(a)),
+        // Decided by this segment, not by the flow: a later SYN, or a segment in the
+        // window, of the same flow must be decided afresh, so nothing is cached.
+        Err(r) if firewall::reason::per_packet(r) => return Err(r),
+        Err(r) => (InVerdict::Drop(r), None),
     };
-    match action {
-        InAction::Deliver => Ok(()),
-        InAction::Drop(r) => Err(r),
+    if admitted.is_some_and(|a| a.created) {
+        p.uft_out.remove(&key.reversed());
+    }
+    p.uft_in.insert(
+        *key,
+        UftEntry {
+            epoch,
+            action: InAction { sender, verdict: v },
+            path_mtu: 0,
+            needs_conn: admitted.is_some_and(|a| a.needs_conn),
+            conn: admitted.and_then(|a| a.conn),
+            created: now,
+            last_hit: now,
+            hits: 0,
+        },
+    );
+    verdict(v)
+}
+
+fn verdict(v: InVerdict) -> Result<(), &'static str> {
+    match v {
+        InVerdict::Deliver => Ok(()),
+        InVerdict::Drop(r) => Err(r),
     }
 }
 
-/// Same-sled delivery: the destination port's inbound checks, then the frame goes to
+/// Same-sled delivery: the sender's `virtio_net_hdr` is checked against the frame as
+/// segmentation would check it (a tap hands a lying header to the receiving guest's
+/// kernel as it is), then the destination port's inbound checks; the frame goes to
 /// its tap as it is (a partial checksum or GSO buffer is fine for a tap), with the
 /// MACs a frame from the gateway has. A frame whose input the caller keeps until the
 /// batch is drained is passed by reference; a [`RxFrame::TRANSIENT`] one is copied.
+/// Drops count on the destination port.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn deliver_local(
     ports: &mut [Option<Port>],
@@ -247,8 +320,12 @@ pub(super) fn deliver_local(
     let Some(p) = slot_mut(ports, dst) else {
         return;
     };
+    if let Err(d) = tso::check_vnet(frame.len(), &vnet, m) {
+        p.c.drops.inc(d.name());
+        return;
+    }
     let key = FlowKey::from_meta(p.cfg.vni.get(), m);
-    if let Err(r) = inbound_verdict(p, &key, m, frame.head(), epoch, now) {
+    if let Err(r) = inbound_verdict(p, &Via::Local, &key, m, frame.head(), epoch, now) {
         p.c.drops.inc(r);
         return;
     }

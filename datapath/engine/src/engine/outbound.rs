@@ -1,13 +1,23 @@
-//! Guest to underlay: [`Engine::process_guest`] and the compilation of outbound flows.
+//! Guest to underlay: [`Engine::process_guest`], the compilation of outbound flows,
+//! and the frames that wait for their underlay next hop ([`Engine::retry_held`]).
+//!
+//! A flow's path MTU comes from its route, so a packet too big for it gets Packet Too
+//! Big (or is fragmented) whether or not the next hop is known. A frame that may go
+//! but whose next hop is not known yet waits in the engine's hold queue (`hold`)
+//! rather than being dropped.
 
 use super::inbound::deliver_local;
+use super::stats::PortCounters;
 use super::{
-    confirm, match_fields, quoted, reason, slot_mut, Engine, LocalDest, Owner, Port, UnderlayRoutes,
+    confirm, match_fields, quoted, reason, slot_mut, Engine, LocalDest, NextHop, Owner, Port,
+    UnderlayRoutes,
 };
+use crate::counters::DropCounters;
 use crate::encap::OuterTemplate;
-use crate::firewall::{Decision, Firewall};
+use crate::firewall::{self, Firewall, TcpSegment};
 use crate::flow::FlowKey;
 use crate::gateway::{self, GatewayVerdict};
+use crate::hold::Held;
 use crate::input::RxFrame;
 use crate::output::{FrameBytes, SiblingFrame, TxBatch, TxDest};
 use crate::overlay::{BoundaryServices, V2p};
@@ -15,7 +25,7 @@ use crate::port::{PortConfig, PortId, Vni};
 use crate::router::{RouteTarget, Router};
 use crate::rule::Direction;
 use crate::tso;
-use crate::uft::{EncapAction, InAction, OutAction, Uft, UftEntry};
+use crate::uft::{EncapAction, EncapPlan, InAction, OutAction, Uft, UftEntry};
 use crate::EngineConfig;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -44,6 +54,7 @@ impl Engine {
             v2p,
             scratch,
             csum_buf,
+            hold,
             drops,
             ..
         } = self;
@@ -97,23 +108,21 @@ impl Engine {
             c,
             ..
         } = p;
-        let entry = match uft_out.lookup(&key, epoch, now) {
-            Some(e) if confirm(e, fw, Direction::Out, meta.tcp_flags, now) => e,
-            Some(e) => {
+        // A flow waiting for its next hop is compiled for every packet (and asks
+        // again), never cached: `unresolved` holds its entry meanwhile.
+        let mut unresolved = None;
+        let entry: &UftEntry<OutAction> = match uft_out.lookup(&key, epoch, now) {
+            Some(e) if confirm(e, fw, Direction::Out, TcpSegment::read(meta, frame), now) => e,
+            found => {
                 match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, meta, frame) {
-                    Ok(n) => {
-                        *e = n;
-                        e
-                    }
-                    Err(r) => {
-                        c.drops.inc(r);
-                        return;
-                    }
-                }
-            }
-            None => {
-                match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, meta, frame) {
-                    Ok(n) => uft_out.insert(key, n),
+                    Ok(n) if matches!(n.action, OutAction::Unresolved(_)) => unresolved.insert(n),
+                    Ok(n) => match found {
+                        Some(e) => {
+                            *e = n;
+                            e
+                        }
+                        None => uft_out.insert(key, n),
+                    },
                     Err(r) => {
                         c.drops.inc(r);
                         return;
@@ -121,13 +130,23 @@ impl Engine {
                 }
             }
         };
-        // A cached drop wins over the size check: a denied or unroutable flow gets no
-        // Packet Too Big and is counted under its own reason.
-        if let OutAction::Drop(r) = &entry.action {
-            c.drops.inc(r);
-            return;
-        }
         let path_mtu = entry.path_mtu;
+        let next = match &entry.action {
+            // A cached drop wins over the size check: a denied or unroutable flow gets
+            // no Packet Too Big and is counted under its own reason.
+            OutAction::Drop(r) => {
+                c.drops.inc(r);
+                return;
+            }
+            OutAction::Local { port: dst } => Next::Here(Here::Port(*dst)),
+            OutAction::Sibling { worker, mac } => Next::Here(Here::Sibling {
+                worker: *worker,
+                vni: cfg.vni,
+                mac: *mac,
+            }),
+            OutAction::Encap(e) => Next::Encap(e),
+            OutAction::Unresolved(plan) => Next::Hold(**plan),
+        };
         let fragment = if too_big(meta, &vnet, path_mtu) {
             if meta.l3 == L3::Ipv4 && !meta.dont_fragment && !vnet.is_gso() {
                 true
@@ -139,110 +158,246 @@ impl Engine {
         } else {
             false
         };
-        // Fragments leave without the guest's checksum offload request, so a partial
-        // checksum is completed on a copy of the frame before it is cut up.
-        let frame: &[u8] = if fragment && vnet.needs_csum() {
-            csum_buf.clear();
-            csum_buf.extend_from_slice(frame);
-            if let Err(d) = tso::complete_checksum(csum_buf, &vnet) {
-                c.drops.inc(d.name());
-                return;
+        match next {
+            Next::Encap(e) => {
+                let mtu = fragment.then_some(path_mtu);
+                let bufs = FragmentBufs { scratch, csum_buf };
+                encapsulate(ecfg.underlay_mtu, e, &vnet, frame, meta, mtu, bufs, c, out);
             }
-            csum_buf
-        } else {
-            frame
-        };
-        let here = match &entry.action {
-            // Handled above.
-            OutAction::Drop(_) => return,
-            OutAction::Local { port: dst } => Here::Port(*dst),
-            OutAction::Sibling { worker, mac } => Here::Sibling {
-                worker: *worker,
-                vni: cfg.vni,
-                mac: *mac,
-            },
-            OutAction::Encap(e) => {
-                let dest = TxDest::Underlay { ifindex: e.ifindex };
-                let seg_payload = if e.internal {
-                    tso::internal_segment_size(ecfg.underlay_mtu, meta)
-                } else {
-                    usize::from(vnet.gso_size)
+            Next::Hold(plan) => {
+                let held = HeldFrame {
+                    port,
+                    vnet,
+                    plan,
+                    path_mtu,
                 };
-                if fragment {
-                    let each = |frag: &[u8], fm: &InnerMeta| {
-                        let r = tso::segment(
-                            frag,
-                            &VnetHdr::default(),
-                            fm,
-                            seg_payload,
-                            0,
-                            &e.outer,
-                            e.inner_dst_mac,
-                            dest,
-                            out,
-                        );
-                        if let Err(d) = r {
-                            c.drops.inc(d.name());
-                        }
-                    };
-                    match fragments(meta, frame, path_mtu, scratch, each) {
-                        Ok(0) => {}
-                        Ok(unparsed) => c.drops.add(reason::GUEST_PARSE, unparsed),
-                        Err(r) => c.drops.inc(r),
-                    }
-                    return;
+                if let Some(dropped) = hold.hold(plan.underlay_dst, held, frame, now) {
+                    count_drop(ports, drops, dropped.port, reason::UNDERLAY_HOLD_OVERFLOW);
                 }
-                let guest_mss = u32::from(vnet.gso_size);
-                match tso::segment(
-                    frame,
-                    &vnet,
-                    meta,
-                    seg_payload,
-                    guest_mss,
-                    &e.outer,
-                    e.inner_dst_mac,
-                    dest,
-                    out,
-                ) {
-                    Ok(n) => {
-                        if vnet.is_gso() {
-                            c.tso_segments_out += n as u64;
-                        }
-                    }
-                    Err(d) => c.drops.inc(d.name()),
-                }
-                return;
             }
-        };
-        if !fragment {
-            deliver_here(ports, epoch, here, vnet, frame, meta, now, out);
+            Next::Here(here) if !fragment => {
+                deliver_here(ports, epoch, here, vnet, frame, meta, now, out);
+            }
+            Next::Here(here) => {
+                let bufs = FragmentBufs { scratch, csum_buf };
+                let r = fragments(meta, frame, &vnet, path_mtu, bufs, |frag, fm| {
+                    deliver_here(ports, epoch, here, VnetHdr::default(), frag, fm, now, out)
+                });
+                if let Some(p) = slot_mut(ports, port) {
+                    count_fragmenting(r, &mut p.c);
+                }
+            }
+        }
+    }
+
+    /// Sends the frames waiting for a next hop that `routes` resolves now, in the
+    /// order they were held, after dropping (counted) those that waited too long.
+    /// The engine is not told when a next hop appears, so the daemon calls this
+    /// every round: it costs one check when nothing waits, and one next-hop lookup
+    /// per waiting destination (at most `hold::HOLD_DSTS`) while frames wait.
+    pub fn retry_held(&mut self, now: u64, routes: &dyn UnderlayRoutes, out: &mut TxBatch) {
+        if self.hold.is_empty() {
             return;
         }
-        let each = |frag: &[u8], fm: &InnerMeta| {
-            deliver_here(ports, epoch, here, VnetHdr::default(), frag, fm, now, out)
-        };
-        let r = fragments(meta, frame, path_mtu, scratch, each);
-        if let Some(p) = slot_mut(ports, port) {
-            match r {
-                Ok(0) => {}
-                Ok(unparsed) => p.c.drops.add(reason::GUEST_PARSE, unparsed),
-                Err(r) => p.c.drops.inc(r),
-            }
+        self.now = self.now.max(now);
+        self.expire_held(now);
+        let Engine {
+            cfg,
+            ports,
+            scratch,
+            csum_buf,
+            hold,
+            drops,
+            ..
+        } = self;
+        hold.release(
+            |dst| routes.next_hop(dst),
+            |hop, h| {
+                let bufs = FragmentBufs {
+                    scratch: &mut *scratch,
+                    csum_buf: &mut *csum_buf,
+                };
+                send_held(cfg, ports, drops, bufs, hop, h, out);
+            },
+        );
+    }
+
+    /// Drops (counted) the held frames that waited `hold::HOLD_TIMEOUT_NS`.
+    pub(super) fn expire_held(&mut self, now: u64) {
+        let Engine {
+            ports, hold, drops, ..
+        } = self;
+        hold.expire(now, |h| {
+            count_drop(ports, drops, h.port, reason::UNDERLAY_HOLD_TIMEOUT)
+        });
+    }
+}
+
+/// Where a guest frame goes once its flow is known.
+enum Next<'e> {
+    /// To a port of this sled.
+    Here(Here),
+    /// Encapsulated, with the flow's cached outer header.
+    Encap(&'e EncapAction),
+    /// Encapsulated once the next hop toward the plan's destination is known.
+    Hold(EncapPlan),
+}
+
+/// What a frame waiting for its next hop is kept with.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HeldFrame {
+    pub(super) port: PortId,
+    vnet: VnetHdr,
+    plan: EncapPlan,
+    path_mtu: u16,
+}
+
+/// Counts a drop at port `port`, or engine-wide as `unknown_port` if it is gone.
+fn count_drop(ports: &mut [Option<Port>], drops: &mut DropCounters, port: PortId, r: &'static str) {
+    match slot_mut(ports, port) {
+        Some(p) => p.c.drops.inc(r),
+        None => drops.inc(reason::UNKNOWN_PORT),
+    }
+}
+
+/// Sends a frame that waited for next hop `hop`, as `process_guest` would have:
+/// fragmented if its path MTU requires (frames that needed Packet Too Big were not
+/// held).
+fn send_held(
+    ecfg: &EngineConfig,
+    ports: &mut [Option<Port>],
+    drops: &mut DropCounters,
+    bufs: FragmentBufs<'_>,
+    hop: &NextHop,
+    h: Held<HeldFrame>,
+    out: &mut TxBatch,
+) {
+    let HeldFrame {
+        port,
+        vnet,
+        plan,
+        path_mtu,
+    } = h.tag;
+    let Some(p) = slot_mut(ports, port) else {
+        // Removing a port drops its held frames; counted should that ever fail.
+        drops.inc(reason::UNKNOWN_PORT);
+        return;
+    };
+    let Ok(meta) = wire::meta::parse_inner(&h.frame) else {
+        p.c.drops.inc(reason::GUEST_PARSE);
+        return;
+    };
+    let mtu = too_big(&meta, &vnet, path_mtu).then_some(path_mtu);
+    let e = encap_through(&plan, *hop, ecfg);
+    let (underlay_mtu, frame, c) = (ecfg.underlay_mtu, &h.frame, &mut p.c);
+    encapsulate(underlay_mtu, &e, &vnet, frame, &meta, mtu, bufs, c, out);
+}
+
+/// The encapsulation of `plan` through next hop `hop`.
+fn encap_through(plan: &EncapPlan, hop: NextHop, ecfg: &EngineConfig) -> EncapAction {
+    let outer = OuterTemplate::new(
+        hop.src_mac,
+        hop.dst_mac,
+        ecfg.underlay_addr,
+        plan.underlay_dst,
+        plan.udp_src_port,
+        plan.flow_label,
+        plan.vni,
+        false,
+        ecfg.outer_udp_checksum,
+    );
+    EncapAction {
+        outer,
+        ifindex: hop.ifindex,
+        inner_dst_mac: plan.inner_dst_mac,
+        internal: plan.internal,
+        underlay_dst: plan.underlay_dst,
+        vni: plan.vni.get(),
+    }
+}
+
+/// The engine's reused buffers for fragmenting: the fragments, and a copy of the
+/// frame when its checksum must be completed first.
+struct FragmentBufs<'a> {
+    scratch: &'a mut TxBatch<'static>,
+    csum_buf: &'a mut Vec<u8>,
+}
+
+/// Encapsulates a guest frame into the batch with tunneled TSO (VPC-internal TCP in
+/// underlay-sized segments, traffic to the internet in the guest's own MSS), or, when
+/// `fragment_mtu` is given (IPv4 without DF above its path MTU), each of its
+/// fragments.
+#[allow(clippy::too_many_arguments)]
+fn encapsulate(
+    underlay_mtu: u16,
+    e: &EncapAction,
+    vnet: &VnetHdr,
+    frame: &[u8],
+    meta: &InnerMeta,
+    fragment_mtu: Option<u16>,
+    bufs: FragmentBufs<'_>,
+    c: &mut PortCounters,
+    out: &mut TxBatch,
+) {
+    let dest = TxDest::Underlay { ifindex: e.ifindex };
+    let seg_payload = if e.internal {
+        tso::internal_segment_size(underlay_mtu, meta)
+    } else {
+        usize::from(vnet.gso_size)
+    };
+    let Some(mtu) = fragment_mtu else {
+        let mss = u32::from(vnet.gso_size);
+        let (outer, mac) = (&e.outer, e.inner_dst_mac);
+        match tso::segment(frame, vnet, meta, seg_payload, mss, outer, mac, dest, out) {
+            Ok(n) if vnet.is_gso() => c.tso_segments_out += n as u64,
+            Ok(_) => {}
+            Err(d) => c.drops.inc(d.name()),
         }
+        return;
+    };
+    let drops = &mut c.drops;
+    let r = fragments(meta, frame, vnet, mtu, bufs, |frag, fm| {
+        let plain = VnetHdr::default();
+        let (outer, mac) = (&e.outer, e.inner_dst_mac);
+        if let Err(d) = tso::segment(frag, &plain, fm, seg_payload, 0, outer, mac, dest, out) {
+            drops.inc(d.name());
+        }
+    });
+    count_fragmenting(r, c);
+}
+
+/// Counts the outcome of [`fragments`]: fragments that did not parse, or why the
+/// frame could not be fragmented.
+fn count_fragmenting(r: Result<u64, &'static str>, c: &mut PortCounters) {
+    match r {
+        Ok(0) => {}
+        Ok(unparsed) => c.drops.add(reason::GUEST_PARSE, unparsed),
+        Err(r) => c.drops.inc(r),
     }
 }
 
 /// Cuts `frame` (IPv4 without DF, larger than `path_mtu`) into fragments, built in
-/// `scratch`, and calls `each` with every fragment and its metadata. Returns how many
-/// fragments did not parse (for the caller to count), or why the frame could not be
-/// fragmented.
+/// the scratch batch, and calls `each` with every fragment and its metadata.
+/// Fragments leave without the guest's checksum offload request, so a partial L4
+/// checksum is completed first, on a copy. Returns how many fragments did not parse
+/// (for the caller to count), or why the frame could not be fragmented.
 fn fragments(
     meta: &InnerMeta,
     frame: &[u8],
+    vnet: &VnetHdr,
     path_mtu: u16,
-    scratch: &mut TxBatch<'static>,
+    bufs: FragmentBufs<'_>,
     mut each: impl FnMut(&[u8], &InnerMeta),
 ) -> Result<u64, &'static str> {
+    let FragmentBufs { scratch, csum_buf } = bufs;
+    let frame = if vnet.needs_csum() {
+        csum_buf.clear();
+        csum_buf.extend_from_slice(frame);
+        tso::complete_checksum(csum_buf, vnet).map_err(|d| d.name())?;
+        &csum_buf[..]
+    } else {
+        frame
+    };
     scratch.clear();
     // Any destination will do: the fragments are only built here.
     let dest = TxDest::Underlay { ifindex: 0 };
@@ -369,8 +524,11 @@ struct CompileEnv<'a> {
 /// Runs the outbound layers for the first packet of a flow (or after its cached
 /// entry went stale): firewall -> router -> overlay. Policy outcomes (denies, no
 /// route, no V2P mapping) are cached as drop entries, which the next epoch clears;
-/// an unresolved underlay neighbour is an uncached `Err`, so the flow is retried on
-/// its next packet.
+/// a TCP segment outside its connection's window is an uncached `Err`, so the flow
+/// is decided again on its next packet. A flow whose underlay next hop is unknown
+/// gets an `OutAction::Unresolved` entry, which the caller does not cache (the next
+/// packet asks again); it carries the path MTU, a property of the route, so the
+/// packet is sized before it waits for the neighbour.
 #[allow(clippy::too_many_arguments)]
 fn compile_outbound(
     env: &CompileEnv<'_>,
@@ -394,28 +552,40 @@ fn compile_outbound(
         hits: 0,
     };
     let f = match_fields(key, m);
-    let (decision, conn) = match fw.decide_conn(
+    let seg = TcpSegment::read(m, frame);
+    let decision = match fw.decide(
         Direction::Out,
         &f,
-        m.tcp_flags,
+        seg,
         quoted(key, m, frame).as_ref(),
         env.now,
     ) {
         Ok(d) => d,
+        // Decided by this packet, not the flow: the next one is decided afresh.
+        Err(r) if firewall::reason::per_packet(r) => return Err(r),
         Err(r) => return Ok(drop(r)),
     };
-    if decision == Decision::Created {
-        uft_in.remove(&key.reversed());
-    }
-    let entry = |action, path_mtu| UftEntry {
-        epoch: env.epoch,
-        action,
-        path_mtu,
-        needs_conn: decision.needs_conn(),
-        conn,
-        created: env.now,
-        last_hit: env.now,
-        hits: 0,
+    // The connection is opened here, for a flow the router and the overlay accepted
+    // (a flow they drop opens nothing: a guest cannot fill the table with flows that
+    // go nowhere).
+    let mut entry = |action, path_mtu| {
+        let a = match fw.commit(decision, env.now) {
+            Ok(a) => a,
+            Err(r) => return drop(r),
+        };
+        if a.created {
+            uft_in.remove(&key.reversed());
+        }
+        UftEntry {
+            epoch: env.epoch,
+            action,
+            path_mtu,
+            needs_conn: a.needs_conn,
+            conn: a.conn,
+            created: env.now,
+            last_hit: env.now,
+            hits: 0,
+        }
     };
     let route = match router.lookup(&f) {
         Ok(r) => r,
@@ -425,7 +595,7 @@ fn compile_outbound(
     // carries.
     let path = |computed: u16| route.mtu.map_or(computed, |r| r.min(computed));
     let vni = cfg.vni.get();
-    let (underlay_dst, outer_vni, inner_dst_mac, internal, path_mtu) = match route.target {
+    let (plan, path_mtu) = match route.target {
         RouteTarget::VpcSubnet => {
             if let Some(d) = env.by_ip.get(&(vni, key.dst_ip)) {
                 let action = match d.owner {
@@ -441,41 +611,25 @@ fn compile_outbound(
             // What the underlay carries now bounds it too: an underlay whose MTU
             // was lowered under a port gets Packet Too Big, not silent drops.
             let carried = env.ecfg.underlay_mtu.saturating_sub(gateway::ENCAP_BUDGET);
-            (v.underlay, cfg.vni, v.mac, true, path(cfg.mtu.min(carried)))
+            let plan = EncapPlan::new(key, v.underlay, cfg.vni, v.mac, true);
+            (plan, path(cfg.mtu.min(carried)))
         }
         RouteTarget::InternetGateway => {
             let Some(b) = env.boundary else {
                 return Ok(drop(crate::overlay::reason::NO_BOUNDARY));
             };
             let mtu = path(gateway::external_path_mtu(cfg, env.ecfg.external_jumbo));
-            (b.underlay, b.vni, m.dst_mac, false, mtu)
+            let plan = EncapPlan::new(key, b.underlay, b.vni, m.dst_mac, false);
+            (plan, mtu)
         }
         // The router reports Drop targets as errors; kept for exhaustiveness.
         RouteTarget::Drop => return Ok(drop(crate::router::reason::ROUTE_DROP)),
     };
-    let Some(hop) = env.routes.next_hop(underlay_dst) else {
-        return Err(reason::UNDERLAY_UNRESOLVED);
+    // The connection opens either way: a frame that waits for the neighbour is
+    // sent later, and its replies must find the connection.
+    let action = match env.routes.next_hop(plan.underlay_dst) {
+        Some(hop) => OutAction::Encap(Box::new(encap_through(&plan, hop, env.ecfg))),
+        None => OutAction::Unresolved(Box::new(plan)),
     };
-    let outer = OuterTemplate::new(
-        hop.src_mac,
-        hop.dst_mac,
-        env.ecfg.underlay_addr,
-        underlay_dst,
-        key.udp_src_port(),
-        key.flow_label(),
-        outer_vni,
-        false,
-        env.ecfg.outer_udp_checksum,
-    );
-    Ok(entry(
-        OutAction::Encap(Box::new(EncapAction {
-            outer,
-            ifindex: hop.ifindex,
-            inner_dst_mac,
-            internal,
-            underlay_dst,
-            vni: outer_vni.get(),
-        })),
-        path_mtu,
-    ))
+    Ok(entry(action, path_mtu))
 }

@@ -12,7 +12,9 @@
 //! the doc says so.
 //!
 //! Every frame the gateway consumes without answering is a `Deny` with a reason that
-//! is also the name of its counter in [`GatewayCounters`].
+//! is also the name of its counter in [`GatewayCounters`]. Answers are rate limited
+//! per port and kind (`limit`): a request beyond the limit is such a deny
+//! (`arp_rate_limited`, `rs_rate_limited`, ...).
 
 mod arp;
 mod dhcp4;
@@ -20,6 +22,7 @@ mod dhcp6;
 mod frag;
 mod frame;
 mod icmp;
+mod limit;
 mod mtu;
 mod ndp;
 mod ptb;
@@ -109,6 +112,16 @@ pub struct GatewayCounters {
     /// DHCPv6 messages that need no answer (or are for another server).
     pub dhcp6_ignored: u64,
     pub dhcp6_no_ipv6: u64,
+    /// Valid requests left unanswered because the port's limit for their kind was
+    /// reached (see `limit`): ARP requests, NSs, echo requests, DHCPv4 and DHCPv6
+    /// messages (one limit for both) beyond 100/s (burst 20), and Router
+    /// Solicitations within 3 s (MIN_DELAY_BETWEEN_RAS) of the last RA — the RA
+    /// that answers those goes to all nodes when the 3 s are over.
+    pub arp_rate_limited: u64,
+    pub na_rate_limited: u64,
+    pub echo_rate_limited: u64,
+    pub dhcp_rate_limited: u64,
+    pub rs_rate_limited: u64,
 }
 
 /// Deny reasons; each names (and bumps) a [`GatewayCounters`] field.
@@ -130,6 +143,11 @@ pub(crate) enum Deny {
     Dhcp6Malformed,
     Dhcp6Ignored,
     Dhcp6NoIpv6,
+    ArpRateLimited,
+    NaRateLimited,
+    EchoRateLimited,
+    DhcpRateLimited,
+    RsRateLimited,
 }
 
 impl GatewayCounters {
@@ -152,18 +170,23 @@ impl GatewayCounters {
             Deny::Dhcp6Malformed => (&mut self.dhcp6_malformed, "dhcp6_malformed"),
             Deny::Dhcp6Ignored => (&mut self.dhcp6_ignored, "dhcp6_ignored"),
             Deny::Dhcp6NoIpv6 => (&mut self.dhcp6_no_ipv6, "dhcp6_no_ipv6"),
+            Deny::ArpRateLimited => (&mut self.arp_rate_limited, "arp_rate_limited"),
+            Deny::NaRateLimited => (&mut self.na_rate_limited, "na_rate_limited"),
+            Deny::EchoRateLimited => (&mut self.echo_rate_limited, "echo_rate_limited"),
+            Deny::DhcpRateLimited => (&mut self.dhcp_rate_limited, "dhcp_rate_limited"),
+            Deny::RsRateLimited => (&mut self.rs_rate_limited, "rs_rate_limited"),
         };
         *c += 1;
         name
     }
 }
 
-/// Per-port gateway state: RA timers, the PTB token bucket, counters.
+/// Per-port gateway state: RA timers, rate limits, counters.
 #[derive(Clone, Debug)]
 pub struct GatewayState {
     counters: GatewayCounters,
     ra: ra::RaTimer,
-    ptb: ptb::TokenBucket,
+    limits: limit::Buckets,
 }
 
 impl GatewayState {
@@ -173,7 +196,7 @@ impl GatewayState {
         GatewayState {
             counters: GatewayCounters::default(),
             ra: ra::RaTimer::new(now),
-            ptb: ptb::TokenBucket::new(now),
+            limits: limit::Buckets::new(now),
         }
     }
 
@@ -183,6 +206,27 @@ impl GatewayState {
 
     fn deny(&mut self, d: Deny) -> GatewayVerdict {
         GatewayVerdict::Deny(self.counters.deny(d))
+    }
+
+    /// Whether reply `sent` may go out at `now`: its kind's bucket has a token, or,
+    /// for a solicited RA, no RA went out within MIN_DELAY_BETWEEN_RAS. Otherwise the
+    /// deny that counts the refusal.
+    fn permit(&mut self, sent: Sent, now: u64) -> Result<(), Deny> {
+        let l = &mut self.limits;
+        let (ok, refused) = match sent {
+            Sent::ArpReply => (l.arp.take(limit::REPLY, now), Deny::ArpRateLimited),
+            Sent::Na => (l.na.take(limit::REPLY, now), Deny::NaRateLimited),
+            Sent::EchoReply => (l.echo.take(limit::REPLY, now), Deny::EchoRateLimited),
+            Sent::Dhcp4 { .. } | Sent::Dhcp6 => {
+                (l.dhcp.take(limit::REPLY, now), Deny::DhcpRateLimited)
+            }
+            Sent::SolicitedRa => (self.ra.may_answer_rs(now), Deny::RsRateLimited),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(refused)
+        }
     }
 }
 
@@ -215,14 +259,25 @@ pub fn handle_from_guest(
     if meta.src_mac != cfg.guest_mac {
         return st.deny(Deny::SrcMacNotGuest);
     }
+    let before = out.len();
     let r = match kind {
         ForGateway::Arp => arp::handle(cfg, port, meta, frame, out),
-        ForGateway::Ndp => ndp::handle(cfg, st, port, meta, frame, now, out),
+        ForGateway::Ndp => ndp::handle(cfg, port, meta, frame, out),
         ForGateway::Echo => icmp::echo(cfg, port, meta, frame, out),
         ForGateway::Dhcp4 => dhcp4::handle(cfg, port, meta, frame, out),
         ForGateway::Dhcp6 => dhcp6::handle(cfg, port, meta, frame, out),
         ForGateway::OtherToGateway => Err(Deny::ToGatewayUnhandled),
     };
+    let r = r.and_then(|sent| {
+        let permitted = st.permit(sent, now);
+        if permitted.is_err() {
+            // Built but refused: the reply is taken back out of the batch.
+            while out.len() > before {
+                out.pop();
+            }
+        }
+        permitted.map(|()| sent)
+    });
     match r {
         Ok(sent) => {
             let c = &mut st.counters;

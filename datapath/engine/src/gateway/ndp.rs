@@ -3,7 +3,7 @@
 
 use super::frame::{self, ALL_NODES, ALL_ROUTERS};
 use super::ra::{self, NDP_HOP_LIMIT};
-use super::{l4_bytes, Deny, GatewayState, Sent};
+use super::{l4_bytes, Deny, Sent};
 use crate::output::TxBatch;
 use crate::port::{PortConfig, PortId};
 use std::net::{IpAddr, Ipv6Addr};
@@ -17,11 +17,9 @@ const NA_FRAME_LEN: usize = frame::ETH_LEN + frame::IPV6_LEN + 32;
 
 pub(super) fn handle(
     cfg: &PortConfig,
-    _st: &mut GatewayState,
     port: PortId,
     meta: &InnerMeta,
     frame: &[u8],
-    _now: u64,
     out: &mut TxBatch,
 ) -> Result<Sent, Deny> {
     if cfg.ipv6.is_none() {

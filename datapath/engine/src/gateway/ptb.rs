@@ -2,11 +2,11 @@
 //! (RFC 4443 §3.2) and ICMPv4 Destination Unreachable / Fragmentation Needed with the
 //! next-hop MTU (RFC 1191), sent back to the guest from the gateway.
 //!
-//! Rate limited per port by a token bucket (RFC 4443 §2.4(f) requires a limit), so a
-//! guest blasting oversized packets costs us at most `PTB_RATE_PER_S` small frames
-//! a second.
+//! Rate limited per port by a token bucket (`limit::PTB`; RFC 4443 §2.4(f) requires a
+//! limit).
 
 use super::frame;
+use super::limit;
 use super::GatewayState;
 use crate::output::TxBatch;
 use crate::port::{PortConfig, PortId};
@@ -14,50 +14,8 @@ use std::net::IpAddr;
 use wire::meta::{InnerMeta, L3};
 use wire::{icmpv4, icmpv6};
 
-/// Sustained errors per second per port, and the burst allowed above it.
-pub const PTB_RATE_PER_S: u64 = 100;
-pub const PTB_BURST: u64 = 20;
-const NS_PER_TOKEN: u64 = 1_000_000_000 / PTB_RATE_PER_S;
-
 /// RFC 1812 §4.3.2.3: an ICMPv4 error should quote as much as fits in 576 bytes.
 const ICMPV4_MAX_ERROR_LEN: usize = 576;
-
-/// A token bucket refilled continuously from the caller's clock.
-#[derive(Clone, Debug)]
-pub(super) struct TokenBucket {
-    tokens: u64,
-    /// Time up to which refills have been credited.
-    credited_ns: u64,
-}
-
-impl TokenBucket {
-    pub(super) fn new(now: u64) -> Self {
-        TokenBucket {
-            tokens: PTB_BURST,
-            credited_ns: now,
-        }
-    }
-
-    /// Takes one token if there is one.
-    fn take(&mut self, now: u64) -> bool {
-        let earned = now.saturating_sub(self.credited_ns) / NS_PER_TOKEN;
-        if earned > 0 {
-            self.tokens = (self.tokens + earned).min(PTB_BURST);
-            // Keep the fractional remainder unless the bucket is full.
-            self.credited_ns = if self.tokens == PTB_BURST {
-                now
-            } else {
-                self.credited_ns + earned * NS_PER_TOKEN
-            };
-        }
-        if self.tokens > 0 {
-            self.tokens -= 1;
-            true
-        } else {
-            false
-        }
-    }
-}
 
 /// A guest packet exceeded its path MTU: emits ICMPv6 Packet Too Big (IPv6) or ICMPv4
 /// Fragmentation Needed with the next-hop MTU (IPv4 with DF) back to the guest, from
@@ -109,7 +67,7 @@ pub fn packet_too_big(
         st.counters.ptb_suppressed += 1;
         return false;
     }
-    if !st.ptb.take(now) {
+    if !st.limits.ptb.take(limit::PTB, now) {
         st.counters.ptb_rate_limited += 1;
         return false;
     }
@@ -166,23 +124,4 @@ pub fn packet_too_big(
     }
     st.counters.ptb_sent += 1;
     true
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bucket_allows_burst_then_rate() {
-        let mut b = TokenBucket::new(0);
-        let sent = (0..100).filter(|_| b.take(0)).count() as u64;
-        assert_eq!(sent, PTB_BURST);
-        // One second later: 100 tokens earned, capped at the burst.
-        let sent = (0..100).filter(|_| b.take(1_000_000_000)).count() as u64;
-        assert_eq!(sent, PTB_BURST);
-        // 25 ms later: two tokens (10 ms each), the half token is kept.
-        let t = 1_025_000_000;
-        assert!(b.take(t) && b.take(t) && !b.take(t));
-        assert!(b.take(1_030_000_000));
-    }
 }

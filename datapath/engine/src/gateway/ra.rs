@@ -33,6 +33,9 @@ const INITIAL_INTERVALS_NS: [u64; 2] = [NS_PER_S, 2 * NS_PER_S];
 pub const MAX_RTR_ADV_INTERVAL_NS: u64 = 600 * NS_PER_S;
 /// MinRtrAdvInterval: the RFC default 0.33 * MaxRtrAdvInterval.
 pub const MIN_RTR_ADV_INTERVAL_NS: u64 = 198 * NS_PER_S;
+/// MIN_DELAY_BETWEEN_RAS: the shortest time between two RAs that answer
+/// solicitations (RFC 4861 §6.2.6).
+pub const MIN_DELAY_BETWEEN_RAS_NS: u64 = 3 * NS_PER_S;
 
 const NS_PER_S: u64 = 1_000_000_000;
 
@@ -48,6 +51,9 @@ pub(super) struct RaTimer {
     last_sent_ns: Option<u64>,
     /// MTU carried by the last RA sent (of any kind).
     last_mtu: Option<u16>,
+    /// When an RA to all nodes answers the solicitations [`Self::may_answer_rs`]
+    /// turned away; cleared by any RA sent.
+    answer_due_ns: Option<u64>,
     /// xorshift state; 0 until seeded from the port's MACs on first use, because the
     /// state is created before the config is at hand and the engine has no RNG.
     rng: u64,
@@ -60,6 +66,7 @@ impl RaTimer {
             next_due_ns: now,
             last_sent_ns: None,
             last_mtu: None,
+            answer_due_ns: None,
             rng: 0,
         }
     }
@@ -67,6 +74,29 @@ impl RaTimer {
     pub(super) fn solicited_sent(&mut self, now: u64, mtu: u16) {
         self.last_sent_ns = Some(now);
         self.last_mtu = Some(mtu);
+        self.answer_due_ns = None;
+    }
+
+    /// Whether a Router Solicitation may be answered at `now`: not within
+    /// [`MIN_DELAY_BETWEEN_RAS_NS`] of the last RA (solicited or not). A solicitation
+    /// that may not is answered by an RA to all nodes at the end of that interval
+    /// (RFC 4861 §6.2.6), unless another RA goes out first: a flood of solicitations
+    /// gets one RA every 3 s, and a guest that asked still hears one.
+    pub(super) fn may_answer_rs(&mut self, now: u64) -> bool {
+        match self.last_sent_ns {
+            Some(last) if now.saturating_sub(last) < MIN_DELAY_BETWEEN_RAS_NS => {
+                self.answer_due_ns = Some(last.saturating_add(MIN_DELAY_BETWEEN_RAS_NS));
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// When the next RA to all nodes is due: the periodic one, or an earlier answer
+    /// to solicitations.
+    fn due_ns(&self) -> u64 {
+        self.answer_due_ns
+            .map_or(self.next_due_ns, |a| a.min(self.next_due_ns))
     }
 
     /// Seeds from both MACs (splitmix64 finaliser) so that ports on one sled, which
@@ -111,6 +141,7 @@ impl RaTimer {
     fn schedule_after_send(&mut self, cfg: &PortConfig, now: u64) {
         self.last_sent_ns = Some(now);
         self.last_mtu = Some(cfg.mtu);
+        self.answer_due_ns = None;
         let interval = if self.initial_sent < MAX_INITIAL_RTR_ADVERTISEMENTS {
             // initial_sent is 1 or 2 here (0 never: a send precedes this).
             let i = usize::from(self.initial_sent.saturating_sub(1));
@@ -199,9 +230,10 @@ pub(super) fn answer_rs(
 /// Timers: unsolicited RAs to ff02::1 — the first three at 0 s, 1 s and 3 s after the
 /// port came up (RFC 4861 §6.2.4 allows up to MAX_INITIAL_RTR_ADVERTISEMENTS at
 /// intervals of at most 16 s), then every MinRtrAdvInterval..MaxRtrAdvInterval
-/// (198..600 s), randomised. Only for ports with IPv6.
+/// (198..600 s), randomised; earlier when solicitations were turned away by the
+/// rate limit (`RaTimer::may_answer_rs`). Only for ports with IPv6.
 pub fn tick(cfg: &PortConfig, st: &mut GatewayState, port: PortId, now: u64, out: &mut TxBatch) {
-    if cfg.ipv6.is_none() || now < st.ra.next_due_ns {
+    if cfg.ipv6.is_none() || now < st.ra.due_ns() {
         return;
     }
     send_unsolicited(cfg, st, port, now, out);
@@ -294,7 +326,7 @@ pub fn ra_info(cfg: &PortConfig, st: &GatewayState) -> Option<RaInfo> {
         solicited_sent: st.counters.ra_solicited,
         unsolicited_sent: st.counters.ra_unsolicited,
         mtu_change_sent: st.counters.ra_mtu_change,
-        next_unsolicited_due_ns: st.ra.next_due_ns,
+        next_unsolicited_due_ns: st.ra.due_ns(),
         min_interval_s: MIN_RTR_ADV_INTERVAL_NS / NS_PER_S,
         max_interval_s: MAX_RTR_ADV_INTERVAL_NS / NS_PER_S,
     })

@@ -187,8 +187,8 @@ fn packet_too_big_is_rate_limited_and_suppressed() {
     let sent = (0..50)
         .filter(|_| packet_too_big(&cfg, &mut st, PORT, &m, &f, 1500, 0, &mut out))
         .count() as u64;
-    assert_eq!(sent, ptb::PTB_BURST);
-    assert_eq!(st.counters().ptb_rate_limited, 50 - ptb::PTB_BURST);
+    assert_eq!(sent, limit::PTB.burst);
+    assert_eq!(st.counters().ptb_rate_limited, 50 - limit::PTB.burst);
     // IPv4 without DF: fragmented by the caller, no error.
     let mut f4 = unhex(&vector("big4_req"));
     f4[14 + 6] = 0;
@@ -216,6 +216,131 @@ fn packet_too_big_is_rate_limited_and_suppressed() {
         &mut out
     ));
     assert_eq!(st.counters().ptb_suppressed, 2);
+}
+
+const NS_PER_S: u64 = 1_000_000_000;
+
+/// Feeds `req` `n` times at `now`; returns how many were answered (one frame each).
+fn flood(st: &mut GatewayState, req: &[u8], n: usize, now: u64) -> usize {
+    let cfg = sample();
+    let mut out = TxBatch::new();
+    let mut replied = 0;
+    for _ in 0..n {
+        let before = out.len();
+        match handle_from_guest(&cfg, st, PORT, &meta_of(req), req, now, &mut out) {
+            GatewayVerdict::Replied => {
+                assert_eq!(out.len(), before + 1);
+                replied += 1;
+            }
+            v => {
+                assert!(matches!(v, GatewayVerdict::Deny(_)), "{v:?}");
+                assert_eq!(out.len(), before, "a refused reply leaves no frame");
+            }
+        }
+    }
+    replied
+}
+
+#[test]
+fn arp_and_echo_floods_are_limited_separately() {
+    let arp = unhex(&vector("arp_req"));
+    let echo = unhex(&vector("echo4_req"));
+    let burst = limit::REPLY.burst as usize;
+    let mut st = GatewayState::new(0);
+    assert_eq!(flood(&mut st, &arp, 100, 0), burst);
+    // The echo bucket is untouched by the ARP flood.
+    assert_eq!(flood(&mut st, &echo, 100, 0), burst);
+    let c = st.counters();
+    assert_eq!((c.arp_replies, c.arp_rate_limited), (20, 80));
+    assert_eq!((c.echo_replies, c.echo_rate_limited), (20, 80));
+    // 100 ms later: 10 tokens (100/s) each.
+    assert_eq!(flood(&mut st, &arp, 100, NS_PER_S / 10), 10);
+    assert_eq!(flood(&mut st, &echo, 100, NS_PER_S / 10), 10);
+    // A flood sustained for 2 s gets the rate, not more.
+    let mut answered = 0;
+    for ms in (110..2110).step_by(10) {
+        answered += flood(&mut st, &echo, 5, ms * NS_PER_S / 1000);
+    }
+    assert_eq!(answered, 200);
+    // A rate-limited request also counts as the port's drop under its name.
+    let mut st = GatewayState::new(0);
+    flood(&mut st, &arp, burst, 0);
+    let mut out = TxBatch::new();
+    let v = handle_from_guest(&sample(), &mut st, PORT, &meta_of(&arp), &arp, 0, &mut out);
+    assert_eq!(v, GatewayVerdict::Deny("arp_rate_limited"));
+}
+
+#[test]
+fn dhcp_and_na_floods_are_limited() {
+    let cfg = dhcp_cfg();
+    let discover = unhex(&vector("dhcp4_discover_req"));
+    let solicit = unhex(&vector("dhcp6_solicit_rapid_req"));
+    let ns = unhex(&vector("ns_req"));
+    let mut st = GatewayState::new(0);
+    let mut out = TxBatch::new();
+    let mut verdicts = Vec::new();
+    for f in [&discover, &solicit].iter().cycle().take(30) {
+        let m = meta_of(f);
+        verdicts.push(handle_from_guest(&cfg, &mut st, PORT, &m, f, 0, &mut out));
+    }
+    // DHCPv4 and DHCPv6 share one bucket.
+    let replied = verdicts
+        .iter()
+        .filter(|v| **v == GatewayVerdict::Replied)
+        .count();
+    assert_eq!(replied, 20);
+    assert_eq!(out.len(), 20);
+    assert_eq!(st.counters().dhcp_rate_limited, 10);
+    assert_eq!(flood(&mut st, &ns, 30, 0), 20);
+    assert_eq!(st.counters().na_rate_limited, 10);
+}
+
+#[test]
+fn rs_flood_is_answered_once_per_min_delay_between_ras() {
+    let cfg = sample();
+    let rs = unhex(&vector("rs_req"));
+    let mut st = GatewayState::new(0);
+    let mut out = TxBatch::new();
+    // The initial unsolicited RAs (0, 1, 3 s) are done by 10 s.
+    for s in 0..10 {
+        tick(&cfg, &mut st, PORT, s * NS_PER_S, &mut out);
+    }
+    assert_eq!(out.len(), 3);
+    out.clear();
+    // An RS every 10 ms and a tick every 100 ms, for 30 s.
+    let mut sent_at = Vec::new();
+    let mut requests = 0;
+    for ms in (10_000..40_000u64).step_by(10) {
+        let now = ms * NS_PER_S / 1000;
+        let before = out.len();
+        let _ = handle_from_guest(&cfg, &mut st, PORT, &meta_of(&rs), &rs, now, &mut out);
+        requests += 1;
+        if ms % 100 == 0 {
+            tick(&cfg, &mut st, PORT, now, &mut out);
+        }
+        sent_at.extend((before..out.len()).map(|_| ms));
+    }
+    // One RA every 3 s, each answering the solicitation that arrived as the 3 s ran
+    // out; all the others are counted.
+    let expected: Vec<u64> = (0..10).map(|i| 10_000 + i * 3_000).collect();
+    assert_eq!(sent_at, expected);
+    assert_eq!(hex(out.frame(0).unwrap().1), vector("ra_solicited_8500"));
+    let c = st.counters();
+    assert_eq!(c.ra_solicited, 10);
+    assert_eq!(c.rs_rate_limited, requests - 10);
+    // A solicitation turned away and not repeated is answered by an RA to all nodes
+    // once the 3 s are over.
+    out.clear();
+    let t = 50 * NS_PER_S;
+    assert_eq!(flood(&mut st, &rs, 1, t), 1);
+    assert_eq!(flood(&mut st, &rs, 1, t + NS_PER_S), 0);
+    tick(&cfg, &mut st, PORT, t + 3 * NS_PER_S - 1, &mut out);
+    assert!(out.is_empty());
+    tick(&cfg, &mut st, PORT, t + 3 * NS_PER_S, &mut out);
+    assert_eq!(hex(out.frame(0).unwrap().1), vector("ra_unsolicited_8500"));
+    // That RA answered it: nothing more is due before the periodic schedule.
+    tick(&cfg, &mut st, PORT, t + 10 * NS_PER_S, &mut out);
+    assert_eq!(out.len(), 1);
 }
 
 #[test]

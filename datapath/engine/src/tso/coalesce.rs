@@ -192,6 +192,7 @@ impl Pending {
         self.end_flags = 0;
         self.mss = mss;
         self.gso_size = mss.map_or(self.seg_len, |m| m as usize).max(1);
+        // `can_start` checked that the first segment is within this bound already.
         self.max_len = (m.l3_off + max_ip_len(m.l3)).min(hdrs + MAX_SEGMENTS * self.gso_size);
         self.id_mode = IdMode::Unknown;
         self.first_id = u16::from_be_bytes([head[m.l3_off + 4], head[m.l3_off + 5]]);
@@ -296,10 +297,19 @@ fn is_tcp_segment(head: &[u8], len: usize, m: &InnerMeta) -> bool {
         && m.payload_off <= head.len()
 }
 
+/// Whether `payload` bytes cut at `gso_size` stand for at most [`MAX_SEGMENTS`]
+/// segments: the most a guest is ever asked to honour in one GSO frame (an Mss option
+/// of 1 under an 8870-byte segment would otherwise stand for 8870).
+fn within_segment_bound(payload: usize, gso_size: usize) -> bool {
+    // Multiplied rather than divided: this runs for every segment that starts a frame.
+    payload <= MAX_SEGMENTS.saturating_mul(gso_size)
+}
+
 /// A segment that may begin a merged frame: data, ACK with at most ECE/CWR besides, no
 /// PSH or FIN (they end a frame, so alone such a segment is sent at once), no IPv4
-/// options or IPv6 extension headers.
-fn can_start(head: &[u8], m: &InnerMeta) -> bool {
+/// options or IPv6 extension headers, and no more than [`MAX_SEGMENTS`] of the
+/// sender's MSS `mss` on its own.
+fn can_start(head: &[u8], m: &InnerMeta, mss: Option<u32>) -> bool {
     let flags = head[m.l4_off + 13];
     let ip_hdr = m.l4_off - m.l3_off;
     let plain_ip = match m.l3 {
@@ -313,6 +323,8 @@ fn can_start(head: &[u8], m: &InnerMeta) -> bool {
         && m.ip_end > m.payload_off
         && flags & !START_FLAGS == 0
         && flags & TCP_ACK != 0
+        // Without an Mss option the first segment is the gso_size: one segment.
+        && mss.is_none_or(|mss| within_segment_bound(m.ip_end - m.payload_off, mss as usize))
 }
 
 #[inline]
@@ -433,7 +445,7 @@ impl Coalescer {
             }
             self.flush_slot(i, out);
         }
-        if can_start(head, meta) {
+        if can_start(head, meta, mss) {
             let pseudo = tcp_pseudo(meta);
             if !tcp_segment_ok(&frame, head, meta, pseudo) {
                 self.emit_raw(port, &frame, meta, gateway_mac, out);
@@ -588,7 +600,7 @@ impl Coalescer {
         } else {
             mss.filter(|&gso| {
                 payload > gso as usize
-                    && payload.div_ceil(gso as usize) <= MAX_SEGMENTS
+                    && within_segment_bound(payload, gso as usize)
                     && flags & (TCP_SYN | TCP_RST | TCP_URG) == 0
             })
         };

@@ -235,6 +235,58 @@ pub fn complete_checksum(frame: &mut [u8], vnet: &VnetHdr) -> Result<(), TsoDrop
     Ok(())
 }
 
+/// Checks a guest's `virtio_net_hdr` against the frame (`frame_len` bytes, `meta`
+/// parsed from it) the way [`segment`] does: a GSO buffer must be TCP of the IP
+/// version its `gso_type` names, not a fragment, with a `gso_size`, a `hdr_len`
+/// inside the frame, at most [`MAX_SEGMENTS`] segments of `gso_size`, and (as any
+/// `NEEDS_CSUM` frame) `csum_start`/`csum_offset` at its L4 checksum.
+///
+/// Same-sled delivery hands the header to the receiving guest's kernel as it is, so it
+/// must pass the checks a buffer that leaves the sled passes.
+pub fn check_vnet(frame_len: usize, vnet: &VnetHdr, meta: &InnerMeta) -> Result<(), TsoDrop> {
+    if vnet.is_gso() {
+        check_gso(frame_len, vnet, meta)
+    } else if vnet.needs_csum() {
+        check_csum_fields(vnet, meta)
+    } else {
+        Ok(())
+    }
+}
+
+/// The checks of [`check_vnet`] for a GSO buffer.
+fn check_gso(frame_len: usize, vnet: &VnetHdr, meta: &InnerMeta) -> Result<(), TsoDrop> {
+    check_offsets(frame_len, meta)?;
+    match (vnet.gso_kind(), meta.l3) {
+        (GSO_TCPV4, L3::Ipv4) | (GSO_TCPV6, L3::Ipv6) => {}
+        (GSO_TCPV4 | GSO_TCPV6, _) => return Err(TsoDrop::GsoIpMismatch),
+        _ => return Err(TsoDrop::BadGsoType),
+    }
+    if meta.proto != PROTO_TCP {
+        return Err(TsoDrop::GsoNotTcp);
+    }
+    if meta.fragment {
+        return Err(TsoDrop::GsoFragment);
+    }
+    let min_ip_hdr = if meta.l3 == L3::Ipv6 { 40 } else { 20 };
+    if meta.payload_off < meta.l4_off + TCP_MIN_HEADER || meta.l4_off < meta.l3_off + min_ip_hdr {
+        return Err(TsoDrop::Truncated);
+    }
+    if vnet.gso_size == 0 {
+        return Err(TsoDrop::GsoSizeZero);
+    }
+    if usize::from(vnet.hdr_len) > frame_len {
+        return Err(TsoDrop::HdrLenMismatch);
+    }
+    if vnet.needs_csum() {
+        check_csum_fields(vnet, meta)?;
+    }
+    let payload = meta.ip_end - meta.payload_off;
+    if payload.div_ceil(usize::from(vnet.gso_size)) > MAX_SEGMENTS {
+        return Err(TsoDrop::TooManySegments);
+    }
+    Ok(())
+}
+
 /// Guest buffer -> encapsulated underlay frames in `out`; returns the number of frames.
 ///
 /// GSO TCP buffers are cut into segments of at most `seg_payload` payload bytes (see
@@ -266,38 +318,13 @@ pub fn segment(
     if !vnet.is_gso() {
         return encapsulate_one(frame, vnet, meta, outer, inner_dst_mac, dest, out);
     }
-    check_offsets(frame.len(), meta)?;
-    match (vnet.gso_kind(), meta.l3) {
-        (GSO_TCPV4, L3::Ipv4) | (GSO_TCPV6, L3::Ipv6) => {}
-        (GSO_TCPV4 | GSO_TCPV6, _) => return Err(TsoDrop::GsoIpMismatch),
-        _ => return Err(TsoDrop::BadGsoType),
-    }
-    if meta.proto != PROTO_TCP {
-        return Err(TsoDrop::GsoNotTcp);
-    }
-    if meta.fragment {
-        return Err(TsoDrop::GsoFragment);
-    }
-    let min_ip_hdr = if meta.l3 == L3::Ipv6 { 40 } else { 20 };
-    if meta.payload_off < meta.l4_off + TCP_MIN_HEADER || meta.l4_off < meta.l3_off + min_ip_hdr {
-        return Err(TsoDrop::Truncated);
-    }
-    if vnet.gso_size == 0 {
-        return Err(TsoDrop::GsoSizeZero);
-    }
-    if usize::from(vnet.hdr_len) > frame.len() {
-        return Err(TsoDrop::HdrLenMismatch);
-    }
-    if vnet.needs_csum() {
-        check_csum_fields(vnet, meta)?;
-    }
+    check_gso(frame.len(), vnet, meta)?;
     if seg_payload == 0 {
         return Err(TsoDrop::SegmentSizeZero);
     }
     let payload = &frame[meta.payload_off..meta.ip_end];
     let nseg = payload.len().div_ceil(seg_payload).max(1);
-    let guest_segs = payload.len().div_ceil(usize::from(vnet.gso_size));
-    if nseg > MAX_SEGMENTS || guest_segs > MAX_SEGMENTS {
+    if nseg > MAX_SEGMENTS {
         return Err(TsoDrop::TooManySegments);
     }
     let seg_max = seg_payload.min(payload.len());

@@ -944,6 +944,56 @@ fn a_merged_frame_stands_for_at_most_max_segments() {
     assert_eq!(payload, all);
 }
 
+/// Whatever the Mss option says, no GSO frame handed to a guest stands for more than
+/// MAX_SEGMENTS segments of its gso_size: not a merged run (`Pending::advance`), not
+/// a frame begun with one large segment (`Pending::begin`), not a segment passed on
+/// alone (`emit_single`, here because of PSH).
+#[test]
+fn tiny_mss_options_never_stand_for_more_than_max_segments() {
+    let fix_checksum = |f: &mut Vec<u8>| {
+        f[50..52].fill(0);
+        let end = f.len();
+        let c = !naive_sum(&[pseudo_bytes(f, 14, 34, end), f[34..].to_vec()].concat());
+        f[50..52].copy_from_slice(&c.to_be_bytes());
+    };
+    for mss in [1usize, 2] {
+        // (segment sizes, PSH on each, frames the guest gets)
+        let cases = [
+            (vec![8850], false, 1),
+            (vec![8850], true, 1),
+            (vec![1000; 12], false, 12 / (2 * mss)),
+            (vec![1500; 3], false, 3 - (mss - 1)),
+        ];
+        for (sizes, psh, frames_out) in cases {
+            let (mut frames, all) = flow_segments(false, &sizes, 1);
+            if psh {
+                for f in frames.iter_mut() {
+                    f[47] |= TCP_PSH;
+                    fix_checksum(f);
+                }
+            }
+            let (out, _) = coalesce(&frames, Some(mss as u32));
+            assert_eq!(out.len(), frames_out, "{sizes:?} at Mss {mss}");
+            let mut payload = Vec::new();
+            for (dest, f) in &out {
+                let TxDest::Port { vnet, .. } = *dest else {
+                    unreachable!()
+                };
+                let n = f.len() - 66;
+                if vnet.is_gso() {
+                    assert_eq!(usize::from(vnet.gso_size), mss);
+                    assert!(n.div_ceil(mss) <= MAX_SEGMENTS, "{n} bytes at Mss {mss}");
+                } else {
+                    assert_eq!(n, 8850, "only the oversized segment goes plain");
+                }
+                assert!(tcp_verifies(&complete(f, &vnet), 14, 34, f.len()));
+                payload.extend_from_slice(&f[66..]);
+            }
+            assert_eq!(payload, all, "every byte delivered, in order");
+        }
+    }
+}
+
 #[test]
 fn non_tcp_flushes_the_port_first_and_interleaved_flows_merge() {
     let (a, a_all) = flow_segments(false, &[1000, 1000], 1);

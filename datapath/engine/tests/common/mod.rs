@@ -90,6 +90,25 @@ pub fn sled(addr: &str, n: u8) -> (Engine, PortId) {
     (e, id)
 }
 
+/// Sled A with guest 1's port (default rules) and a connection table of
+/// `fw_flow_limit`, knowing guest 2's IPv4 address on sled B: for tests of what
+/// fills the table.
+pub fn sled_a_with_conn_limit(fw_flow_limit: usize) -> (Engine, PortId) {
+    let mut cfg = EngineConfig::new(SLED_A.parse().unwrap());
+    cfg.flow.fw_flow_limit = fw_flow_limit;
+    let mut a = Engine::new(cfg).unwrap();
+    let pa = a.add_port(port_config(&guest(1))).unwrap();
+    let g2 = guest(2);
+    a.set_v2p(
+        Vni::new(VNI).unwrap(),
+        IpAddr::V4(g2.v4),
+        SLED_B.parse().unwrap(),
+        g2.mac,
+    )
+    .unwrap();
+    (a, pa)
+}
+
 /// Sled A hosting guest 1 and sled B hosting guest 2, each knowing the other.
 pub fn two_sleds() -> (Engine, PortId, Engine, PortId) {
     let (mut a, pa) = sled(SLED_A, 1);
