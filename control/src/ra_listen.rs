@@ -269,9 +269,8 @@ impl RawIcmp6 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: fd is a fresh descriptor we own.
-        let s = RawIcmp6 {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        };
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let s = RawIcmp6 { fd };
         // Block every ICMPv6 type, then pass type 134 (bit set = blocked).
         let mut filter = [u32::MAX; 8];
         let ra = usize::from(msg::ROUTER_ADVERT);

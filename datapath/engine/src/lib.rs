@@ -7,6 +7,8 @@
 //! [`RxFrame`], in the pieces they arrived in), lends the memory underlay frames are
 //! written to ([`FrameSpace`]), and takes frames out of a [`TxBatch`].
 
+#![forbid(unsafe_code)]
+
 pub mod budget;
 pub mod counters;
 pub mod encap;

@@ -10,7 +10,6 @@
 //! ```
 
 use crate::ethernet::ethertype;
-use crate::meta::Replication;
 use crate::{Result, WireError};
 use core::fmt;
 
@@ -39,6 +38,15 @@ pub const ENCAP_LEN: usize =
 /// IP packet), so a port MTU may be at most underlay MTU - 78. The one definition of
 /// these numbers; the engine uses it for both.
 pub const ENCAP_LEN_WITH_MSS: usize = ENCAP_LEN + MSS_OPTION_LEN;
+
+/// Replication mode of the Oxide Multicast option (top 2 bits of its body). Defined
+/// with the option it belongs to; `meta` only carries it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replication {
+    External,
+    Underlay,
+    Both,
+}
 
 /// Oxide option types (class [`OXIDE_OPTION_CLASS`]); all are non-critical.
 pub mod oxide_type {

@@ -95,14 +95,6 @@ pub struct InnerMeta {
     pub hop_limit: u8,
 }
 
-/// Replication mode of the Oxide Multicast option (top 2 bits of its body).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Replication {
-    External,
-    Underlay,
-    Both,
-}
-
 /// Metadata of a validated underlay (outer) frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UnderlayMeta {
@@ -126,7 +118,7 @@ pub struct UnderlayMeta {
 }
 
 use crate::ethernet::{self, ethertype};
-use crate::geneve::{self, OxideOption, OxideOptionError};
+use crate::geneve::{self, OxideOption, OxideOptionError, Replication};
 use crate::ipv4::protocol;
 use crate::ipv6;
 use crate::WireError;
