@@ -10,7 +10,7 @@
 
 use crate::config::DaemonConfig;
 use crate::controller::Controller;
-use crate::datapath::{engine_config, pin_to_core, with_port_links, Datapath};
+use crate::datapath::{engine_config, with_port_links, Datapath};
 use crate::handoff::Doorbell;
 use crate::neighbours::NextHops;
 use crate::server::{request_channel, serve_next, serve_pending, ApiLimits, ApiServer};
@@ -18,6 +18,7 @@ use crate::state::StateStore;
 use crate::underlay::{warn_if_address_missing, Underlay, UnderlayWatch, FRAME_OVERHEAD};
 use crate::worker::{mesh, run_worker, WorkerIo};
 use crate::workers::{JobTx, Workers};
+use dpio::cpu::pin_to_core;
 use engine::{Engine, EngineConfig};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -78,22 +78,7 @@ pub fn engine_config(cfg: &DaemonConfig, underlay_mtu: u32) -> Result<EngineConf
 /// flow keys, so the flow and connection tables' hash must be keyed with a value
 /// they cannot know or predict; the engine makes no syscalls and takes it from us.
 fn random_seed() -> Result<u64, String> {
-    let mut b = [0u8; 8];
-    loop {
-        // SAFETY: `b` is valid for writes of b.len() bytes; flags 0 = the urandom
-        // source, blocking only until the pool is first initialised.
-        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-        match usize::try_from(n) {
-            Ok(n) if n == b.len() => return Ok(u64::from_ne_bytes(b)),
-            Ok(n) => return Err(format!("getrandom returned {n} of {} bytes", b.len())),
-            Err(_) => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(format!("cannot draw the flow hash seed: {e}"));
-                }
-            }
-        }
-    }
+    getrandom::u64().map_err(|e| format!("cannot draw the flow hash seed: {e}"))
 }
 
 impl Datapath {
@@ -709,25 +694,6 @@ fn engine_fw_rules(r: &FwRule) -> Result<Vec<EngineFwRule>, String> {
                 .map_err(|e| format!("firewall rule \"{r}\": {e}"))
         })
         .collect()
-}
-
-/// Pins the calling thread to `core` so the worker keeps its caches and does not
-/// compete with the other workers.
-pub fn pin_to_core(core: usize) -> Result<(), String> {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes one bit inside `set`; `core` is below CPU_SETSIZE
-    // (checked by the config parser, MAX_CORE).
-    unsafe { libc::CPU_SET(core, &mut set) };
-    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of that size.
-    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if r != 0 {
-        return Err(format!(
-            "cannot pin worker to core {core}: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -4,10 +4,11 @@
 //! ([`controller`]), the socket server and client ([`server`], [`client`]), one
 //! worker's engine and the translation of requests for it ([`datapath`]), the loop
 //! that moves its frames ([`worker`]), and the fan-out over several workers
-//! ([`workers`]).
+//! ([`workers`]). Every syscall it needs without a safe wrapper lives in `dpio`.
+
+#![forbid(unsafe_code)]
 
 pub mod api;
-pub mod channels;
 pub mod cli;
 pub mod client;
 pub mod config;

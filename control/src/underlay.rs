@@ -74,7 +74,7 @@ fn queues_for(name: &str, workers: usize) -> Result<u32, String> {
     if queues >= need {
         return Ok(queues);
     }
-    crate::channels::ensure_queues(name, need)?;
+    dpio::channels::ensure_queues(name, need)?;
     let queues = rx_queue_count(name)?;
     if queues < need {
         return Err(format!(

@@ -13,6 +13,9 @@
 //! Every `unsafe` block is a syscall or a read/write of kernel-shared memory
 //! and says why it holds in a `// SAFETY:` comment.
 
+pub mod channels;
+pub mod cpu;
+pub mod icmp6;
 pub mod netlink;
 pub mod netns;
 pub mod poll;
