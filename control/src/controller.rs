@@ -445,10 +445,34 @@ impl<D: Dataplane> Controller<D> {
             self.applied_port(port)?;
         }
         let mut v = self.dp.inspect(&what)?;
-        if let (Inspect::Stats { port: None }, Value::Object(m)) = (&what, &mut v) {
-            m.insert("control".into(), self.control_stats(now));
+        if let (Inspect::Stats { port }, Value::Object(m)) = (&what, &mut v) {
+            if port.is_none() {
+                m.insert("control".into(), self.control_stats(now));
+            }
+            m.insert("tap_queues".into(), self.tap_queues(port.as_deref()));
         }
         Ok(Reply::Inspect(v))
+    }
+
+    /// Per applied port (or the one asked for): what its tap's queue dropped of what
+    /// the guest sent (`guest_tx_dropped`), or why that cannot be read.
+    fn tap_queues(&self, only: Option<&str>) -> Value {
+        let m: serde_json::Map<String, Value> = self
+            .state
+            .ports
+            .iter()
+            .filter(|p| only.is_none_or(|o| o == p.config.name))
+            .filter(|p| !self.unapplied_ports.contains_key(&p.config.name))
+            .map(|p| {
+                let name = &p.config.name;
+                let v = match crate::tap_queue::guest_tx_dropped(name, p.netns.as_deref()) {
+                    Ok(n) => json!({ "guest_tx_dropped": n }),
+                    Err(e) => json!({ "error": e }),
+                };
+                (name.clone(), v)
+            })
+            .collect();
+        Value::Object(m)
     }
 
     /// What is saved but not applied, the state file and whether saving works, and

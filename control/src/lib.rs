@@ -20,6 +20,7 @@ pub mod neighbours;
 pub mod ra_listen;
 pub mod server;
 pub mod state;
+pub mod tap_queue;
 pub mod underlay;
 pub mod worker;
 pub mod workers;

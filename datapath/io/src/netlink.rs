@@ -35,6 +35,10 @@ pub struct LinkInfo {
     pub mac: Option<MacAddr>,
     /// `IFF_UP` (administratively up).
     pub up: bool,
+    /// Packets the link dropped on transmit (`tx_dropped` of `IFLA_STATS64`). For a
+    /// tap, transmit is the guest's side: frames the guest sent that the tap's queue
+    /// dropped because the datapath did not read them in time.
+    pub tx_dropped: u64,
 }
 
 /// One IPv6 neighbour entry.
@@ -127,6 +131,13 @@ fn read_u32(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }
 
+fn read_u64(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_ne_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Offset of `tx_dropped` in `struct rtnl_link_stats64` (the eighth u64).
+const STATS64_TX_DROPPED: usize = 7 * 8;
+
 fn ipv6_from(b: &[u8]) -> Option<Ipv6Addr> {
     let a: [u8; 16] = b.try_into().ok()?;
     Some(Ipv6Addr::from(a))
@@ -146,6 +157,7 @@ fn parse_link(body: &[u8]) -> Option<LinkInfo> {
         mtu: 0,
         mac: None,
         up: flags & libc::IFF_UP as u32 != 0,
+        tx_dropped: 0,
     };
     for (kind, p) in attrs(body.get(IFINFOMSG_LEN..)?) {
         match kind {
@@ -155,6 +167,7 @@ fn parse_link(body: &[u8]) -> Option<LinkInfo> {
             }
             libc::IFLA_MTU => info.mtu = read_u32(p, 0)?,
             libc::IFLA_ADDRESS => info.mac = mac_from(p),
+            libc::IFLA_STATS64 => info.tx_dropped = read_u64(p, STATS64_TX_DROPPED)?,
             _ => {}
         }
     }
@@ -1041,6 +1054,7 @@ mod tests {
                 mtu: 9000,
                 mac: Some(mac),
                 up: true,
+                tx_dropped: 0,
             },
             deleted,
         };

@@ -442,6 +442,28 @@ mod tests {
         );
     }
 
+    /// Frames the guest sends faster than the tap is read are dropped by the tap's
+    /// queue, and its `tx_dropped` (what `stats` reports per port) counts them.
+    #[test]
+    fn an_unread_tap_counts_what_its_queue_drops() {
+        let (host, guest) = (Netns::new(), Netns::new());
+        let tap = guest_tap(&host, &guest);
+        let queue = guest.run(|| {
+            let s = UdpSocket::bind("[fd01::2]:0").unwrap();
+            // The tap's queue holds tx_queue_len (1000) frames; the rest are dropped.
+            for _ in 0..3000 {
+                let _ = s.send_to(b"x", "[fd01::1]:9");
+            }
+            Netlink::open().unwrap().link_by_name("dpt0").unwrap()
+        });
+        assert!(
+            queue.tx_dropped >= 1000,
+            "tx_dropped {} after 3000 frames into a 1000-frame queue",
+            queue.tx_dropped
+        );
+        drop(tap);
+    }
+
     /// TCP from the guest arrives as a TSO buffer: GSO_TCPV6 with gso_size,
     /// longer than the MTU.
     #[test]
