@@ -57,6 +57,10 @@ pub struct Datapath {
     index: usize,
     /// Monotonic origin of the engine's clock.
     epoch: Instant,
+    /// Per port, the firewall rule (its id: position from 1 in the port's rule list)
+    /// each engine rule was compiled from, so `dump-layer` shows the ids
+    /// `rm-fw-rule` takes next to the engine's rules and their hits.
+    fw_rule_ids: HashMap<String, HashMap<u64, u64>>,
 }
 
 /// The engine's configuration from the daemon's and the underlay link's MTU, with a
@@ -108,6 +112,7 @@ impl Datapath {
             batch: TxBatch::new(),
             index: 0,
             epoch: Instant::now(),
+            fw_rule_ids: HashMap::new(),
         }
     }
 
@@ -502,6 +507,7 @@ impl Dataplane for Datapath {
 
     fn remove_port(&mut self, name: &str) -> Result<(), String> {
         let id = self.engine.remove_port(name).map_err(|e| e.to_string())?;
+        self.fw_rule_ids.remove(name);
         let slot = id.0 as usize;
         let (Some(port), Some(io)) = (self.taps.get_mut(slot).and_then(Option::take), &self.io)
         else {
@@ -558,14 +564,19 @@ impl Dataplane for Datapath {
     }
 
     fn set_fw_rules(&mut self, port: &str, rules: &[FwRule]) -> Result<(), String> {
-        let mut compiled = Vec::new();
-        for r in rules {
-            compiled.extend(engine_fw_rules(r)?);
+        let (mut compiled, mut origin) = (Vec::new(), Vec::new());
+        for (id, r) in (1..).zip(rules) {
+            let c = engine_fw_rules(r)?;
+            origin.extend(std::iter::repeat_n(id, c.len()));
+            compiled.extend(c);
         }
-        self.engine
+        let ids = self
+            .engine
             .set_fw_rules(port, compiled)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        self.fw_rule_ids
+            .insert(port.to_string(), ids.into_iter().zip(origin).collect());
+        Ok(())
     }
 
     fn clear_uft(&mut self, port: &str) -> Result<(), String> {
@@ -578,8 +589,20 @@ impl Dataplane for Datapath {
         };
         let e = |e: engine::EngineError| e.to_string();
         match what {
-            Inspect::Layer { port, layer } => json(serde_json::to_value(
-                self.engine.dump_layer(port, layer).map_err(e)?,
+            Inspect::Layer { port, layer } => {
+                let mut v = json(serde_json::to_value(
+                    self.engine.dump_layer(port, layer).map_err(e)?,
+                ))?;
+                if let Some(ids) = self.fw_rule_ids.get(port).filter(|_| layer == "firewall") {
+                    label_fw_rules(&mut v, ids);
+                }
+                Ok(v)
+            }
+            Inspect::Layers { port } => json(serde_json::to_value(
+                self.engine.list_layers(port).map_err(e)?,
+            )),
+            Inspect::TcpFlows { port } => json(serde_json::to_value(
+                self.engine.dump_tcp_flows(port).map_err(e)?,
             )),
             Inspect::Uft {
                 port,
@@ -648,6 +671,22 @@ impl WorkerPlane for Datapath {
             None => self
                 .engine
                 .clear_sibling_port(port.vni, port.mac, &port.ips),
+        }
+    }
+}
+
+/// Adds to each engine rule of a firewall dump the id of the rule it was compiled
+/// from (`fw_rule`), which `rm-fw-rule --dir DIR ID` takes.
+fn label_fw_rules(dump: &mut serde_json::Value, ids: &HashMap<u64, u64>) {
+    for side in ["inbound", "outbound"] {
+        let Some(rules) = dump[side]["rules"].as_array_mut() else {
+            continue;
+        };
+        for r in rules {
+            let origin = r["id"].as_u64().and_then(|id| ids.get(&id));
+            if let (Some(&o), Some(m)) = (origin, r.as_object_mut()) {
+                m.insert("fw_rule".into(), o.into());
+            }
         }
     }
 }
