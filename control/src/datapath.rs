@@ -772,6 +772,84 @@ pub fn pin_to_core(core: usize) -> Result<(), String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::api::{FwFilters, Request};
+    use crate::controller::Controller;
+
+    /// `dump-layer PORT firewall` labels each engine rule with the id of the rule it
+    /// came from (several ports: several engine rules, one id), and `rm-fw-rule`
+    /// by that id removes that rule, checking its direction.
+    #[test]
+    fn firewall_dump_shows_the_ids_rm_fw_rule_takes() {
+        let engine = Engine::new(EngineConfig::new("fd00::1".parse().unwrap())).unwrap();
+        let mut c = Controller::new(Datapath::without_io(engine), None);
+        let call = |c: &mut Controller<Datapath>, r: Request| match c.handle(r) {
+            Outcome::Ok(Reply::Inspect(v)) => v,
+            Outcome::Ok(_) => serde_json::Value::Null,
+            Outcome::Error(e) => panic!("{e}"),
+        };
+        let port = || "opte0".to_string();
+        call(
+            &mut c,
+            Request::CreatePort(crate::api::CreatePort {
+                config: crate::api::tests::sample_port("opte0", 5),
+                netns: None,
+            }),
+        );
+        let rule = FwRule {
+            direction: Direction::In,
+            priority: 10,
+            action: FwAction::Allow,
+            filters: FwFilters {
+                host: FwHost::Any,
+                proto: FwProto::Tcp,
+                ports: vec![22, 443],
+            },
+        };
+        call(&mut c, Request::AddFwRule { port: port(), rule });
+        let dump = |c: &mut Controller<Datapath>| {
+            let v = call(
+                c,
+                Request::DumpLayer {
+                    port: port(),
+                    layer: "firewall".into(),
+                },
+            );
+            v["inbound"]["rules"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    (
+                        r["fw_rule"].as_u64().unwrap(),
+                        r["priority"].as_u64().unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        // The two default VPC rules (ids 1, 2), then the new one, one engine rule
+        // per port.
+        assert_eq!(dump(&mut c), [(3, 10), (3, 10), (1, 65534), (2, 65534)]);
+        let rm = |c: &mut Controller<Datapath>, direction, id| {
+            c.handle(Request::RmFwRuleId {
+                port: port(),
+                direction,
+                id,
+            })
+        };
+        let Outcome::Error(e) = rm(&mut c, Direction::Out, 3) else {
+            panic!("removed through the wrong direction")
+        };
+        assert!(e.contains("not a out rule") && e.contains("prio=10"), "{e}");
+        let Outcome::Error(e) = rm(&mut c, Direction::In, 4) else {
+            panic!("removed a rule that is not there")
+        };
+        assert!(
+            e.contains("no firewall rule 4") && e.contains("1 to 3"),
+            "{e}"
+        );
+        assert_eq!(rm(&mut c, Direction::In, 1), Outcome::Ok(Reply::Done));
+        assert_eq!(dump(&mut c), [(2, 10), (2, 10), (1, 65534)]);
+    }
 
     /// Every daemon draws its own seed: never the engine's fixed test default, and
     /// two draws differ (a collision has probability 2^-64).
