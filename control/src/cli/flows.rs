@@ -216,3 +216,87 @@ fn uft(out: &mut String, v: &Value) {
         let _ = writeln!(out, "next page: --cursor {}", text(next));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{CreatePort, Outcome};
+    use crate::controller::Controller;
+    use crate::datapath::Datapath;
+    use engine::{Engine, EngineConfig};
+
+    /// The tables read the engine's JSON by field name: rendered from a real
+    /// engine's answers, every column is filled.
+    #[test]
+    fn tables_from_the_engines_answers() {
+        let engine = Engine::new(EngineConfig::new("fd00::1".parse().unwrap())).unwrap();
+        let mut c = Controller::new(Datapath::without_io(engine), None);
+        let create = Request::CreatePort(CreatePort {
+            config: crate::api::tests::sample_port("opte0", 5),
+            netns: None,
+        });
+        assert_eq!(c.handle(create), Outcome::Ok(Reply::Done));
+        let show = |c: &mut Controller<Datapath>, r: Request| match c.handle(r.clone()) {
+            Outcome::Ok(reply) => render(&r, &reply).unwrap(),
+            Outcome::Error(e) => panic!("{e}"),
+        };
+        let port = || "opte0".to_string();
+        let s = show(&mut c, Request::ListLayers { port: port() });
+        let lines: Vec<&str> = s.lines().collect();
+        assert!(
+            lines[0].starts_with("NAME") && lines[0].ends_with("FLOWS"),
+            "{s}"
+        );
+        assert!(lines[1].starts_with("gateway   0         0"), "{s}");
+        assert!(
+            lines[2].starts_with("firewall  2         0") && lines[2].ends_with("0"),
+            "{s}"
+        );
+        assert!(lines[3].starts_with("router    0         2"), "{s}");
+        assert!(
+            lines[4].starts_with("overlay") && lines[4].ends_with("-"),
+            "{s}"
+        );
+        let s = show(
+            &mut c,
+            Request::DumpLayer {
+                port: port(),
+                layer: "firewall".into(),
+            },
+        );
+        assert!(s.starts_with("Layer firewall  flows: 0\n"), "{s}");
+        assert!(
+            s.contains("INBOUND: default deny; flows no rule matched 0, denied 0"),
+            "{s}"
+        );
+        assert!(
+            s.contains("\n1   65534  allow   src_ip=172.30.0.0/22 "),
+            "{s}"
+        );
+        assert!(s.contains("STATE:\n  firewall:\n    flows: 0"), "{s}");
+        let s = show(
+            &mut c,
+            Request::DumpLayer {
+                port: port(),
+                layer: "router".into(),
+            },
+        );
+        assert!(s.contains("dst_ip=172.30.0.0/22"), "{s}");
+        let s = show(&mut c, Request::DumpTcpFlows { port: port() });
+        assert!(
+            s.starts_with("PROTO  SRC  SPORT") && s.ends_with("IDLE\n"),
+            "{s}"
+        );
+        let s = show(
+            &mut c,
+            Request::DumpUft {
+                port: port(),
+                cursor: None,
+                limit: None,
+            },
+        );
+        assert!(s.starts_with("DIR  PROTO") && s.ends_with("EPOCH\n"), "{s}");
+        // Other replies are left to the generic renderer.
+        assert_eq!(render(&Request::ListPorts, &Reply::Done), None);
+    }
+}
