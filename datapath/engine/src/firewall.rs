@@ -447,7 +447,8 @@ impl Firewall {
 
     /// Decides the first packet of a flow (a flow-table miss), tracking it on its
     /// connection if it has a live one. `seg` is the packet's TCP segment
-    /// ([`TcpSegment::read`]); `quoted` is, for an ICMP error, the flow of the
+    /// ([`TcpSegment::read`]); `bytes` its IP length, counted on its connection;
+    /// `quoted` is, for an ICMP error, the flow of the
     /// packet it quotes (in that packet's own orientation), if it could be read.
     /// Nothing is created: an [`Decision::Open`] goes to [`Firewall::commit`].
     pub fn decide(
@@ -604,8 +605,8 @@ impl Firewall {
         }
     }
 
-    /// Tracks a packet of a cached flow by its connection's handle (the fast path: no
-    /// hashing). `Ok(false)` if the connection is gone (its slot was freed, whatever
+    /// Tracks a packet of a cached flow (`bytes` of IP, counted on the connection)
+    /// by its connection's handle (the fast path: no hashing). `Ok(false)` if the connection is gone (its slot was freed, whatever
     /// occupies it now) or idle past its timeout: the flow must be decided again.
     /// `Err(tcp_out_of_window)` for a TCP segment its receiver would not accept; the
     /// connection is left as it was.
