@@ -67,6 +67,10 @@ pub enum Request {
     ClearV2p {
         vpc_ip: IpAddr,
         vni: Vni,
+        /// opteadm's form names the whole mapping: when given, the mapping must be
+        /// exactly this (a stale command does not remove a newer mapping).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expect: Option<V2pTarget>,
     },
     DumpV2p,
     AddRouterEntry {
@@ -91,6 +95,13 @@ pub enum Request {
         priority: u16,
         filters: FwFilters,
     },
+    /// Removes the rule `dump-layer PORT firewall` shows with this id (its
+    /// position, from 1, in the port's rule list), which must look `direction`.
+    RmFwRuleId {
+        port: String,
+        direction: Direction,
+        id: u64,
+    },
     SetFwRules {
         port: String,
         rules: Vec<FwRule>,
@@ -98,6 +109,13 @@ pub enum Request {
     DumpLayer {
         port: String,
         layer: String,
+    },
+    ListLayers {
+        port: String,
+    },
+    /// The port's tracked connections (TCP, and UDP/ICMP too).
+    DumpTcpFlows {
+        port: String,
     },
     /// One page of the port's unified flow table.
     DumpUft {
@@ -137,6 +155,7 @@ impl Request {
                 | Request::DelRouterEntry { .. }
                 | Request::AddFwRule { .. }
                 | Request::RmFwRule { .. }
+                | Request::RmFwRuleId { .. }
                 | Request::SetFwRules { .. }
         )
     }
@@ -160,6 +179,13 @@ pub struct V2pEntry {
     pub vpc_mac: MacAddr,
     pub underlay_ip: Ipv6Addr,
     pub vni: Vni,
+}
+
+/// The guest MAC and sled of a V2P mapping, as opteadm's `clear-v2p` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct V2pTarget {
+    pub vpc_mac: MacAddr,
+    pub underlay_ip: Ipv6Addr,
 }
 
 /// Where the router sends traffic matching a destination prefix.
@@ -221,8 +247,9 @@ pub enum Direction {
 
 impl FromStr for Direction {
     type Err = String;
+    /// Case-insensitive, as opteadm's `--dir IN` is.
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
+        match s.to_ascii_lowercase().as_str() {
             "in" => Ok(Direction::In),
             "out" => Ok(Direction::Out),
             _ => Err(format!("invalid direction {s:?}: expected in or out")),
@@ -250,7 +277,7 @@ pub enum FwAction {
 impl FromStr for FwAction {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
+        match s.to_ascii_lowercase().as_str() {
             "allow" => Ok(FwAction::Allow),
             "deny" => Ok(FwAction::Deny),
             _ => Err(format!(
@@ -281,9 +308,37 @@ pub enum FwHost {
 
 impl FromStr for FwHost {
     type Err = String;
+    /// `any`, an address or a prefix; also opteadm's `ip=ADDR` and `subnet=CIDR`.
+    /// opteadm's `vni=N` (traffic of another VPC) is refused: the engine's rules
+    /// match addresses, protocols and ports only.
     fn from_str(s: &str) -> Result<Self, String> {
-        if s == "any" {
+        if s.eq_ignore_ascii_case("any") {
             return Ok(FwHost::Any);
+        }
+        match s.split_once('=') {
+            Some(("ip", v)) => {
+                return v
+                    .parse()
+                    .map(FwHost::Ip)
+                    .map_err(|_| format!("invalid firewall host {s:?}: {v:?} is not an IP address"))
+            }
+            Some(("subnet", v)) => {
+                return v
+                    .parse()
+                    .map(FwHost::Subnet)
+                    .map_err(|_| format!("invalid firewall host {s:?}: {v:?} is not a prefix"))
+            }
+            Some(("vni", _)) => {
+                return Err(format!(
+                    "firewall host {s:?}: matching by VNI is not supported yet (use any, ip=ADDR or subnet=CIDR)"
+                ))
+            }
+            Some((k, _)) => {
+                return Err(format!(
+                    "invalid firewall host {s:?}: unknown kind {k:?} (expected any, ip=ADDR or subnet=CIDR)"
+                ))
+            }
+            None => {}
         }
         if s.contains('/') {
             return s
@@ -327,13 +382,21 @@ impl FwProto {
 
 impl FromStr for FwProto {
     type Err = String;
+    /// Case-insensitive, as opteadm's `--protocol TCP` is; opteadm's `arp` and ICMP
+    /// type filters (`icmp:8`) are refused by name, the engine's rules have neither.
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
+        match s.to_ascii_lowercase().as_str() {
             "any" => Ok(FwProto::Any),
             "tcp" => Ok(FwProto::Tcp),
             "udp" => Ok(FwProto::Udp),
             "icmp" => Ok(FwProto::Icmp),
             "icmp6" => Ok(FwProto::Icmp6),
+            "arp" => Err(format!(
+                "protocol {s:?} is not supported yet: ARP never reaches the firewall (the gateway answers or denies it)"
+            )),
+            l if l.starts_with("icmp:") || l.starts_with("icmp6:") => Err(format!(
+                "protocol {s:?}: ICMP type filters are not supported yet (use icmp or icmp6)"
+            )),
             _ => Err(format!(
                 "invalid protocol {s:?}: expected any, tcp, udp, icmp or icmp6"
             )),
@@ -591,6 +654,15 @@ pub(crate) mod tests {
             Request::ClearV2p {
                 vpc_ip: "fd00:1122:3344:100::6".parse().unwrap(),
                 vni: Vni::new(1701).unwrap(),
+                expect: None,
+            },
+            Request::ClearV2p {
+                vpc_ip: "172.30.0.6".parse().unwrap(),
+                vni: Vni::new(1701).unwrap(),
+                expect: Some(V2pTarget {
+                    vpc_mac: "a8:40:25:ff:00:06".parse().unwrap(),
+                    underlay_ip: "fd00:99::2".parse().unwrap(),
+                }),
             },
             Request::DumpV2p,
             Request::AddRouterEntry {
@@ -625,6 +697,17 @@ pub(crate) mod tests {
             Request::DumpLayer {
                 port: "opte0".into(),
                 layer: "firewall".into(),
+            },
+            Request::ListLayers {
+                port: "opte0".into(),
+            },
+            Request::DumpTcpFlows {
+                port: "opte0".into(),
+            },
+            Request::RmFwRuleId {
+                port: "opte0".into(),
+                direction: Direction::Out,
+                id: 2,
             },
             Request::DumpUft {
                 port: "opte0".into(),

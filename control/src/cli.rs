@@ -4,11 +4,14 @@
 //! Parsing lives in the library so tests can check that every verb builds the request
 //! it should and that bad values are refused by name before anything is sent.
 
+mod flows;
+
 use crate::api::{
     CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule, PortLink, PortStatus,
-    Reply, Request, RouteEntry, RouteTarget, V2pEntry, DEFAULT_API_SOCKET,
+    Reply, Request, RouteEntry, V2pEntry, V2pTarget, DEFAULT_API_SOCKET,
 };
 use crate::config::parse_vni;
+use crate::opteadm;
 use clap::{Args, Parser, Subcommand};
 use engine::port::DEFAULT_PORT_MTU;
 use engine::{PortConfig, Vni};
@@ -20,7 +23,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use wire::MacAddr;
 
 #[derive(Debug, Parser)]
-#[command(name = "xdeadm", version, about = "Administer the overlayd datapath")]
+#[command(
+    name = "xdeadm",
+    version,
+    about = "Administer the overlayd datapath",
+    after_help = "opteadm's command lines work too: -p/--port PORT wherever opteadm takes it \
+                  (list-layers, dump-layer, dump-uft, clear-uft, dump-tcp-flows, \
+                  add/del-router-entry, add/rm-fw-rule, set-fw-rules, which then reads its \
+                  rules from standard input)."
+)]
 pub struct Cli {
     /// The daemon's API socket.
     #[arg(long, global = true, value_name = "PATH", default_value = DEFAULT_API_SOCKET)]
@@ -30,6 +41,16 @@ pub struct Cli {
     pub json: bool,
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// Parses a command line, opteadm's forms included (see [`opteadm::normalize`]).
+    pub fn parse_line(
+        args: impl IntoIterator<Item = impl Into<std::ffi::OsString>>,
+    ) -> Result<Cli, clap::Error> {
+        let args = args.into_iter().map(Into::into).collect();
+        Cli::try_parse_from(opteadm::normalize(args))
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -49,29 +70,35 @@ pub enum Command {
         #[arg(value_parser = parse_vni)]
         vni: Vni,
     },
-    /// Remove a V2P mapping.
+    /// Remove a V2P mapping: `VPC_IP VNI`, or opteadm's `VPC_IP VPC_MAC UNDERLAY_IP
+    /// VNI` (then only if the mapping is exactly that).
     ClearV2p {
-        vpc_ip: IpAddr,
-        #[arg(value_parser = parse_vni)]
-        vni: Vni,
+        #[arg(num_args = 2..=4, value_names = ["VPC_IP", "VNI"], required = true)]
+        words: Vec<String>,
     },
     /// Show all V2P mappings.
     DumpV2p,
-    /// Add a router entry: DEST is a prefix, TARGET one of subnet, igw, drop.
+    /// Add a router entry: DEST is a prefix, TARGET one of subnet, igw, drop (or
+    /// opteadm's sub4=CIDR, sub6=CIDR, ig, drop, with CLASS system).
     AddRouterEntry {
         port: String,
         #[arg(value_parser = parse_net)]
         dest: IpNet,
-        target: RouteTarget,
+        target: String,
+        /// opteadm's router class: system (the only one there is).
+        class: Option<String>,
         /// Path MTU for this destination, when smaller than the port's.
         #[arg(long, value_parser = parse_mtu)]
         mtu: Option<u16>,
     },
-    /// Remove the router entry for DEST.
+    /// Remove the router entry for DEST (opteadm's TARGET and CLASS, when given,
+    /// are checked for syntax only: a port has one route per prefix).
     DelRouterEntry {
         port: String,
         #[arg(value_parser = parse_net)]
         dest: IpNet,
+        target: Option<String>,
+        class: Option<String>,
     },
     /// Show a port's router entries.
     DumpRoutes { port: String },
@@ -83,22 +110,37 @@ pub enum Command {
         #[arg(long, default_value = "allow")]
         action: FwAction,
     },
-    /// Remove the firewall rule with this direction, priority and filters.
+    /// Remove a firewall rule: the one with ID (as dump-layer PORT firewall shows
+    /// it; opteadm's form), or the one with this direction, priority and filters.
     RmFwRule {
         port: String,
+        /// The rule's id in `dump-layer PORT firewall`.
+        id: Option<u64>,
         #[command(flatten)]
         rule: RuleArgs,
     },
     /// Replace all of a port's firewall rules. Each --rule is
-    /// "direction=in priority=10 action=allow host=any proto=tcp ports=22,443";
-    /// no --rule clears the set.
+    /// "direction=in priority=10 action=allow host=any proto=tcp ports=22,443"
+    /// (opteadm's "dir=in action=allow priority=10 hosts=any protocol=TCP port=22"
+    /// too); no --rule clears the set.
     SetFwRules {
         port: String,
         #[arg(long = "rule", value_parser = parse_rule)]
         rules: Vec<FwRule>,
+        /// Read the rules from standard input, one per line (what opteadm's
+        /// `set-fw-rules -p PORT` does).
+        #[arg(long, conflicts_with = "rules")]
+        stdin: bool,
     },
-    /// Show a layer's rules and flows (gateway, firewall, router, overlay).
+    /// The port's layers in the order outbound packets meet them (inbound: the
+    /// reverse), with rule counts, default actions and flow counts.
+    ListLayers { port: String },
+    /// Show one layer list-layers names (gateway, firewall, router, overlay): its
+    /// rules with hit counts, default actions, flows and counters.
     DumpLayer { port: String, layer: String },
+    /// The port's tracked connections: 5-tuple, TCP state, packets and bytes each
+    /// way, age and idle time.
+    DumpTcpFlows { port: String },
     /// Show the unified flow table of a port, a page at a time (a table that fits
     /// one page is shown whole); a page that is not the last ends with `next`.
     DumpUft {
@@ -154,21 +196,41 @@ pub struct CreateXde {
     pub domain: Option<String>,
 }
 
-/// Direction, priority and filters of a firewall rule, as flags.
+/// Direction, priority and filters of a firewall rule, as flags (opteadm's
+/// spellings as aliases: --dir, --hosts, --protocol).
 #[derive(Debug, Args)]
 pub struct RuleArgs {
-    #[arg(long)]
+    #[arg(long, alias = "dir")]
     pub direction: Direction,
+    /// Needed, except by `rm-fw-rule ID`.
     #[arg(long)]
-    pub priority: u16,
-    /// any, an address or a prefix.
-    #[arg(long, default_value = "any")]
+    pub priority: Option<u16>,
+    /// any, an address or a prefix (opteadm's ip=ADDR, subnet=CIDR).
+    #[arg(long, alias = "hosts", default_value = "any")]
     pub host: FwHost,
-    #[arg(long, default_value = "any")]
+    #[arg(long, alias = "protocol", default_value = "any")]
     pub proto: FwProto,
-    /// Destination ports, comma separated (TCP/UDP only).
-    #[arg(long, value_delimiter = ',')]
-    pub ports: Vec<u16>,
+    /// Destination ports, comma separated (TCP/UDP only), or any.
+    #[arg(long, value_parser = parse_ports)]
+    pub ports: Option<Ports>,
+}
+
+/// A port list as `--ports` takes it (`any`: none given).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ports(Vec<u16>);
+
+/// `22,443` or `any` (opteadm's spelling of no port filter).
+pub fn parse_ports(s: &str) -> Result<Ports, String> {
+    if s.eq_ignore_ascii_case("any") {
+        return Ok(Ports(Vec::new()));
+    }
+    s.split(',')
+        .map(|p| {
+            p.parse::<u16>()
+                .map_err(|_| format!("invalid port {p:?} in {s:?}"))
+        })
+        .collect::<Result<_, _>>()
+        .map(Ports)
 }
 
 impl RuleArgs {
@@ -176,8 +238,13 @@ impl RuleArgs {
         FwFilters {
             host: self.host,
             proto: self.proto,
-            ports: self.ports.clone(),
+            ports: self.ports.clone().map(|p| p.0).unwrap_or_default(),
         }
+    }
+
+    fn priority(&self, verb: &str) -> Result<u16, String> {
+        self.priority
+            .ok_or_else(|| format!("{verb} needs --priority"))
     }
 }
 
@@ -239,7 +306,7 @@ pub fn parse_rule(s: &str) -> Result<FwRule, String> {
         let (k, v) = word
             .split_once('=')
             .ok_or_else(|| format!("rule {s:?}: {word:?} is not key=value"))?;
-        match k {
+        match k.to_ascii_lowercase().as_str() {
             "direction" | "dir" => direction = Some(v.parse()?),
             "priority" | "prio" => {
                 priority = Some(
@@ -248,16 +315,9 @@ pub fn parse_rule(s: &str) -> Result<FwRule, String> {
                 )
             }
             "action" => action = v.parse()?,
-            "host" => host = v.parse()?,
+            "host" | "hosts" => host = v.parse()?,
             "proto" | "protocol" => proto = v.parse()?,
-            "ports" | "port" => {
-                for p in v.split(',') {
-                    ports.push(
-                        p.parse::<u16>()
-                            .map_err(|_| format!("rule {s:?}: invalid port {p:?}"))?,
-                    );
-                }
-            }
+            "ports" | "port" => ports = parse_ports(v).map_err(|e| format!("rule {s:?}: {e}"))?.0,
             _ => return Err(format!("rule {s:?}: unknown key {k:?}")),
         }
     }
@@ -369,18 +429,34 @@ impl Command {
                 underlay_ip,
                 vni,
             }),
-            Command::ClearV2p { vpc_ip, vni } => Request::ClearV2p { vpc_ip, vni },
+            Command::ClearV2p { words } => clear_v2p(&words)?,
             Command::DumpV2p => Request::DumpV2p,
             Command::AddRouterEntry {
                 port,
                 dest,
                 target,
+                class,
                 mtu,
-            } => Request::AddRouterEntry {
+            } => {
+                let target = opteadm::route_target(&dest, &target)?;
+                class.as_deref().map(opteadm::route_class).transpose()?;
+                Request::AddRouterEntry {
+                    port,
+                    entry: RouteEntry { dest, target, mtu },
+                }
+            }
+            Command::DelRouterEntry {
                 port,
-                entry: RouteEntry { dest, target, mtu },
-            },
-            Command::DelRouterEntry { port, dest } => Request::DelRouterEntry { port, dest },
+                dest,
+                target,
+                class,
+            } => {
+                if let Some(t) = &target {
+                    opteadm::route_target(&dest, t)?;
+                }
+                class.as_deref().map(opteadm::route_class).transpose()?;
+                Request::DelRouterEntry { port, dest }
+            }
             Command::DumpRoutes { port } => Request::DumpRoutes { port },
             Command::AddFwRule { port, rule, action } => {
                 let filters = rule.filters();
@@ -389,20 +465,48 @@ impl Command {
                     port,
                     rule: FwRule {
                         direction: rule.direction,
-                        priority: rule.priority,
+                        priority: rule.priority("add-fw-rule")?,
                         action,
                         filters,
                     },
                 }
             }
-            Command::RmFwRule { port, rule } => Request::RmFwRule {
+            Command::RmFwRule {
+                port,
+                id: Some(id),
+                rule,
+            } => {
+                if rule.priority.is_some() || rule.ports.is_some() {
+                    return Err(format!(
+                        "rm-fw-rule {id}: a rule is named by its id or by --priority and filters, not both"
+                    ));
+                }
+                Request::RmFwRuleId {
+                    port,
+                    direction: rule.direction,
+                    id,
+                }
+            }
+            Command::RmFwRule {
+                port,
+                id: None,
+                rule,
+            } => Request::RmFwRule {
                 port,
                 direction: rule.direction,
-                priority: rule.priority,
+                priority: rule.priority("rm-fw-rule without an ID")?,
                 filters: rule.filters(),
             },
-            Command::SetFwRules { port, rules } => Request::SetFwRules { port, rules },
+            Command::SetFwRules {
+                port, stdin: true, ..
+            } => Request::SetFwRules {
+                port,
+                rules: opteadm::read_rules(std::io::stdin().lock())?,
+            },
+            Command::SetFwRules { port, rules, .. } => Request::SetFwRules { port, rules },
+            Command::ListLayers { port } => Request::ListLayers { port },
             Command::DumpLayer { port, layer } => Request::DumpLayer { port, layer },
+            Command::DumpTcpFlows { port } => Request::DumpTcpFlows { port },
             Command::DumpUft {
                 port,
                 limit,
@@ -433,6 +537,41 @@ impl Command {
         };
         Ok(Action::Call(req))
     }
+}
+
+/// `clear-v2p VPC_IP VNI`, or opteadm's `clear-v2p VPC_IP VPC_MAC UNDERLAY_IP VNI`.
+fn clear_v2p(words: &[String]) -> Result<Request, String> {
+    let ip = |s: &str| {
+        s.parse::<IpAddr>()
+            .map_err(|_| format!("invalid VPC IP {s:?}"))
+    };
+    match words {
+        [vpc_ip, vni] => Ok(Request::ClearV2p {
+            vpc_ip: ip(vpc_ip)?,
+            vni: parse_vni(vni)?,
+            expect: None,
+        }),
+        [vpc_ip, mac, underlay, vni] => Ok(Request::ClearV2p {
+            vpc_ip: ip(vpc_ip)?,
+            vni: parse_vni(vni)?,
+            expect: Some(V2pTarget {
+                vpc_mac: parse_mac(mac)?,
+                underlay_ip: underlay
+                    .parse()
+                    .map_err(|_| format!("invalid underlay IPv6 address {underlay:?}"))?,
+            }),
+        }),
+        _ => Err(format!(
+            "clear-v2p takes VPC_IP VNI, or VPC_IP VPC_MAC UNDERLAY_IP VNI; got {} words",
+            words.len()
+        )),
+    }
+}
+
+/// Renders the reply to `request` for people: the flow and layer verbs as tables
+/// (`flows`), everything else as [`render`] does.
+pub fn render_for(request: &Request, reply: &Reply) -> String {
+    flows::render(request, reply).unwrap_or_else(|| render(reply))
 }
 
 /// Renders a reply for people: tables for lists, indented key/value lines for the
@@ -603,9 +742,10 @@ fn scalar(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::RouteTarget;
 
     fn parse(args: &[&str]) -> Result<Action, String> {
-        let cli = Cli::try_parse_from(std::iter::once("xdeadm").chain(args.iter().copied()))
+        let cli = Cli::parse_line(std::iter::once("xdeadm").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
         cli.command.action()
     }
@@ -767,6 +907,135 @@ mod tests {
         ])
         .unwrap_err();
         assert!(e.contains("22"), "{e}");
+    }
+
+    /// opteadm's command lines, as its usage writes them, build the requests
+    /// xdeadm's own forms do; what the engine cannot do is refused by name.
+    #[test]
+    fn opteadm_lines_parse() {
+        let call = |line: &str| match parse(&line.split_whitespace().collect::<Vec<_>>()) {
+            Ok(Action::Call(r)) => r,
+            other => panic!("{line}: {other:?}"),
+        };
+        let port = || "opte0".to_string();
+        assert_eq!(
+            call("list-layers -p opte0"),
+            Request::ListLayers { port: port() }
+        );
+        assert_eq!(
+            call("dump-layer -p opte0 firewall"),
+            Request::DumpLayer {
+                port: port(),
+                layer: "firewall".into()
+            }
+        );
+        assert_eq!(
+            call("dump-uft -p opte0"),
+            Request::DumpUft {
+                port: port(),
+                cursor: None,
+                limit: None
+            }
+        );
+        assert_eq!(
+            call("clear-uft -p opte0"),
+            Request::ClearUft { port: port() }
+        );
+        assert_eq!(
+            call("dump-tcp-flows -p opte0"),
+            Request::DumpTcpFlows { port: port() }
+        );
+        assert_eq!(
+            call("dump-tcp-flows opte0"),
+            Request::DumpTcpFlows { port: port() }
+        );
+        assert_eq!(
+            call("add-router-entry -p opte0 10.0.0.0/24 sub4=10.0.0.0/24 system"),
+            Request::AddRouterEntry {
+                port: port(),
+                entry: RouteEntry {
+                    dest: "10.0.0.0/24".parse().unwrap(),
+                    target: RouteTarget::Subnet,
+                    mtu: None
+                }
+            }
+        );
+        assert_eq!(
+            call("add-router-entry -p opte0 0.0.0.0/0 ig system"),
+            call("add-router-entry opte0 0.0.0.0/0 igw")
+        );
+        assert_eq!(
+            call("del-router-entry -p opte0 fd00::/64 sub6=fd00::/64 system"),
+            Request::DelRouterEntry {
+                port: port(),
+                dest: "fd00::/64".parse().unwrap()
+            }
+        );
+        assert_eq!(
+            call("add-fw-rule -p opte0 --dir in --hosts subnet=10.0.0.0/8 --protocol TCP --ports 22 --action allow --priority 10"),
+            Request::AddFwRule {
+                port: port(),
+                rule: FwRule {
+                    direction: Direction::In,
+                    priority: 10,
+                    action: FwAction::Allow,
+                    filters: FwFilters {
+                        host: FwHost::Subnet("10.0.0.0/8".parse().unwrap()),
+                        proto: FwProto::Tcp,
+                        ports: vec![22]
+                    }
+                }
+            }
+        );
+        let Request::AddFwRule { rule, .. } = call(
+            "add-fw-rule -p opte0 --dir out --hosts any --protocol any --ports any --action deny --priority 65000",
+        ) else {
+            panic!()
+        };
+        assert_eq!(rule.to_string(), "out prio=65000 deny host=any proto=any");
+        assert_eq!(
+            call("rm-fw-rule -p opte0 --dir in 3"),
+            Request::RmFwRuleId {
+                port: port(),
+                direction: Direction::In,
+                id: 3
+            }
+        );
+        assert_eq!(
+            call("clear-v2p 172.30.0.6 a8:40:25:ff:00:06 fd00:99::2 1701"),
+            Request::ClearV2p {
+                vpc_ip: "172.30.0.6".parse().unwrap(),
+                vni: Vni::new(1701).unwrap(),
+                expect: Some(V2pTarget {
+                    vpc_mac: "a8:40:25:ff:00:06".parse().unwrap(),
+                    underlay_ip: "fd00:99::2".parse().unwrap()
+                })
+            }
+        );
+        assert_eq!(
+            call("clear-v2p 172.30.0.6 1701"),
+            Request::ClearV2p {
+                vpc_ip: "172.30.0.6".parse().unwrap(),
+                vni: Vni::new(1701).unwrap(),
+                expect: None
+            }
+        );
+        // Refused by name.
+        for (line, named) in [
+            ("add-router-entry -p opte0 10.0.0.0/24 ip4=10.0.0.1 system", "ip4=10.0.0.1"),
+            ("add-router-entry -p opte0 10.0.0.0/24 sub4=10.0.0.0/24 custom", "custom"),
+            ("add-fw-rule -p opte0 --dir in --hosts vni=7 --protocol any --ports any --action allow --priority 1", "vni=7"),
+            ("add-fw-rule -p opte0 --dir in --hosts any --protocol arp --ports any --action allow --priority 1", "arp"),
+            ("add-fw-rule -p opte0 --dir in --hosts any --protocol icmp:8 --ports any --action allow --priority 1", "icmp:8"),
+            ("add-fw-rule -p opte0 --dir in --hosts any --protocol tcp --ports 22,x --action allow --priority 1", "\"x\""),
+            ("add-fw-rule -p opte0 --dir in --hosts any --protocol tcp --ports 22 --action allow", "--priority"),
+            ("rm-fw-rule -p opte0 --dir in 3 --priority 4", "not both"),
+            ("clear-v2p 172.30.0.6 zz:40:25:ff:00:06 fd00:99::2 1701", "zz:40:25:ff:00:06"),
+            ("clear-v2p 172.30.0.6 a8:40:25:ff:00:06 1701", "3 words"),
+        ] {
+            let e = parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap_err();
+            assert!(e.contains(named), "{line}: {e}");
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ mod unapplied;
 
 use crate::api::{
     CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule, Outcome, PortInfo,
-    PortStatus, Reply, Request, RouteEntry, V2pEntry,
+    PortStatus, Reply, Request, RouteEntry, V2pEntry, V2pTarget,
 };
 use crate::server::ApiCounters;
 use crate::state::{State, StateStore};
@@ -52,6 +52,12 @@ pub enum Inspect {
     Ra {
         port: String,
     },
+    Layers {
+        port: String,
+    },
+    TcpFlows {
+        port: String,
+    },
 }
 
 impl Inspect {
@@ -61,7 +67,9 @@ impl Inspect {
             Inspect::Layer { port, .. }
             | Inspect::Uft { port, .. }
             | Inspect::Mtu { port }
-            | Inspect::Ra { port } => Some(port),
+            | Inspect::Ra { port }
+            | Inspect::Layers { port }
+            | Inspect::TcpFlows { port } => Some(port),
             Inspect::Stats { port } => port.as_deref(),
         }
     }
@@ -375,7 +383,11 @@ impl<D: Dataplane> Controller<D> {
             Request::DeletePort { name } => self.delete_port(&name),
             Request::ListPorts => Ok(Reply::Ports(self.port_statuses(Instant::now()))),
             Request::SetV2p(e) => self.set_v2p(e),
-            Request::ClearV2p { vpc_ip, vni } => self.clear_v2p(vpc_ip, vni),
+            Request::ClearV2p {
+                vpc_ip,
+                vni,
+                expect,
+            } => self.clear_v2p(vpc_ip, vni, expect),
             Request::DumpV2p => Ok(Reply::V2p(self.state.v2p.clone())),
             Request::AddRouterEntry { port, entry } => self.add_route(&port, entry),
             Request::DelRouterEntry { port, dest } => self.del_route(&port, dest),
@@ -392,8 +404,15 @@ impl<D: Dataplane> Controller<D> {
                 priority,
                 filters,
             } => self.rm_fw_rule(&port, direction, priority, &filters),
+            Request::RmFwRuleId {
+                port,
+                direction,
+                id,
+            } => self.rm_fw_rule_id(&port, direction, id),
             Request::SetFwRules { port, rules } => self.set_fw_rules(&port, rules),
             Request::DumpLayer { port, layer } => self.inspect(Inspect::Layer { port, layer }),
+            Request::ListLayers { port } => self.inspect(Inspect::Layers { port }),
+            Request::DumpTcpFlows { port } => self.inspect(Inspect::TcpFlows { port }),
             Request::DumpUft {
                 port,
                 cursor,
@@ -620,7 +639,12 @@ impl<D: Dataplane> Controller<D> {
     }
 
     /// Clears a mapping, also one that is not applied (from the state alone).
-    fn clear_v2p(&mut self, vpc_ip: IpAddr, vni: Vni) -> Result<Reply, String> {
+    fn clear_v2p(
+        &mut self,
+        vpc_ip: IpAddr,
+        vni: Vni,
+        expect: Option<V2pTarget>,
+    ) -> Result<Reply, String> {
         let key = (vni, vpc_ip);
         let old = self
             .state
@@ -629,6 +653,14 @@ impl<D: Dataplane> Controller<D> {
             .find(|o| v2p_key(o) == key)
             .copied()
             .ok_or_else(|| format!("no V2P mapping for {vpc_ip} in VNI {vni}"))?;
+        if let Some(x) =
+            expect.filter(|x| (x.vpc_mac, x.underlay_ip) != (old.vpc_mac, old.underlay_ip))
+        {
+            return Err(format!(
+                "the V2P mapping for {vpc_ip} in VNI {vni} is {} on {}, not {} on {}: left as it is",
+                old.vpc_mac, old.underlay_ip, x.vpc_mac, x.underlay_ip
+            ));
+        }
         let applied = !self.unapplied_v2p.contains_key(&key);
         if applied {
             self.dp.clear_v2p(vpc_ip, vni)?;
@@ -727,6 +759,37 @@ impl<D: Dataplane> Controller<D> {
                 filters.host, filters.proto
             ));
         }
+        self.replace_fw_rules(port, rules)
+    }
+
+    /// Removes the rule with id `id` (its position, from 1, in the port's list, as
+    /// `dump-layer PORT firewall` shows it), which must look `direction` (as
+    /// opteadm's `rm-fw-rule --dir DIR ID` says).
+    fn rm_fw_rule_id(
+        &mut self,
+        port: &str,
+        direction: Direction,
+        id: u64,
+    ) -> Result<Reply, String> {
+        self.applied_port(port)?;
+        let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
+        let at = usize::try_from(id)
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .filter(|&i| i < rules.len())
+            .ok_or_else(|| {
+                format!(
+                    "port {port:?} has no firewall rule {id} (ids 1 to {}: dump-layer {port} firewall)",
+                    rules.len()
+                )
+            })?;
+        if rules[at].direction != direction {
+            return Err(format!(
+                "firewall rule {id} of port {port:?} is \"{}\", not a {direction} rule",
+                rules[at]
+            ));
+        }
+        rules.remove(at);
         self.replace_fw_rules(port, rules)
     }
 
@@ -1024,6 +1087,7 @@ pub(crate) mod tests {
             Request::ClearV2p {
                 vpc_ip: "10.9.9.9".parse().unwrap(),
                 vni: Vni::new(5).unwrap(),
+                expect: None,
             },
         );
         assert!(e.contains("10.9.9.9"), "{e}");
@@ -1086,6 +1150,7 @@ pub(crate) mod tests {
             Request::ClearV2p {
                 vpc_ip: moved.vpc_ip,
                 vni: moved.vni,
+                expect: None,
             },
         );
         assert_eq!(ok(&mut c, Request::DumpV2p), Reply::V2p(vec![]));
@@ -1466,6 +1531,7 @@ pub(crate) mod tests {
             Request::ClearV2p {
                 vpc_ip: bad.vpc_ip,
                 vni: bad.vni,
+                expect: None,
             },
         );
         assert!(!c.dataplane().log.iter().any(|l| l.starts_with("clear_v2p")));

@@ -57,6 +57,10 @@ pub struct Datapath {
     index: usize,
     /// Monotonic origin of the engine's clock.
     epoch: Instant,
+    /// Per port, the firewall rule (its id: position from 1 in the port's rule list)
+    /// each engine rule was compiled from, so `dump-layer` shows the ids
+    /// `rm-fw-rule` takes next to the engine's rules and their hits.
+    fw_rule_ids: HashMap<String, HashMap<u64, u64>>,
 }
 
 /// The engine's configuration from the daemon's and the underlay link's MTU, with a
@@ -93,6 +97,7 @@ impl Datapath {
             batch: TxBatch::new(),
             index: 0,
             epoch: Instant::now(),
+            fw_rule_ids: HashMap::new(),
         }
     }
 
@@ -487,6 +492,7 @@ impl Dataplane for Datapath {
 
     fn remove_port(&mut self, name: &str) -> Result<(), String> {
         let id = self.engine.remove_port(name).map_err(|e| e.to_string())?;
+        self.fw_rule_ids.remove(name);
         let slot = id.0 as usize;
         let (Some(port), Some(io)) = (self.taps.get_mut(slot).and_then(Option::take), &self.io)
         else {
@@ -543,14 +549,19 @@ impl Dataplane for Datapath {
     }
 
     fn set_fw_rules(&mut self, port: &str, rules: &[FwRule]) -> Result<(), String> {
-        let mut compiled = Vec::new();
-        for r in rules {
-            compiled.extend(engine_fw_rules(r)?);
+        let (mut compiled, mut origin) = (Vec::new(), Vec::new());
+        for (id, r) in (1..).zip(rules) {
+            let c = engine_fw_rules(r)?;
+            origin.extend(std::iter::repeat_n(id, c.len()));
+            compiled.extend(c);
         }
-        self.engine
+        let ids = self
+            .engine
             .set_fw_rules(port, compiled)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        self.fw_rule_ids
+            .insert(port.to_string(), ids.into_iter().zip(origin).collect());
+        Ok(())
     }
 
     fn clear_uft(&mut self, port: &str) -> Result<(), String> {
@@ -563,8 +574,20 @@ impl Dataplane for Datapath {
         };
         let e = |e: engine::EngineError| e.to_string();
         match what {
-            Inspect::Layer { port, layer } => json(serde_json::to_value(
-                self.engine.dump_layer(port, layer).map_err(e)?,
+            Inspect::Layer { port, layer } => {
+                let mut v = json(serde_json::to_value(
+                    self.engine.dump_layer(port, layer).map_err(e)?,
+                ))?;
+                if let Some(ids) = self.fw_rule_ids.get(port).filter(|_| layer == "firewall") {
+                    label_fw_rules(&mut v, ids);
+                }
+                Ok(v)
+            }
+            Inspect::Layers { port } => json(serde_json::to_value(
+                self.engine.list_layers(port).map_err(e)?,
+            )),
+            Inspect::TcpFlows { port } => json(serde_json::to_value(
+                self.engine.dump_tcp_flows(port).map_err(e)?,
             )),
             Inspect::Uft {
                 port,
@@ -637,6 +660,22 @@ impl WorkerPlane for Datapath {
     }
 }
 
+/// Adds to each engine rule of a firewall dump the id of the rule it was compiled
+/// from (`fw_rule`), which `rm-fw-rule --dir DIR ID` takes.
+fn label_fw_rules(dump: &mut serde_json::Value, ids: &HashMap<u64, u64>) {
+    for side in ["inbound", "outbound"] {
+        let Some(rules) = dump[side]["rules"].as_array_mut() else {
+            continue;
+        };
+        for r in rules {
+            let origin = r["id"].as_u64().and_then(|id| ids.get(&id));
+            if let (Some(&o), Some(m)) = (origin, r.as_object_mut()) {
+                m.insert("fw_rule".into(), o.into());
+            }
+        }
+    }
+}
+
 /// A finalized engine firewall rule with its direction.
 type EngineFwRule = (engine::Direction, Rule<Finalized, engine::FwAction>);
 
@@ -699,6 +738,84 @@ fn engine_fw_rules(r: &FwRule) -> Result<Vec<EngineFwRule>, String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::api::{FwFilters, Request};
+    use crate::controller::Controller;
+
+    /// `dump-layer PORT firewall` labels each engine rule with the id of the rule it
+    /// came from (several ports: several engine rules, one id), and `rm-fw-rule`
+    /// by that id removes that rule, checking its direction.
+    #[test]
+    fn firewall_dump_shows_the_ids_rm_fw_rule_takes() {
+        let engine = Engine::new(EngineConfig::new("fd00::1".parse().unwrap())).unwrap();
+        let mut c = Controller::new(Datapath::without_io(engine), None);
+        let call = |c: &mut Controller<Datapath>, r: Request| match c.handle(r) {
+            Outcome::Ok(Reply::Inspect(v)) => v,
+            Outcome::Ok(_) => serde_json::Value::Null,
+            Outcome::Error(e) => panic!("{e}"),
+        };
+        let port = || "opte0".to_string();
+        call(
+            &mut c,
+            Request::CreatePort(crate::api::CreatePort {
+                config: crate::api::tests::sample_port("opte0", 5),
+                netns: None,
+            }),
+        );
+        let rule = FwRule {
+            direction: Direction::In,
+            priority: 10,
+            action: FwAction::Allow,
+            filters: FwFilters {
+                host: FwHost::Any,
+                proto: FwProto::Tcp,
+                ports: vec![22, 443],
+            },
+        };
+        call(&mut c, Request::AddFwRule { port: port(), rule });
+        let dump = |c: &mut Controller<Datapath>| {
+            let v = call(
+                c,
+                Request::DumpLayer {
+                    port: port(),
+                    layer: "firewall".into(),
+                },
+            );
+            v["inbound"]["rules"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    (
+                        r["fw_rule"].as_u64().unwrap(),
+                        r["priority"].as_u64().unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        // The two default VPC rules (ids 1, 2), then the new one, one engine rule
+        // per port.
+        assert_eq!(dump(&mut c), [(3, 10), (3, 10), (1, 65534), (2, 65534)]);
+        let rm = |c: &mut Controller<Datapath>, direction, id| {
+            c.handle(Request::RmFwRuleId {
+                port: port(),
+                direction,
+                id,
+            })
+        };
+        let Outcome::Error(e) = rm(&mut c, Direction::Out, 3) else {
+            panic!("removed through the wrong direction")
+        };
+        assert!(e.contains("not a out rule") && e.contains("prio=10"), "{e}");
+        let Outcome::Error(e) = rm(&mut c, Direction::In, 4) else {
+            panic!("removed a rule that is not there")
+        };
+        assert!(
+            e.contains("no firewall rule 4") && e.contains("1 to 3"),
+            "{e}"
+        );
+        assert_eq!(rm(&mut c, Direction::In, 1), Outcome::Ok(Reply::Done));
+        assert_eq!(dump(&mut c), [(2, 10), (2, 10), (1, 65534)]);
+    }
 
     /// Every daemon draws its own seed: never the engine's fixed test default, and
     /// two draws differ (a collision has probability 2^-64).

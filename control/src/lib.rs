@@ -17,6 +17,7 @@ pub mod daemon;
 pub mod datapath;
 pub mod handoff;
 pub mod neighbours;
+pub mod opteadm;
 pub mod ra_listen;
 pub mod server;
 pub mod state;

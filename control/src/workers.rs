@@ -393,7 +393,9 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
             | Inspect::Layer { port: p, .. }
             | Inspect::Uft { port: p, .. }
             | Inspect::Mtu { port: p }
-            | Inspect::Ra { port: p } => p.clone(),
+            | Inspect::Ra { port: p }
+            | Inspect::Layers { port: p }
+            | Inspect::TcpFlows { port: p } => p.clone(),
         };
         let w = what.clone();
         self.on_owner(&port, move |dp: &mut D| dp.inspect(&w))

@@ -47,9 +47,12 @@ fn kind(r: &Request) -> usize {
         Request::Stats { .. } => 15,
         Request::Mtu { .. } => 16,
         Request::Ra { .. } => 17,
+        Request::ListLayers { .. } => 18,
+        Request::DumpTcpFlows { .. } => 19,
+        Request::RmFwRuleId { .. } => 20,
     }
 }
-const KINDS: usize = 18;
+const KINDS: usize = 21;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach

@@ -1,15 +1,14 @@
 //! xdeadm: the admin tool. Talks to overlayd over its API socket, except for
 //! `ra listen`, which runs on its own inside a guest.
 
-use clap::Parser;
-use control::cli::{render, Action, Cli};
+use control::cli::{render_for, Action, Cli};
 use control::client::Client;
 use control::ra_listen;
 use std::process::ExitCode;
 use std::time::Duration;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_line(std::env::args_os()).unwrap_or_else(|e| e.exit());
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -27,7 +26,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if json {
                 println!("{}", to_json(&reply)?);
             } else {
-                print!("{}", render(&reply));
+                print!("{}", render_for(&request, &reply));
             }
         }
         Action::RaListen { iface, timeout_s } => {

@@ -21,9 +21,11 @@
 //! denies and `wire::meta::UnderlayDrop`); docs/engine.md lists them all.
 
 mod inbound;
+mod layers;
 mod outbound;
 mod stats;
 
+pub use layers::{LayerSummary, PortLayerDump, LAYERS};
 pub use stats::{EngineStats, PortStats, UftPortDump};
 
 use outbound::HeldFrame;
@@ -35,7 +37,7 @@ use crate::firewall::{ConnDump, Firewall, FlowLimits, FwAction, TcpSegment};
 use crate::flow::{quoted_flow, FlowKey, PROTO_ICMP, PROTO_ICMPV6};
 use crate::gateway::{self, GatewayState, MtuBudget, RaInfo};
 use crate::hold::HoldQueue;
-use crate::layer::{LayerDump, RuleId};
+use crate::layer::RuleId;
 use crate::output::TxBatch;
 use crate::overlay::{BoundaryServices, V2p, V2pDump, V2pEntry};
 use crate::port::{PortConfig, PortId, Vni, MIN_PORT_MTU};
@@ -217,9 +219,6 @@ impl fmt::Display for EngineError {
 }
 
 impl std::error::Error for EngineError {}
-
-/// The layers `dump_layer` knows.
-pub const LAYERS: &[&str] = &["firewall", "router"];
 
 struct Port {
     id: PortId,
@@ -812,18 +811,6 @@ impl Engine {
 
     // ---- Inspection ----
 
-    pub fn dump_layer(&self, port: &str, layer: &str) -> Result<LayerDump, EngineError> {
-        let p = self.port_by_name(port)?;
-        match layer {
-            "firewall" => Ok(p.fw.dump()),
-            "router" => Ok(p.router.dump()),
-            _ => Err(EngineError::NotFound(format!(
-                "no layer {layer:?} (layers: {})",
-                LAYERS.join(", ")
-            ))),
-        }
-    }
-
     /// Forgets the port's cached flows (they are recompiled on their next packet).
     pub fn clear_uft(&mut self, port: &str) -> Result<(), EngineError> {
         let p = self.port_by_name_mut(port)?;
@@ -903,13 +890,20 @@ fn confirm<A>(
     fw: &mut Firewall,
     dir: Direction,
     seg: Option<TcpSegment>,
+    bytes: u32,
     now: u64,
 ) -> bool {
     if !e.needs_conn {
         return true;
     }
     e.conn
-        .is_some_and(|h| fw.track_handle(h, dir, seg, now) == Ok(true))
+        .is_some_and(|h| fw.track_handle(h, dir, seg, bytes, now) == Ok(true))
+}
+
+/// A packet's IP bytes (inner L3 header onward), what flows and connections count.
+#[inline]
+fn ip_bytes(m: &InnerMeta) -> u32 {
+    u32::try_from(m.ip_end.saturating_sub(m.l3_off)).unwrap_or(u32::MAX)
 }
 
 fn match_fields(key: &FlowKey, m: &InnerMeta) -> MatchFields {

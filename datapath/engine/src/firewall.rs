@@ -124,6 +124,8 @@ pub struct Opening {
     tcp: bool,
     /// The first packet's TCP segment.
     seg: Option<TcpSegment>,
+    /// The first packet's IP bytes (counted on the new connection).
+    bytes: u32,
 }
 
 /// What [`Firewall::commit`] made of a decision, for the flow table to cache.
@@ -198,16 +200,48 @@ struct Conn {
     replied: bool,
     created: u64,
     last_seen: u64,
+    /// Packets and IP bytes each way (`dump-tcp-flows`), counted where the packet is
+    /// tracked anyway, so the counters cost two adds on a line already written.
+    out: Traffic,
+    inb: Traffic,
+}
+
+/// Packets and IP bytes (inner L3 header onward; a guest's TSO buffer is one packet
+/// with all its bytes) one way of a connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Traffic {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+impl Traffic {
+    #[inline]
+    fn add(&mut self, bytes: u32) {
+        self.packets += 1;
+        self.bytes += u64::from(bytes);
+    }
 }
 
 impl Conn {
     fn new(o: &Opening, now: u64) -> Conn {
-        Conn {
+        let mut c = Conn {
             tcp: o.tcp.then(|| TcpConn::open(o.initiator, o.seg)),
             initiator: o.initiator,
             replied: false,
             created: now,
             last_seen: now,
+            out: Traffic::default(),
+            inb: Traffic::default(),
+        };
+        c.count(o.initiator, o.bytes);
+        c
+    }
+
+    #[inline]
+    fn count(&mut self, dir: Direction, bytes: u32) {
+        match dir {
+            Direction::Out => self.out.add(bytes),
+            Direction::In => self.inb.add(bytes),
         }
     }
 
@@ -256,14 +290,16 @@ impl Conn {
         }
     }
 
-    /// Takes in a packet of this (live) connection going `dir`; refuses a TCP segment
-    /// outside the window, changing nothing (not even the idle clock). `Ok(true)`
-    /// when the segment reopened a closed connection (see `TcpConn::reopened_by`).
+    /// Takes in a packet of this (live) connection going `dir` (`bytes` of IP);
+    /// refuses a TCP segment outside the window, changing nothing (not even the idle
+    /// clock or the counters). `Ok(true)` when the segment reopened a closed
+    /// connection (see `TcpConn::reopened_by`).
     #[inline]
     fn track(
         &mut self,
         dir: Direction,
         seg: Option<TcpSegment>,
+        bytes: u32,
         now: u64,
     ) -> Result<bool, &'static str> {
         let mut reopened = false;
@@ -271,6 +307,7 @@ impl Conn {
             reopened = t.reopened_by(&s);
             t.track(dir, s)?;
         }
+        self.count(dir, bytes);
         self.last_seen = now;
         self.replied |= dir != self.initiator;
         Ok(reopened)
@@ -297,8 +334,10 @@ struct Slot {
 /// index entry), for the table budget.
 pub const CONN_SLOT_BYTES: usize = core::mem::size_of::<Slot>();
 
-// TCP tracking made connections bigger; keep a slot within two cache lines.
-const _: () = assert!(CONN_SLOT_BYTES <= 128);
+// TCP tracking and the per-connection counters made connections bigger; a slot
+// stays within 160 bytes (the hot fields, state and counters, share its first two
+// cache lines with the key).
+const _: () = assert!(CONN_SLOT_BYTES <= 160);
 
 /// A connection in `dump-tcp-flows` / stats output.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -309,6 +348,11 @@ pub struct ConnDump {
     pub tcp_state: Option<TcpState>,
     pub age_ns: u64,
     pub idle_ns: u64,
+    /// What the guest sent on it.
+    pub out: Traffic,
+    /// What the guest received on it.
+    #[serde(rename = "in")]
+    pub inb: Traffic,
 }
 
 /// Counters of the connection table.
@@ -403,7 +447,8 @@ impl Firewall {
 
     /// Decides the first packet of a flow (a flow-table miss), tracking it on its
     /// connection if it has a live one. `seg` is the packet's TCP segment
-    /// ([`TcpSegment::read`]); `quoted` is, for an ICMP error, the flow of the
+    /// ([`TcpSegment::read`]); `bytes` its IP length, counted on its connection;
+    /// `quoted` is, for an ICMP error, the flow of the
     /// packet it quotes (in that packet's own orientation), if it could be read.
     /// Nothing is created: an [`Decision::Open`] goes to [`Firewall::commit`].
     pub fn decide(
@@ -411,12 +456,13 @@ impl Firewall {
         dir: Direction,
         f: &MatchFields,
         seg: Option<TcpSegment>,
+        bytes: u32,
         quoted: Option<&FlowKey>,
         now: u64,
     ) -> Result<Decision, &'static str> {
         let ck = Self::conn_key(dir, &f.key);
         if let Some(h) = self.live_handle(&ck, now) {
-            if self.track_handle(h, dir, seg, now)? {
+            if self.track_handle(h, dir, seg, bytes, now)? {
                 return Ok(Decision::Tracked(h));
             }
         }
@@ -447,6 +493,7 @@ impl Firewall {
             initiator: dir,
             tcp,
             seg,
+            bytes,
         }))
     }
 
@@ -484,10 +531,11 @@ impl Firewall {
         dir: Direction,
         f: &MatchFields,
         seg: Option<TcpSegment>,
+        bytes: u32,
         quoted: Option<&FlowKey>,
         now: u64,
     ) -> Result<Admission, &'static str> {
-        let d = self.decide(dir, f, seg, quoted, now)?;
+        let d = self.decide(dir, f, seg, bytes, quoted, now)?;
         self.commit(d, now)
     }
 
@@ -557,8 +605,8 @@ impl Firewall {
         }
     }
 
-    /// Tracks a packet of a cached flow by its connection's handle (the fast path: no
-    /// hashing). `Ok(false)` if the connection is gone (its slot was freed, whatever
+    /// Tracks a packet of a cached flow (`bytes` of IP, counted on the connection)
+    /// by its connection's handle (the fast path: no hashing). `Ok(false)` if the connection is gone (its slot was freed, whatever
     /// occupies it now) or idle past its timeout: the flow must be decided again.
     /// `Err(tcp_out_of_window)` for a TCP segment its receiver would not accept; the
     /// connection is left as it was.
@@ -568,6 +616,7 @@ impl Firewall {
         h: ConnHandle,
         dir: Direction,
         seg: Option<TcpSegment>,
+        bytes: u32,
         now: u64,
     ) -> Result<bool, &'static str> {
         let limits = &self.limits;
@@ -576,7 +625,7 @@ impl Firewall {
                 gen,
                 conn: Some((_, c)),
             }) if *gen == h.gen && c.live(now, limits) => {
-                let reopened = c.track(dir, seg, now)?;
+                let reopened = c.track(dir, seg, bytes, now)?;
                 self.stats.flows_reopened += u64::from(reopened);
                 Ok(true)
             }
@@ -637,6 +686,8 @@ impl Firewall {
                 tcp_state: c.state(),
                 age_ns: now.saturating_sub(c.created),
                 idle_ns: now.saturating_sub(c.last_seen),
+                out: c.out,
+                inb: c.inb,
             })
             .collect();
         v.sort_by_key(|d| (d.key.src_port, d.key.dst_port, d.key.dst_ip));
@@ -677,7 +728,7 @@ mod tests {
         quoted: Option<&FlowKey>,
         now: u64,
     ) -> Result<Got, &'static str> {
-        let a = fw.admit(dir, f, Some(flags(fl)), quoted, now)?;
+        let a = fw.admit(dir, f, Some(flags(fl)), 40, quoted, now)?;
         Ok(match (a.created, a.conn, a.needs_conn) {
             (true, _, _) => Got::Created,
             (false, Some(_), _) => Got::Tracked,
@@ -689,7 +740,7 @@ mod tests {
     /// Tracks a packet of a known flow by its key; false if it has no live connection.
     fn track(fw: &mut Firewall, dir: Direction, key: &FlowKey, fl: u8, now: u64) -> bool {
         match fw.live_handle(&Firewall::conn_key(dir, key), now) {
-            Some(h) => fw.track_handle(h, dir, Some(flags(fl)), now) == Ok(true),
+            Some(h) => fw.track_handle(h, dir, Some(flags(fl)), 40, now) == Ok(true),
             None => false,
         }
     }
@@ -999,7 +1050,7 @@ mod tests {
         fl: u8,
         now: u64,
     ) -> ConnHandle {
-        match fw.admit(dir, f, Some(flags(fl)), None, now) {
+        match fw.admit(dir, f, Some(flags(fl)), 40, None, now) {
             Ok(Admission { conn: Some(h), .. }) => h,
             other => panic!("expected a connection handle, got {other:?}"),
         }
@@ -1017,7 +1068,7 @@ mod tests {
         );
         assert_eq!(fw.tcp_state(&f.key), Some(Established));
         assert_eq!(
-            fw.track_handle(h, Direction::Out, Some(flags(FIN | ACK)), 2),
+            fw.track_handle(h, Direction::Out, Some(flags(FIN | ACK)), 40, 2),
             Ok(true)
         );
         assert_eq!(fw.tcp_state(&f.key), Some(FinWait1));
@@ -1026,7 +1077,7 @@ mod tests {
         assert_ne!(g, h);
         // Idle past the timeout: refused by handle as by key, even before a sweep.
         assert_eq!(
-            fw.track_handle(g, Direction::Out, Some(flags(ACK)), 100 * S),
+            fw.track_handle(g, Direction::Out, Some(flags(ACK)), 40, 100 * S),
             Ok(false)
         );
         assert!(!track(
@@ -1052,44 +1103,44 @@ mod tests {
         let hb = handle_of(&mut fw, Direction::Out, &b, SYN, 10 * S);
         assert_eq!(hb.slot, ha.slot, "the freed slot is reused");
         assert_eq!(
-            fw.track_handle(ha, Direction::Out, Some(flags(ACK)), 10 * S),
+            fw.track_handle(ha, Direction::Out, Some(flags(ACK)), 40, 10 * S),
             Ok(false)
         );
         assert_eq!(
-            fw.track_handle(hb, Direction::Out, Some(flags(ACK)), 10 * S),
+            fw.track_handle(hb, Direction::Out, Some(flags(ACK)), 40, 10 * S),
             Ok(true)
         );
         // Eviction (a full table, `b` half-open): `b`'s handle dies, `a`'s new one lives.
         let ha2 = handle_of(&mut fw, Direction::Out, &a, SYN, 11 * S);
         assert_eq!(fw.stats().flows_evicted, 1);
         assert_eq!(
-            fw.track_handle(hb, Direction::Out, Some(flags(ACK)), 11 * S),
+            fw.track_handle(hb, Direction::Out, Some(flags(ACK)), 40, 11 * S),
             Ok(false)
         );
         assert_eq!(
-            fw.track_handle(ha, Direction::Out, Some(flags(ACK)), 11 * S),
+            fw.track_handle(ha, Direction::Out, Some(flags(ACK)), 40, 11 * S),
             Ok(false)
         );
         assert_eq!(
-            fw.track_handle(ha2, Direction::Out, Some(flags(ACK)), 11 * S),
+            fw.track_handle(ha2, Direction::Out, Some(flags(ACK)), 40, 11 * S),
             Ok(true)
         );
         // Replacing a dead connection under the same key: a new handle, the old dies.
         let ha3 = handle_of(&mut fw, Direction::Out, &a, SYN, 30 * S);
         assert_ne!(ha3, ha2);
         assert_eq!(
-            fw.track_handle(ha2, Direction::Out, Some(flags(ACK)), 30 * S),
+            fw.track_handle(ha2, Direction::Out, Some(flags(ACK)), 40, 30 * S),
             Ok(false)
         );
         assert_eq!(
-            fw.track_handle(ha3, Direction::Out, Some(flags(ACK)), 30 * S),
+            fw.track_handle(ha3, Direction::Out, Some(flags(ACK)), 40, 30 * S),
             Ok(true)
         );
         assert_eq!(fw.stats().flows, 1);
         // Clearing kills every handle and empties the table.
         fw.clear_flows();
         assert_eq!(
-            fw.track_handle(ha3, Direction::Out, Some(flags(ACK)), 30 * S),
+            fw.track_handle(ha3, Direction::Out, Some(flags(ACK)), 40, 30 * S),
             Ok(false)
         );
         assert_eq!((fw.stats().flows, fw.tcp_state(&a.key)), (0, None));
@@ -1101,7 +1152,7 @@ mod tests {
         }
         let far = handle_of(&mut other, Direction::Out, &out_fields(9, 80), SYN, 0);
         assert_eq!(
-            fw.track_handle(far, Direction::Out, Some(flags(ACK)), 30 * S),
+            fw.track_handle(far, Direction::Out, Some(flags(ACK)), 40, 30 * S),
             Ok(false)
         );
     }
@@ -1227,7 +1278,7 @@ mod tests {
         let mut fw = Firewall::new(FlowLimits::default(), 1);
         let f = out_fields(40000, 80);
         let d = fw
-            .decide(Direction::Out, &f, Some(flags(SYN)), None, 0)
+            .decide(Direction::Out, &f, Some(flags(SYN)), 40, None, 0)
             .unwrap();
         assert!(matches!(d, Decision::Open(_)));
         // Decided but not committed (the router dropped the flow): nothing exists,
@@ -1317,50 +1368,50 @@ mod tests {
             len: u32::from(flags & SYN != 0),
             wscale: None,
         };
-        let h = match fw.admit(Direction::Out, &f, Some(seg(SYN, 100, 0)), None, 0) {
+        let h = match fw.admit(Direction::Out, &f, Some(seg(SYN, 100, 0)), 40, None, 0) {
             Ok(Admission { conn: Some(h), .. }) => h,
             other => panic!("{other:?}"),
         };
         assert_eq!(
-            fw.track_handle(h, Direction::In, Some(seg(SYN | ACK, 500, 101)), 1),
+            fw.track_handle(h, Direction::In, Some(seg(SYN | ACK, 500, 101)), 40, 1),
             Ok(true)
         );
         assert_eq!(
-            fw.track_handle(h, Direction::Out, Some(seg(ACK, 101, 501)), 2),
+            fw.track_handle(h, Direction::Out, Some(seg(ACK, 101, 501)), 40, 2),
             Ok(true)
         );
         // A reset far from the guest's window (501..=1501): refused by handle and
         // when decided afresh, a refusal no cache may keep.
         let bad = seg(RST, 90_000, 0);
         assert_eq!(
-            fw.track_handle(h, Direction::In, Some(bad), 3 * S),
+            fw.track_handle(h, Direction::In, Some(bad), 40, 3 * S),
             Err(reason::OUT_OF_WINDOW)
         );
         assert_eq!(
-            fw.decide(Direction::In, &reply(&f), Some(bad), None, 3 * S),
+            fw.decide(Direction::In, &reply(&f), Some(bad), 40, None, 3 * S),
             Err(reason::OUT_OF_WINDOW)
         );
         assert!(reason::per_packet(reason::OUT_OF_WINDOW));
         // Nothing changed, and a reset in the window still closes.
         assert_eq!(fw.tcp_state(&f.key), Some(Established));
         assert_eq!(
-            fw.track_handle(h, Direction::In, Some(seg(RST, 501, 0)), 4 * S),
+            fw.track_handle(h, Direction::In, Some(seg(RST, 501, 0)), 40, 4 * S),
             Ok(true)
         );
         assert_eq!(fw.tcp_state(&f.key), Some(Closed));
         let g = out_fields(40001, 80);
-        let hg = match fw.admit(Direction::Out, &g, Some(flags(ACK)), None, 0) {
+        let hg = match fw.admit(Direction::Out, &g, Some(flags(ACK)), 40, None, 0) {
             Ok(Admission { conn: Some(h), .. }) => h,
             other => panic!("{other:?}"),
         };
-        fw.track_handle(hg, Direction::In, Some(flags(ACK)), 1)
+        fw.track_handle(hg, Direction::In, Some(flags(ACK)), 40, 1)
             .unwrap();
         // Refused packets do not keep a connection alive: idle since 1 ns, it is
         // gone 8000 s later however many were refused meanwhile.
-        let refused = fw.track_handle(hg, Direction::In, Some(seg(RST, 1 << 31, 0)), 7000 * S);
+        let refused = fw.track_handle(hg, Direction::In, Some(seg(RST, 1 << 31, 0)), 40, 7000 * S);
         assert_eq!(refused, Err(reason::OUT_OF_WINDOW));
         assert_eq!(
-            fw.track_handle(hg, Direction::In, Some(flags(ACK)), 8001 * S),
+            fw.track_handle(hg, Direction::In, Some(flags(ACK)), 40, 8001 * S),
             Ok(false)
         );
     }

@@ -164,7 +164,9 @@ pub struct UftEntry<A> {
     pub conn: Option<ConnHandle>,
     pub created: u64,
     pub last_hit: u64,
+    /// Packets and IP bytes served from this entry (not the packet that compiled it).
     pub hits: u64,
+    pub bytes: u64,
 }
 
 /// Counters of one table.
@@ -186,7 +188,9 @@ pub struct UftDump {
     pub key: FlowKey,
     pub action: String,
     pub path_mtu: u16,
+    /// Packets and IP bytes the entry served.
     pub hits: u64,
+    pub bytes: u64,
     pub idle_ns: u64,
     pub stale: bool,
 }
@@ -233,14 +237,21 @@ impl<A: CachedAction> Uft<A> {
     }
 
     /// The entry for `key` if it is from `epoch` and not idle past the TTL; counts
-    /// the hit or miss.
-    pub fn lookup(&mut self, key: &FlowKey, epoch: u64, now: u64) -> Option<&mut UftEntry<A>> {
+    /// the hit (and the packet's `bytes` on the entry) or miss.
+    pub fn lookup(
+        &mut self,
+        key: &FlowKey,
+        epoch: u64,
+        now: u64,
+        bytes: u32,
+    ) -> Option<&mut UftEntry<A>> {
         let stats = &mut self.stats;
         match self.map.get_mut(key) {
             Some(e) => match Self::usable(e, epoch, now, self.ttl_ns) {
                 Ok(()) => {
                     e.last_hit = now;
                     e.hits += 1;
+                    e.bytes += u64::from(bytes);
                     stats.hits += 1;
                     Some(e)
                 }
@@ -368,6 +379,7 @@ impl<A: CachedAction> Uft<A> {
                     action: e.action.describe(),
                     path_mtu: e.path_mtu,
                     hits: e.hits,
+                    bytes: e.bytes,
                     idle_ns: now.saturating_sub(e.last_hit),
                     stale: e.epoch != epoch,
                 });
@@ -398,6 +410,7 @@ mod tests {
             created: now,
             last_hit: now,
             hits: 0,
+            bytes: 0,
         }
     }
 
@@ -405,13 +418,13 @@ mod tests {
     fn epoch_change_makes_entries_stale() {
         let mut t = Uft::new(8, 1000, 1);
         t.insert(key(1), entry(1, 0));
-        assert!(t.lookup(&key(1), 1, 10).is_some());
-        assert!(t.lookup(&key(1), 2, 11).is_none());
+        assert!(t.lookup(&key(1), 1, 10, 100).is_some());
+        assert!(t.lookup(&key(1), 2, 11, 100).is_none());
         let s = t.stats();
         assert_eq!((s.hits, s.misses, s.stale), (1, 1, 1));
         // Recomputed in the new epoch: a hit again.
         t.insert(key(1), entry(2, 12));
-        assert_eq!(t.lookup(&key(1), 2, 13).unwrap().hits, 1);
+        assert_eq!(t.lookup(&key(1), 2, 13, 100).unwrap().hits, 1);
         assert!(t.dump_page(0, 10, 3, 13).0[0].stale);
     }
 
@@ -421,8 +434,8 @@ mod tests {
         t.insert(key(1), entry(1, 0));
         t.insert(key(2), entry(1, 0));
         // A hit refreshes the idle clock.
-        assert!(t.lookup(&key(1), 1, 900).is_some());
-        assert!(t.lookup(&key(2), 1, 1000).is_none());
+        assert!(t.lookup(&key(1), 1, 900, 100).is_some());
+        assert!(t.lookup(&key(2), 1, 1000, 100).is_none());
         assert_eq!(t.stats().expired, 1);
         t.expire_step(1, 1500, 8);
         assert_eq!(t.len(), 1);
@@ -449,7 +462,7 @@ mod tests {
         assert_eq!(t.len(), 50);
         assert!((0..100)
             .step_by(2)
-            .all(|i| t.lookup(&key(i), 1, 5500).is_none()));
+            .all(|i| t.lookup(&key(i), 1, 5500, 100).is_none()));
         // The next step wraps around to the start.
         t.expire_step(2, 5500, 10);
         assert_eq!(t.len(), 45);
@@ -503,10 +516,10 @@ mod tests {
         assert_eq!(t.stats().evicted, 1);
         assert_eq!(t.len(), 3);
         assert!(
-            t.lookup(&key(1), 2, 2).is_none(),
+            t.lookup(&key(1), 2, 2, 100).is_none(),
             "the stale entry was the victim"
         );
-        assert!(t.lookup(&key(2), 2, 2).is_some());
+        assert!(t.lookup(&key(2), 2, 2, 100).is_some());
         // No stale or idle entry: some entry still makes room.
         t.insert(key(5), entry(2, 3));
         assert_eq!((t.len(), t.stats().evicted), (3, 2));
@@ -523,6 +536,6 @@ mod tests {
             t.insert(key(i), entry(1, 1));
         }
         assert_eq!(t.stats().evicted, 4);
-        assert!((10..14).all(|i| t.lookup(&key(i), 1, 2).is_some()));
+        assert!((10..14).all(|i| t.lookup(&key(i), 1, 2, 100).is_some()));
     }
 }

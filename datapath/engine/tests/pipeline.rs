@@ -115,6 +115,33 @@ fn stateful_firewall_admits_replies_only() {
     let flows = a.dump_tcp_flows("ga").unwrap();
     assert_eq!(flows.len(), 1);
     assert_eq!(flows[0].initiator, Direction::Out);
+    // Each way counted once, with its IP bytes (20 IPv4 + 20 TCP).
+    assert_eq!((flows[0].out.packets, flows[0].out.bytes), (1, 40));
+    assert_eq!((flows[0].inb.packets, flows[0].inb.bytes), (1, 40));
+    // A second segment out is served from the flow table: a hit with its bytes on
+    // the entry, and counted on the connection.
+    let ack = tcp_v4(&g1, g2.v4, 40000, 80, false, b"abcd");
+    a_to_b(&mut a, pa, &mut b, &ack, 4);
+    let flows = a.dump_tcp_flows("ga").unwrap();
+    assert_eq!((flows[0].out.packets, flows[0].out.bytes), (2, 84));
+    let uft = a.dump_uft("ga", 0, 100).unwrap();
+    let e = uft.outbound.iter().find(|e| e.key.dst_port == 80).unwrap();
+    assert_eq!((e.hits, e.bytes), (1, 44));
+    // Every layer list-layers names can be dumped; the firewall's flows are its
+    // connections, and the rule counts match the dumps.
+    let layers = a.list_layers("ga").unwrap();
+    let names: Vec<&str> = layers.iter().map(|l| l.name).collect();
+    assert_eq!(names, ["gateway", "firewall", "router", "overlay"]);
+    for l in &layers {
+        let d = a.dump_layer("ga", l.name).unwrap();
+        assert_eq!(d.layer.outbound.rules.len(), l.rules_out, "{}", l.name);
+        assert_eq!(d.layer.inbound.rules.len(), l.rules_in, "{}", l.name);
+        assert_eq!(d.flows, l.flows, "{}", l.name);
+    }
+    assert_eq!(layers[1].flows, Some(1));
+    assert!(layers[2].rules_out > 0, "the router's routes are its rules");
+    let e = a.dump_layer("ga", "nat").unwrap_err().to_string();
+    assert!(e.contains("\"nat\"") && e.contains("overlay"), "{e}");
 }
 
 #[test]

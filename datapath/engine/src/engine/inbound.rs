@@ -2,7 +2,7 @@
 //! checks, coalescing), frames other workers hand over ([`Engine::process_sibling`]),
 //! and delivery to a port of this engine.
 
-use super::{confirm, match_fields, quoted, reason, slot_mut, Engine, Owner, Port};
+use super::{confirm, ip_bytes, match_fields, quoted, reason, slot_mut, Engine, Owner, Port};
 use crate::firewall::{self, TcpSegment};
 use crate::flow::FlowKey;
 use crate::input::RxFrame;
@@ -238,11 +238,19 @@ pub(super) fn inbound_verdict(
     if !own {
         return Err(reason::INBOUND_DST_NOT_GUEST);
     }
-    if let Some(e) = p.uft_in.lookup(key, epoch, now) {
+    let bytes = ip_bytes(m);
+    if let Some(e) = p.uft_in.lookup(key, epoch, now, bytes) {
         if !via.admits(&e.action.sender) {
             return Err(crate::overlay::reason::UNDERLAY_SRC_MISMATCH);
         }
-        if confirm(e, &mut p.fw, Direction::In, TcpSegment::read(m, head), now) {
+        if confirm(
+            e,
+            &mut p.fw,
+            Direction::In,
+            TcpSegment::read(m, head),
+            bytes,
+            now,
+        ) {
             return verdict(e.action.verdict);
         }
     }
@@ -266,7 +274,10 @@ fn compile_inbound(
     let seg = TcpSegment::read(m, head);
     let f = match_fields(key, m);
     let q = quoted(key, m, head);
-    let (v, admitted) = match p.fw.admit(Direction::In, &f, seg, q.as_ref(), now) {
+    let (v, admitted) = match p
+        .fw
+        .admit(Direction::In, &f, seg, ip_bytes(m), q.as_ref(), now)
+    {
         Ok(a) => (InVerdict::Deliver, Some(a)),
         // Decided by this segment, not by the flow: a later SYN, or a segment in the
         // window, of the same flow must be decided afresh, so nothing is cached.
@@ -287,6 +298,7 @@ fn compile_inbound(
             created: now,
             last_hit: now,
             hits: 0,
+            bytes: 0,
         },
     );
     verdict(v)

@@ -9,8 +9,8 @@
 use super::inbound::deliver_local;
 use super::stats::PortCounters;
 use super::{
-    confirm, match_fields, quoted, reason, slot_mut, Engine, LocalDest, NextHop, Owner, Port,
-    UnderlayRoutes,
+    confirm, ip_bytes, match_fields, quoted, reason, slot_mut, Engine, LocalDest, NextHop, Owner,
+    Port, UnderlayRoutes,
 };
 use crate::counters::DropCounters;
 use crate::encap::OuterTemplate;
@@ -111,8 +111,20 @@ impl Engine {
         // A flow waiting for its next hop is compiled for every packet (and asks
         // again), never cached: `unresolved` holds its entry meanwhile.
         let mut unresolved = None;
-        let entry: &UftEntry<OutAction> = match uft_out.lookup(&key, epoch, now) {
-            Some(e) if confirm(e, fw, Direction::Out, TcpSegment::read(meta, frame), now) => e,
+        let bytes = ip_bytes(meta);
+        let entry: &UftEntry<OutAction> = match uft_out.lookup(&key, epoch, now, bytes) {
+            Some(e)
+                if confirm(
+                    e,
+                    fw,
+                    Direction::Out,
+                    TcpSegment::read(meta, frame),
+                    bytes,
+                    now,
+                ) =>
+            {
+                e
+            }
             found => {
                 match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, meta, frame) {
                     Ok(n) if matches!(n.action, OutAction::Unresolved(_)) => unresolved.insert(n),
@@ -550,6 +562,7 @@ fn compile_outbound(
         created: env.now,
         last_hit: env.now,
         hits: 0,
+        bytes: 0,
     };
     let f = match_fields(key, m);
     let seg = TcpSegment::read(m, frame);
@@ -557,6 +570,7 @@ fn compile_outbound(
         Direction::Out,
         &f,
         seg,
+        ip_bytes(m),
         quoted(key, m, frame).as_ref(),
         env.now,
     ) {
@@ -585,6 +599,7 @@ fn compile_outbound(
             created: env.now,
             last_hit: env.now,
             hits: 0,
+            bytes: 0,
         }
     };
     let route = match router.lookup(&f) {

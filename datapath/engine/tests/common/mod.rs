@@ -96,6 +96,10 @@ pub fn sled(addr: &str, n: u8) -> (Engine, PortId) {
 pub fn sled_a_with_conn_limit(fw_flow_limit: usize) -> (Engine, PortId) {
     let mut cfg = EngineConfig::new(SLED_A.parse().unwrap());
     cfg.flow.fw_flow_limit = fw_flow_limit;
+    // A budget that holds the limit whatever an entry costs, so the table holds
+    // exactly `fw_flow_limit` connections (tables grow with use: nothing is
+    // allocated up front).
+    cfg.tables.bytes = cfg.tables.bytes.saturating_mul(4);
     let mut a = Engine::new(cfg).unwrap();
     let pa = a.add_port(port_config(&guest(1))).unwrap();
     let g2 = guest(2);

@@ -1,0 +1,215 @@
+//! Flows, layers and opteadm's command lines against a running daemon: opteadm-style
+//! lines (as OPTE's `opteadm` usage writes them: `-p PORT`, `--dir`, `--hosts
+//! subnet=`, `--protocol TCP`, `sub4=` targets with a class, rule ids, rules on
+//! standard input, `clear-v2p` with the whole mapping) change the port as
+//! `xdeadm`'s own forms do, what the engine cannot do is refused by name, and after
+//! a TCP transfer `dump-tcp-flows` and `dump-uft` count its packets and bytes and
+//! every layer `list-layers` names can be dumped.
+
+use e2e::standard::{self, A1, B1};
+use e2e::{Result, Sled};
+use serde_json::Value;
+use std::path::Path;
+use std::time::Duration;
+
+fn xfer_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_e2e-xfer"))
+}
+
+/// The `data` of `xdeadm --json ARGS...`.
+fn json(sled: &Sled, args: &[&str]) -> Result<Value> {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = sled.admin(&all)?;
+    let v: Value =
+        serde_json::from_str(&out).map_err(|e| e2e::Error::new(format!("{args:?}: {e}: {out}")))?;
+    Ok(v["data"].clone())
+}
+
+/// Runs an xdeadm line that must be refused; returns its error output.
+fn refused(sled: &Sled, line: &str) -> Result<String> {
+    let args: Vec<&str> = line.split_whitespace().collect();
+    let o = sled.xdeadm(&args)?.output()?;
+    assert!(!o.status.success(), "{line}: accepted: {}", o.stdout);
+    Ok(o.stderr)
+}
+
+/// The firewall rules of `port` as `dump-layer` shows them: (id for rm-fw-rule,
+/// priority, hits) per engine rule of `side`.
+fn fw_rules(sled: &Sled, port: &str, side: &str) -> Result<Vec<(u64, u64, u64)>> {
+    let d = json(sled, &["dump-layer", "-p", port, "firewall"])?;
+    Ok(d[side]["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["fw_rule"].as_u64().unwrap_or(0),
+                r["priority"].as_u64().unwrap_or(0),
+                r["hits"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect())
+}
+
+#[test]
+fn opteadm_lines_and_flow_dumps_work_against_the_daemon() -> Result<()> {
+    let rack = standard::rack("e2e", &[])?;
+    let sled = rack.sled(0)?;
+    let (a1, b1) = (rack.guest(A1)?, rack.guest(B1)?);
+
+    // Firewall rules, opteadm's way: add, find by id, remove by id.
+    sled.admin(&[
+        "add-fw-rule",
+        "-p",
+        A1,
+        "--dir",
+        "in",
+        "--hosts",
+        "subnet=10.0.0.0/24",
+        "--protocol",
+        "TCP",
+        "--ports",
+        "7000",
+        "--action",
+        "allow",
+        "--priority",
+        "10",
+    ])?;
+    let rules = fw_rules(sled, A1, "inbound")?;
+    let &(id, _, _) = rules
+        .iter()
+        .find(|r| r.1 == 10)
+        .ok_or_else(|| e2e::Error::new(format!("the new rule is not shown: {rules:?}")))?;
+    assert!(id > 0, "no rule id shown: {rules:?}");
+    let e = refused(sled, &format!("rm-fw-rule -p {A1} --dir out {id}"))?;
+    assert!(e.contains("not a out rule"), "{e}");
+    sled.admin(&["rm-fw-rule", "-p", A1, "--dir", "in", &id.to_string()])?;
+    assert!(fw_rules(sled, A1, "inbound")?.iter().all(|r| r.1 != 10));
+
+    // set-fw-rules -p reads opteadm's rule lines from standard input: the VPC's
+    // inbound rules again, plus a deny out to one port.
+    sled.xdeadm(&["set-fw-rules", "-p", A1])?
+        .stdin(
+            "dir=in action=allow priority=65534 hosts=subnet=10.0.0.0/24 protocol=any\n\
+             dir=in action=allow priority=65534 hosts=subnet=fd00:1::/64 protocol=any\n\
+             dir=out action=deny priority=100 hosts=any protocol=UDP port=9\n",
+        )
+        .run()?;
+    let shown = sled.admin(&["dump-layer", "-p", A1, "firewall"])?;
+    assert!(shown.contains("dst_port=9-9"), "{shown}");
+    assert_eq!(fw_rules(sled, A1, "inbound")?.len(), 2, "{shown}");
+
+    // Router entries with opteadm's targets and class; what the engine lacks is
+    // refused by name.
+    sled.admin(&[
+        "add-router-entry",
+        "-p",
+        A1,
+        "10.9.0.0/16",
+        "sub4=10.9.0.0/16",
+        "system",
+    ])?;
+    let routes = sled.admin(&["dump-routes", A1])?;
+    assert!(routes.contains("10.9.0.0/16  subnet"), "{routes}");
+    sled.admin(&[
+        "del-router-entry",
+        "-p",
+        A1,
+        "10.9.0.0/16",
+        "sub4=10.9.0.0/16",
+        "system",
+    ])?;
+    for (line, named) in [
+        (format!("add-router-entry -p {A1} 10.8.0.0/16 ip4=10.0.0.5 system"), "ip4=10.0.0.5"),
+        (format!("add-router-entry -p {A1} 10.8.0.0/16 sub4=10.8.0.0/16 custom"), "custom"),
+        (
+            format!("add-fw-rule -p {A1} --dir in --hosts vni=7 --protocol any --ports any --action allow --priority 5"),
+            "vni=7",
+        ),
+    ] {
+        let e = refused(sled, &line)?;
+        assert!(e.contains(named) && e.contains("not supported yet"), "{line}: {e}");
+    }
+
+    // clear-v2p with the whole mapping: a stale one is refused, the right one goes.
+    let host = rack.sled(1)?.addr.to_string();
+    let b1_ip = b1.ipv4()?.to_string();
+    let vni = b1.spec.vni.to_string();
+    let e = refused(
+        sled,
+        &format!("clear-v2p {b1_ip} a8:40:25:00:00:99 {host} {vni}"),
+    )?;
+    assert!(e.contains("left as it is"), "{e}");
+    sled.admin(&["clear-v2p", &b1_ip, &b1.spec.mac, &host, &vni])?;
+    assert!(!sled.admin(&["dump-v2p"])?.contains(&b1_ip));
+    sled.admin(&["set-v2p", &b1_ip, &b1.spec.mac, &host, &vni])?;
+
+    // Traffic: a checked TCP transfer a1 -> b1, then the flow dumps count it.
+    let bytes = 4 << 20;
+    e2e::xfer::transfer(
+        xfer_bin(),
+        a1,
+        b1,
+        b1.ipv4()?,
+        5311,
+        bytes,
+        Duration::from_secs(60),
+    )?;
+    let flows = json(sled, &["dump-tcp-flows", "-p", A1])?;
+    let conn = flows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|f| f["key"]["dst_port"] == 5311)
+        .ok_or_else(|| e2e::Error::new(format!("no connection to 5311: {flows}")))?;
+    assert_eq!(conn["initiator"], "out", "{conn}");
+    assert!(conn["out"]["bytes"].as_u64().unwrap_or(0) > bytes, "{conn}");
+    assert!(conn["in"]["packets"].as_u64().unwrap_or(0) > 0, "{conn}");
+    assert!(conn["tcp_state"].is_string(), "{conn}");
+    let table = sled.admin(&["dump-tcp-flows", A1])?;
+    assert!(
+        table.contains("BYTES OUT") && table.contains("5311"),
+        "{table}"
+    );
+
+    let uft = json(sled, &["dump-uft", "-p", A1])?;
+    let out = uft["outbound"].as_array().cloned().unwrap_or_default();
+    let e = out
+        .iter()
+        .find(|e| e["key"]["dst_port"] == 5311)
+        .ok_or_else(|| e2e::Error::new(format!("no cached flow to 5311: {uft}")))?;
+    assert!(
+        e["hits"].as_u64().unwrap_or(0) > 0 && e["bytes"].as_u64().unwrap_or(0) > 0,
+        "{e}"
+    );
+
+    // Every layer list-layers names dumps; the firewall's flows are connections.
+    let layers = json(sled, &["list-layers", "-p", A1])?;
+    let names: Vec<&str> = layers
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["name"].as_str())
+        .collect();
+    assert_eq!(names, ["gateway", "firewall", "router", "overlay"]);
+    for name in &names {
+        let d = json(sled, &["dump-layer", "-p", A1, name])?;
+        assert_eq!(d["name"], *name);
+    }
+    assert!(layers[1]["flows"].as_u64().unwrap_or(0) >= 1, "{layers}");
+    // The transfer's first packet was decided by the router's VPC route.
+    let router = json(sled, &["dump-layer", "-p", A1, "router"])?;
+    let hits: u64 = router["outbound"]["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["hits"].as_u64())
+        .sum();
+    assert!(hits >= 1, "{router}");
+
+    sled.admin(&["clear-uft", "-p", A1])?;
+    let uft = json(sled, &["dump-uft", "-p", A1])?;
+    assert_eq!(uft["outbound"].as_array().map(Vec::len), Some(0), "{uft}");
+    Ok(())
+}
