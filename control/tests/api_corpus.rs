@@ -47,9 +47,13 @@ fn kind(r: &Request) -> usize {
         Request::Stats { .. } => 15,
         Request::Mtu { .. } => 16,
         Request::Ra { .. } => 17,
+        // Answered by the daemon with I/O only: refused here, so seeded in
+        // 18-all.jsonl (which need not be accepted whole).
+        Request::Doctor => 18,
+        Request::PathCheck { .. } => 19,
     }
 }
-const KINDS: usize = 18;
+const KINDS: usize = 20;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach
