@@ -515,6 +515,12 @@ fn features(iface: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// An underlay link's MTU as the kernel has it now (`None`: not readable).
+fn link_mtu(name: &str) -> Option<u32> {
+    let mut nl = dpio::netlink::Netlink::open().ok()?;
+    nl.link_by_name(name).ok().map(|l| l.mtu)
+}
+
 /// The MTU of port `name`'s tap in namespace `netns` (the daemon's own when
 /// `None`).
 fn tap_mtu(name: &str, netns: Option<&str>) -> Result<u32, String> {
@@ -545,24 +551,26 @@ fn ask(ctl: &mut Controller<Workers<Datapath>>, req: Request) -> Value {
 /// the host's files.
 pub fn gather(cfg: &DaemonConfig, ctl: &mut Controller<Workers<Datapath>>) -> Facts {
     let stats = ask(ctl, Request::Stats { port: None });
-    let links = stats["underlay"]
+    let attached = stats["underlay"]
         .as_array()
         .map(Vec::as_slice)
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let links = cfg
+        .underlay
         .iter()
-        .map(|l| {
-            let name = l["name"].as_str().unwrap_or_default().to_string();
+        .map(|name| {
+            let link = attached.iter().find(|l| l["name"] == name.as_str());
+            let from_stats = |key: &str| {
+                link.and_then(|l| l[key].as_u64())
+                    .and_then(|v| u32::try_from(v).ok())
+                    .unwrap_or(0)
+            };
             LinkFacts {
-                features: features(&name),
-                mtu: l["mtu"]
-                    .as_u64()
-                    .and_then(|m| u32::try_from(m).ok())
-                    .unwrap_or(0),
-                queues: l["queues"]
-                    .as_u64()
-                    .and_then(|m| u32::try_from(m).ok())
-                    .unwrap_or(0),
-                name,
+                // The kernel's MTU now (the attached one is from the last attach).
+                mtu: link_mtu(name).unwrap_or_else(|| from_stats("mtu")),
+                queues: from_stats("queues"),
+                features: features(name),
+                name: name.clone(),
             }
         })
         .collect();
