@@ -108,6 +108,12 @@ fn path_check(sled: &Sled, peer: Option<&str>) -> Result<(Option<i32>, Largest)>
     Ok((o.status.code(), peers))
 }
 
+/// A 1500-byte port carries 1500-byte IPv6 packets, and on veth up to 4 bytes
+/// more (the kernel leaves room for a VLAN tag when it forwards to a device).
+fn about_1500(largest: &Value) -> bool {
+    largest.as_u64().is_some_and(|l| (1500..=1504).contains(&l))
+}
+
 /// Three sleds; the switch port toward sled 2 is lowered to 1500 (a jumbo
 /// rollout that missed one port). From sled 0, path-check finds 9000 to sled 1
 /// and 1500 to sled 2, for every V2P peer or one named; the periodic check
@@ -132,14 +138,10 @@ fn path_check_finds_a_1500_byte_switch_port() -> Result<()> {
     }
 
     let (code, peers) = path_check(sled, None)?;
-    assert_eq!(
-        peers,
-        [
-            (good_addr.clone(), Value::from(9000)),
-            (bad_addr.clone(), Value::from(1500))
-        ],
-        "largest size per peer"
-    );
+    let (good, bad) = (&peers[0], &peers[1]);
+    assert_eq!(good, &(good_addr.clone(), Value::from(9000)), "{peers:?}");
+    assert_eq!(bad.0, bad_addr, "{peers:?}");
+    assert!(about_1500(&bad.1), "{peers:?}");
     assert_eq!(
         code,
         Some(1),
@@ -151,7 +153,7 @@ fn path_check_finds_a_1500_byte_switch_port() -> Result<()> {
     let o = sled.xdeadm(&["path-check", &bad_addr])?.output()?;
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        o.stdout.contains("1500") && o.stdout.contains("FAIL"),
+        o.stdout.contains(" 150") && o.stdout.contains("FAIL"),
         "{}",
         o.stdout
     );
@@ -169,8 +171,8 @@ fn path_check_finds_a_1500_byte_switch_port() -> Result<()> {
             }
         },
     )?;
-    assert_eq!(
-        failures["peers"][&bad_addr]["largest"], 1500,
+    assert!(
+        about_1500(&failures["peers"][&bad_addr]["largest"]),
         "{failures:#}"
     );
     let log = sled.daemon()?.log();
