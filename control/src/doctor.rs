@@ -145,7 +145,7 @@ fn xsk_mode(modes: &[String]) -> Check {
 
 fn queues(l: &LinkFacts, workers: usize) -> Check {
     let name = format!("underlay-queues:{}", l.name);
-    let detail = format!("{} rx queues for {workers} workers", l.queues);
+    let detail = format!("rx queues: {}, workers: {workers}", l.queues);
     if (l.queues as usize) < workers {
         fail(
             &name,
