@@ -17,7 +17,7 @@ use crate::handoff::Doorbell;
 use crate::neighbours::NextHops;
 use crate::notify::Notifier;
 use crate::pathcheck::{self, PathMonitor};
-use crate::server::{request_channel, serve_next, serve_pending, ApiLimits, ApiServer};
+use crate::server::{request_channel, serve_next, serve_pending, Answer, ApiLimits, ApiServer};
 use crate::state::StateStore;
 use crate::underlay::{warn_if_address_missing, Underlay, UnderlayWatch, FRAME_OVERHEAD};
 use crate::worker::{mesh, run_worker, WorkerIo};
@@ -165,13 +165,14 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
             break;
         }
         let served = serve_next(&rx, MAIN_POLL, |r| match r {
-            Request::Doctor => Outcome::Ok(Reply::Doctor(doctor::checks(&doctor::gather(
-                cfg, &mut ctl,
-            )))),
+            Request::Doctor => {
+                let facts = doctor::gather(cfg, &mut ctl);
+                Outcome::Ok(Reply::Doctor(doctor::checks(&facts))).into()
+            }
             Request::PathCheck { peer } => path_check(cfg, &ctl, watch.mtu(), peer),
             r => {
                 let out = with_port_links(ctl.handle(r), ctl.dataplane());
-                with_path_stats(out, monitor.as_ref())
+                with_path_stats(out, monitor.as_ref()).into()
             }
         });
         if !served {
@@ -207,13 +208,14 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
 }
 
 /// `path-check`: probes `peer`, or every sled V2P names, for `underlay_mtu`-byte
-/// packets (on the main thread: at most a few seconds, the peers in parallel).
+/// packets. The probes take seconds for a black-holed peer: they run on a thread
+/// of their own, and the main loop goes on.
 fn path_check(
     cfg: &DaemonConfig,
     ctl: &Controller<Workers<Datapath>>,
     underlay_mtu: u32,
     peer: Option<std::net::Ipv6Addr>,
-) -> Outcome {
+) -> Answer {
     let peers = match peer {
         Some(p) => vec![p],
         None => pathcheck::v2p_peers(&ctl.state().v2p, cfg.underlay_addr),
@@ -221,14 +223,13 @@ fn path_check(
     if peers.is_empty() {
         return Outcome::Error(
             "no peer to probe: V2P names no other sled (give its UNDERLAY_ADDR)".into(),
-        );
+        )
+        .into();
     }
-    let wanted = pathcheck::wanted_size(underlay_mtu);
-    Outcome::Ok(Reply::PathCheck(pathcheck::check(
-        cfg.underlay_addr,
-        &peers,
-        wanted,
-    )))
+    let (src, wanted) = (cfg.underlay_addr, pathcheck::wanted_size(underlay_mtu));
+    Answer::Later(Box::new(move || {
+        Outcome::Ok(Reply::PathCheck(pathcheck::check(src, &peers, wanted)))
+    }))
 }
 
 /// A `stats` answer with what the periodic path checks found

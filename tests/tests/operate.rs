@@ -187,7 +187,7 @@ fn path_check_finds_a_1500_byte_switch_port() -> Result<()> {
 
 /// With `NOTIFY_SOCKET` pointing at a datagram socket the test binds (as systemd
 /// does for `Type=notify`), the daemon says `READY=1` by the time its API
-/// answers and `STOPPING=1` on SIGTERM; `--log-format json` makes every log line
+/// answers, `WATCHDOG=1` while it runs and `STOPPING=1` on SIGTERM; `--log-format json` makes every log line
 /// a JSON object.
 #[test]
 fn systemd_hears_ready_and_stopping() -> Result<()> {
@@ -196,14 +196,32 @@ fn systemd_hears_ready_and_stopping() -> Result<()> {
     let notify = UnixDatagram::bind(&path)?;
     notify.set_read_timeout(Some(NOTICE))?;
     let path = path.display().to_string();
-    rack.start_daemon_with_env(0, &["--log-format", "json"], &[("NOTIFY_SOCKET", &path)])?;
+    // A 200 ms watchdog: pinged every 100 ms.
+    let env = [
+        ("NOTIFY_SOCKET", path.as_str()),
+        ("WATCHDOG_USEC", "200000"),
+    ];
+    rack.start_daemon_with_env(0, &["--log-format", "json"], &env)?;
     let mut buf = [0u8; 256];
     let n = notify.recv(&mut buf)?;
-    assert_eq!(&buf[..n], b"READY=1");
+    assert_eq!(
+        &buf[..n],
+        b"READY=1",
+        "READY=1 first, by the time the API answers"
+    );
+    std::thread::sleep(Duration::from_millis(500));
     let log = rack.sled(0)?.daemon()?.log();
     rack.stop_daemon(0)?;
-    let n = notify.recv(&mut buf)?;
-    assert_eq!(&buf[..n], b"STOPPING=1");
+    let mut pings = 0;
+    let last = loop {
+        let n = notify.recv(&mut buf)?;
+        match &buf[..n] {
+            b"WATCHDOG=1" => pings += 1,
+            other => break String::from_utf8_lossy(other).into_owned(),
+        }
+    };
+    assert_eq!(last, "STOPPING=1");
+    assert!(pings >= 2, "{pings} watchdog pings in 500 ms");
     assert!(!log.is_empty());
     for line in log.lines() {
         let v = json("log line", line)?;
