@@ -235,16 +235,16 @@ fn path_check(
 /// A `stats` answer with what the periodic path checks found
 /// (`control.path_check`); any other answer as it is.
 fn with_path_stats(out: Outcome, monitor: Option<&PathMonitor>) -> Outcome {
-    let (Outcome::Ok(Reply::Inspect(mut v)), Some(m)) = (out.clone(), monitor) else {
+    let Some(m) = monitor else {
         return out;
     };
-    match v.get_mut("control").and_then(|c| c.as_object_mut()) {
-        Some(control) => {
-            control.insert("path_check".into(), m.stats());
-            Outcome::Ok(Reply::Inspect(v))
-        }
-        None => out,
+    let Outcome::Ok(Reply::Inspect(mut v)) = out else {
+        return out;
+    };
+    if let Some(control) = v.get_mut("control").and_then(|c| c.as_object_mut()) {
+        control.insert("path_check".into(), m.stats());
     }
+    Outcome::Ok(Reply::Inspect(v))
 }
 
 /// A daemon without I/O: the API and the engine only. For tests and for trying the

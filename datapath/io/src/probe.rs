@@ -16,9 +16,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// IPv6 header plus ICMPv6 echo header: a probe of `size` bytes carries
-/// `size - PROBE_HEADERS` bytes of payload.
-pub const PROBE_HEADERS: u16 = 40 + 8;
+/// The IPv6 header the kernel puts in front of each probe's ICMPv6 message.
+const IPV6_HEADER: u16 = 40;
 
 /// The smallest probe: the IPv6 minimum MTU, which every link carries.
 pub const MIN_PROBE: u16 = 1280;
@@ -144,7 +143,7 @@ impl EchoProbe {
             ));
         }
         self.seq = self.seq.wrapping_add(1);
-        let icmp_len = usize::from(size - 40);
+        let icmp_len = usize::from(size - IPV6_HEADER);
         self.buf.clear();
         self.buf.resize(icmp_len.max(usize::from(u16::MAX)), 0);
         let msg = &mut self.buf[..icmp_len];
@@ -308,6 +307,30 @@ mod tests {
         assert_eq!(largest_fitting(9000, path(0)).unwrap(), (None, 2));
         assert_eq!(largest_fitting(1280, path(0)).unwrap(), (None, 2));
         assert_eq!(largest_fitting(1500, path(1499)).unwrap().0, Some(1499));
+    }
+
+    /// Against the loopback device (MTU 65536): a 9000-byte probe comes back,
+    /// one below the IPv6 minimum is refused by name.
+    #[test]
+    fn loopback_answers_full_size_probes() {
+        crate::testnet::require_root();
+        let mut p = EchoProbe::open(Ipv6Addr::LOCALHOST).unwrap();
+        assert!(p
+            .probe(Ipv6Addr::LOCALHOST, 9000, Duration::from_secs(2))
+            .unwrap());
+        assert_eq!(
+            largest_fitting(9000, |size| p.probe(
+                Ipv6Addr::LOCALHOST,
+                size,
+                Duration::from_secs(2)
+            ))
+            .unwrap(),
+            (Some(9000), 1)
+        );
+        let e = p
+            .probe(Ipv6Addr::LOCALHOST, 1000, Duration::from_secs(1))
+            .unwrap_err();
+        assert!(e.to_string().contains("1000"), "{e}");
     }
 
     #[test]
