@@ -62,6 +62,10 @@ pub struct HostFacts {
     pub isolated: Option<String>,
     /// `/proc/cmdline`.
     pub cmdline: Option<String>,
+    /// `/proc/PID/task/TID/stat` of every thread.
+    pub tasks: Vec<String>,
+    /// The daemon's own process id (its workers run on the worker cores).
+    pub own_pid: u32,
 }
 
 /// Everything the checks look at.
@@ -361,44 +365,78 @@ fn worker_cores(cores: &[usize], host: &HostFacts) -> Vec<Check> {
     let mut out = Vec::new();
     for &core in cores {
         let name = format!("worker-core:{core}");
+        // Each problem found: what, and how to fix it.
+        let mut found: Vec<(String, String)> = Vec::new();
         let irqs = host
             .interrupts
             .as_deref()
             .map(|t| irqs_on_core(t, &host.irq_affinity, core))
             .unwrap_or_default();
-        if !irqs.is_empty() {
-            let first = irqs[0].split(' ').next().unwrap_or("N");
-            out.push(warn(
-                &name,
+        if let Some(first) = irqs.first() {
+            let irq = first.split(' ').next().unwrap_or("N");
+            found.push((
+                format!("device interrupts fire on it: {}", irqs.join(", ")),
                 format!(
-                    "device interrupts on worker core {core}: {}",
-                    irqs.join(", ")
-                ),
-                format!(
-                    "move them: echo OTHER_CPUS > /proc/irq/{first}/smp_affinity_list for each, \
-                     and keep irqbalance off the core (IRQBALANCE_BANNED_CPULIST={core})"
+                    "echo OTHER_CPUS > /proc/irq/{irq}/smp_affinity_list (each IRQ named), \
+                     and keep irqbalance off it (IRQBALANCE_BANNED_CPULIST={core})"
                 ),
             ));
-        } else if !isolated.contains(&core) {
-            out.push(warn(
-                &name,
-                format!("core {core} is not isolated: other tasks may be scheduled on it"),
+        }
+        let busy = busy_on_core(&host.tasks, core, host.own_pid);
+        if !busy.is_empty() {
+            found.push((
+                format!("other tasks were running on it: {}", busy.join(", ")),
+                "pin them elsewhere (taskset, a cpuset), or give the workers other cores".into(),
+            ));
+        }
+        if !isolated.contains(&core) {
+            found.push((
+                "not isolated: the scheduler may put any task on it".into(),
                 format!("boot with isolcpus={core} nohz_full={core} (or keep other tasks off it with a cpuset)"),
             ));
         } else if !nohz.contains(&core) {
-            out.push(warn(
-                &name,
-                format!("core {core} is isolated but still takes the scheduler tick"),
+            found.push((
+                "isolated but still takes the scheduler tick".into(),
                 format!("add nohz_full={core} to the kernel command line"),
             ));
-        } else {
-            out.push(pass(
-                &name,
-                format!("core {core} is isolated, tickless and free of device interrupts"),
-            ));
         }
+        out.push(if found.is_empty() {
+            pass(
+                &name,
+                format!(
+                    "core {core} is isolated, tickless, free of device interrupts and other tasks"
+                ),
+            )
+        } else {
+            let (what, fix): (Vec<String>, Vec<String>) = found.into_iter().unzip();
+            warn(
+                &name,
+                format!("core {core}: {}", what.join("; ")),
+                fix.join("; "),
+            )
+        });
     }
     out
+}
+
+/// Tasks other than this process (`own_pid`) that were running (state `R`) on
+/// `core` when their `/proc/PID/task/TID/stat` line (in `stats`) was read, as
+/// `comm (pid)`.
+fn busy_on_core(stats: &[String], core: usize, own_pid: u32) -> Vec<String> {
+    stats
+        .iter()
+        .filter_map(|line| {
+            let (pid, rest) = line.split_once(" (")?;
+            let (comm, fields) = rest.rsplit_once(") ")?;
+            let pid: u32 = pid.trim().parse().ok()?;
+            let fields: Vec<&str> = fields.split_whitespace().collect();
+            // Field 3 (state) is the first after the name; field 39 (processor)
+            // the 37th.
+            let running = *fields.first()? == "R";
+            let cpu: usize = fields.get(36)?.parse().ok()?;
+            (running && cpu == core && pid != own_pid).then(|| format!("{comm} ({pid})"))
+        })
+        .collect()
 }
 
 fn port(p: &PortFacts) -> Vec<Check> {
@@ -490,11 +528,29 @@ fn host_facts() -> HostFacts {
             }
         }
     }
+    let mut tasks = Vec::new();
+    let dirs = |path: &str| -> Vec<String> {
+        std::fs::read_dir(path)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for pid in dirs("/proc") {
+        for tid in dirs(&format!("/proc/{pid}/task")) {
+            tasks.extend(read(&format!("/proc/{pid}/task/{tid}/stat")));
+        }
+    }
     HostFacts {
         interrupts: read("/proc/interrupts"),
         irq_affinity,
         isolated: read("/sys/devices/system/cpu/isolated"),
         cmdline: read("/proc/cmdline"),
+        tasks,
+        own_pid: std::process::id(),
     }
 }
 
@@ -694,6 +750,8 @@ LOC:     123456      65432      11111   Local timer interrupts
                 cmdline: Some(
                     "BOOT_IMAGE=/vmlinuz isolcpus=managed_irq,domain,2-3 nohz_full=2-3".into(),
                 ),
+                tasks: vec![],
+                own_pid: 7,
             },
             ports: vec![port_facts("opte0", 8500)],
         }
@@ -802,6 +860,39 @@ LOC:     123456      65432      11111   Local timer interrupts
             .contains("isolcpus=3"));
         f.cores.clear();
         assert_eq!(find(&checks(&f), "worker-cores").status, CheckStatus::Warn);
+    }
+
+    /// `stat` of a thread in state `state` last on CPU `cpu` (fields as in
+    /// proc(5); a name with a space and a parenthesis, as kernels allow).
+    fn stat(pid: u32, state: &str, cpu: usize) -> String {
+        let mut fields = vec!["0"; 49];
+        fields[0] = state;
+        let cpu = cpu.to_string();
+        fields[36] = &cpu;
+        format!("{pid} (my (odd) task) {}", fields.join(" "))
+    }
+
+    #[test]
+    fn busy_tasks_on_worker_cores() {
+        let tasks = vec![
+            stat(100, "R", 2),
+            stat(101, "S", 2),
+            stat(7, "R", 2),
+            stat(102, "R", 3),
+        ];
+        assert_eq!(busy_on_core(&tasks, 2, 7), ["my (odd) task (100)"]);
+        assert!(busy_on_core(&["garbage".into()], 2, 7).is_empty());
+        let mut f = facts();
+        f.host.tasks = tasks;
+        let c = checks(&f);
+        let w = find(&c, "worker-core:2");
+        assert_eq!(w.status, CheckStatus::Warn);
+        assert!(
+            w.detail.contains("(100)") && !w.detail.contains("(7)"),
+            "{w:?}"
+        );
+        assert!(w.fix.as_deref().unwrap().contains("taskset"), "{w:?}");
+        assert_eq!(find(&c, "worker-core:3").status, CheckStatus::Warn);
     }
 
     #[test]

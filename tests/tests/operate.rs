@@ -35,7 +35,8 @@ fn doctor(sled: &Sled) -> Result<(Option<i32>, Value)> {
 #[test]
 fn doctor_passes_a_healthy_mtu_and_flags_a_lowered_one() -> Result<()> {
     let mut rack = Rack::build(&RackSpec::new("doc", 1))?;
-    rack.start_daemon(0, &[])?;
+    // A pinned worker: the core checks read this host's /proc.
+    rack.start_daemon(0, &["--cores", "1"])?;
     rack.add_guest(GuestSpec::dual(A1, 0, 1))?;
     let sled = rack.sled(0)?;
     let (_, checks) = doctor(sled)?;
@@ -51,7 +52,12 @@ fn doctor_passes_a_healthy_mtu_and_flags_a_lowered_one() -> Result<()> {
         "{checks:#}"
     );
     assert_eq!(checks["xdp-mode"]["status"], "pass", "{checks:#}");
-    assert!(checks["offloads:ul0"]["status"].is_string(), "{checks:#}");
+    for host_check in ["offloads:ul0", "worker-core:1", "af-xdp-mode"] {
+        assert!(
+            checks[host_check]["status"].is_string(),
+            "{host_check}: {checks:#}"
+        );
+    }
 
     sled.ns.ip(&["link", "set", UNDERLAY_IF, "mtu", "8000"])?;
     let (code, checks) = poll_until("doctor to see underlay MTU 8000", NOTICE, || {
