@@ -8,7 +8,7 @@
 //! thread owns the controller and serves the API, fanning requests out to the
 //! workers ([`crate::workers`]).
 
-use crate::api::{Outcome, Reply, Request};
+use crate::api::{Outcome, PeerPath, Reply, Request};
 use crate::config::DaemonConfig;
 use crate::controller::Controller;
 use crate::datapath::{engine_config, pin_to_core, with_port_links, Datapath};
@@ -23,6 +23,7 @@ use crate::underlay::{warn_if_address_missing, Underlay, UnderlayWatch, FRAME_OV
 use crate::worker::{mesh, run_worker, WorkerIo};
 use crate::workers::{JobTx, Workers};
 use engine::{Engine, EngineConfig};
+use std::net::Ipv6Addr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -166,8 +167,16 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
         }
         let served = serve_next(&rx, MAIN_POLL, |r| match r {
             Request::Doctor => {
+                // The facts on this thread (they come from the controller), the
+                // path probes (seconds for a black-holed peer) on another.
                 let facts = doctor::gather(cfg, &mut ctl);
-                Outcome::Ok(Reply::Doctor(doctor::checks(&facts))).into()
+                let peers = pathcheck::v2p_peers(&ctl.state().v2p, cfg.underlay_addr);
+                let probe = prober(cfg, watch.mtu());
+                Answer::Later(Box::new(move || {
+                    let mut checks = doctor::checks(&facts);
+                    checks.push(doctor::underlay_paths(&probe(&peers)));
+                    Outcome::Ok(Reply::Doctor(checks))
+                }))
             }
             Request::PathCheck { peer } => path_check(cfg, &ctl, watch.mtu(), peer),
             r => {
@@ -207,14 +216,21 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     result
 }
 
-/// `path-check`: probes `peer`, or every sled V2P names, for `underlay_mtu`-byte
-/// packets. The probes take seconds for a black-holed peer: they run on a thread
-/// of their own, and the main loop goes on.
+/// Probes of the underlay paths from this sled for `underlay_mtu`-byte packets,
+/// to run off the main thread.
+fn prober(cfg: &DaemonConfig, underlay_mtu: u32) -> impl Fn(&[Ipv6Addr]) -> Vec<PeerPath> {
+    let (src, wanted) = (cfg.underlay_addr, pathcheck::wanted_size(underlay_mtu));
+    move |peers| pathcheck::check(src, peers, wanted)
+}
+
+/// `path-check`: probes `peer`, or every sled V2P names. The probes take seconds
+/// for a black-holed peer: they run on a thread of their own, and the main loop
+/// goes on.
 fn path_check(
     cfg: &DaemonConfig,
     ctl: &Controller<Workers<Datapath>>,
     underlay_mtu: u32,
-    peer: Option<std::net::Ipv6Addr>,
+    peer: Option<Ipv6Addr>,
 ) -> Answer {
     let peers = match peer {
         Some(p) => vec![p],
@@ -226,9 +242,9 @@ fn path_check(
         )
         .into();
     }
-    let (src, wanted) = (cfg.underlay_addr, pathcheck::wanted_size(underlay_mtu));
+    let probe = prober(cfg, underlay_mtu);
     Answer::Later(Box::new(move || {
-        Outcome::Ok(Reply::PathCheck(pathcheck::check(src, &peers, wanted)))
+        Outcome::Ok(Reply::PathCheck(probe(&peers)))
     }))
 }
 

@@ -8,7 +8,7 @@
 //! small function of the text it parses, so the judgement is tested with fixed
 //! inputs.
 
-use crate::api::{Check, CheckStatus, PortLink, PortStatus, Reply, Request};
+use crate::api::{Check, CheckStatus, PeerPath, PortLink, PortStatus, Reply, Request};
 use crate::config::{CoreList, DaemonConfig, XdpMode};
 use crate::controller::Controller;
 use crate::datapath::{with_port_links, Datapath};
@@ -509,6 +509,43 @@ fn port(p: &PortFacts) -> Vec<Check> {
     out
 }
 
+/// The underlay paths to the V2P peers (`xdeadm path-check`'s probes): what the
+/// jumbo underlay exists for, and what fails silently when one switch port is
+/// left at 1500.
+pub fn underlay_paths(paths: &[PeerPath]) -> Check {
+    const NAME: &str = "underlay-paths";
+    let short: Vec<String> = paths
+        .iter()
+        .filter(|p| !p.ok())
+        .map(|p| match (&p.error, p.largest) {
+            (Some(e), _) => format!("{} (not probed: {e})", p.peer),
+            (None, Some(l)) => format!("{} (largest {l})", p.peer),
+            (None, None) => format!("{} (no answer)", p.peer),
+        })
+        .collect();
+    match (paths.first(), short.is_empty()) {
+        (None, _) => pass(NAME, "no other sled in V2P to probe".into()),
+        (Some(p), true) => pass(
+            NAME,
+            format!("{} peers carry {}-byte packets", paths.len(), p.wanted),
+        ),
+        (Some(p), false) => fail(
+            NAME,
+            format!(
+                "{} of {} peers do not carry {}-byte packets: {}",
+                short.len(),
+                paths.len(),
+                p.wanted,
+                short.join(", ")
+            ),
+            format!(
+                "set every underlay link and switch port on the way to MTU {} (xdeadm path-check for details)",
+                p.wanted
+            ),
+        ),
+    }
+}
+
 /// Reads a host file, `None` if it cannot be read (the check then says so or is
 /// skipped).
 fn read(path: &str) -> Option<String> {
@@ -893,6 +930,29 @@ LOC:     123456      65432      11111   Local timer interrupts
         );
         assert!(w.fix.as_deref().unwrap().contains("taskset"), "{w:?}");
         assert_eq!(find(&c, "worker-core:3").status, CheckStatus::Warn);
+    }
+
+    #[test]
+    fn underlay_paths_short_of_the_mtu_fail() {
+        let path = |last: u16, largest| PeerPath {
+            peer: std::net::Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, last),
+            wanted: 9000,
+            largest,
+            probes: 1,
+            error: None,
+        };
+        assert_eq!(underlay_paths(&[]).status, CheckStatus::Pass);
+        assert_eq!(
+            underlay_paths(&[path(2, Some(9000))]).status,
+            CheckStatus::Pass
+        );
+        let c = underlay_paths(&[path(2, Some(9000)), path(3, Some(1504)), path(4, None)]);
+        assert_eq!(c.status, CheckStatus::Fail);
+        assert!(
+            c.detail
+                .contains("2 of 3 peers do not carry 9000-byte packets: fd00:99::3 (largest 1504), fd00:99::4 (no answer)"),
+            "{c:?}"
+        );
     }
 
     #[test]

@@ -164,6 +164,17 @@ fn path_check_finds_a_1500_byte_switch_port() -> Result<()> {
         o.stdout
     );
 
+    // doctor probes the V2P peers too.
+    let (code, checks) = doctor(sled)?;
+    let paths = &checks["underlay-paths"];
+    assert_eq!(paths["status"], "fail", "{checks:#}");
+    assert!(
+        paths["detail"].as_str().unwrap_or("").contains(&bad_addr)
+            && !paths["detail"].as_str().unwrap_or("").contains(&good_addr),
+        "{paths:#}"
+    );
+    assert_eq!(code, Some(1));
+
     // The periodic check: counted in stats, logged once however many runs.
     let failures = poll_until(
         "the periodic path check to count sled 2",
