@@ -681,8 +681,10 @@ pub fn gather(cfg: &DaemonConfig, ctl: &mut Controller<Workers<Datapath>>) -> Fa
         .iter()
         .map(|p| {
             let g = &p["gateway"];
-            let replies =
-                g["dhcp4_replies"].as_u64().unwrap_or(0) + g["dhcp6_replies"].as_u64().unwrap_or(0);
+            let replies = g["dhcp4_replies"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_add(g["dhcp6_replies"].as_u64().unwrap_or(0));
             (p["name"].as_str().unwrap_or_default().to_string(), replies)
         })
         .collect();
