@@ -140,6 +140,13 @@ pub enum Request {
     Ra {
         port: String,
     },
+    /// `doctor`: the daemon checks the host and its own setup.
+    Doctor,
+    /// `path-check`: probe the underlay path to `peer`, or to every sled V2P names.
+    PathCheck {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        peer: Option<Ipv6Addr>,
+    },
 }
 
 impl Request {
@@ -534,6 +541,65 @@ pub enum Reply {
     /// Engine-produced inspection results (stats, MTU budget, RA, layer and flow
     /// dumps), exactly as the engine serialises them.
     Inspect(serde_json::Value),
+    /// `doctor`'s checks, in order.
+    Doctor(Vec<Check>),
+    /// `path-check`: one result per peer.
+    PathCheck(Vec<PeerPath>),
+}
+
+/// How a `doctor` check came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckStatus {
+    Pass,
+    /// Works, but not as well as it could (or could not be verified).
+    Warn,
+    /// Breaks traffic, or will under load.
+    Fail,
+}
+
+impl fmt::Display for CheckStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CheckStatus::Pass => "pass",
+            CheckStatus::Warn => "warn",
+            CheckStatus::Fail => "FAIL",
+        })
+    }
+}
+
+/// One `doctor` check: what was looked at, what was found and, unless it passed,
+/// how to fix it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Check {
+    /// Stable name, e.g. `underlay-mtu` or `port-tap:opte0`.
+    pub name: String,
+    pub status: CheckStatus,
+    pub detail: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+/// The underlay path to one peer sled, as `path-check` measured it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerPath {
+    pub peer: Ipv6Addr,
+    /// The size the path should carry: this sled's underlay MTU.
+    pub wanted: u16,
+    /// The largest IPv6 packet (unfragmented ICMPv6 echo) that made the round
+    /// trip; `None`: not even the 1280-byte minimum did.
+    pub largest: Option<u16>,
+    pub probes: u32,
+    /// Why the peer could not be probed (the probe socket refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl PeerPath {
+    /// Whether the path carries full-size frames.
+    pub fn ok(&self) -> bool {
+        self.error.is_none() && self.largest == Some(self.wanted)
+    }
 }
 
 /// Decodes one request line, refusing other protocol versions before looking at the
@@ -732,6 +798,11 @@ pub(crate) mod tests {
             Request::Ra {
                 port: "opte0".into(),
             },
+            Request::Doctor,
+            Request::PathCheck { peer: None },
+            Request::PathCheck {
+                peer: Some("fd00:99::2".parse().unwrap()),
+            },
         ]
     }
 
@@ -788,6 +859,19 @@ pub(crate) mod tests {
                 },
             ])),
             Outcome::Ok(Reply::Inspect(serde_json::json!({"drops": {"bad_vni": 3}}))),
+            Outcome::Ok(Reply::Doctor(vec![Check {
+                name: "underlay-mtu".into(),
+                status: CheckStatus::Fail,
+                detail: "ul0 MTU 1500".into(),
+                fix: Some("ip link set ul0 mtu 9000".into()),
+            }])),
+            Outcome::Ok(Reply::PathCheck(vec![PeerPath {
+                peer: "fd00:99::3".parse().unwrap(),
+                wanted: 9000,
+                largest: Some(1500),
+                probes: 15,
+                error: None,
+            }])),
             Outcome::Error("invalid MAC address \"zz\"".into()),
         ];
         for r in replies {

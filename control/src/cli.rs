@@ -7,8 +7,9 @@
 mod flows;
 
 use crate::api::{
-    CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule, PortLink, PortStatus,
-    Reply, Request, RouteEntry, V2pEntry, V2pTarget, DEFAULT_API_SOCKET,
+    Check, CheckStatus, CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule,
+    PeerPath, PortLink, PortStatus, Reply, Request, RouteEntry, V2pEntry, V2pTarget,
+    DEFAULT_API_SOCKET,
 };
 use crate::config::parse_vni;
 use crate::opteadm;
@@ -160,6 +161,16 @@ pub enum Command {
     Mtu { port: String },
     /// `ra PORT`: the RA a port advertises; `ra listen IFACE`: solicit one (in a guest).
     Ra(RaArgs),
+    /// Check the host and the daemon: XDP and AF_XDP modes, queues, MTU, cores,
+    /// offloads, and each port. Exits 1 when a check fails.
+    Doctor,
+    /// Probe the underlay path to a peer sled (or every sled in V2P) with
+    /// unfragmented packets up to the underlay MTU; exits 1 when a path does not
+    /// carry it.
+    PathCheck {
+        /// The peer's underlay address (default: every sled V2P names).
+        underlay_addr: Option<Ipv6Addr>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -534,6 +545,10 @@ impl Command {
             Command::Ra(RaArgs { .. }) => {
                 return Err("ra needs a PORT, or `listen IFACE`".into());
             }
+            Command::Doctor => Request::Doctor,
+            Command::PathCheck { underlay_addr } => Request::PathCheck {
+                peer: underlay_addr,
+            },
         };
         Ok(Action::Call(req))
     }
@@ -614,8 +629,60 @@ pub fn render(reply: &Reply) -> String {
             }
         }
         Reply::Inspect(v) => render_value(&mut out, v, 0),
+        Reply::Doctor(checks) => render_checks(&mut out, checks),
+        Reply::PathCheck(paths) => render_paths(&mut out, paths),
     }
     out
+}
+
+/// Whether a reply reports a failure (a `doctor` check that failed, a path that
+/// does not carry the underlay MTU): `xdeadm` then exits 1 after printing it.
+pub fn reply_fails(reply: &Reply) -> bool {
+    match reply {
+        Reply::Doctor(checks) => checks.iter().any(|c| c.status == CheckStatus::Fail),
+        Reply::PathCheck(paths) => paths.iter().any(|p| !p.ok()),
+        _ => false,
+    }
+}
+
+/// One line per check, `pass`/`warn`/`FAIL` first, and the fix under each
+/// warning or failure.
+fn render_checks(out: &mut String, checks: &[Check]) {
+    for c in checks {
+        let _ = writeln!(out, "{:<4}  {:<28}  {}", c.status, c.name, c.detail);
+        if let Some(fix) = &c.fix {
+            let _ = writeln!(out, "      fix: {fix}");
+        }
+    }
+}
+
+/// One row per peer: the largest size that made the round trip, and whether
+/// that is the underlay MTU.
+fn render_paths(out: &mut String, paths: &[PeerPath]) {
+    let rows = paths
+        .iter()
+        .map(|p| {
+            vec![
+                p.peer.to_string(),
+                p.wanted.to_string(),
+                p.largest.map_or("none".into(), |l| l.to_string()),
+                p.probes.to_string(),
+                match (&p.error, p.ok()) {
+                    (Some(e), _) => format!("ERROR: {e}"),
+                    (None, true) => "ok".into(),
+                    (None, false) if p.largest.is_none() => "FAIL: no probe answered".into(),
+                    (None, false) => {
+                        "FAIL: full-size frames are lost on the way (a smaller MTU on a link or switch port)".into()
+                    }
+                },
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &["PEER", "WANTED", "LARGEST", "PROBES", "STATUS"],
+        rows,
+    );
 }
 
 /// One row per port; a port the daemon could not put into the dataplane says why
@@ -1036,6 +1103,63 @@ mod tests {
             let e = parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap_err();
             assert!(e.contains(named), "{line}: {e}");
         }
+    }
+
+    #[test]
+    fn doctor_and_path_check() {
+        assert_eq!(parse(&["doctor"]).unwrap(), Action::Call(Request::Doctor));
+        assert_eq!(
+            parse(&["path-check"]).unwrap(),
+            Action::Call(Request::PathCheck { peer: None })
+        );
+        assert_eq!(
+            parse(&["--json", "path-check", "fd00:99::3"]).unwrap(),
+            Action::Call(Request::PathCheck {
+                peer: Some("fd00:99::3".parse().unwrap())
+            })
+        );
+        let e = parse(&["path-check", "10.0.0.1"]).unwrap_err();
+        assert!(e.contains("10.0.0.1"), "{e}");
+    }
+
+    #[test]
+    fn checks_and_paths_render_with_their_fixes() {
+        let checks = vec![
+            Check {
+                name: "xdp-mode".into(),
+                status: CheckStatus::Pass,
+                detail: "native".into(),
+                fix: None,
+            },
+            Check {
+                name: "underlay-mtu".into(),
+                status: CheckStatus::Fail,
+                detail: "underlay MTU 1500".into(),
+                fix: Some("ip link set ul0 mtu 9000".into()),
+            },
+        ];
+        let s = render(&Reply::Doctor(checks.clone()));
+        assert_eq!(
+            s,
+            "pass  xdp-mode                      native\n\
+             FAIL  underlay-mtu                  underlay MTU 1500\n\
+             \x20     fix: ip link set ul0 mtu 9000\n"
+        );
+        assert!(reply_fails(&Reply::Doctor(checks.clone())));
+        assert!(!reply_fails(&Reply::Doctor(checks[..1].to_vec())));
+        let path = |largest| PeerPath {
+            peer: "fd00:99::2".parse().unwrap(),
+            wanted: 9000,
+            largest,
+            probes: 3,
+            error: None,
+        };
+        let s = render(&Reply::PathCheck(vec![path(Some(9000)), path(Some(1500))]));
+        assert!(s.lines().nth(1).unwrap().ends_with("ok"), "{s}");
+        assert!(s.lines().nth(2).unwrap().contains("1500"), "{s}");
+        assert!(reply_fails(&Reply::PathCheck(vec![path(Some(1500))])));
+        assert!(!reply_fails(&Reply::PathCheck(vec![path(Some(9000))])));
+        assert!(!reply_fails(&Reply::Done));
     }
 
     #[test]

@@ -83,6 +83,29 @@ impl fmt::Display for PollMode {
     }
 }
 
+/// How `overlayd` writes its log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per event (tracing-subscriber's format), for journald or a
+    /// log shipper that indexes fields.
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("invalid log format {s:?}: expected text or json")),
+        }
+    }
+}
+
 /// A set of CPU cores, written like `0,1`, `0-3` or `0-1,6`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -171,6 +194,8 @@ pub struct FileConfig {
     pub log_level: Option<String>,
     pub table_budget_mib: Option<usize>,
     pub max_ports: Option<usize>,
+    pub log_format: Option<LogFormat>,
+    pub path_check_interval: Option<u64>,
 }
 
 impl FileConfig {
@@ -238,6 +263,14 @@ pub struct DaemonArgs {
     /// (default 256).
     #[arg(long, value_name = "N")]
     pub max_ports: Option<usize>,
+    /// Log lines as plain text (the default) or one JSON object each.
+    #[arg(long, value_name = "text|json")]
+    pub log_format: Option<LogFormat>,
+    /// Probe every underlay peer named in V2P with full-size packets this often
+    /// (`xdeadm path-check`), counting and logging paths that do not carry the
+    /// underlay MTU. Off unless given.
+    #[arg(long, value_name = "SECS")]
+    pub path_check_interval: Option<u64>,
 }
 
 /// Refuses a relative path: the daemon would resolve it against wherever it was
@@ -279,6 +312,9 @@ pub struct DaemonConfig {
     pub log_level: String,
     /// The sled's flow and connection table budget (docs/engine.md, "Table budget").
     pub tables: TableBudget,
+    pub log_format: LogFormat,
+    /// How often the underlay paths to the V2P peers are probed; `None`: never.
+    pub path_check_interval: Option<std::time::Duration>,
 }
 
 impl DaemonConfig {
@@ -345,6 +381,10 @@ impl DaemonConfig {
             ports: args.max_ports.or(file.max_ports).unwrap_or(default.ports),
         };
         tables.validate()?;
+        let path_check_interval = match args.path_check_interval.or(file.path_check_interval) {
+            Some(0) => return Err("path-check interval 0: give at least 1 second".into()),
+            s => s.map(std::time::Duration::from_secs),
+        };
         Ok(DaemonConfig {
             underlay,
             underlay_addr,
@@ -367,6 +407,8 @@ impl DaemonConfig {
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".into()),
             tables,
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            path_check_interval,
         })
     }
 }
@@ -471,6 +513,28 @@ mod tests {
         assert!(e.contains("ports"), "{e}");
         let e = with(&["--table-budget-mib", "0"]).unwrap_err();
         assert!(e.contains("0 bytes"), "{e}");
+    }
+
+    #[test]
+    fn log_format_and_path_check_interval() {
+        let base = ["--underlay", "eth0", "--underlay-addr", "fd00::1"];
+        let with = |extra: &[&str]| {
+            let v: Vec<&str> = base.iter().chain(extra).copied().collect();
+            DaemonConfig::resolve(&args(&v).unwrap())
+        };
+        let c = with(&[]).unwrap();
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.path_check_interval, None);
+        let c = with(&["--log-format", "json", "--path-check-interval", "30"]).unwrap();
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(
+            c.path_check_interval,
+            Some(std::time::Duration::from_secs(30))
+        );
+        let e = with(&["--path-check-interval", "0"]).unwrap_err();
+        assert!(e.contains("interval 0"), "{e}");
+        let e = args(&["--log-format", "xml"]).unwrap_err().to_string();
+        assert!(e.contains("xml"), "{e}");
     }
 
     /// `--api-socket api.sock` used to make the daemon take over (and chmod) the

@@ -430,6 +430,11 @@ impl<D: Dataplane> Controller<D> {
             Request::Stats { port } => self.inspect(Inspect::Stats { port }),
             Request::Mtu { port } => self.inspect(Inspect::Mtu { port }),
             Request::Ra { port } => self.inspect(Inspect::Ra { port }),
+            // The daemon answers these itself (it has the host and the underlay
+            // address); a daemon without I/O cannot.
+            Request::Doctor | Request::PathCheck { .. } => {
+                Err("doctor and path-check need overlayd with an underlay (this daemon runs without I/O)".into())
+            }
         }
     }
 

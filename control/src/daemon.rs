@@ -8,18 +8,23 @@
 //! thread owns the controller and serves the API, fanning requests out to the
 //! workers ([`crate::workers`]).
 
+use crate::api::{Outcome, PeerPath, Reply, Request};
 use crate::config::DaemonConfig;
 use crate::controller::Controller;
 use crate::datapath::{engine_config, with_port_links, Datapath};
+use crate::doctor;
 use crate::handoff::Doorbell;
 use crate::neighbours::NextHops;
-use crate::server::{request_channel, serve_next, serve_pending, ApiLimits, ApiServer};
+use crate::notify::Notifier;
+use crate::pathcheck::{self, PathMonitor};
+use crate::server::{request_channel, serve_next, serve_pending, Answer, ApiLimits, ApiServer};
 use crate::state::StateStore;
 use crate::underlay::{warn_if_address_missing, Underlay, UnderlayWatch, FRAME_OVERHEAD};
 use crate::worker::{mesh, run_worker, WorkerIo};
 use crate::workers::{JobTx, Workers};
 use dpio::cpu::pin_to_core;
 use engine::{Engine, EngineConfig};
+use std::net::Ipv6Addr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -141,24 +146,67 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     let mut ctl = Controller::new(workers, Some(store));
     ctl.set_api_counters(server.counters());
     ctl.restore(saved, Instant::now());
+    let mut monitor = cfg
+        .path_check_interval
+        .map(|every| PathMonitor::start(cfg.underlay_addr, every))
+        .transpose()?;
     tracing::info!(socket = %server.path().display(), "API listening");
+    // Socket bound, state restored, workers running: systemd may start what
+    // depends on us.
+    let mut notifier = Notifier::from_env().unwrap_or_else(|e| {
+        tracing::error!("systemd notification: {e}");
+        None
+    });
+    if let Some(n) = &notifier {
+        n.send("READY=1");
+    }
     let mut result = Ok(());
     while !stop.load(Ordering::Relaxed) {
         if pool.any_stopped() {
             result = Err("a worker stopped unexpectedly; shutting down".to_string());
             break;
         }
-        let served = serve_next(&rx, MAIN_POLL, |r| {
-            let out = ctl.handle(r);
-            with_port_links(out, ctl.dataplane())
+        let served = serve_next(&rx, MAIN_POLL, |r| match r {
+            Request::Doctor => {
+                // The facts on this thread (they come from the controller), the
+                // path probes (seconds for a black-holed peer) on another.
+                let facts = doctor::gather(cfg, &mut ctl);
+                let peers = pathcheck::v2p_peers(&ctl.state().v2p, cfg.underlay_addr);
+                let probe = prober(cfg, watch.mtu());
+                Answer::Later(Box::new(move || {
+                    let mut checks = doctor::checks(&facts);
+                    checks.push(doctor::underlay_paths(&probe(&peers)));
+                    Outcome::Ok(Reply::Doctor(checks))
+                }))
+            }
+            Request::PathCheck { peer } => path_check(cfg, &ctl, watch.mtu(), peer),
+            r => {
+                let out = with_port_links(ctl.handle(r), ctl.dataplane());
+                with_path_stats(out, monitor.as_ref()).into()
+            }
         });
         if !served {
             break;
         }
-        ctl.retry_due(Instant::now());
+        let now = Instant::now();
+        ctl.retry_due(now);
         watch.poll(ctl.dataplane());
+        if let Some(m) = &mut monitor {
+            let v2p = &ctl.state().v2p;
+            m.poll(
+                now,
+                || pathcheck::v2p_peers(v2p, cfg.underlay_addr),
+                pathcheck::wanted_size(watch.mtu()),
+            );
+        }
+        if let Some(n) = &mut notifier {
+            n.watchdog(now);
+        }
     }
     tracing::info!("shutting down");
+    if let Some(n) = &notifier {
+        n.send("STOPPING=1");
+    }
     drop(server);
     // Workers first (their sockets close), then the controller (whose link
     // statistics closure) and the underlay watch, which hold the underlay: XDP
@@ -167,6 +215,53 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     drop(ctl);
     drop(watch);
     result
+}
+
+/// Probes of the underlay paths from this sled for `underlay_mtu`-byte packets,
+/// to run off the main thread.
+fn prober(cfg: &DaemonConfig, underlay_mtu: u32) -> impl Fn(&[Ipv6Addr]) -> Vec<PeerPath> {
+    let (src, wanted) = (cfg.underlay_addr, pathcheck::wanted_size(underlay_mtu));
+    move |peers| pathcheck::check(src, peers, wanted)
+}
+
+/// `path-check`: probes `peer`, or every sled V2P names. The probes take seconds
+/// for a black-holed peer: they run on a thread of their own, and the main loop
+/// goes on.
+fn path_check(
+    cfg: &DaemonConfig,
+    ctl: &Controller<Workers<Datapath>>,
+    underlay_mtu: u32,
+    peer: Option<Ipv6Addr>,
+) -> Answer {
+    let peers = match peer {
+        Some(p) => vec![p],
+        None => pathcheck::v2p_peers(&ctl.state().v2p, cfg.underlay_addr),
+    };
+    if peers.is_empty() {
+        return Outcome::Error(
+            "no peer to probe: V2P names no other sled (give its UNDERLAY_ADDR)".into(),
+        )
+        .into();
+    }
+    let probe = prober(cfg, underlay_mtu);
+    Answer::Later(Box::new(move || {
+        Outcome::Ok(Reply::PathCheck(probe(&peers)))
+    }))
+}
+
+/// A `stats` answer with what the periodic path checks found
+/// (`control.path_check`); any other answer as it is.
+fn with_path_stats(out: Outcome, monitor: Option<&PathMonitor>) -> Outcome {
+    let Some(m) = monitor else {
+        return out;
+    };
+    let Outcome::Ok(Reply::Inspect(mut v)) = out else {
+        return out;
+    };
+    if let Some(control) = v.get_mut("control").and_then(|c| c.as_object_mut()) {
+        control.insert("path_check".into(), m.stats());
+    }
+    Outcome::Ok(Reply::Inspect(v))
 }
 
 /// A daemon without I/O: the API and the engine only. For tests and for trying the

@@ -837,6 +837,8 @@ pub(crate) mod tests {
                 bytes: 64 << 20,
                 ports: 4,
             },
+            log_format: crate::config::LogFormat::Text,
+            path_check_interval: None,
         };
         let fixed = EngineConfig::new(cfg.underlay_addr).hash_seed;
         let a = engine_config(&cfg, 9000).unwrap();

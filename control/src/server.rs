@@ -55,17 +55,48 @@ pub fn serve_pending(rx: &RequestRx, mut handle: impl FnMut(Request) -> Outcome)
     n
 }
 
+/// How the controller's owner answers a request: at once, or later, on a thread
+/// of its own, for a request that takes seconds (`path-check` waits for probe
+/// replies) and must not hold up the requests behind it or the main loop.
+pub enum Answer {
+    Now(Outcome),
+    Later(Box<dyn FnOnce() -> Outcome + Send>),
+}
+
+impl From<Outcome> for Answer {
+    fn from(o: Outcome) -> Answer {
+        Answer::Now(o)
+    }
+}
+
 /// Waits up to `timeout` for one request and answers it with `handle`; for a
 /// thread whose only job is the controller. Returns false once every sender is
 /// gone (the server stopped).
 pub fn serve_next(
     rx: &RequestRx,
     timeout: Duration,
-    handle: impl FnOnce(Request) -> Outcome,
+    handle: impl FnOnce(Request) -> Answer,
 ) -> bool {
     match rx.recv_timeout(timeout) {
         Ok(p) => {
-            let _ = p.reply.send(handle(p.request));
+            match handle(p.request) {
+                Answer::Now(o) => {
+                    let _ = p.reply.send(o);
+                }
+                Answer::Later(work) => {
+                    let reply = p.reply.clone();
+                    let spawned = thread::Builder::new()
+                        .name("api-slow".into())
+                        .spawn(move || {
+                            let _ = reply.send(work());
+                        });
+                    if let Err(e) = spawned {
+                        let _ = p.reply.send(Outcome::Error(format!(
+                            "cannot start a thread for the request: {e}"
+                        )));
+                    }
+                }
+            }
             true
         }
         Err(mpsc::RecvTimeoutError::Timeout) => true,
@@ -547,7 +578,9 @@ mod tests {
         let (tx, rx) = request_channel();
         let server = ApiServer::start(&tmp.path().join("api.sock"), tx, limits).unwrap();
         thread::spawn(move || {
-            while serve_next(&rx, Duration::from_secs(1), |_| Outcome::Ok(Reply::Done)) {}
+            while serve_next(&rx, Duration::from_secs(1), |_| {
+                Outcome::Ok(Reply::Done).into()
+            }) {}
         });
         (tmp, server)
     }

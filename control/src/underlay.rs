@@ -330,6 +330,11 @@ impl UnderlayWatch {
         })
     }
 
+    /// The underlay MTU the engines plan with now.
+    pub fn mtu(&self) -> u32 {
+        self.engine_mtu
+    }
+
     /// The links' facts and XDP counters, for `stats`.
     pub fn stats(&self) -> impl FnMut() -> serde_json::Value {
         let underlay = self.underlay.clone();

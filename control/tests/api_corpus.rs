@@ -50,9 +50,13 @@ fn kind(r: &Request) -> usize {
         Request::ListLayers { .. } => 18,
         Request::DumpTcpFlows { .. } => 19,
         Request::RmFwRuleId { .. } => 20,
+        // Answered by the daemon with I/O only: refused here, so seeded in
+        // 18-all.jsonl (which need not be accepted whole).
+        Request::Doctor => 21,
+        Request::PathCheck { .. } => 22,
     }
 }
-const KINDS: usize = 21;
+const KINDS: usize = 23;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach

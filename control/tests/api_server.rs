@@ -50,7 +50,7 @@ const CREATE: &[&str] = &[
 ];
 
 fn call(sock: &Path, r: Request) -> Result<Reply, String> {
-    Client::connect(sock)?.call(&r)
+    Ok(Client::connect(sock)?.call(&r)?)
 }
 
 #[test]

@@ -60,16 +60,33 @@ impl Overlayd {
         label: &str,
         ready: impl FnMut() -> Result<()>,
     ) -> Result<Overlayd> {
+        Self::start_with_env(ns, binary, args, &[], paths, label, ready)
+    }
+
+    /// [`Overlayd::start`] with `env` added to the daemon's environment (e.g. the
+    /// `NOTIFY_SOCKET` systemd would give it).
+    pub fn start_with_env(
+        ns: &Netns,
+        binary: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        paths: DaemonPaths,
+        label: &str,
+        ready: impl FnMut() -> Result<()>,
+    ) -> Result<Overlayd> {
         std::fs::create_dir_all(&paths.state_dir)
             .with_context(|| format!("creating {}", paths.state_dir.display()))?;
         let log = File::create(&paths.log)
             .with_context(|| format!("creating {}", paths.log.display()))?;
-        let cmd = ns
+        let mut cmd = ns
             .cmd(&binary.display().to_string())
             .args(args.iter().cloned())
             // Plain text: the log is a file read by people, not a terminal.
             .env("NO_COLOR", "1")
             .die_with_parent();
+        for (k, v) in env {
+            cmd = cmd.env(*k, *v);
+        }
         let child = cmd.spawn_with(Stdio::from(log.try_clone()?), Stdio::from(log))?;
         let mut daemon = Overlayd {
             child: Some(child),

@@ -222,6 +222,16 @@ impl Rack {
     /// its socket and state in the rack's temporary directory, and `extra` flags.
     /// Returns once the daemon answers `xdeadm list-ports`.
     pub fn start_daemon(&mut self, index: usize, extra: &[&str]) -> Result<()> {
+        self.start_daemon_with_env(index, extra, &[])
+    }
+
+    /// [`Rack::start_daemon`] with `env` added to the daemon's environment.
+    pub fn start_daemon_with_env(
+        &mut self,
+        index: usize,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<()> {
         let Bins {
             overlayd,
             xdeadm: admin,
@@ -248,10 +258,11 @@ impl Rack {
         .collect();
         args.extend(extra.iter().map(|s| s.to_string()));
         let socket = paths.api_socket.clone();
-        let daemon = Overlayd::start(
+        let daemon = Overlayd::start_with_env(
             &sled.ns,
             &overlayd,
             &args,
+            env,
             paths,
             &format!("overlayd on sled {index}"),
             || xdeadm(&admin, &socket, &["list-ports"]).run().map(drop),

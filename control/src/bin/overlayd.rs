@@ -1,7 +1,7 @@
 //! overlayd: the per-sled daemon. See docs/operating.md.
 
 use clap::Parser;
-use control::config::{DaemonArgs, DaemonConfig};
+use control::config::{DaemonArgs, DaemonConfig, LogFormat};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -20,7 +20,11 @@ fn main() -> ExitCode {
         );
         tracing_subscriber::EnvFilter::new("info")
     });
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let log = tracing_subscriber::fmt().with_env_filter(filter);
+    match cfg.log_format {
+        LogFormat::Text => log.init(),
+        LogFormat::Json => log.json().init(),
+    }
     match control::daemon::run(&cfg) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

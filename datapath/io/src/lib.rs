@@ -9,6 +9,7 @@
 //! - [`netns`]: running a closure inside a named network namespace.
 //! - [`poll`]: epoll and eventfd, where poll-mode workers learn what is ready and
 //!   sleep when nothing is.
+//! - [`probe`]: sized, unfragmented ICMPv6 echo probes of the underlay path MTU.
 //!
 //! Every `unsafe` block is a syscall or a read/write of kernel-shared memory
 //! and says why it holds in a `// SAFETY:` comment.
@@ -19,6 +20,7 @@ pub mod icmp6;
 pub mod netlink;
 pub mod netns;
 pub mod poll;
+pub mod probe;
 pub mod tap;
 pub mod xdp;
 pub mod xsk;
