@@ -122,6 +122,9 @@ pub enum Request {
     Ra {
         port: String,
     },
+    /// Per worker: its core, ports, queues, rounds and busy ratio
+    /// (`xdeadm workers`).
+    Workers,
 }
 
 impl Request {
@@ -649,6 +652,7 @@ pub(crate) mod tests {
             Request::Ra {
                 port: "opte0".into(),
             },
+            Request::Workers,
         ]
     }
 

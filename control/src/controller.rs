@@ -52,6 +52,8 @@ pub enum Inspect {
     Ra {
         port: String,
     },
+    /// The workers' view (`xdeadm workers`).
+    Workers,
 }
 
 impl Inspect {
@@ -63,6 +65,7 @@ impl Inspect {
             | Inspect::Mtu { port }
             | Inspect::Ra { port } => Some(port),
             Inspect::Stats { port } => port.as_deref(),
+            Inspect::Workers => None,
         }
     }
 }
@@ -411,6 +414,7 @@ impl<D: Dataplane> Controller<D> {
             Request::Stats { port } => self.inspect(Inspect::Stats { port }),
             Request::Mtu { port } => self.inspect(Inspect::Mtu { port }),
             Request::Ra { port } => self.inspect(Inspect::Ra { port }),
+            Request::Workers => self.inspect(Inspect::Workers),
         }
     }
 

@@ -128,7 +128,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
             cfg.poll,
         )?;
         let core = cfg.cores.get(index).copied();
-        let dp = Datapath::with_io(engine, io);
+        let dp = Datapath::with_io(engine, io).on_core(core);
         let (t, tx) = spawn_worker(index, core, dp, pool.stop.clone())?;
         tracing::info!(worker = index, core = ?core, "worker started");
         pool.threads.push(t);

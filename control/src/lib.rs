@@ -19,6 +19,7 @@ pub mod neighbours;
 pub mod ra_listen;
 pub mod server;
 pub mod state;
+pub mod stats;
 pub mod underlay;
 pub mod worker;
 pub mod workers;

@@ -110,6 +110,14 @@ pub struct NeighbourStats {
     pub requests_deferred: u64,
 }
 
+// Each worker has its own snapshot: its entries add up too.
+engine::summed_across_workers!(NeighbourStats {
+    entries,
+    snapshots,
+    invalidations,
+    requests_deferred,
+});
+
 /// The worker's side: the current snapshot, this batch's misses, and the resolver
 /// thread (stopped and joined on drop).
 pub struct NextHops {

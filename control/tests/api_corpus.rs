@@ -47,9 +47,10 @@ fn kind(r: &Request) -> usize {
         Request::Stats { .. } => 15,
         Request::Mtu { .. } => 16,
         Request::Ra { .. } => 17,
+        Request::Workers => 18,
     }
 }
-const KINDS: usize = 18;
+const KINDS: usize = 19;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach

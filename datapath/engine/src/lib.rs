@@ -9,6 +9,7 @@
 
 pub mod budget;
 pub mod counters;
+pub mod drop;
 pub mod encap;
 pub mod engine;
 pub mod firewall;
@@ -27,6 +28,7 @@ pub mod tso;
 pub mod uft;
 
 pub use budget::TableBudget;
+pub use drop::DropReason;
 pub use engine::{Engine, EngineConfig, EngineError, EngineStats, NextHop, UnderlayRoutes};
 pub use firewall::{FlowLimits, FwAction};
 pub use flow::FlowKey;
