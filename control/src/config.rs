@@ -7,7 +7,7 @@ use core::fmt;
 use core::str::FromStr;
 use engine::{TableBudget, Vni};
 use serde::{Deserialize, Serialize};
-use std::net::Ipv6Addr;
+use std::net::{Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 /// Where ports, V2P, routes and firewall rules are kept across restarts by default.
@@ -171,6 +171,7 @@ pub struct FileConfig {
     pub log_level: Option<String>,
     pub table_budget_mib: Option<usize>,
     pub max_ports: Option<usize>,
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl FileConfig {
@@ -238,6 +239,10 @@ pub struct DaemonArgs {
     /// (default 256).
     #[arg(long, value_name = "N")]
     pub max_ports: Option<usize>,
+    /// Serve the counters in the OpenMetrics text format over HTTP at
+    /// http://ADDR:PORT/metrics, for Prometheus (off unless given).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Refuses a relative path: the daemon would resolve it against wherever it was
@@ -279,6 +284,8 @@ pub struct DaemonConfig {
     pub log_level: String,
     /// The sled's flow and connection table budget (docs/engine.md, "Table budget").
     pub tables: TableBudget,
+    /// Where the OpenMetrics endpoint listens, if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl DaemonConfig {
@@ -367,6 +374,7 @@ impl DaemonConfig {
                 .or(file.log_level)
                 .unwrap_or_else(|| "info".into()),
             tables,
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
         })
     }
 }

@@ -12,6 +12,7 @@ use crate::config::DaemonConfig;
 use crate::controller::Controller;
 use crate::datapath::{engine_config, pin_to_core, with_port_links, Datapath};
 use crate::handoff::Doorbell;
+use crate::metrics::MetricsServer;
 use crate::neighbours::NextHops;
 use crate::server::{request_channel, serve_next, serve_pending, ApiLimits, ApiServer};
 use crate::state::StateStore;
@@ -95,6 +96,10 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     // Before the underlay is touched, so that a bad socket path stops the daemon
     // early; requests wait in the channel until the state is restored.
     let (tx, rx) = request_channel();
+    let metrics = cfg
+        .metrics_listen
+        .map(|addr| MetricsServer::start(addr, tx.clone()))
+        .transpose()?;
     let server = ApiServer::start(&cfg.api_socket, tx, ApiLimits::default())?;
     warn_if_address_missing(cfg.underlay_addr);
     let n = cfg.cores.len().max(1);
@@ -158,6 +163,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
         watch.poll(ctl.dataplane());
     }
     tracing::info!("shutting down");
+    drop(metrics);
     drop(server);
     // Workers first (their sockets close), then the controller (whose link
     // statistics closure) and the underlay watch, which hold the underlay: XDP

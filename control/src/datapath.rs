@@ -789,6 +789,7 @@ pub(crate) mod tests {
                 bytes: 64 << 20,
                 ports: 4,
             },
+            metrics_listen: None,
         };
         let fixed = EngineConfig::new(cfg.underlay_addr).hash_seed;
         let a = engine_config(&cfg, 9000).unwrap();

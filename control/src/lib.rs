@@ -15,6 +15,7 @@ pub mod controller;
 pub mod daemon;
 pub mod datapath;
 pub mod handoff;
+pub mod metrics;
 pub mod neighbours;
 pub mod ra_listen;
 pub mod server;

@@ -16,6 +16,8 @@ use crate::underlay::XskCounters;
 use crate::worker::WorkerStats;
 use engine::EngineStats;
 use serde::Serialize;
+use serde_json::Value;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The version of the `stats` JSON shape. 2: typed merge, `version` and the
 /// per-worker entries of `workers` (core, queues, rounds, busy ratio, ...).
@@ -136,6 +138,53 @@ impl WorkerView {
     }
 }
 
+/// The rows of `xdeadm workers`' table, from the `workers` reply (a list of
+/// [`WorkerView`]s as JSON); `now` for how long each worker has run.
+pub fn worker_rows(views: &Value, now: SystemTime) -> Vec<Vec<String>> {
+    let now_ms = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let num = |v: &Value| {
+        v.as_u64()
+            .map_or_else(|| "-".to_string(), |n| n.to_string())
+    };
+    let list = |v: &Value| match v.as_array() {
+        Some(a) if !a.is_empty() => a
+            .iter()
+            .map(|x| match (x.as_str(), x.get("ifindex"), x.get("queue")) {
+                (Some(s), _, _) => s.to_string(),
+                (None, Some(i), Some(q)) => format!("{}/{}", num(i), num(q)),
+                _ => x.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        _ => "-".to_string(),
+    };
+    views
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            let busy = w["busy_ratio"].as_f64().unwrap_or(0.0) * 100.0;
+            let up_s = w["started_unix_ms"]
+                .as_u64()
+                .map_or(0, |t| now_ms.saturating_sub(t) / 1000);
+            vec![
+                num(&w["worker"]),
+                num(&w["core"]),
+                list(&w["ports"]),
+                list(&w["queues"]),
+                num(&w["rounds"]),
+                format!("{busy:.1}%"),
+                num(&w["idle_sleeps"]),
+                num(&w["handoff_in"]),
+                num(&w["handoff_out"]),
+                format!("{up_s} s"),
+            ]
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +236,33 @@ mod tests {
         assert_eq!(v.busy_ratio, 0.25);
         let idle = WorkerView::new(0, vec![], WorkerInfo::default(), &WorkerStats::default());
         assert_eq!(idle.busy_ratio, 0.0);
+    }
+
+    /// The table shows queues as IFINDEX/QUEUE, the ratio in percent, the age.
+    #[test]
+    fn worker_rows_for_the_table() {
+        let st = WorkerStats {
+            rounds: 8,
+            busy_rounds: 2,
+            ..WorkerStats::default()
+        };
+        let info = WorkerInfo {
+            core: Some(3),
+            queues: vec![QueueRef {
+                ifindex: 4,
+                queue: 1,
+            }],
+            started_unix_ms: 1_000,
+        };
+        let v = WorkerView::new(1, vec!["a".into(), "b".into()], info, &st);
+        let json = serde_json::to_value([v]).unwrap();
+        let now = UNIX_EPOCH + std::time::Duration::from_secs(61);
+        let rows = worker_rows(&json, now);
+        assert_eq!(
+            rows,
+            vec![vec![
+                "1", "3", "a,b", "4/1", "8", "25.0%", "0", "0", "0", "60 s"
+            ]]
+        );
     }
 }

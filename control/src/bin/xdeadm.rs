@@ -2,7 +2,7 @@
 //! `ra listen`, which runs on its own inside a guest.
 
 use clap::Parser;
-use control::cli::{render, Action, Cli};
+use control::cli::{render, render_as, Action, Cli};
 use control::client::Client;
 use control::ra_listen;
 use std::process::ExitCode;
@@ -29,6 +29,10 @@ fn run(cli: Cli) -> Result<(), String> {
             } else {
                 print!("{}", render(&reply));
             }
+        }
+        Action::Show(request, show) => {
+            let reply = Client::connect(&cli.socket)?.call(&request)?;
+            print!("{}", render_as(show, &reply, json)?);
         }
         Action::RaListen { iface, timeout_s } => {
             let report = ra_listen::listen(&iface, Duration::from_secs(timeout_s))?;
