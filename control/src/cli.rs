@@ -531,7 +531,7 @@ pub fn render_as(show: Show, reply: &Reply, json: bool) -> Result<String, String
             .map_err(|e| format!("cannot print JSON: {e}"))
     };
     match (show, reply) {
-        (Show::OpenMetrics, Reply::Inspect(v)) => Ok(crate::metrics::render(v)),
+        (Show::OpenMetrics, Reply::Inspect(v)) => crate::metrics::render(v),
         (Show::Workers, Reply::Inspect(v)) if !json => {
             let rows = crate::stats::worker_rows(v, SystemTime::now());
             let mut out = String::new();

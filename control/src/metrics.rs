@@ -7,7 +7,8 @@
 //! gathered the same way (one job per worker, answered between its rounds, so a
 //! scrape never stalls a worker), and both the daemon and the admin tool render it
 //! without the engine's types. Whether a figure is a counter or a gauge is decided
-//! here, by name, following the typed stats (`crate::stats`).
+//! here, by name, following the typed stats (`crate::stats`). The text itself
+//! (escaping, `_total`, `# EOF`) is the `prometheus-client` crate's.
 //!
 //! Names follow Prometheus conventions: an `overlayd_` prefix, counters ending in
 //! `_total`, the varying part in labels (`overlayd_drops_total{port,reason}`, with
@@ -16,11 +17,16 @@
 
 use crate::api::{Outcome, Reply, Request};
 use crate::server::{Pending, RequestTx};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde_json::Value;
-use std::fmt::Write as _;
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
@@ -38,84 +44,61 @@ const MAX_REQUEST: usize = 8192;
 /// How often the accept loop looks at its stop flag.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Counter,
-    Gauge,
-}
+type Labels = Vec<(String, String)>;
+type Counters = Family<Labels, Counter>;
+type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
 
-/// One metric family: its samples are written together, after its `# TYPE`.
-struct Family {
-    name: &'static str,
-    kind: Kind,
-    help: &'static str,
-    /// Label set (`{a="x"}` or empty) and value.
-    samples: Vec<(String, String)>,
-}
-
-/// The families of one exposition, in the order first used.
+/// The families of one exposition, registered on first use (so a family the
+/// document has no figure for is left out).
 #[derive(Default)]
 struct Exposition {
-    families: Vec<Family>,
+    registry: Registry,
+    counters: HashMap<&'static str, Counters>,
+    gauges: HashMap<&'static str, Gauges>,
+}
+
+fn label_set(labels: &[(&str, &str)]) -> Labels {
+    labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 impl Exposition {
-    fn add(
-        &mut self,
-        name: &'static str,
-        kind: Kind,
-        help: &'static str,
-        labels: &[(&str, &str)],
-        v: String,
-    ) {
-        let i = match self.families.iter().position(|f| f.name == name) {
-            Some(i) => i,
-            None => {
-                self.families.push(Family {
-                    name,
-                    kind,
-                    help,
-                    samples: Vec::new(),
-                });
-                self.families.len() - 1
-            }
-        };
-        self.families[i].samples.push((label_set(labels), v));
-    }
-
     /// A counter sample from a JSON number (skipped when `v` is not one).
-    fn counter(
-        &mut self,
-        name: &'static str,
-        help: &'static str,
-        labels: &[(&str, &str)],
-        v: &Value,
-    ) {
-        if let Some(n) = v.as_u64() {
-            self.add(name, Kind::Counter, help, labels, n.to_string());
-        }
+    fn counter(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], v: &Value) {
+        let Some(n) = v.as_u64() else {
+            return;
+        };
+        let registry = &mut self.registry;
+        let family = self.counters.entry(name).or_insert_with(|| {
+            let f = Counters::default();
+            // The encoder ends the help with a period itself.
+            registry.register(name, help.trim_end_matches('.'), f.clone());
+            f
+        });
+        family.get_or_create(&label_set(labels)).inc_by(n);
     }
 
     /// A gauge sample from a JSON number (skipped when `v` is not one).
-    fn gauge(
-        &mut self,
-        name: &'static str,
-        help: &'static str,
-        labels: &[(&str, &str)],
-        v: &Value,
-    ) {
-        if let Some(n) = v.as_u64() {
-            self.add(name, Kind::Gauge, help, labels, n.to_string());
-        } else if let Some(x) = v.as_f64().filter(|x| x.is_finite()) {
-            self.add(name, Kind::Gauge, help, labels, x.to_string());
-        }
+    fn gauge(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], v: &Value) {
+        let Some(x) = v.as_f64().filter(|x| x.is_finite()) else {
+            return;
+        };
+        let registry = &mut self.registry;
+        let family = self.gauges.entry(name).or_insert_with(|| {
+            let f = Gauges::default();
+            registry.register(name, help.trim_end_matches('.'), f.clone());
+            f
+        });
+        family.get_or_create(&label_set(labels)).set(x);
     }
 
     /// One counter sample per numeric member of `obj`, labelled `key=<member>`.
     fn counters_by(
         &mut self,
         name: &'static str,
-        help: &'static str,
+        help: &str,
         labels: &[(&str, &str)],
         key: &str,
         obj: &Value,
@@ -127,52 +110,16 @@ impl Exposition {
         }
     }
 
-    fn finish(self) -> String {
+    fn finish(self) -> Result<String, String> {
         let mut out = String::new();
-        for f in self.families {
-            let (kind, suffix) = match f.kind {
-                Kind::Counter => ("counter", "_total"),
-                Kind::Gauge => ("gauge", ""),
-            };
-            let _ = writeln!(out, "# TYPE {} {kind}", f.name);
-            let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
-            for (labels, v) in f.samples {
-                let _ = writeln!(out, "{}{suffix}{labels} {v}", f.name);
-            }
-        }
-        out.push_str("# EOF\n");
-        out
+        encode(&mut out, &self.registry).map_err(|e| format!("cannot encode metrics: {e}"))?;
+        Ok(out)
     }
-}
-
-/// `{a="x",b="y"}`, values escaped as OpenMetrics requires; empty without labels.
-fn label_set(labels: &[(&str, &str)]) -> String {
-    if labels.is_empty() {
-        return String::new();
-    }
-    let mut s = String::from("{");
-    for (i, (k, v)) in labels.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        let _ = write!(s, "{k}=\"");
-        for c in v.chars() {
-            match c {
-                '\\' => s.push_str("\\\\"),
-                '"' => s.push_str("\\\""),
-                '\n' => s.push_str("\\n"),
-                c => s.push(c),
-            }
-        }
-        s.push('"');
-    }
-    s.push('}');
-    s
 }
 
 /// The exposition of a `stats` document (as `xdeadm --json stats` prints it).
 /// Parts the document lacks (a daemon without I/O has no `xsk`) are left out.
-pub fn render(stats: &Value) -> String {
+pub fn render(stats: &Value) -> Result<String, String> {
     let mut e = Exposition::default();
     let engine = &stats["engine"];
     for p in engine["ports"].as_array().into_iter().flatten() {
@@ -615,7 +562,7 @@ fn scrape(requests: &RequestTx) -> Result<String, String> {
         .try_send(pending)
         .map_err(|_| "the daemon is busy or shutting down".to_string())?;
     match rx.recv_timeout(SCRAPE_TIMEOUT) {
-        Ok(Outcome::Ok(Reply::Inspect(v))) => Ok(render(&v)),
+        Ok(Outcome::Ok(Reply::Inspect(v))) => render(&v),
         Ok(Outcome::Ok(other)) => Err(format!("unexpected stats reply {other:?}")),
         Ok(Outcome::Error(e)) => Err(e),
         Err(_) => Err(format!("no stats within {} s", SCRAPE_TIMEOUT.as_secs())),
@@ -669,43 +616,51 @@ mod tests {
         })
     }
 
-    /// Checks the exposition's grammar (the subset we write): TYPE then HELP then
-    /// the family's samples, nothing interleaved, counters' samples end in
-    /// `_total`, label values quoted, `# EOF` last. Returns sample -> value.
+    /// Checks the exposition's grammar (the subset written): each family's HELP
+    /// and TYPE before its samples, no family twice, counters' samples end in
+    /// `_total`, label sets braced and quoted, `# EOF` last. Returns sample -> value.
     fn parse(text: &str) -> HashMap<String, f64> {
         assert!(text.ends_with("# EOF\n"), "{text}");
         let mut samples = HashMap::new();
-        let mut family: Option<(String, String)> = None;
-        let mut seen = std::collections::HashSet::new();
+        let mut kinds: HashMap<String, String> = HashMap::new();
+        let mut current: Option<String> = None;
         for line in text.lines().filter(|l| *l != "# EOF") {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let (name, kind) = rest.split_once(' ').unwrap();
                 assert!(matches!(kind, "counter" | "gauge"), "{line}");
-                assert!(seen.insert(name.to_string()), "family {name} twice");
-                family = Some((name.to_string(), kind.to_string()));
+                assert!(
+                    kinds.insert(name.into(), kind.into()).is_none(),
+                    "{name} twice"
+                );
+                assert_eq!(current.as_deref(), Some(name), "TYPE without HELP: {line}");
                 continue;
             }
-            let (name, kind) = family.clone().expect("sample before any TYPE");
             if let Some(rest) = line.strip_prefix("# HELP ") {
-                assert!(rest.starts_with(&format!("{name} ")), "{line}");
+                let (name, help) = rest.split_once(' ').unwrap();
+                assert!(help.ends_with('.') && !help.ends_with(".."), "{line}");
+                current = Some(name.to_string());
                 continue;
             }
+            assert!(!line.starts_with('#'), "{line}");
+            let name = current.clone().expect("sample before any family");
             let (metric, value) = line.rsplit_once(' ').unwrap();
             let value: f64 = value.parse().unwrap_or_else(|_| panic!("value in {line}"));
             let bare = metric.split('{').next().unwrap();
-            let want = if kind == "counter" {
-                format!("{name}_total")
-            } else {
-                name.clone()
+            let want = match kinds.get(&name).map(String::as_str) {
+                Some("counter") => format!("{name}_total"),
+                Some(_) => name.clone(),
+                None => panic!("sample before TYPE: {line}"),
             };
             assert_eq!(bare, want, "{line}");
             assert!(
                 bare.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
                 "{line}"
             );
-            if let Some(labels) = metric.strip_prefix(bare).filter(|l| !l.is_empty()) {
-                assert!(labels.starts_with('{') && labels.ends_with("\"}"), "{line}");
-            }
+            let labels = &metric[bare.len()..];
+            assert!(
+                labels.is_empty() || (labels.starts_with('{') && labels.ends_with("\"}")),
+                "{line}"
+            );
             assert!(
                 samples.insert(metric.to_string(), value).is_none(),
                 "{line} twice"
@@ -716,7 +671,7 @@ mod tests {
 
     #[test]
     fn exposition_parses_and_names_by_convention() {
-        let s = parse(&render(&sample()));
+        let s = parse(&render(&sample()).unwrap());
         assert_eq!(
             s[r#"overlayd_port_packets_total{port="a\"1",direction="out"}"#],
             4.0
@@ -750,7 +705,7 @@ mod tests {
 
     #[test]
     fn empty_stats_are_an_empty_exposition() {
-        assert_eq!(render(&Value::Null), "# EOF\n");
+        assert_eq!(render(&Value::Null).unwrap(), "# EOF\n");
     }
 
     fn http(addr: SocketAddr, req: &str) -> String {
