@@ -52,7 +52,7 @@ pub enum GatewayVerdict {
     NotForGateway,
     /// Consumed; zero or more replies were appended to the batch.
     Replied,
-    /// Consumed and dropped; the reason is the name of the counter that was bumped.
+    /// Consumed and dropped; the reason's name is that of the counter that was bumped.
     Deny(DropReason),
 }
 
@@ -152,9 +152,9 @@ pub(crate) enum Deny {
 }
 
 impl GatewayCounters {
-    /// Bumps the counter of `d` and returns its name.
+    /// Bumps the counter of `d` and returns the drop reason of the same name.
     fn deny(&mut self, d: Deny) -> DropReason {
-        let (c, name) = match d {
+        let (c, reason) = match d {
             Deny::SrcMacNotGuest => (&mut self.src_mac_not_guest, DropReason::SrcMacNotGuest),
             Deny::ArpMalformed => (&mut self.arp_malformed, DropReason::ArpMalformed),
             Deny::DeniedArp => (&mut self.denied_arp, DropReason::DeniedArp),
@@ -181,7 +181,7 @@ impl GatewayCounters {
             Deny::RsRateLimited => (&mut self.rs_rate_limited, DropReason::RsRateLimited),
         };
         *c += 1;
-        name
+        reason
     }
 }
 

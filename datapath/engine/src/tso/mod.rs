@@ -48,8 +48,8 @@ const TCP_FIN: u8 = 0x01;
 const TCP_PSH: u8 = 0x08;
 const TCP_CWR: u8 = 0x80;
 
-/// Why a guest buffer was not sent. The names (from [`TsoDrop::name`]) are the
-/// counter names.
+/// Why a guest buffer was not sent. Each converts into a [`DropReason`], whose
+/// name (also this type's `Display`) is the counter name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TsoDrop {
     /// `gso_type` is neither TCPV4 nor TCPV6 (UFO and unknown types are refused).
