@@ -481,6 +481,27 @@ mod tests {
         assert!(e.contains("0 bytes"), "{e}");
     }
 
+    /// The metrics endpoint: off by default, from the file, the flag winning; a
+    /// value that is no ADDR:PORT is refused naming it.
+    #[test]
+    fn metrics_listen_from_file_and_flag() {
+        let base = ["--underlay", "eth0", "--underlay-addr", "fd00::1"];
+        let c = DaemonConfig::resolve(&args(&base).unwrap()).unwrap();
+        assert_eq!(c.metrics_listen, None);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "metrics-listen = \"127.0.0.1:9464\"\n").unwrap();
+        let file = ["--config", path.to_str().unwrap()];
+        let c = DaemonConfig::resolve(&args(&[&base[..], &file].concat()).unwrap()).unwrap();
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+        let flag = ["--metrics-listen", "[::1]:9100"];
+        let a = args(&[&base[..], &file, &flag].concat()).unwrap();
+        let c = DaemonConfig::resolve(&a).unwrap();
+        assert_eq!(c.metrics_listen, Some("[::1]:9100".parse().unwrap()));
+        let e = args(&[&base[..], &["--metrics-listen", "9464"]].concat()).unwrap_err();
+        assert!(e.to_string().contains("9464"), "{e}");
+    }
+
     /// `--api-socket api.sock` used to make the daemon take over (and chmod) the
     /// directory it was started in; relative paths are refused by name.
     #[test]
