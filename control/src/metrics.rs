@@ -188,6 +188,7 @@ pub fn render(stats: &Value) -> Result<String, String> {
     );
     worker_metrics(&mut e, stats);
     underlay_metrics(&mut e, stats);
+    control_metrics(&mut e, &stats["control"]);
     e.finish()
 }
 
@@ -440,6 +441,50 @@ fn underlay_metrics(e: &mut Exposition, stats: &Value) {
     }
 }
 
+/// What is saved but not applied, whether the state can be saved, the API server.
+fn control_metrics(e: &mut Exposition, control: &Value) {
+    let na = &control["not_applied"];
+    let help = "Saved items the dataplane refused, retried (docs/operating.md, Restore).";
+    let ports = na["ports"].as_array().map(Vec::len);
+    if let Some(n) = ports {
+        e.gauge(
+            "overlayd_not_applied",
+            help,
+            &[("kind", "port")],
+            &Value::from(n),
+        );
+    }
+    e.gauge(
+        "overlayd_not_applied",
+        help,
+        &[("kind", "v2p")],
+        &na["v2p_count"],
+    );
+    if let Some(state) = control["state"].as_object() {
+        let failing = state.get("save_error").is_some_and(|e| !e.is_null());
+        let help = "1 while the state file cannot be written (changes are refused).";
+        e.gauge(
+            "overlayd_state_save_failing",
+            help,
+            &[],
+            &Value::from(u8::from(failing)),
+        );
+    }
+    let api = &control["api"];
+    e.gauge(
+        "overlayd_api_clients",
+        "API clients connected now.",
+        &[],
+        &api["clients"],
+    );
+    for (k, v) in api.as_object().into_iter().flatten() {
+        if k != "clients" {
+            let help = "API server events (connections, refusals, timeouts), by counter.";
+            e.counter("overlayd_api_events", help, &[("counter", k)], v);
+        }
+    }
+}
+
 /// The HTTP endpoint: one thread, one connection at a time (a scraper asks every
 /// few seconds), stopped and joined on drop.
 pub struct MetricsServer {
@@ -613,6 +658,11 @@ mod tests {
                          "started_unix_ms": 1500}],
             "next_hops": {"entries": 1, "snapshots": 2, "invalidations": 0, "requests_deferred": 0},
             "underlay": [{"name": "eth1", "mtu": 9000, "queues": 2, "xdp": {"redirected": 9}}],
+            "control": {
+                "not_applied": {"ports": [{"name": "x"}], "v2p_count": 3, "v2p": []},
+                "state": {"file": "/s", "save_error": "read-only"},
+                "api": {"clients": 1, "connections": 5, "clients_refused": 0},
+            },
         })
     }
 
@@ -701,6 +751,14 @@ mod tests {
             9.0
         );
         assert!(!s.contains_key(r#"overlayd_worker_io_events_total{counter="rounds"}"#));
+        assert_eq!(s[r#"overlayd_not_applied{kind="port"}"#], 1.0);
+        assert_eq!(s[r#"overlayd_not_applied{kind="v2p"}"#], 3.0);
+        assert_eq!(s["overlayd_state_save_failing"], 1.0);
+        assert_eq!(s["overlayd_api_clients"], 1.0);
+        assert_eq!(
+            s[r#"overlayd_api_events_total{counter="connections"}"#],
+            5.0
+        );
     }
 
     #[test]
