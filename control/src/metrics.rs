@@ -34,6 +34,9 @@ use std::time::Duration;
 /// The content type of the exposition (OpenMetrics 1.0 text).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The help of `overlayd_drops_total`, which has samples from several places.
+const DROPS: &str = "Frames dropped, by reason (port=\"\": not charged to a port).";
+
 /// How long a scrape waits for the stats; Prometheus's default scrape timeout is
 /// 10 s.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -128,7 +131,6 @@ pub fn render(stats: &Value) -> Result<String, String> {
         };
         port_metrics(&mut e, port, p);
     }
-    const DROPS: &str = "Frames dropped, by reason (port=\"\": not charged to a port).";
     e.counters_by(
         "overlayd_drops",
         DROPS,
@@ -239,13 +241,7 @@ fn port_metrics(e: &mut Exposition, port: &str, p: &Value) {
         &l,
         &p["local_delivered"],
     );
-    e.counters_by(
-        "overlayd_drops",
-        "Frames dropped, by reason (port=\"\": not charged to a port).",
-        &l,
-        "reason",
-        &p["drops"],
-    );
+    e.counters_by("overlayd_drops", DROPS, &l, "reason", &p["drops"]);
     for (dir, uft) in [("in", &p["uft_in"]), ("out", &p["uft_out"])] {
         let l = [("port", port), ("direction", dir)];
         e.gauge(
@@ -335,12 +331,7 @@ fn worker_metrics(e: &mut Exposition, stats: &Value) {
             &w["idle_sleeps"],
         );
         let help = "Frames handed between workers (in: taken from others, out: handed to others).";
-        for dir in ["in", "out"] {
-            let key = if dir == "in" {
-                "handoff_in"
-            } else {
-                "handoff_out"
-            };
+        for (dir, key) in [("in", "handoff_in"), ("out", "handoff_out")] {
             e.counter(
                 "overlayd_worker_handoffs",
                 help,
