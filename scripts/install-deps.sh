@@ -5,12 +5,14 @@
 # scapy are the independent decoders the tests check against; iperf3 measures
 # throughput in the demo and the benchmark, which also runs Open vSwitch's userspace
 # datapath for comparison (openvswitch-switch; its system service is not used).
+# prometheus scrapes the daemon's OpenMetrics endpoint in tests/tests/metrics.rs
+# (run as a child process; its system service is not used), asked with curl.
 # Idempotent and quiet: it installs only what is missing.
 set -euo pipefail
 
 need_apt=()
 for pkg in clang llvm libbpf-dev iproute2 iputils-ping procps tshark tcpdump iperf3 \
-    ethtool ndisc6 python3 openvswitch-switch; do
+    ethtool ndisc6 python3 openvswitch-switch prometheus curl; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

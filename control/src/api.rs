@@ -147,6 +147,9 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         peer: Option<Ipv6Addr>,
     },
+    /// Per worker: its core, ports, queues, rounds and busy ratio
+    /// (`xdeadm workers`).
+    Workers,
 }
 
 impl Request {
@@ -803,6 +806,7 @@ pub(crate) mod tests {
             Request::PathCheck {
                 peer: Some("fd00:99::2".parse().unwrap()),
             },
+            Request::Workers,
         ]
     }
 

@@ -156,7 +156,16 @@ pub enum Command {
     /// Empty the unified flow table of a port.
     ClearUft { port: String },
     /// Counters: datapath-wide, or one port's.
-    Stats { port: Option<String> },
+    Stats {
+        port: Option<String>,
+        /// `text`, `json` (as --json) or `openmetrics` (the exposition
+        /// `--metrics-listen` serves, for a textfile collector; whole sled only).
+        #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
+        format: StatsFormat,
+    },
+    /// Per worker: its core, ports and underlay queues, rounds, busy ratio, idle
+    /// sleeps, handoffs, and since when it runs.
+    Workers,
     /// The MTU budget of a port: underlay MTU, overhead, segment sizes, warnings.
     Mtu { port: String },
     /// `ra PORT`: the RA a port advertises; `ra listen IFACE`: solicit one (in a guest).
@@ -279,11 +288,33 @@ pub enum RaCommand {
     },
 }
 
+/// How `stats` prints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatsFormat {
+    #[default]
+    Text,
+    Json,
+    Openmetrics,
+}
+
+/// Answers printed in a form of their own rather than by [`render`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Show {
+    /// A `stats` reply as an OpenMetrics exposition.
+    OpenMetrics,
+    /// A `workers` reply as a table (or JSON).
+    Workers,
+    /// Any reply as JSON (`stats --format json`).
+    Json,
+}
+
 /// What a parsed command does.
 #[derive(Debug, PartialEq)]
 pub enum Action {
     /// Ask the daemon.
     Call(Request),
+    /// Ask the daemon and print the answer as `Show` says.
+    Show(Request, Show),
     /// Solicit an RA locally.
     RaListen { iface: String, timeout_s: u64 },
 }
@@ -528,7 +559,20 @@ impl Command {
                 limit,
             },
             Command::ClearUft { port } => Request::ClearUft { port },
-            Command::Stats { port } => Request::Stats { port },
+            Command::Stats { port, format } => {
+                let show = match (format, &port) {
+                    (StatsFormat::Text, _) => return Ok(Action::Call(Request::Stats { port })),
+                    (StatsFormat::Json, _) => Show::Json,
+                    (StatsFormat::Openmetrics, None) => Show::OpenMetrics,
+                    (StatsFormat::Openmetrics, Some(p)) => {
+                        return Err(format!(
+                            "stats --format openmetrics covers the whole sled: give no port (got {p:?})"
+                        ))
+                    }
+                };
+                return Ok(Action::Show(Request::Stats { port }, show));
+            }
+            Command::Workers => return Ok(Action::Show(Request::Workers, Show::Workers)),
             Command::Mtu { port } => Request::Mtu { port },
             Command::Ra(RaArgs {
                 listen: Some(RaCommand::Listen { iface, timeout }),
@@ -683,6 +727,38 @@ fn render_paths(out: &mut String, paths: &[PeerPath]) {
         &["PEER", "WANTED", "LARGEST", "PROBES", "STATUS"],
         rows,
     );
+}
+
+/// Prints a reply as `show` says (`json`: the global `--json`).
+pub fn render_as(show: Show, reply: &Reply, json: bool) -> Result<String, String> {
+    let to_json = |v: &Reply| {
+        serde_json::to_string_pretty(v)
+            .map(|s| s + "\n")
+            .map_err(|e| format!("cannot print JSON: {e}"))
+    };
+    match (show, reply) {
+        (Show::OpenMetrics, Reply::Inspect(v)) => crate::metrics::render(v),
+        (Show::Workers, Reply::Inspect(v)) if !json => {
+            let rows = crate::stats::worker_rows(v, SystemTime::now());
+            let mut out = String::new();
+            let head = [
+                "WORKER",
+                "CORE",
+                "PORTS",
+                "QUEUES",
+                "ROUNDS",
+                "BUSY",
+                "IDLE SLEEPS",
+                "HANDOFF IN",
+                "HANDOFF OUT",
+                "UP FOR",
+            ];
+            table(&mut out, &head, rows);
+            Ok(out)
+        }
+        (Show::Workers | Show::Json, r) => to_json(r),
+        (Show::OpenMetrics, other) => Err(format!("not a stats reply: {other:?}")),
+    }
 }
 
 /// One row per port; a port the daemon could not put into the dataplane says why
@@ -928,6 +1004,16 @@ mod tests {
         assert_eq!(
             parse(&["--json", "stats"]).unwrap(),
             Action::Call(Request::Stats { port: None })
+        );
+        assert_eq!(
+            parse(&["stats", "--format", "openmetrics"]).unwrap(),
+            Action::Show(Request::Stats { port: None }, Show::OpenMetrics)
+        );
+        let e = parse(&["stats", "p1", "--format", "openmetrics"]).unwrap_err();
+        assert!(e.contains("\"p1\""), "{e}");
+        assert_eq!(
+            parse(&["workers"]).unwrap(),
+            Action::Show(Request::Workers, Show::Workers)
         );
         assert_eq!(
             parse(&["ra", "opte0"]).unwrap(),

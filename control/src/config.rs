@@ -7,7 +7,7 @@ use core::fmt;
 use core::str::FromStr;
 use engine::{TableBudget, Vni};
 use serde::{Deserialize, Serialize};
-use std::net::Ipv6Addr;
+use std::net::{Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 /// Where ports, V2P, routes and firewall rules are kept across restarts by default.
@@ -196,6 +196,7 @@ pub struct FileConfig {
     pub max_ports: Option<usize>,
     pub log_format: Option<LogFormat>,
     pub path_check_interval: Option<u64>,
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl FileConfig {
@@ -271,6 +272,10 @@ pub struct DaemonArgs {
     /// underlay MTU. Off unless given.
     #[arg(long, value_name = "SECS")]
     pub path_check_interval: Option<u64>,
+    /// Serve the counters in the OpenMetrics text format over HTTP at
+    /// http://ADDR:PORT/metrics, for Prometheus (off unless given).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Refuses a relative path: the daemon would resolve it against wherever it was
@@ -315,6 +320,8 @@ pub struct DaemonConfig {
     pub log_format: LogFormat,
     /// How often the underlay paths to the V2P peers are probed; `None`: never.
     pub path_check_interval: Option<std::time::Duration>,
+    /// Where the OpenMetrics endpoint listens, if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl DaemonConfig {
@@ -409,6 +416,7 @@ impl DaemonConfig {
             tables,
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             path_check_interval,
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
         })
     }
 }
@@ -535,6 +543,27 @@ mod tests {
         assert!(e.contains("interval 0"), "{e}");
         let e = args(&["--log-format", "xml"]).unwrap_err().to_string();
         assert!(e.contains("xml"), "{e}");
+    }
+
+    /// The metrics endpoint: off by default, from the file, the flag winning; a
+    /// value that is no ADDR:PORT is refused naming it.
+    #[test]
+    fn metrics_listen_from_file_and_flag() {
+        let base = ["--underlay", "eth0", "--underlay-addr", "fd00::1"];
+        let c = DaemonConfig::resolve(&args(&base).unwrap()).unwrap();
+        assert_eq!(c.metrics_listen, None);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "metrics-listen = \"127.0.0.1:9464\"\n").unwrap();
+        let file = ["--config", path.to_str().unwrap()];
+        let c = DaemonConfig::resolve(&args(&[&base[..], &file].concat()).unwrap()).unwrap();
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+        let flag = ["--metrics-listen", "[::1]:9100"];
+        let a = args(&[&base[..], &file, &flag].concat()).unwrap();
+        let c = DaemonConfig::resolve(&a).unwrap();
+        assert_eq!(c.metrics_listen, Some("[::1]:9100".parse().unwrap()));
+        let e = args(&[&base[..], &["--metrics-listen", "9464"]].concat()).unwrap_err();
+        assert!(e.to_string().contains("9464"), "{e}");
     }
 
     /// `--api-socket api.sock` used to make the daemon take over (and chmod) the

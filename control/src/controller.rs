@@ -58,6 +58,8 @@ pub enum Inspect {
     TcpFlows {
         port: String,
     },
+    /// The workers' view (`xdeadm workers`).
+    Workers,
 }
 
 impl Inspect {
@@ -71,6 +73,7 @@ impl Inspect {
             | Inspect::Layers { port }
             | Inspect::TcpFlows { port } => Some(port),
             Inspect::Stats { port } => port.as_deref(),
+            Inspect::Workers => None,
         }
     }
 }
@@ -435,6 +438,7 @@ impl<D: Dataplane> Controller<D> {
             Request::Doctor | Request::PathCheck { .. } => {
                 Err("doctor and path-check need overlayd with an underlay (this daemon runs without I/O)".into())
             }
+            Request::Workers => self.inspect(Inspect::Workers),
         }
     }
 

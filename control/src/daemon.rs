@@ -14,6 +14,7 @@ use crate::controller::Controller;
 use crate::datapath::{engine_config, with_port_links, Datapath};
 use crate::doctor;
 use crate::handoff::Doorbell;
+use crate::metrics::MetricsServer;
 use crate::neighbours::NextHops;
 use crate::notify::Notifier;
 use crate::pathcheck::{self, PathMonitor};
@@ -101,6 +102,10 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     // Before the underlay is touched, so that a bad socket path stops the daemon
     // early; requests wait in the channel until the state is restored.
     let (tx, rx) = request_channel();
+    let metrics = cfg
+        .metrics_listen
+        .map(|addr| MetricsServer::start(addr, tx.clone()))
+        .transpose()?;
     let server = ApiServer::start(&cfg.api_socket, tx, ApiLimits::default())?;
     warn_if_address_missing(cfg.underlay_addr);
     let n = cfg.cores.len().max(1);
@@ -134,7 +139,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
             cfg.poll,
         )?;
         let core = cfg.cores.get(index).copied();
-        let dp = Datapath::with_io(engine, io);
+        let dp = Datapath::with_io(engine, io).on_core(core);
         let (t, tx) = spawn_worker(index, core, dp, pool.stop.clone())?;
         tracing::info!(worker = index, core = ?core, "worker started");
         pool.threads.push(t);
@@ -207,6 +212,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     if let Some(n) = &notifier {
         n.send("STOPPING=1");
     }
+    drop(metrics);
     drop(server);
     // Workers first (their sockets close), then the controller (whose link
     // statistics closure) and the underlay watch, which hold the underlay: XDP

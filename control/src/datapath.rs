@@ -29,6 +29,7 @@ use crate::api::{
 };
 use crate::config::DaemonConfig;
 use crate::controller::{Dataplane, Inspect, PortTables};
+use crate::stats::{QueueRef, WorkerInfo, WorkerReport, WorkerView};
 use crate::worker::{Backoff, WorkerIo, WorkerStats};
 use crate::workers::{PortKey, WorkerPlane, Workers};
 use dpio::tap::TapPort;
@@ -55,6 +56,9 @@ pub struct Datapath {
     pub(crate) batch: TxBatch<'static>,
     /// This worker's index (0 without I/O).
     index: usize,
+    /// The core its thread is pinned to, if any, and when it was made.
+    core: Option<usize>,
+    started: SystemTime,
     /// Monotonic origin of the engine's clock.
     epoch: Instant,
     /// Per port, the firewall rule (its id: position from 1 in the port's rule list)
@@ -96,6 +100,8 @@ impl Datapath {
             stats: WorkerStats::default(),
             batch: TxBatch::new(),
             index: 0,
+            core: None,
+            started: SystemTime::now(),
             epoch: Instant::now(),
             fw_rule_ids: HashMap::new(),
         }
@@ -108,6 +114,11 @@ impl Datapath {
             io: Some(io),
             ..Datapath::without_io(engine)
         }
+    }
+
+    /// Records the core the worker's thread is pinned to, for `xdeadm workers`.
+    pub fn on_core(self, core: Option<usize>) -> Datapath {
+        Datapath { core, ..self }
     }
 
     pub fn engine(&self) -> &Engine {
@@ -181,15 +192,19 @@ pub(crate) enum TapLink {
     Down { since: SystemTime, reason: String },
 }
 
+/// Milliseconds since the Unix epoch (0 for a time before it), as the API shows times.
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 impl TapLink {
     /// As `list-ports` shows it.
     fn view(&self) -> PortLink {
         match self {
             TapLink::Up(_) => PortLink::Up,
             TapLink::Down { since, reason } => PortLink::Down {
-                since_unix_ms: since
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                since_unix_ms: unix_ms(*since),
                 reason: reason.clone(),
             },
         }
@@ -623,21 +638,41 @@ impl Dataplane for Datapath {
                     .ok_or_else(|| format!("no port named {port:?}"))?;
                 json(serde_json::to_value(p))
             }
-            Inspect::Stats { port: None } => {
-                let xsk = self.io.as_ref().map(|io| io.queues.stats());
-                let next_hops = self.io.as_ref().map(|io| io.next_hops.stats());
-                json(serde_json::to_value(serde_json::json!({
-                    "engine": self.engine.stats(),
-                    "worker": &self.stats,
-                    "xsk": xsk,
-                    "next_hops": next_hops,
-                })))
+            Inspect::Stats { port: None } => json(serde_json::to_value(self.report())),
+            // A daemon without workers (headless): this datapath is the one worker.
+            Inspect::Workers => {
+                let ports = self.engine.stats().ports.into_iter().map(|p| p.name);
+                let view = WorkerView::new(0, ports.collect(), self.info(), &self.stats);
+                json(serde_json::to_value([view]))
             }
         }
     }
 }
 
 impl WorkerPlane for Datapath {
+    fn report(&mut self) -> WorkerReport {
+        let xsk = self.io.as_ref().map(|io| io.queues.stats());
+        let next_hops = self.io.as_ref().map(|io| io.next_hops.stats());
+        WorkerReport::new(self.engine.stats(), self.stats.clone(), xsk, next_hops)
+    }
+
+    fn info(&self) -> WorkerInfo {
+        let queues = self.io.as_ref().map_or_else(Vec::new, |io| {
+            let socks = io.queues.sockets.iter();
+            socks
+                .map(|s| QueueRef {
+                    ifindex: s.ifindex(),
+                    queue: s.queue(),
+                })
+                .collect()
+        });
+        WorkerInfo {
+            core: self.core,
+            queues,
+            started_unix_ms: unix_ms(self.started),
+        }
+    }
+
     fn set_port_owner(&mut self, port: &PortKey, owner: Option<usize>) {
         match owner {
             // This worker's own port: its engine has it already.
@@ -839,6 +874,7 @@ pub(crate) mod tests {
             },
             log_format: crate::config::LogFormat::Text,
             path_check_interval: None,
+            metrics_listen: None,
         };
         let fixed = EngineConfig::new(cfg.underlay_addr).hash_seed;
         let a = engine_config(&cfg, 9000).unwrap();

@@ -110,6 +110,14 @@ pub struct NeighbourStats {
     pub requests_deferred: u64,
 }
 
+// Each worker has its own snapshot: its entries add up too.
+engine::summed_across_workers!(NeighbourStats {
+    entries,
+    snapshots,
+    invalidations,
+    requests_deferred,
+});
+
 /// The worker's side: the current snapshot, this batch's misses, and the resolver
 /// thread (stopped and joined on drop).
 pub struct NextHops {
@@ -579,9 +587,9 @@ mod tests {
         w.sync(t0);
         assert_eq!(rx.try_recv(), Ok(second), "the deferred one asked again");
         assert!(rx.try_recv().is_err());
-        w.lookup(a);
+        w.lookup(first);
         w.sync(t0);
-        assert!(rx.try_recv().is_err(), "a was asked already");
+        assert!(rx.try_recv().is_err(), "{first} was asked already");
         // The first batch after ASK_AGAIN forgets what was asked; its misses go out.
         w.sync(t0 + ASK_AGAIN);
         w.lookup(a);

@@ -141,6 +141,33 @@ pub struct WorkerStats {
     pub handoff_no_worker: u64,
 }
 
+engine::summed_across_workers!(WorkerStats {
+    rounds,
+    busy_rounds,
+    idle_sleeps,
+    tap_rx_frames,
+    tap_rx_errors,
+    tap_gone,
+    tap_reattached,
+    tap_tx_frames,
+    tap_tx_link_down,
+    tap_tx_errors,
+    tap_tx_port_down,
+    tap_tx_no_port,
+    tap_tx_linearized,
+    underlay_rx_frames,
+    underlay_tx_frames,
+    underlay_tx_copied,
+    underlay_tx_full,
+    underlay_tx_invalid,
+    underlay_tx_no_link,
+    handoff_out,
+    handoff_in,
+    handoff_full,
+    handoff_too_long,
+    handoff_no_worker,
+});
+
 /// The channels between one worker and each of the others.
 pub struct Mesh {
     /// Indexed by worker; `None` for this worker itself.

@@ -19,6 +19,7 @@
 use crate::api::{FwRule, PortInfo, RouteEntry, V2pEntry};
 use crate::controller::{Dataplane, Inspect, PortTables};
 use crate::handoff::Doorbell;
+use crate::stats::{WorkerInfo, WorkerReport, WorkerView};
 use engine::{MacAddr, Vni};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -38,6 +39,12 @@ pub trait WorkerPlane: Dataplane {
     /// Records that frames for the port's (VNI, guest MAC) belong to worker `owner`
     /// (`None`: the port is gone).
     fn set_port_owner(&mut self, port: &PortKey, owner: Option<usize>);
+
+    /// This worker's statistics, typed, so that they merge by type.
+    fn report(&mut self) -> WorkerReport;
+
+    /// Where the worker runs and which queues it serves.
+    fn info(&self) -> WorkerInfo;
 }
 
 /// Runs every job waiting for this worker, without blocking. Returns how many ran.
@@ -217,73 +224,38 @@ impl<D: WorkerPlane + 'static> Workers<D> {
         loads
     }
 
-    /// Every worker's `stats`, merged: engine counters of disjoint ports side by
-    /// side, datapath-wide counters summed, plus which worker serves which port.
-    fn merged_stats(&mut self) -> Result<Value, String> {
-        let mut merged = Value::Null;
-        let mut first_v2p = None;
-        let mut epoch = 0u64;
+    /// Every worker's report and view, one call per worker (answered between its
+    /// rounds, so the fast path takes no lock): the reports merged by type
+    /// ([`WorkerReport::merge`]), the views with the ports each worker owns.
+    fn gather(&self) -> Result<(Option<WorkerReport>, Vec<WorkerView>), String> {
+        let mut merged: Option<WorkerReport> = None;
+        let mut views = Vec::with_capacity(self.jobs.len());
         for w in 0..self.jobs.len() {
-            let v = self.call(w, |dp: &mut D| dp.inspect(&Inspect::Stats { port: None }))??;
-            // Every engine holds the whole V2P table, and epochs are per engine:
-            // neither adds up.
-            first_v2p = first_v2p.or_else(|| v.pointer("/engine/v2p_entries").cloned());
-            epoch = epoch.max(
-                v.pointer("/engine/epoch")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0),
-            );
-            merge_sum(&mut merged, v);
-        }
-        if let Some(engine) = merged.get_mut("engine").and_then(Value::as_object_mut) {
-            if let Some(n) = first_v2p {
-                engine.insert("v2p_entries".into(), n);
+            let (report, info) = self.call(w, |dp: &mut D| (dp.report(), dp.info()))?;
+            let ports = self.ports.iter().filter(|(_, p)| p.worker == w);
+            let ports = ports.map(|(name, _)| name.clone()).collect();
+            views.push(WorkerView::new(w, ports, info, &report.worker));
+            match &mut merged {
+                Some(m) => m.merge(report),
+                None => merged = Some(report),
             }
-            engine.insert("epoch".into(), epoch.into());
         }
-        if let Value::Object(m) = &mut merged {
-            let mut by_worker: Vec<Vec<&str>> = vec![Vec::new(); self.jobs.len()];
-            for (name, p) in &self.ports {
-                if let Some(v) = by_worker.get_mut(p.worker) {
-                    v.push(name);
-                }
-            }
-            let workers: Vec<Value> = by_worker
-                .into_iter()
-                .enumerate()
-                .map(|(i, ports)| serde_json::json!({ "worker": i, "ports": ports }))
-                .collect();
-            m.insert("workers".into(), workers.into());
+        Ok((merged, views))
+    }
+
+    /// Every worker's `stats`, merged, plus each worker's view and the underlay
+    /// links' counters.
+    fn merged_stats(&mut self) -> Result<Value, String> {
+        let (merged, views) = self.gather()?;
+        let mut v = serde_json::to_value(merged).map_err(|e| e.to_string())?;
+        if let Value::Object(m) = &mut v {
+            let views = serde_json::to_value(views).map_err(|e| e.to_string())?;
+            m.insert("workers".into(), views);
             if let Some(f) = self.shared_stats.as_mut() {
                 m.insert("underlay".into(), f());
             }
         }
-        Ok(merged)
-    }
-}
-
-/// Adds `b` into `a`: objects key by key, numbers summed, arrays concatenated;
-/// anything else keeps `a`'s value (or takes `b`'s where `a` has none).
-pub fn merge_sum(a: &mut Value, b: Value) {
-    match (a, b) {
-        (Value::Object(am), Value::Object(bm)) => {
-            for (k, bv) in bm {
-                match am.get_mut(&k) {
-                    Some(av) => merge_sum(av, bv),
-                    None => {
-                        am.insert(k, bv);
-                    }
-                }
-            }
-        }
-        (Value::Array(aa), Value::Array(ba)) => aa.extend(ba),
-        (Value::Number(an), Value::Number(bn)) => {
-            if let (Some(x), Some(y)) = (an.as_u64(), bn.as_u64()) {
-                *an = x.saturating_add(y).into();
-            }
-        }
-        (a @ Value::Null, b) => *a = b,
-        _ => {}
+        Ok(v)
     }
 }
 
@@ -389,6 +361,10 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
     fn inspect(&mut self, what: &Inspect) -> Result<Value, String> {
         let port = match what {
             Inspect::Stats { port: None } => return self.merged_stats(),
+            Inspect::Workers => {
+                let (_, views) = self.gather()?;
+                return serde_json::to_value(views).map_err(|e| e.to_string());
+            }
             Inspect::Stats { port: Some(p) }
             | Inspect::Layer { port: p, .. }
             | Inspect::Uft { port: p, .. }
@@ -464,14 +440,7 @@ mod tests {
             self.has(port)
         }
         fn inspect(&mut self, what: &Inspect) -> Result<Value, String> {
-            Ok(match what {
-                Inspect::Stats { port: None } => serde_json::json!({
-                    "engine": { "epoch": self.stats, "v2p_entries": self.v2p.len(),
-                                "ports": self.ports, "drops": { "no_port": self.stats } },
-                    "worker": { "batches": self.stats },
-                }),
-                other => serde_json::json!({ "asked": format!("{other:?}"), "ports": self.ports }),
-            })
+            Ok(serde_json::json!({ "asked": format!("{what:?}"), "ports": self.ports }))
         }
     }
 
@@ -491,6 +460,29 @@ mod tests {
                 Some(w) => self.owners.insert((key.vni.get(), key.mac), w),
                 None => self.owners.remove(&(key.vni.get(), key.mac)),
             };
+        }
+
+        /// `stats` as its counters: epoch, drops and rounds; the V2P count.
+        fn report(&mut self) -> WorkerReport {
+            let addr = "fd00::1".parse().unwrap();
+            let mut e = engine::Engine::new(engine::EngineConfig::new(addr))
+                .unwrap()
+                .stats();
+            e.epoch = self.stats;
+            e.v2p_entries = self.v2p.len();
+            e.datapath_drops.add(engine::DropReason::NoPort, self.stats);
+            let w = crate::worker::WorkerStats {
+                rounds: self.stats,
+                ..Default::default()
+            };
+            WorkerReport::new(e, w, None, None)
+        }
+
+        fn info(&self) -> WorkerInfo {
+            WorkerInfo {
+                core: Some(self.stats as usize),
+                ..WorkerInfo::default()
+            }
         }
     }
 
@@ -675,25 +667,17 @@ mod tests {
         ws.add_port(&port("p1", 6), &PortTables::default()).unwrap();
         ws.set_v2p(&v2p("10.0.0.9")).unwrap();
         let v = ws.inspect(&Inspect::Stats { port: None }).unwrap();
-        assert_eq!(v["worker"]["batches"], 7);
-        assert_eq!(v["engine"]["drops"]["no_port"], 7);
-        assert_eq!(v["engine"]["ports"], serde_json::json!(["p0", "p1"]));
+        assert_eq!(v["version"], crate::stats::STATS_VERSION);
+        assert_eq!(v["worker"]["rounds"], 7);
+        assert_eq!(v["engine"]["datapath_drops"]["no_port_for_vni_mac"], 7);
         assert_eq!(v["engine"]["v2p_entries"], 1);
         assert_eq!(v["engine"]["epoch"], 4);
         assert_eq!(v["workers"][1]["ports"], serde_json::json!(["p1"]));
-    }
-
-    #[test]
-    fn merge_sum_rules() {
-        let mut a = serde_json::json!({"n": 1, "l": [1], "s": "a", "o": {"x": 2}});
-        merge_sum(
-            &mut a,
-            serde_json::json!({"n": 2, "l": [2], "s": "b", "o": {"x": 3, "y": 1}, "new": 5}),
-        );
-        assert_eq!(
-            a,
-            serde_json::json!({"n": 3, "l": [1, 2], "s": "a", "o": {"x": 5, "y": 1}, "new": 5})
-        );
+        assert_eq!(v["workers"][1]["core"], 4);
+        let w = ws.inspect(&Inspect::Workers).unwrap();
+        assert_eq!(w, v["workers"]);
+        assert_eq!(w[0]["ports"], serde_json::json!(["p0"]));
+        assert_eq!(w[0]["rounds"], 3);
     }
 
     /// A stopped worker is an error naming it, not a hang.

@@ -9,7 +9,7 @@
 use e2e::standard::{self, A1, A2, B1};
 use e2e::stats;
 use e2e::xfer::transfer;
-use e2e::Result;
+use e2e::{Result, Sled};
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
@@ -44,6 +44,69 @@ fn cpu_seconds(api_socket: &str) -> f64 {
     panic!("no overlayd process with {api_socket} in its command line");
 }
 
+/// `xdeadm workers`: each worker's core, ports and queues, and its rounds, busy
+/// ratio and handoffs after the traffic above (worker 1 took frames from worker 0
+/// both ways: a1 -> a2 and b1 -> a2 arriving on worker 0's queue).
+fn check_workers_view(sled: &Sled) -> Result<()> {
+    let v: Value = serde_json::from_str(&sled.admin(&["--json", "workers"])?).unwrap();
+    let w = v["data"].as_array().expect("a list of workers");
+    assert_eq!(w.len(), 2, "{v}");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for (i, (worker, port)) in w.iter().zip([A1, A2]).enumerate() {
+        assert_eq!(worker["worker"], i, "{v}");
+        assert_eq!(worker["core"], i, "{v}");
+        assert_eq!(worker["ports"], serde_json::json!([port]), "{v}");
+        let queues = worker["queues"].as_array().expect("queues");
+        assert!(
+            !queues.is_empty(),
+            "worker {i} serves no underlay queue: {v}"
+        );
+        assert!(
+            queues
+                .iter()
+                .all(|q| q["ifindex"].as_u64().is_some_and(|x| x > 0)),
+            "{v}"
+        );
+        let (rounds, busy) = (
+            worker["rounds"].as_u64().unwrap(),
+            worker["busy_rounds"].as_u64().unwrap(),
+        );
+        assert!(rounds > 0 && busy > 0 && busy <= rounds, "{v}");
+        let ratio = worker["busy_ratio"].as_f64().unwrap();
+        assert!((ratio - busy as f64 / rounds as f64).abs() < 1e-9, "{v}");
+        assert!(worker["idle_sleeps"].as_u64().is_some(), "{v}");
+        let started = worker["started_unix_ms"].as_u64().unwrap();
+        assert!(started <= now_ms && now_ms - started < 3_600_000, "{v}");
+    }
+    // The queues are split, not shared.
+    let mut all: Vec<String> = w
+        .iter()
+        .flat_map(|x| {
+            x["queues"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|q| q.to_string())
+        })
+        .collect();
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "a queue on two workers: {v}");
+    assert!(w[1]["handoff_in"].as_u64().unwrap() > 0, "{v}");
+    assert!(w[0]["handoff_out"].as_u64().unwrap() > 0, "{v}");
+    // The table names both workers.
+    let table = sled.admin(&["workers"])?;
+    assert!(
+        table.starts_with("WORKER") && table.lines().count() == 3,
+        "{table}"
+    );
+    Ok(())
+}
+
 #[test]
 fn two_workers_carry_same_sled_and_cross_sled_traffic() -> Result<()> {
     let rack = standard::rack("wk", &["--cores", "0,1"])?;
@@ -73,6 +136,7 @@ fn two_workers_carry_same_sled_and_cross_sled_traffic() -> Result<()> {
     for k in ["handoff_full", "handoff_no_worker", "handoff_too_long"] {
         assert_eq!(stats::sum(&c, k), 0, "{k}");
     }
+    check_workers_view(sled0)?;
 
     // Idle: both workers sleep in epoll.
     let socket = sled0.daemon_paths().api_socket.display().to_string();

@@ -6,7 +6,7 @@
 //! daemon unreachable. Output cut short by the reader (`xdeadm dump-v2p | head -1`)
 //! ends the tool quietly.
 
-use control::cli::{render_for, reply_fails, Action, Cli};
+use control::cli::{render_as, render_for, reply_fails, Action, Cli};
 use control::client::{Client, ClientError};
 use control::ra_listen;
 use std::io::{ErrorKind, Write};
@@ -67,6 +67,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
             if reply_fails(&reply) {
                 return Err(Failure::ChecksFailed);
             }
+        }
+        Action::Show(request, show) => {
+            let reply = Client::connect(&cli.socket)?.call(&request)?;
+            emit(&render_as(show, &reply, json).map_err(Failure::Usage)?)?;
         }
         Action::RaListen { iface, timeout_s } => {
             let report = ra_listen::listen(&iface, Duration::from_secs(timeout_s))

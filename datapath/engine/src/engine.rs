@@ -17,8 +17,7 @@
 //! Every change to ports, rules, routes or V2P bumps the epoch, which invalidates
 //! every cached flow at once (see `uft`); so does [`Engine::invalidate_next_hops`],
 //! which the daemon calls when an underlay neighbour changes. Every drop is counted
-//! under a named reason ([`reason`], plus the names of `tso::TsoDrop`, the gateway's
-//! denies and `wire::meta::UnderlayDrop`); docs/engine.md lists them all.
+//! under one [`DropReason`] (the counter name); docs/engine.md lists them all.
 
 mod inbound;
 mod layers;
@@ -33,6 +32,7 @@ use stats::PortCounters;
 
 use crate::budget::{PortTableLimits, TableBudget};
 use crate::counters::DropCounters;
+use crate::drop::DropReason;
 use crate::firewall::{ConnDump, Firewall, FlowLimits, FwAction, TcpSegment};
 use crate::flow::{quoted_flow, FlowKey, PROTO_ICMP, PROTO_ICMPV6};
 use crate::gateway::{self, GatewayState, MtuBudget, RaInfo};
@@ -52,72 +52,6 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use wire::meta::InnerMeta;
 use wire::MacAddr;
-
-/// Drop reasons the engine itself produces (the layers' own are in
-/// `firewall::reason`, `router::reason`, `overlay::reason`).
-pub mod reason {
-    /// `process_guest` for a port id that does not exist (datapath-wide counter).
-    pub const UNKNOWN_PORT: &str = "unknown_port";
-    /// A guest frame `wire::meta::parse_inner` refused.
-    pub const GUEST_PARSE: &str = "guest_parse_error";
-    /// Neither IPv4 nor IPv6, and not consumed by the gateway.
-    pub const NOT_IP: &str = "not_ip";
-    /// Source MAC is not the guest's.
-    pub const SPOOFED_SRC_MAC: &str = "spoofed_src_mac";
-    /// Source IP is not the guest's.
-    pub const SPOOFED_SRC_IP: &str = "spoofed_src_ip";
-    /// Destination MAC is not the gateway's (the guest's only neighbour).
-    pub const DST_MAC_NOT_GATEWAY: &str = "dst_mac_not_gateway";
-    /// Link-scoped traffic the gateway does not answer (MLD reports, DAD probes,
-    /// IGMP, link-local multicast): it has nowhere to go beyond the guest's link.
-    pub const LINK_LOCAL_ONLY: &str = "link_local_only";
-    /// The flow is addressed to the sending guest itself.
-    pub const HAIRPIN: &str = "hairpin";
-    /// A frame waiting for its underlay next hop was dropped because the hold queue
-    /// was full (see `hold`): the oldest frame of a destination that already had
-    /// `HOLD_PER_DST` waiting, or a new one when no more destinations or bytes fit.
-    pub const UNDERLAY_HOLD_OVERFLOW: &str = "underlay_hold_overflow";
-    /// A frame waited `HOLD_TIMEOUT_NS` for its underlay next hop and was dropped.
-    pub const UNDERLAY_HOLD_TIMEOUT: &str = "underlay_hold_timeout";
-    /// Larger than the path MTU and not fragmentable (IPv6, IPv4 with DF, a GSO
-    /// buffer); a Packet Too Big / Fragmentation Needed went to the guest unless
-    /// rate-limited or suppressed (see the gateway counters).
-    pub const PACKET_TOO_BIG: &str = "packet_too_big";
-    /// Outer frame not for this sled's underlay address (datapath-wide).
-    pub const NOT_OUR_UNDERLAY_ADDR: &str = "not_our_underlay_addr";
-    /// Inner frame refused by `parse_inner` (datapath-wide).
-    pub const INNER_PARSE: &str = "inner_parse_error";
-    /// Inner destination MAC is broadcast/multicast: no replication is done
-    /// (datapath-wide).
-    pub const INNER_MULTICAST: &str = "inner_multicast";
-    /// No port has this (VNI, inner destination MAC) (datapath-wide).
-    pub const NO_PORT: &str = "no_port_for_vni_mac";
-    /// Inner destination IP is not the port's.
-    pub const INBOUND_DST_NOT_GUEST: &str = "inbound_dst_not_guest";
-    /// Inbound inner frame that is neither IPv4 nor IPv6.
-    pub const INBOUND_NOT_IP: &str = "inbound_not_ip";
-
-    /// Every reason above.
-    pub const ALL: &[&str] = &[
-        UNKNOWN_PORT,
-        GUEST_PARSE,
-        NOT_IP,
-        SPOOFED_SRC_MAC,
-        SPOOFED_SRC_IP,
-        DST_MAC_NOT_GATEWAY,
-        LINK_LOCAL_ONLY,
-        HAIRPIN,
-        UNDERLAY_HOLD_OVERFLOW,
-        UNDERLAY_HOLD_TIMEOUT,
-        PACKET_TOO_BIG,
-        NOT_OUR_UNDERLAY_ADDR,
-        INNER_PARSE,
-        INNER_MULTICAST,
-        NO_PORT,
-        INBOUND_DST_NOT_GUEST,
-        INBOUND_NOT_IP,
-    ];
-}
 
 /// How often `tick` sweeps idle flows out of the tables: a sweep walks every table,
 /// so it runs at most this often however often the caller ticks.
@@ -353,8 +287,11 @@ impl Engine {
         }
         cfg.flow.validate().map_err(EngineError::Invalid)?;
         cfg.tables.validate().map_err(EngineError::Invalid)?;
-        let underlay_drops =
-            DropCounters::with_names(wire::meta::UnderlayDrop::ALL.iter().map(|d| d.name()));
+        let underlay_drops = DropCounters::with(
+            wire::meta::UnderlayDrop::ALL
+                .iter()
+                .map(|&d| DropReason::from(d)),
+        );
         Ok(Engine {
             cfg,
             ports: Vec::new(),

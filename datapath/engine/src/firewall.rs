@@ -41,6 +41,7 @@ mod tcp;
 
 pub use tcp::{TcpSegment, TcpState};
 
+use crate::drop::DropReason;
 use crate::flow::{flow_map, FlowKey, FlowMap, PROTO_TCP};
 use crate::layer::{Layer, LayerDump};
 use crate::rule::{Direction, MatchFields};
@@ -62,31 +63,6 @@ impl fmt::Display for FwAction {
             FwAction::Allow => "allow",
             FwAction::Deny => "deny",
         })
-    }
-}
-
-/// Drop reasons this layer produces (counter names).
-pub mod reason {
-    /// An outbound rule denied the flow.
-    pub const DENY_OUT: &str = "fw_deny_out";
-    /// No connection and no inbound rule allowed the flow.
-    pub const DENY_IN: &str = "fw_deny_in";
-    /// The connection table is full of live connections.
-    pub const TABLE_FULL: &str = "fw_table_full";
-    /// Inbound TCP without SYN and without a connection: even with an allowing rule,
-    /// a remote peer opens a connection only with a SYN (mid-stream flows are picked
-    /// up from the guest's side only).
-    pub const MIDSTREAM_IN: &str = "fw_midstream_in";
-    /// A TCP segment of a tracked connection outside what its receiver accepts: an
-    /// RST outside the receiver's window, data entirely outside it, or an ACK of
-    /// data never sent (see `firewall::tcp`). Either direction.
-    pub const OUT_OF_WINDOW: &str = "tcp_out_of_window";
-
-    /// Whether a refusal depends on the packet rather than on its flow: such drops are
-    /// never cached, so the flow's next packet (a SYN, a segment in the window) is
-    /// decided afresh.
-    pub fn per_packet(r: &str) -> bool {
-        r == MIDSTREAM_IN || r == OUT_OF_WINDOW
     }
 }
 
@@ -301,7 +277,7 @@ impl Conn {
         seg: Option<TcpSegment>,
         bytes: u32,
         now: u64,
-    ) -> Result<bool, &'static str> {
+    ) -> Result<bool, DropReason> {
         let mut reopened = false;
         if let (Some(t), Some(s)) = (self.tcp.as_mut(), seg) {
             reopened = t.reopened_by(&s);
@@ -459,7 +435,7 @@ impl Firewall {
         bytes: u32,
         quoted: Option<&FlowKey>,
         now: u64,
-    ) -> Result<Decision, &'static str> {
+    ) -> Result<Decision, DropReason> {
         let ck = Self::conn_key(dir, &f.key);
         if let Some(h) = self.live_handle(&ck, now) {
             if self.track_handle(h, dir, seg, bytes, now)? {
@@ -476,8 +452,8 @@ impl Firewall {
         if !allowed {
             self.layer.count_deny(dir);
             return Err(match dir {
-                Direction::In => reason::DENY_IN,
-                Direction::Out => reason::DENY_OUT,
+                Direction::In => DropReason::FwDenyIn,
+                Direction::Out => DropReason::FwDenyOut,
             });
         }
         if !f.key.opens_connection() {
@@ -486,7 +462,7 @@ impl Firewall {
         let tcp = f.key.proto == PROTO_TCP;
         let syn = seg.is_some_and(|s| s.flags & tcp::SYN != 0);
         if tcp && !syn && dir == Direction::In {
-            return Err(reason::MIDSTREAM_IN);
+            return Err(DropReason::FwMidstreamIn);
         }
         Ok(Decision::Open(Opening {
             key: ck,
@@ -511,7 +487,7 @@ impl Firewall {
     /// Carries out a decision: opens the connection an [`Decision::Open`] asks for
     /// (refused with `fw_table_full` when the table is full of connections it may not
     /// evict). Call it once the flow is known to go somewhere.
-    pub fn commit(&mut self, d: Decision, now: u64) -> Result<Admission, &'static str> {
+    pub fn commit(&mut self, d: Decision, now: u64) -> Result<Admission, DropReason> {
         let conn = match d {
             Decision::Open(o) => Some(self.open(&o, now)?),
             Decision::Tracked(h) => Some(h),
@@ -534,7 +510,7 @@ impl Firewall {
         bytes: u32,
         quoted: Option<&FlowKey>,
         now: u64,
-    ) -> Result<Admission, &'static str> {
+    ) -> Result<Admission, DropReason> {
         let d = self.decide(dir, f, seg, bytes, quoted, now)?;
         self.commit(d, now)
     }
@@ -542,7 +518,7 @@ impl Firewall {
     /// Creates a connection, replacing a dead one with the same key (a new
     /// generation: handles to the old one stop working) or evicting one from a full
     /// table.
-    fn open(&mut self, o: &Opening, now: u64) -> Result<ConnHandle, &'static str> {
+    fn open(&mut self, o: &Opening, now: u64) -> Result<ConnHandle, DropReason> {
         if let Some(&slot) = self.index.get(&o.key) {
             self.release(slot);
         } else if self.index.len() >= self.limits.fw_flow_limit {
@@ -582,7 +558,7 @@ impl Firewall {
 
     /// Frees one entry of a full table: the best-ranked (see `Conn::eviction_rank`)
     /// of the first [`EVICT_SCAN`] entries, or `TABLE_FULL` if none of them may go.
-    fn evict_one(&mut self, now: u64) -> Result<(), &'static str> {
+    fn evict_one(&mut self, now: u64) -> Result<(), DropReason> {
         let limits = &self.limits;
         let slots = &self.slots;
         let victim = self
@@ -601,7 +577,7 @@ impl Firewall {
                 self.stats.flows_evicted += 1;
                 Ok(())
             }
-            None => Err(reason::TABLE_FULL),
+            None => Err(DropReason::FwTableFull),
         }
     }
 
@@ -618,7 +594,7 @@ impl Firewall {
         seg: Option<TcpSegment>,
         bytes: u32,
         now: u64,
-    ) -> Result<bool, &'static str> {
+    ) -> Result<bool, DropReason> {
         let limits = &self.limits;
         match self.slots.get_mut(h.slot as usize) {
             Some(Slot {
@@ -727,7 +703,7 @@ mod tests {
         fl: u8,
         quoted: Option<&FlowKey>,
         now: u64,
-    ) -> Result<Got, &'static str> {
+    ) -> Result<Got, DropReason> {
         let a = fw.admit(dir, f, Some(flags(fl)), 40, quoted, now)?;
         Ok(match (a.created, a.conn, a.needs_conn) {
             (true, _, _) => Got::Created,
@@ -777,7 +753,7 @@ mod tests {
         // Unsolicited inbound is denied by default.
         assert_eq!(
             admit(&mut fw, Direction::In, &reply(&f), SYN | ACK, None, 0),
-            Err(reason::DENY_IN)
+            Err(DropReason::FwDenyIn)
         );
         assert_eq!(
             admit(&mut fw, Direction::Out, &f, SYN, None, 1),
@@ -799,7 +775,7 @@ mod tests {
                 None,
                 3
             ),
-            Err(reason::DENY_IN)
+            Err(DropReason::FwDenyIn)
         );
         assert_eq!(fw.dump().inbound.denied, 2);
     }
@@ -839,7 +815,7 @@ mod tests {
         // A new outbound flow to that host is denied.
         assert_eq!(
             admit(&mut fw, Direction::Out, &out_fields(1, 2), SYN, None, 2),
-            Err(reason::DENY_OUT)
+            Err(DropReason::FwDenyOut)
         );
     }
 
@@ -930,7 +906,7 @@ mod tests {
         assert!(track(&mut fw, Direction::In, &d.key.reversed(), ACK, 2));
         assert_eq!(
             admit(&mut fw, Direction::Out, &out_fields(5, 80), ACK, None, 2),
-            Err(reason::TABLE_FULL)
+            Err(DropReason::FwTableFull)
         );
         assert_eq!(fw.stats().flows, 2);
     }
@@ -956,7 +932,7 @@ mod tests {
         let inbound = reply(&out_fields(443, 5555));
         assert_eq!(
             admit(&mut fw, Direction::In, &inbound, ACK, None, 0),
-            Err(reason::MIDSTREAM_IN)
+            Err(DropReason::FwMidstreamIn)
         );
         assert_eq!(fw.stats().flows, 0);
         // The guest's own segment of the same flow picks it up; the peer's then pass.
@@ -980,7 +956,7 @@ mod tests {
             let f = reply(&out_fields(443, sp));
             assert_eq!(
                 admit(&mut fw, Direction::In, &f, ACK, None, 0),
-                Err(reason::MIDSTREAM_IN)
+                Err(DropReason::FwMidstreamIn)
             );
         }
         assert_eq!(fw.stats().flows, 0);
@@ -1188,7 +1164,7 @@ mod tests {
         unreach.key = unreach.key.reversed();
         assert_eq!(
             admit(&mut fw, Direction::In, &unreach, 0, None, 0),
-            Err(reason::DENY_IN)
+            Err(DropReason::FwDenyIn)
         );
         // An outbound error is allowed by the default rule but opens nothing, so
         // nothing comes back in on it.
@@ -1202,7 +1178,7 @@ mod tests {
         back.key = err.key.reversed();
         assert_eq!(
             admit(&mut fw, Direction::In, &back, 0, None, 0),
-            Err(reason::DENY_IN)
+            Err(DropReason::FwDenyIn)
         );
         // An inbound allow for type 3 admits type 3 only, and tracks nothing.
         let r = Rule::new(100, FwAction::Allow)
@@ -1218,7 +1194,7 @@ mod tests {
         exceeded.key = exceeded.key.reversed();
         assert_eq!(
             admit(&mut fw, Direction::In, &exceeded, 0, None, 0),
-            Err(reason::DENY_IN)
+            Err(DropReason::FwDenyIn)
         );
         assert_eq!(fw.stats().flows, 1);
     }
@@ -1241,13 +1217,13 @@ mod tests {
         for q in [Some(&other), None] {
             assert_eq!(
                 admit(&mut fw, Direction::In, &exceeded, 0, q, 1),
-                Err(reason::DENY_IN)
+                Err(DropReason::FwDenyIn)
             );
         }
         // Once the connection has expired, the same quote is no longer related.
         assert_eq!(
             admit(&mut fw, Direction::In, &exceeded, 0, Some(&tcp.key), 10 * S),
-            Err(reason::DENY_IN)
+            Err(DropReason::FwDenyIn)
         );
         // An outbound error about an inbound-created connection is related too.
         let mut fw = Firewall::new(FlowLimits::default(), 1);
@@ -1269,7 +1245,7 @@ mod tests {
         );
         assert_eq!(
             admit(&mut fw, Direction::Out, &unreach, 0, None, 0),
-            Err(reason::DENY_OUT)
+            Err(DropReason::FwDenyOut)
         );
     }
 
@@ -1286,7 +1262,7 @@ mod tests {
         assert_eq!((fw.stats().flows, fw.stats().flows_created), (0, 0));
         assert_eq!(
             admit(&mut fw, Direction::In, &reply(&f), SYN | ACK, None, 1),
-            Err(reason::DENY_IN)
+            Err(DropReason::FwDenyIn)
         );
         let a = fw.commit(d, 2).unwrap();
         assert!(a.created && a.needs_conn && a.conn.is_some());
@@ -1385,13 +1361,13 @@ mod tests {
         let bad = seg(RST, 90_000, 0);
         assert_eq!(
             fw.track_handle(h, Direction::In, Some(bad), 40, 3 * S),
-            Err(reason::OUT_OF_WINDOW)
+            Err(DropReason::TcpOutOfWindow)
         );
         assert_eq!(
             fw.decide(Direction::In, &reply(&f), Some(bad), 40, None, 3 * S),
-            Err(reason::OUT_OF_WINDOW)
+            Err(DropReason::TcpOutOfWindow)
         );
-        assert!(reason::per_packet(reason::OUT_OF_WINDOW));
+        assert!(DropReason::TcpOutOfWindow.per_packet());
         // Nothing changed, and a reset in the window still closes.
         assert_eq!(fw.tcp_state(&f.key), Some(Established));
         assert_eq!(
@@ -1409,7 +1385,7 @@ mod tests {
         // Refused packets do not keep a connection alive: idle since 1 ns, it is
         // gone 8000 s later however many were refused meanwhile.
         let refused = fw.track_handle(hg, Direction::In, Some(seg(RST, 1 << 31, 0)), 40, 7000 * S);
-        assert_eq!(refused, Err(reason::OUT_OF_WINDOW));
+        assert_eq!(refused, Err(DropReason::TcpOutOfWindow));
         assert_eq!(
             fw.track_handle(hg, Direction::In, Some(flags(ACK)), 40, 8001 * S),
             Ok(false)

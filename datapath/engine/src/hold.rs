@@ -72,6 +72,19 @@ pub struct HoldStats {
     pub port_removed: u64,
 }
 
+// Each worker holds its own frames: the gauges (frames, bytes, destinations)
+// add up too.
+crate::summed_across_workers!(HoldStats {
+    frames,
+    bytes,
+    destinations,
+    held,
+    sent,
+    overflow,
+    timeout,
+    port_removed
+});
+
 /// The frames waiting for next hops, per destination; `T` is what the caller keeps
 /// with each frame to send it later.
 #[derive(Debug)]

@@ -11,6 +11,7 @@
 
 pub mod budget;
 pub mod counters;
+pub mod drop;
 pub mod encap;
 pub mod engine;
 pub mod firewall;
@@ -29,6 +30,7 @@ pub mod tso;
 pub mod uft;
 
 pub use budget::TableBudget;
+pub use drop::DropReason;
 pub use engine::{Engine, EngineConfig, EngineError, EngineStats, NextHop, UnderlayRoutes};
 pub use firewall::{FlowLimits, FwAction};
 pub use flow::FlowKey;

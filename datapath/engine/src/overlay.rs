@@ -13,6 +13,7 @@
 //! a boundary-services endpoint. Otherwise any host that reaches a sled's underlay
 //! address could inject frames into any VPC by naming a VNI and a guest MAC.
 
+use crate::drop::DropReason;
 use crate::port::Vni;
 use core::fmt;
 use serde::{Deserialize, Serialize};
@@ -46,20 +47,6 @@ pub struct V2pDump {
 pub struct BoundaryServices {
     pub underlay: Ipv6Addr,
     pub vni: Vni,
-}
-
-/// Drop reasons this layer produces.
-pub mod reason {
-    /// A VPC-internal destination with no V2P mapping (and no local port).
-    pub const NO_V2P: &str = "no_v2p";
-    /// An internet-gateway route on a sled without boundary services.
-    pub const NO_BOUNDARY: &str = "no_boundary_services";
-    /// An underlay frame from a sender the overlay does not trust for it: the outer
-    /// source is not the sled V2P maps the inner source address to in the frame's
-    /// VNI (or there is no mapping: e.g. an address of another VPC), the inner source
-    /// MAC is not the mapped guest's, the outer source is this sled itself, or an
-    /// External frame's outer source is not a boundary-services endpoint.
-    pub const UNDERLAY_SRC_MISMATCH: &str = "underlay_src_mismatch";
 }
 
 /// Who may send the frames of an inbound flow, compiled into its flow-table entry
@@ -118,12 +105,12 @@ impl InboundTrust<'_> {
         vni: Vni,
         src_ip: IpAddr,
         from: &UnderlaySource,
-    ) -> Result<Sender, &'static str> {
+    ) -> Result<Sender, DropReason> {
         if from.external {
             return if self.is_boundary(from.sled) {
                 Ok(Sender::Boundary)
             } else {
-                Err(reason::UNDERLAY_SRC_MISMATCH)
+                Err(DropReason::UnderlaySrcMismatch)
             };
         }
         match self.v2p.get(vni, src_ip) {
@@ -137,7 +124,7 @@ impl InboundTrust<'_> {
                     mac: v.mac,
                 })
             }
-            _ => Err(reason::UNDERLAY_SRC_MISMATCH),
+            _ => Err(DropReason::UnderlaySrcMismatch),
         }
     }
 

@@ -7,6 +7,7 @@
 //! happen on flow-table misses; a linear scan over a port's handful of routes is
 //! cheaper there than maintaining a trie.
 
+use crate::drop::DropReason;
 use crate::layer::{Layer, LayerDump, RuleId};
 use crate::rule::{Direction, MatchFields, Predicate, Rule};
 use core::fmt;
@@ -59,14 +60,6 @@ pub struct RouteDump {
     pub mtu: Option<u16>,
     /// Flows this route decided.
     pub hits: u64,
-}
-
-/// Drop reasons this layer produces.
-pub mod reason {
-    /// No route covers the destination.
-    pub const NO_ROUTE: &str = "no_route";
-    /// The covering route's target is `Drop`.
-    pub const ROUTE_DROP: &str = "route_drop";
 }
 
 /// One port's routing table.
@@ -131,16 +124,16 @@ impl Router {
     }
 
     /// The longest-prefix route for `f.key.dst_ip`.
-    pub fn lookup(&mut self, f: &MatchFields) -> Result<RouteAction, &'static str> {
+    pub fn lookup(&mut self, f: &MatchFields) -> Result<RouteAction, DropReason> {
         match self.layer.evaluate(Direction::Out, f) {
             Some((_, a)) if a.target == RouteTarget::Drop => {
                 self.layer.count_deny(Direction::Out);
-                Err(reason::ROUTE_DROP)
+                Err(DropReason::RouteDrop)
             }
             Some((_, a)) => Ok(*a),
             None => {
                 self.layer.count_deny(Direction::Out);
-                Err(reason::NO_ROUTE)
+                Err(DropReason::NoRoute)
             }
         }
     }
@@ -225,7 +218,7 @@ mod tests {
             r.lookup(&to("10.9.0.1")).unwrap().target,
             RouteTarget::VpcSubnet
         );
-        assert_eq!(r.lookup(&to("10.1.9.1")), Err(reason::ROUTE_DROP));
+        assert_eq!(r.lookup(&to("10.1.9.1")), Err(DropReason::RouteDrop));
         assert_eq!(
             r.lookup(&to("10.1.2.3")).unwrap(),
             RouteAction {
@@ -242,7 +235,7 @@ mod tests {
             RouteTarget::InternetGateway
         );
         r.del("::/0".parse().unwrap()).unwrap();
-        assert_eq!(r.lookup(&to("2001:db8::1")), Err(reason::NO_ROUTE));
+        assert_eq!(r.lookup(&to("2001:db8::1")), Err(DropReason::NoRoute));
         let d = r.dump_routes();
         assert_eq!(d.len(), 5);
         // Dumped in evaluation order: longest prefixes first.

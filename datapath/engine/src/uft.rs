@@ -16,6 +16,7 @@
 //! one hash probe and one indexed load and allocates nothing; inserting (a miss) may
 //! grow the table, which is the slow path.
 
+use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
 use crate::firewall::ConnHandle;
 use crate::flow::FlowKey;
@@ -47,7 +48,7 @@ pub enum OutAction {
     /// hop, until it resolves.
     Unresolved(Box<EncapPlan>),
     /// Drop, counted under this reason.
-    Drop(&'static str),
+    Drop(DropReason),
 }
 
 /// What to do with every packet of an inbound flow, and who may send it.
@@ -65,7 +66,7 @@ pub enum InVerdict {
     /// Hand to the port's guest.
     Deliver,
     /// Drop, counted under this reason.
-    Drop(&'static str),
+    Drop(DropReason),
 }
 
 impl CachedAction for OutAction {

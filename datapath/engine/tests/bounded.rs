@@ -23,7 +23,7 @@ fn sled_with_boundary() -> (Engine, engine::PortId) {
 }
 
 fn drops(e: &Engine, reason: &str) -> u64 {
-    e.stats().ports[0].drops.get(reason)
+    e.stats().ports[0].drops.get_named(reason)
 }
 
 /// The underlay frames of `out`, decoded.

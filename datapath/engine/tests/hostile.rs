@@ -104,7 +104,11 @@ fn send(e: &mut Engine, port: PortId, f: &[u8], now: u64) -> Vec<Vec<u8>> {
 
 /// Drops counted under `reason` over all ports of `e`.
 fn drops(e: &Engine, reason: &str) -> u64 {
-    e.stats().ports.iter().map(|p| p.drops.get(reason)).sum()
+    e.stats()
+        .ports
+        .iter()
+        .map(|p| p.drops.get_named(reason))
+        .sum()
 }
 
 /// Sends `forgery` to sled B before and after the real UDP flow from guest 1 is
@@ -212,7 +216,7 @@ fn a_source_address_of_another_vpc_is_dropped() {
     b.add_fw_rule("gc", Direction::In, allow).unwrap();
     let udp = frame(&g1, Some(g3.v4), None, L4::Udp { sport: 5, dport: 6 }, b"x");
     assert!(receive(&mut b, &[forged(SLED_A, 200, false, &g3, &udp)], 1).is_empty());
-    assert_eq!(b.stats().ports[1].drops.get(MISMATCH), 1);
+    assert_eq!(b.stats().ports[1].drops.get_named(MISMATCH), 1);
     // Mapped in VPC 200 as well, the same frame is delivered.
     b.set_v2p(
         Vni::new(200).unwrap(),
@@ -398,9 +402,9 @@ fn flows_that_go_nowhere_open_no_connection() {
         ("no_v2p", 20),
         ("hairpin", 20),
     ] {
-        assert_eq!(p.drops.get(reason), n, "{reason}");
+        assert_eq!(p.drops.get_named(reason), n, "{reason}");
     }
-    assert_eq!(p.drops.get("fw_table_full"), 0);
+    assert_eq!(p.drops.get_named("fw_table_full"), 0);
     // A flow that goes somewhere opens its connection as before.
     assert_eq!(send(&mut a, pa, &udp("172.30.0.6", 1), 2).len(), 1);
     assert_eq!(a.stats().ports[0].firewall.flows_created, 1);
@@ -538,7 +542,7 @@ fn lying_vnet_headers_are_dropped_on_same_sled_delivery() {
         let mut out = TxBatch::new();
         a.process_guest(p1, vnet, &f, i as u64, &Fabric, &mut out);
         assert!(out.is_empty(), "{reason}");
-        assert_eq!(a.stats().ports[1].drops.get(reason), 1, "{reason}");
+        assert_eq!(a.stats().ports[1].drops.get_named(reason), 1, "{reason}");
     }
     // A GSO header on a UDP datagram.
     let udp = frame(
@@ -551,7 +555,7 @@ fn lying_vnet_headers_are_dropped_on_same_sled_delivery() {
     let mut out = TxBatch::new();
     a.process_guest(p1, honest_gso(), &udp, 10, &Fabric, &mut out);
     assert!(out.is_empty());
-    assert_eq!(a.stats().ports[1].drops.get("tso_gso_not_tcp"), 1);
+    assert_eq!(a.stats().ports[1].drops.get_named("tso_gso_not_tcp"), 1);
     // The honest header passes, to guest 3 as it is.
     a.process_guest(p1, honest_gso(), &f, 11, &Fabric, &mut out);
     let got = frames_of(&out, &[]);
@@ -574,7 +578,7 @@ fn lying_vnet_headers_are_dropped_when_handed_over_by_another_worker() {
         let mut out = TxBatch::new();
         w1.process_sibling(vni, vnet, RxFrame::new(&pieces, 0), 1, &mut out);
         assert!(out.is_empty(), "{reason}");
-        assert_eq!(w1.stats().ports[0].drops.get(reason), 1, "{reason}");
+        assert_eq!(w1.stats().ports[0].drops.get_named(reason), 1, "{reason}");
     }
     let mut out = TxBatch::new();
     w1.process_sibling(vni, honest_gso(), RxFrame::new(&pieces, 0), 2, &mut out);

@@ -106,7 +106,7 @@ fn stateful_firewall_admits_replies_only() {
     let syn = tcp_v4(&g2, g1.v4, 5000, 22, true, b"");
     let got = a_to_b(&mut b, pb, &mut a, &syn, 1);
     assert!(got.is_empty());
-    assert_eq!(a.stats().ports[0].drops.get("fw_deny_in"), 1);
+    assert_eq!(a.stats().ports[0].drops.get_named("fw_deny_in"), 1);
     // A opens TCP to B; B's reply is admitted at A.
     let syn = tcp_v4(&g1, g2.v4, 40000, 80, true, b"");
     expect_delivered(&syn, &a_to_b(&mut a, pa, &mut b, &syn, 2), &g2, pb);
@@ -202,7 +202,7 @@ fn rule_changes_invalidate_cached_flows() {
     out.clear();
     a.process_guest(pa, VnetHdr::default(), &f2, 3, &Fabric, &mut out);
     assert!(out.is_empty());
-    assert_eq!(a.stats().ports[0].drops.get("fw_deny_out"), 1);
+    assert_eq!(a.stats().ports[0].drops.get_named("fw_deny_out"), 1);
     a.rm_fw_rule("ga", Direction::Out, id).unwrap();
     out.clear();
     a.process_guest(pa, VnetHdr::default(), &f2, 4, &Fabric, &mut out);
@@ -227,9 +227,12 @@ fn rule_changes_invalidate_cached_flows() {
 /// Sends one guest frame and returns the port's or datapath's counter for `reason`.
 fn drop_count(e: &engine::Engine, reason: &str) -> u64 {
     let s = e.stats();
-    s.ports.iter().map(|p| p.drops.get(reason)).sum::<u64>()
-        + s.datapath_drops.get(reason)
-        + s.underlay_drops.get(reason)
+    s.ports
+        .iter()
+        .map(|p| p.drops.get_named(reason))
+        .sum::<u64>()
+        + s.datapath_drops.get_named(reason)
+        + s.underlay_drops.get_named(reason)
 }
 
 #[test]
@@ -769,7 +772,7 @@ fn frames_for_another_workers_port_are_handed_to_it() {
     let mut out = TxBatch::new();
     w0.process_guest(p0, VnetHdr::default(), &f, 4, &Fabric, &mut out);
     assert!(out.is_empty());
-    assert_eq!(w0.stats().ports[0].drops.get("no_v2p"), 1);
+    assert_eq!(w0.stats().ports[0].drops.get_named("no_v2p"), 1);
 }
 
 /// A received frame whose headers do not lie in its first piece (not what copy-mode
@@ -836,5 +839,5 @@ fn a_lowered_underlay_mtu_bounds_paths_and_segments() {
     // ICMPv6 type 2, MTU = 1600 - 78.
     assert_eq!(got[0].1[54], 2);
     assert_eq!(&got[0].1[58..62], &1522u32.to_be_bytes());
-    assert_eq!(a.stats().ports[0].drops.get("packet_too_big"), 1);
+    assert_eq!(a.stats().ports[0].drops.get_named("packet_too_big"), 1);
 }

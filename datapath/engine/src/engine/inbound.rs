@@ -2,8 +2,9 @@
 //! checks, coalescing), frames other workers hand over ([`Engine::process_sibling`]),
 //! and delivery to a port of this engine.
 
-use super::{confirm, ip_bytes, match_fields, quoted, reason, slot_mut, Engine, Owner, Port};
-use crate::firewall::{self, TcpSegment};
+use super::{confirm, ip_bytes, match_fields, quoted, slot_mut, Engine, Owner, Port};
+use crate::drop::DropReason;
+use crate::firewall::TcpSegment;
 use crate::flow::FlowKey;
 use crate::input::RxFrame;
 use crate::output::{SiblingFrame, TxBatch, TxDest};
@@ -43,7 +44,7 @@ impl Via<'_> {
 
     /// The sender to compile into a new flow's entry, if the tables trust this frame
     /// to be it.
-    fn sender(&self, vni: Vni, src_ip: IpAddr) -> Result<Sender, &'static str> {
+    fn sender(&self, vni: Vni, src_ip: IpAddr) -> Result<Sender, DropReason> {
         match self {
             Via::Underlay { trust, from } => trust.sender(vni, src_ip, from),
             Via::Local => Ok(Sender::Local),
@@ -69,11 +70,11 @@ impl Engine {
         let outer = wire::meta::parse_underlay_head(frame.head(), frame.len());
         let um = match &outer {
             Some(Ok(um)) => um,
-            Some(Err(d)) => return self.underlay_drops.inc(d.name()),
+            Some(Err(d)) => return self.underlay_drops.inc(DropReason::from(*d)),
             None => return self.process_underlay_linearized(frame, now, routes, out),
         };
         if um.outer_dst != self.cfg.underlay_addr {
-            self.drops.inc(reason::NOT_OUR_UNDERLAY_ADDR);
+            self.drops.inc(DropReason::NotOurUnderlayAddr);
             return;
         }
         // The parser bounds the inner frame by the frame's length.
@@ -81,11 +82,11 @@ impl Engine {
         let parsed = wire::meta::parse_inner_head(inner.head(), inner.len());
         let meta = match &parsed {
             Some(Ok(m)) => m,
-            Some(Err(_)) => return self.drops.inc(reason::INNER_PARSE),
+            Some(Err(_)) => return self.drops.inc(DropReason::InnerParse),
             None => return self.process_underlay_linearized(frame, now, routes, out),
         };
         if meta.dst_mac.is_multicast() {
-            self.drops.inc(reason::INNER_MULTICAST);
+            self.drops.inc(DropReason::InnerMulticast);
             return;
         }
         let port = match self.by_mac.get(um.vni, meta.dst_mac) {
@@ -100,7 +101,7 @@ impl Engine {
                 return;
             }
             None => {
-                self.drops.inc(reason::NO_PORT);
+                self.drops.inc(DropReason::NoPort);
                 return;
             }
         };
@@ -120,7 +121,7 @@ impl Engine {
             },
         };
         let Some(p) = slot_mut(&mut self.ports, port) else {
-            self.drops.inc(reason::NO_PORT);
+            self.drops.inc(DropReason::NoPort);
             return;
         };
         // Ethernet padding after the IP packet stays behind.
@@ -173,7 +174,7 @@ impl Engine {
         let parsed = wire::meta::parse_inner_head(frame.head(), frame.len());
         match &parsed {
             Some(Ok(m)) => self.sibling_parsed(vni, vnet, frame, m, now, out),
-            Some(Err(_)) => self.drops.inc(reason::INNER_PARSE),
+            Some(Err(_)) => self.drops.inc(DropReason::InnerParse),
             None => {
                 // Headers across pieces (see `process_underlay_linearized`).
                 let mut linear = std::mem::take(&mut self.linear);
@@ -196,7 +197,7 @@ impl Engine {
         out: &mut TxBatch,
     ) {
         let Some(Owner::Port(dst)) = self.by_mac.get(vni.get(), m.dst_mac) else {
-            self.drops.inc(reason::NO_PORT);
+            self.drops.inc(DropReason::NoPort);
             return;
         };
         let frame = frame.sub(0..m.ip_end);
@@ -228,20 +229,20 @@ pub(super) fn inbound_verdict(
     head: &[u8],
     epoch: u64,
     now: u64,
-) -> Result<(), &'static str> {
+) -> Result<(), DropReason> {
     let own = match (m.l3, m.dst_ip) {
         (L3::Ipv4, IpAddr::V4(a)) => p.cfg.ipv4 == Some(a),
         (L3::Ipv6, IpAddr::V6(a)) => p.cfg.ipv6 == Some(a),
         (L3::Ipv4 | L3::Ipv6, _) => false,
-        _ => return Err(reason::INBOUND_NOT_IP),
+        _ => return Err(DropReason::InboundNotIp),
     };
     if !own {
-        return Err(reason::INBOUND_DST_NOT_GUEST);
+        return Err(DropReason::InboundDstNotGuest);
     }
     let bytes = ip_bytes(m);
     if let Some(e) = p.uft_in.lookup(key, epoch, now, bytes) {
         if !via.admits(&e.action.sender) {
-            return Err(crate::overlay::reason::UNDERLAY_SRC_MISMATCH);
+            return Err(DropReason::UnderlaySrcMismatch);
         }
         if confirm(
             e,
@@ -269,7 +270,7 @@ fn compile_inbound(
     head: &[u8],
     epoch: u64,
     now: u64,
-) -> Result<(), &'static str> {
+) -> Result<(), DropReason> {
     let sender = via.sender(p.cfg.vni, m.src_ip)?;
     let seg = TcpSegment::read(m, head);
     let f = match_fields(key, m);
@@ -281,7 +282,7 @@ fn compile_inbound(
         Ok(a) => (InVerdict::Deliver, Some(a)),
         // Decided by this segment, not by the flow: a later SYN, or a segment in the
         // window, of the same flow must be decided afresh, so nothing is cached.
-        Err(r) if firewall::reason::per_packet(r) => return Err(r),
+        Err(r) if r.per_packet() => return Err(r),
         Err(r) => (InVerdict::Drop(r), None),
     };
     if admitted.is_some_and(|a| a.created) {
@@ -304,7 +305,7 @@ fn compile_inbound(
     verdict(v)
 }
 
-fn verdict(v: InVerdict) -> Result<(), &'static str> {
+fn verdict(v: InVerdict) -> Result<(), DropReason> {
     match v {
         InVerdict::Deliver => Ok(()),
         InVerdict::Drop(r) => Err(r),
@@ -333,7 +334,7 @@ pub(super) fn deliver_local(
         return;
     };
     if let Err(d) = tso::check_vnet(frame.len(), &vnet, m) {
-        p.c.drops.inc(d.name());
+        p.c.drops.inc(DropReason::from(d));
         return;
     }
     let key = FlowKey::from_meta(p.cfg.vni.get(), m);

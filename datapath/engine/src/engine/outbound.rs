@@ -9,12 +9,13 @@
 use super::inbound::deliver_local;
 use super::stats::PortCounters;
 use super::{
-    confirm, ip_bytes, match_fields, quoted, reason, slot_mut, Engine, LocalDest, NextHop, Owner,
-    Port, UnderlayRoutes,
+    confirm, ip_bytes, match_fields, quoted, slot_mut, Engine, LocalDest, NextHop, Owner, Port,
+    UnderlayRoutes,
 };
 use crate::counters::DropCounters;
+use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
-use crate::firewall::{self, Firewall, TcpSegment};
+use crate::firewall::{Firewall, TcpSegment};
 use crate::flow::FlowKey;
 use crate::gateway::{self, GatewayVerdict};
 use crate::hold::Held;
@@ -59,7 +60,7 @@ impl Engine {
             ..
         } = self;
         let Some(p) = slot_mut(ports, port) else {
-            drops.inc(reason::UNKNOWN_PORT);
+            drops.inc(DropReason::UnknownPort);
             return;
         };
         p.c.out_packets += 1;
@@ -68,7 +69,7 @@ impl Engine {
         // ~100 bytes, and the move was a copy per packet.
         let parsed = wire::meta::parse_inner(frame);
         let Ok(meta) = &parsed else {
-            p.c.drops.inc(reason::GUEST_PARSE);
+            p.c.drops.inc(DropReason::GuestParse);
             return;
         };
         match gateway::handle_from_guest(&p.cfg, &mut p.gw, port, meta, frame, now, out) {
@@ -147,7 +148,7 @@ impl Engine {
             // A cached drop wins over the size check: a denied or unroutable flow gets
             // no Packet Too Big and is counted under its own reason.
             OutAction::Drop(r) => {
-                c.drops.inc(r);
+                c.drops.inc(*r);
                 return;
             }
             OutAction::Local { port: dst } => Next::Here(Here::Port(*dst)),
@@ -164,7 +165,7 @@ impl Engine {
                 true
             } else {
                 gateway::packet_too_big(cfg, gw, port, meta, frame, path_mtu, now, out);
-                c.drops.inc(reason::PACKET_TOO_BIG);
+                c.drops.inc(DropReason::PacketTooBig);
                 return;
             }
         } else {
@@ -184,7 +185,7 @@ impl Engine {
                     path_mtu,
                 };
                 if let Some(dropped) = hold.hold(plan.underlay_dst, held, frame, now) {
-                    count_drop(ports, drops, dropped.port, reason::UNDERLAY_HOLD_OVERFLOW);
+                    count_drop(ports, drops, dropped.port, DropReason::UnderlayHoldOverflow);
                 }
             }
             Next::Here(here) if !fragment => {
@@ -240,7 +241,7 @@ impl Engine {
             ports, hold, drops, ..
         } = self;
         hold.expire(now, |h| {
-            count_drop(ports, drops, h.port, reason::UNDERLAY_HOLD_TIMEOUT)
+            count_drop(ports, drops, h.port, DropReason::UnderlayHoldTimeout)
         });
     }
 }
@@ -265,10 +266,10 @@ pub(super) struct HeldFrame {
 }
 
 /// Counts a drop at port `port`, or engine-wide as `unknown_port` if it is gone.
-fn count_drop(ports: &mut [Option<Port>], drops: &mut DropCounters, port: PortId, r: &'static str) {
+fn count_drop(ports: &mut [Option<Port>], drops: &mut DropCounters, port: PortId, r: DropReason) {
     match slot_mut(ports, port) {
         Some(p) => p.c.drops.inc(r),
-        None => drops.inc(reason::UNKNOWN_PORT),
+        None => drops.inc(DropReason::UnknownPort),
     }
 }
 
@@ -292,11 +293,11 @@ fn send_held(
     } = h.tag;
     let Some(p) = slot_mut(ports, port) else {
         // Removing a port drops its held frames; counted should that ever fail.
-        drops.inc(reason::UNKNOWN_PORT);
+        drops.inc(DropReason::UnknownPort);
         return;
     };
     let Ok(meta) = wire::meta::parse_inner(&h.frame) else {
-        p.c.drops.inc(reason::GUEST_PARSE);
+        p.c.drops.inc(DropReason::GuestParse);
         return;
     };
     let mtu = too_big(&meta, &vnet, path_mtu).then_some(path_mtu);
@@ -363,7 +364,7 @@ fn encapsulate(
         match tso::segment(frame, vnet, meta, seg_payload, mss, outer, mac, dest, out) {
             Ok(n) if vnet.is_gso() => c.tso_segments_out += n as u64,
             Ok(_) => {}
-            Err(d) => c.drops.inc(d.name()),
+            Err(d) => c.drops.inc(DropReason::from(d)),
         }
         return;
     };
@@ -372,7 +373,7 @@ fn encapsulate(
         let plain = VnetHdr::default();
         let (outer, mac) = (&e.outer, e.inner_dst_mac);
         if let Err(d) = tso::segment(frag, &plain, fm, seg_payload, 0, outer, mac, dest, out) {
-            drops.inc(d.name());
+            drops.inc(DropReason::from(d));
         }
     });
     count_fragmenting(r, c);
@@ -380,10 +381,10 @@ fn encapsulate(
 
 /// Counts the outcome of [`fragments`]: fragments that did not parse, or why the
 /// frame could not be fragmented.
-fn count_fragmenting(r: Result<u64, &'static str>, c: &mut PortCounters) {
+fn count_fragmenting(r: Result<u64, DropReason>, c: &mut PortCounters) {
     match r {
         Ok(0) => {}
-        Ok(unparsed) => c.drops.add(reason::GUEST_PARSE, unparsed),
+        Ok(unparsed) => c.drops.add(DropReason::GuestParse, unparsed),
         Err(r) => c.drops.inc(r),
     }
 }
@@ -400,12 +401,12 @@ fn fragments(
     path_mtu: u16,
     bufs: FragmentBufs<'_>,
     mut each: impl FnMut(&[u8], &InnerMeta),
-) -> Result<u64, &'static str> {
+) -> Result<u64, DropReason> {
     let FragmentBufs { scratch, csum_buf } = bufs;
     let frame = if vnet.needs_csum() {
         csum_buf.clear();
         csum_buf.extend_from_slice(frame);
-        tso::complete_checksum(csum_buf, vnet).map_err(|d| d.name())?;
+        tso::complete_checksum(csum_buf, vnet).map_err(DropReason::from)?;
         &csum_buf[..]
     } else {
         frame
@@ -472,24 +473,24 @@ fn deliver_here(
 
 /// Outbound anti-spoofing: the guest may only send from its own MAC and addresses,
 /// and only to its gateway.
-fn check_guest_source(cfg: &PortConfig, m: &InnerMeta) -> Result<(), &'static str> {
+fn check_guest_source(cfg: &PortConfig, m: &InnerMeta) -> Result<(), DropReason> {
     if m.src_mac != cfg.guest_mac {
-        return Err(reason::SPOOFED_SRC_MAC);
+        return Err(DropReason::SpoofedSrcMac);
     }
     if is_link_scoped(m) {
-        return Err(reason::LINK_LOCAL_ONLY);
+        return Err(DropReason::LinkLocalOnly);
     }
     let own = match (m.l3, m.src_ip) {
         (L3::Ipv4, IpAddr::V4(a)) => cfg.ipv4 == Some(a),
         (L3::Ipv6, IpAddr::V6(a)) => cfg.ipv6 == Some(a),
         (L3::Ipv4 | L3::Ipv6, _) => false,
-        _ => return Err(reason::NOT_IP),
+        _ => return Err(DropReason::NotIp),
     };
     if !own {
-        return Err(reason::SPOOFED_SRC_IP);
+        return Err(DropReason::SpoofedSrcIp);
     }
     if m.dst_mac != cfg.gateway_mac {
-        return Err(reason::DST_MAC_NOT_GATEWAY);
+        return Err(DropReason::DstMacNotGateway);
     }
     Ok(())
 }
@@ -552,7 +553,7 @@ fn compile_outbound(
     key: &FlowKey,
     m: &InnerMeta,
     frame: &[u8],
-) -> Result<UftEntry<OutAction>, &'static str> {
+) -> Result<UftEntry<OutAction>, DropReason> {
     let drop = |r| UftEntry {
         epoch: env.epoch,
         action: OutAction::Drop(r),
@@ -576,7 +577,7 @@ fn compile_outbound(
     ) {
         Ok(d) => d,
         // Decided by this packet, not the flow: the next one is decided afresh.
-        Err(r) if firewall::reason::per_packet(r) => return Err(r),
+        Err(r) if r.per_packet() => return Err(r),
         Err(r) => return Ok(drop(r)),
     };
     // The connection is opened here, for a flow the router and the overlay accepted
@@ -614,14 +615,14 @@ fn compile_outbound(
         RouteTarget::VpcSubnet => {
             if let Some(d) = env.by_ip.get(&(vni, key.dst_ip)) {
                 let action = match d.owner {
-                    Owner::Port(p) if p == port => return Ok(drop(reason::HAIRPIN)),
+                    Owner::Port(p) if p == port => return Ok(drop(DropReason::Hairpin)),
                     Owner::Port(p) => OutAction::Local { port: p },
                     Owner::Sibling(worker) => OutAction::Sibling { worker, mac: d.mac },
                 };
                 return Ok(entry(action, path(cfg.mtu.min(d.mtu))));
             }
             let Some(v) = env.v2p.get(cfg.vni, key.dst_ip) else {
-                return Ok(drop(crate::overlay::reason::NO_V2P));
+                return Ok(drop(DropReason::NoV2p));
             };
             // What the underlay carries now bounds it too: an underlay whose MTU
             // was lowered under a port gets Packet Too Big, not silent drops.
@@ -631,14 +632,14 @@ fn compile_outbound(
         }
         RouteTarget::InternetGateway => {
             let Some(b) = env.boundary else {
-                return Ok(drop(crate::overlay::reason::NO_BOUNDARY));
+                return Ok(drop(DropReason::NoBoundary));
             };
             let mtu = path(gateway::external_path_mtu(cfg, env.ecfg.external_jumbo));
             let plan = EncapPlan::new(key, b.underlay, b.vni, m.dst_mac, false);
             (plan, mtu)
         }
         // The router reports Drop targets as errors; kept for exhaustiveness.
-        RouteTarget::Drop => return Ok(drop(crate::router::reason::ROUTE_DROP)),
+        RouteTarget::Drop => return Ok(drop(DropReason::RouteDrop)),
     };
     // The connection opens either way: a frame that waits for the neighbour is
     // sent later, and its replies must find the connection.

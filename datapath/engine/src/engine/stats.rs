@@ -87,6 +87,32 @@ impl Engine {
     }
 }
 
+impl EngineStats {
+    /// Adds the stats of another worker's engine, by type: the ports (each lives on
+    /// one worker) side by side; drop counters, the coalescer and the hold queue
+    /// (each worker's own) summed; what every engine holds alike (the V2P table, the
+    /// table budget) and the per-engine epoch not added up.
+    pub fn merge(&mut self, o: EngineStats) {
+        let EngineStats {
+            epoch,
+            ports,
+            underlay_drops,
+            datapath_drops,
+            coalescer,
+            v2p_entries,
+            hold,
+            tables: _,
+        } = o;
+        self.epoch = self.epoch.max(epoch);
+        self.ports.extend(ports);
+        self.underlay_drops.merge(&underlay_drops);
+        self.datapath_drops.merge(&datapath_drops);
+        self.coalescer.merge(&coalescer);
+        self.v2p_entries = self.v2p_entries.max(v2p_entries);
+        self.hold.merge(&hold);
+    }
+}
+
 impl PortStats {
     fn of(p: &Port) -> PortStats {
         PortStats {

@@ -38,7 +38,8 @@
 //! connection whose SYNs were not seen the largest shift (14) is assumed, which keeps
 //! legitimate traffic flowing at the price of a wider window.
 
-use super::reason::OUT_OF_WINDOW;
+use crate::drop::DropReason;
+
 use crate::rule::Direction;
 use serde::Serialize;
 use wire::meta::InnerMeta;
@@ -351,13 +352,13 @@ impl TcpConn {
     /// `s` is taken by value: a reference would make the caller keep the segment in
     /// memory, which cost a dozen stores and loads per packet.
     #[inline]
-    pub(super) fn track(&mut self, dir: Direction, s: TcpSegment) -> Result<(), &'static str> {
+    pub(super) fn track(&mut self, dir: Direction, s: TcpSegment) -> Result<(), DropReason> {
         if s.has(SYN) {
             return self.track_syn(dir, &s);
         }
         let (tx, rx) = (idx(dir), 1 - idx(dir));
         if !self.sides[rx].accepts_seq(&s) {
-            return Err(OUT_OF_WINDOW);
+            return Err(DropReason::TcpOutOfWindow);
         }
         // Data and ACKs of an established connection leave its state as it is.
         if self.state != TcpState::Established || s.has(FIN | RST) {
@@ -371,13 +372,13 @@ impl TcpConn {
     /// only its acknowledgement is checked) and the sender's window scaling. A SYN
     /// that reopens a closed connection starts its numbers over.
     #[cold]
-    fn track_syn(&mut self, dir: Direction, s: &TcpSegment) -> Result<(), &'static str> {
+    fn track_syn(&mut self, dir: Direction, s: &TcpSegment) -> Result<(), DropReason> {
         if self.reopened_by(s) {
             self.sides = [Side::default(); 2];
         }
         let (tx, rx) = (idx(dir), 1 - idx(dir));
         if !self.sides[rx].acks_syn(&self.sides[tx], s) {
-            return Err(OUT_OF_WINDOW);
+            return Err(DropReason::TcpOutOfWindow);
         }
         self.take(dir, s);
         Ok(())
@@ -418,7 +419,7 @@ mod tests {
     }
 
     /// Tracks `s` going `dir` on a copy of `c` (the original is left alone).
-    fn track_copy(mut c: TcpConn, dir: Direction, s: TcpSegment) -> Result<(), &'static str> {
+    fn track_copy(mut c: TcpConn, dir: Direction, s: TcpSegment) -> Result<(), DropReason> {
         c.track(dir, s)
     }
 

@@ -2,6 +2,7 @@
 //! path MTU. Rare (guests do path-MTU discovery), so this favours clarity: each
 //! fragment is written whole into the batch.
 
+use crate::drop::DropReason;
 use crate::output::{TxBatch, TxDest};
 use wire::checksum;
 use wire::meta::{InnerMeta, L3};
@@ -13,31 +14,31 @@ const MIN_IPV4_MTU: u16 = 68;
 /// `dest` with the frame's own Ethernet header (tags included). Options are copied
 /// into every fragment only when their copy flag is set. A packet that is already a
 /// fragment is split further with offsets relative to the original datagram. Returns
-/// the number of fragments, or why it could not: `"not_ipv4"`, `"dont_fragment"`,
-/// `"mtu_below_68"`, `"malformed_ipv4"`, `"malformed_ipv4_options"`.
+/// the number of fragments, or why it could not: `DropReason::NotIpv4`, `DropReason::DontFragment`,
+/// `DropReason::MtuBelow68`, `DropReason::MalformedIpv4`, `DropReason::MalformedIpv4Options`.
 pub fn fragment_ipv4(
     meta: &InnerMeta,
     frame: &[u8],
     path_mtu: u16,
     dest: TxDest,
     out: &mut TxBatch,
-) -> Result<usize, &'static str> {
+) -> Result<usize, DropReason> {
     if meta.l3 != L3::Ipv4 {
-        return Err("not_ipv4");
+        return Err(DropReason::NotIpv4);
     }
     if meta.dont_fragment {
-        return Err("dont_fragment");
+        return Err(DropReason::DontFragment);
     }
     if path_mtu < MIN_IPV4_MTU {
-        return Err("mtu_below_68");
+        return Err(DropReason::MtuBelow68);
     }
-    let l2 = frame.get(..meta.l3_off).ok_or("malformed_ipv4")?;
+    let l2 = frame.get(..meta.l3_off).ok_or(DropReason::MalformedIpv4)?;
     let ip = frame
         .get(meta.l3_off..meta.ip_end)
-        .ok_or("malformed_ipv4")?;
-    let ihl = usize::from(ip.first().ok_or("malformed_ipv4")? & 0x0f) * 4;
+        .ok_or(DropReason::MalformedIpv4)?;
+    let ihl = usize::from(ip.first().ok_or(DropReason::MalformedIpv4)? & 0x0f) * 4;
     if ihl < 20 || ip.len() < ihl {
-        return Err("malformed_ipv4");
+        return Err(DropReason::MalformedIpv4);
     }
     let header = &ip[..ihl];
     let payload = &ip[ihl..];
@@ -61,7 +62,7 @@ pub fn fragment_ipv4(
         // Fragment data must be a multiple of 8 bytes except in the last fragment.
         let room = (mtu - hlen) / 8 * 8;
         if room == 0 {
-            return Err("mtu_below_68");
+            return Err(DropReason::MtuBelow68);
         }
         let len = room.min(payload.len() - at);
         let last = at + len == payload.len();
@@ -92,7 +93,7 @@ pub fn fragment_ipv4(
 
 /// Copies the options whose copy flag (bit 7 of the type) is set into `dst`, padded
 /// with End-of-Options to a multiple of 4; returns the padded length.
-fn copied_options(opts: &[u8], dst: &mut [u8; 40]) -> Result<usize, &'static str> {
+fn copied_options(opts: &[u8], dst: &mut [u8; 40]) -> Result<usize, DropReason> {
     let mut i = 0;
     let mut n = 0;
     while i < opts.len() {
@@ -101,9 +102,9 @@ fn copied_options(opts: &[u8], dst: &mut [u8; 40]) -> Result<usize, &'static str
             0 => break,
             1 => i += 1,
             _ => {
-                let len = usize::from(*opts.get(i + 1).ok_or("malformed_ipv4_options")?);
+                let len = usize::from(*opts.get(i + 1).ok_or(DropReason::MalformedIpv4Options)?);
                 if len < 2 || i + len > opts.len() {
-                    return Err("malformed_ipv4_options");
+                    return Err(DropReason::MalformedIpv4Options);
                 }
                 if t & 0x80 != 0 {
                     dst[n..n + len].copy_from_slice(&opts[i..i + len]);

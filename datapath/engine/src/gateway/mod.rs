@@ -39,6 +39,7 @@ pub use mtu::{external_path_mtu, mtu_budget, MtuBudget};
 pub use ptb::packet_too_big;
 pub use ra::{on_mtu_change, ra_info, tick, RaInfo};
 
+use crate::drop::DropReason;
 use crate::output::TxBatch;
 use crate::port::{PortConfig, PortId};
 use std::net::IpAddr;
@@ -51,8 +52,8 @@ pub enum GatewayVerdict {
     NotForGateway,
     /// Consumed; zero or more replies were appended to the batch.
     Replied,
-    /// Consumed and dropped; the reason is the name of the counter that was bumped.
-    Deny(&'static str),
+    /// Consumed and dropped; the reason's name is that of the counter that was bumped.
+    Deny(DropReason),
 }
 
 /// Per-port gateway counters. Field names are the names used in logs, the API and
@@ -151,33 +152,36 @@ pub(crate) enum Deny {
 }
 
 impl GatewayCounters {
-    /// Bumps the counter of `d` and returns its name.
-    fn deny(&mut self, d: Deny) -> &'static str {
-        let (c, name) = match d {
-            Deny::SrcMacNotGuest => (&mut self.src_mac_not_guest, "src_mac_not_guest"),
-            Deny::ArpMalformed => (&mut self.arp_malformed, "arp_malformed"),
-            Deny::DeniedArp => (&mut self.denied_arp, "denied_arp"),
-            Deny::RsInvalid => (&mut self.rs_invalid, "rs_invalid"),
-            Deny::NsInvalid => (&mut self.ns_invalid, "ns_invalid"),
-            Deny::NsNotGateway => (&mut self.ns_not_gateway, "ns_not_gateway"),
-            Deny::DeniedNdp => (&mut self.denied_ndp, "denied_ndp"),
-            Deny::NdpNoIpv6 => (&mut self.ndp_no_ipv6, "ndp_no_ipv6"),
-            Deny::EchoMalformed => (&mut self.echo_malformed, "echo_malformed"),
-            Deny::ToGatewayUnhandled => (&mut self.to_gateway_unhandled, "to_gateway_unhandled"),
-            Deny::Dhcp4Malformed => (&mut self.dhcp4_malformed, "dhcp4_malformed"),
-            Deny::Dhcp4Ignored => (&mut self.dhcp4_ignored, "dhcp4_ignored"),
-            Deny::Dhcp4NoIpv4 => (&mut self.dhcp4_no_ipv4, "dhcp4_no_ipv4"),
-            Deny::Dhcp6Malformed => (&mut self.dhcp6_malformed, "dhcp6_malformed"),
-            Deny::Dhcp6Ignored => (&mut self.dhcp6_ignored, "dhcp6_ignored"),
-            Deny::Dhcp6NoIpv6 => (&mut self.dhcp6_no_ipv6, "dhcp6_no_ipv6"),
-            Deny::ArpRateLimited => (&mut self.arp_rate_limited, "arp_rate_limited"),
-            Deny::NaRateLimited => (&mut self.na_rate_limited, "na_rate_limited"),
-            Deny::EchoRateLimited => (&mut self.echo_rate_limited, "echo_rate_limited"),
-            Deny::DhcpRateLimited => (&mut self.dhcp_rate_limited, "dhcp_rate_limited"),
-            Deny::RsRateLimited => (&mut self.rs_rate_limited, "rs_rate_limited"),
+    /// Bumps the counter of `d` and returns the drop reason of the same name.
+    fn deny(&mut self, d: Deny) -> DropReason {
+        let (c, reason) = match d {
+            Deny::SrcMacNotGuest => (&mut self.src_mac_not_guest, DropReason::SrcMacNotGuest),
+            Deny::ArpMalformed => (&mut self.arp_malformed, DropReason::ArpMalformed),
+            Deny::DeniedArp => (&mut self.denied_arp, DropReason::DeniedArp),
+            Deny::RsInvalid => (&mut self.rs_invalid, DropReason::RsInvalid),
+            Deny::NsInvalid => (&mut self.ns_invalid, DropReason::NsInvalid),
+            Deny::NsNotGateway => (&mut self.ns_not_gateway, DropReason::NsNotGateway),
+            Deny::DeniedNdp => (&mut self.denied_ndp, DropReason::DeniedNdp),
+            Deny::NdpNoIpv6 => (&mut self.ndp_no_ipv6, DropReason::NdpNoIpv6),
+            Deny::EchoMalformed => (&mut self.echo_malformed, DropReason::EchoMalformed),
+            Deny::ToGatewayUnhandled => (
+                &mut self.to_gateway_unhandled,
+                DropReason::ToGatewayUnhandled,
+            ),
+            Deny::Dhcp4Malformed => (&mut self.dhcp4_malformed, DropReason::Dhcp4Malformed),
+            Deny::Dhcp4Ignored => (&mut self.dhcp4_ignored, DropReason::Dhcp4Ignored),
+            Deny::Dhcp4NoIpv4 => (&mut self.dhcp4_no_ipv4, DropReason::Dhcp4NoIpv4),
+            Deny::Dhcp6Malformed => (&mut self.dhcp6_malformed, DropReason::Dhcp6Malformed),
+            Deny::Dhcp6Ignored => (&mut self.dhcp6_ignored, DropReason::Dhcp6Ignored),
+            Deny::Dhcp6NoIpv6 => (&mut self.dhcp6_no_ipv6, DropReason::Dhcp6NoIpv6),
+            Deny::ArpRateLimited => (&mut self.arp_rate_limited, DropReason::ArpRateLimited),
+            Deny::NaRateLimited => (&mut self.na_rate_limited, DropReason::NaRateLimited),
+            Deny::EchoRateLimited => (&mut self.echo_rate_limited, DropReason::EchoRateLimited),
+            Deny::DhcpRateLimited => (&mut self.dhcp_rate_limited, DropReason::DhcpRateLimited),
+            Deny::RsRateLimited => (&mut self.rs_rate_limited, DropReason::RsRateLimited),
         };
         *c += 1;
-        name
+        reason
     }
 }
 

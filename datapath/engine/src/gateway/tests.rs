@@ -33,8 +33,8 @@ fn deny(cfg: &PortConfig, req: &[u8]) -> &'static str {
         GatewayVerdict::Deny(r) => {
             // The reason names a counter that was bumped.
             let c = counter_map(st.counters());
-            assert_eq!(c.get(r), Some(&1), "{r} in {c:?}");
-            r
+            assert_eq!(c.get(r.name()), Some(&1), "{r} in {c:?}");
+            r.name()
         }
         v => panic!("expected a deny, got {v:?}"),
     }
@@ -267,7 +267,7 @@ fn arp_and_echo_floods_are_limited_separately() {
     flood(&mut st, &arp, burst, 0);
     let mut out = TxBatch::new();
     let v = handle_from_guest(&sample(), &mut st, PORT, &meta_of(&arp), &arp, 0, &mut out);
-    assert_eq!(v, GatewayVerdict::Deny("arp_rate_limited"));
+    assert_eq!(v, GatewayVerdict::Deny(crate::DropReason::ArpRateLimited));
 }
 
 #[test]
@@ -378,7 +378,7 @@ fn fragments_reassemble_to_the_original() {
     let f = unhex(&vector("big4_req"));
     assert_eq!(
         fragment_ipv4(&meta_of(&f), &f, 1500, dest, &mut out),
-        Err("dont_fragment")
+        Err(crate::DropReason::DontFragment)
     );
 }
 
@@ -465,7 +465,7 @@ fn dhcp4_from_ipv6_only_port_or_other_client_is_denied() {
     let mut st = GatewayState::new(0);
     let mut out = TxBatch::new();
     let v = handle_from_guest(&dhcp_cfg(), &mut st, PORT, &m, &b[..250], 0, &mut out);
-    assert_eq!(v, GatewayVerdict::Deny("dhcp4_malformed"));
+    assert_eq!(v, GatewayVerdict::Deny(crate::DropReason::Dhcp4Malformed));
 }
 
 #[test]

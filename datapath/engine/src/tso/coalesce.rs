@@ -76,6 +76,13 @@ pub struct CoalesceStats {
     pub gso_frames_out: u64,
 }
 
+crate::summed_across_workers!(CoalesceStats {
+    frames_in,
+    frames_out,
+    merged,
+    gso_frames_out
+});
+
 /// How the IPv4 IDs of a merged run behave, known from the second segment on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum IdMode {

@@ -16,6 +16,7 @@ mod coalesce;
 
 pub use coalesce::{CoalesceStats, Coalescer};
 
+use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
 use crate::output::{TxBatch, TxDest};
 use std::net::IpAddr;
@@ -47,8 +48,8 @@ const TCP_FIN: u8 = 0x01;
 const TCP_PSH: u8 = 0x08;
 const TCP_CWR: u8 = 0x80;
 
-/// Why a guest buffer was not sent. The names (from [`TsoDrop::name`]) are the
-/// counter names.
+/// Why a guest buffer was not sent. Each converts into a [`DropReason`], whose
+/// name (also this type's `Display`) is the counter name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TsoDrop {
     /// `gso_type` is neither TCPV4 nor TCPV6 (UFO and unknown types are refused).
@@ -93,29 +94,12 @@ impl TsoDrop {
         TsoDrop::TooBig,
         TsoDrop::SegmentSizeZero,
     ];
-
-    /// Counter name (snake case, stable).
-    pub fn name(&self) -> &'static str {
-        match self {
-            TsoDrop::BadGsoType => "tso_bad_gso_type",
-            TsoDrop::GsoIpMismatch => "tso_gso_ip_mismatch",
-            TsoDrop::GsoNotTcp => "tso_gso_not_tcp",
-            TsoDrop::GsoFragment => "tso_gso_fragment",
-            TsoDrop::HdrLenMismatch => "tso_hdr_len_mismatch",
-            TsoDrop::CsumStartMismatch => "tso_csum_start_mismatch",
-            TsoDrop::CsumOffsetOutOfRange => "tso_csum_offset_out_of_range",
-            TsoDrop::GsoSizeZero => "tso_gso_size_zero",
-            TsoDrop::TooManySegments => "tso_too_many_segments",
-            TsoDrop::Truncated => "tso_truncated",
-            TsoDrop::TooBig => "tso_too_big",
-            TsoDrop::SegmentSizeZero => "tso_segment_size_zero",
-        }
-    }
 }
 
+/// The counter name, from the one vocabulary ([`DropReason`]).
 impl core::fmt::Display for TsoDrop {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(self.name())
+        f.write_str(DropReason::from(*self).name())
     }
 }
 

@@ -706,7 +706,7 @@ fn inconsistent_metadata_is_a_named_drop() {
     assert_eq!(r, Err(TsoDrop::GsoNotTcp));
     assert!(out.is_empty());
     // Names are distinct counter names.
-    let names: std::collections::BTreeSet<_> = TsoDrop::ALL.iter().map(|d| d.name()).collect();
+    let names: std::collections::BTreeSet<_> = TsoDrop::ALL.iter().map(|d| d.to_string()).collect();
     assert_eq!(names.len(), TsoDrop::ALL.len());
 }
 
