@@ -148,6 +148,9 @@ pub struct Controller<D: Dataplane> {
     /// Why the last save failed; cleared by the next one that works.
     save_error: Option<String>,
     netns_exists: NetnsProbe,
+    /// Reads the taps in guests' namespaces for `stats`; started on first use (a
+    /// controller whose ports have no namespace never needs it).
+    netns_visitor: std::sync::OnceLock<Result<dpio::netns::NetnsVisitor, String>>,
     /// The API server's counters, shown by `stats`.
     api: Option<Arc<ApiCounters>>,
 }
@@ -213,6 +216,7 @@ impl<D: Dataplane> Controller<D> {
             unapplied_v2p: BTreeMap::new(),
             save_error: None,
             netns_exists: Box::new(netns_exists),
+            netns_visitor: std::sync::OnceLock::new(),
             api: None,
         }
     }
@@ -493,7 +497,12 @@ impl<D: Dataplane> Controller<D> {
             .filter(|p| !self.unapplied_ports.contains_key(&p.config.name))
             .map(|p| {
                 let name = &p.config.name;
-                let v = match crate::tap_queue::guest_tx_dropped(name, p.netns.as_deref()) {
+                let read = crate::tap_queue::guest_tx_dropped(
+                    &self.netns_visitor,
+                    name,
+                    p.netns.as_deref(),
+                );
+                let v = match read {
                     Ok(n) => json!({ "guest_tx_dropped": n }),
                     Err(e) => json!({ "error": e }),
                 };
