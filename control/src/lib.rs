@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod capture;
 pub mod cli;
 pub mod client;
 pub mod config;
@@ -21,6 +22,7 @@ pub mod neighbours;
 pub mod notify;
 pub mod opteadm;
 pub mod pathcheck;
+pub mod pcapng;
 pub mod ra_listen;
 pub mod server;
 pub mod state;

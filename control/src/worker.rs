@@ -27,6 +27,7 @@
 //! written. The underlay sockets can be replaced between rounds
 //! ([`WorkerIo::replace_queues`]) when the daemon re-attaches a link.
 
+use crate::capture::{self, Captures, Dir};
 use crate::config::PollMode;
 use crate::datapath::{Datapath, PortTap, Reattached, Reattacher, TapLink};
 use crate::handoff::{handoff_ring, Doorbell, Handoff, HandoffRx, HandoffTx, PushError};
@@ -36,7 +37,9 @@ use crate::workers::{serve_jobs, JobRx};
 use dpio::poll::Epoll;
 use dpio::tap::{TapFault, TapPort, MAX_GATHER, MAX_TAP_FRAME};
 use dpio::xsk::{RxHeld, TxError};
-use engine::{FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest};
+use engine::{
+    Engine, FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest, UnderlayRoutes,
+};
 use serde::Serialize;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -139,6 +142,8 @@ pub struct WorkerStats {
     pub handoff_too_long: u64,
     /// The engine named a worker that does not exist: dropped.
     pub handoff_no_worker: u64,
+    /// Frames a capture (`xdeadm capture`) had no room for: not captured.
+    pub capture_dropped: u64,
 }
 
 /// The channels between one worker and each of the others.
@@ -318,6 +323,8 @@ pub struct WorkerIo {
     buf: Vec<u8>,
     /// For frames of more pieces than one `writev` takes.
     linear: Vec<u8>,
+    /// The captures of this worker's ports (`xdeadm capture`).
+    pub(crate) captures: Captures,
 }
 
 impl WorkerIo {
@@ -356,6 +363,7 @@ impl WorkerIo {
             gone: Vec::new(),
             buf: vec![0u8; MAX_TAP_FRAME],
             linear: Vec::new(),
+            captures: Captures::default(),
         })
     }
 
@@ -532,7 +540,17 @@ impl Datapath {
                         got += 1;
                         st.tap_rx_frames += 1;
                         let frame = io.buf.get(..len).unwrap_or(&[]);
-                        engine.process_guest(port, vnet, frame, nanos, routes, &mut out);
+                        if io.captures.is_empty() {
+                            engine.process_guest(port, vnet, frame, nanos, routes, &mut out);
+                        } else {
+                            let guest = GuestFrame {
+                                port,
+                                vnet,
+                                frame,
+                                nanos,
+                            };
+                            guest_captured(engine, guest, routes, &mut out, &mut io.captures, st);
+                        }
                     }
                     Ok(None) => break,
                     Err(e) if TapFault::of(&e) == TapFault::Gone => {
@@ -705,6 +723,40 @@ impl Datapath {
     }
 }
 
+/// A frame read from a guest's tap.
+struct GuestFrame<'a> {
+    port: engine::PortId,
+    vnet: engine::VnetHdr,
+    frame: &'a [u8],
+    nanos: u64,
+}
+
+/// [`Engine::process_guest`] while this worker captures: a frame of a captured
+/// port is copied to its captures, with why the engine dropped it if it did (it
+/// produced nothing and a drop counter of the port grew: see [`crate::capture`]).
+fn guest_captured(
+    engine: &mut Engine,
+    g: GuestFrame<'_>,
+    routes: &dyn UnderlayRoutes,
+    out: &mut TxBatch<'_>,
+    captures: &mut Captures,
+    st: &mut WorkerStats,
+) {
+    if !captures.wants(g.port) {
+        engine.process_guest(g.port, g.vnet, g.frame, g.nanos, routes, out);
+        return;
+    }
+    let before = engine.port_drops(g.port).cloned();
+    let sent = out.len();
+    engine.process_guest(g.port, g.vnet, g.frame, g.nanos, routes, out);
+    let dropped = match (before, engine.port_drops(g.port)) {
+        (Some(b), Some(a)) if out.len() == sent => capture::grown(&b, a),
+        _ => None,
+    };
+    let fill = |v: &mut Vec<u8>| v.extend_from_slice(g.frame);
+    captures.offer(g.port, Dir::Out, g.frame.len(), fill, dropped, st);
+}
+
 /// The tap of port `token` if it is up.
 fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut TapPort> {
     let port = taps.get_mut(usize::try_from(token).ok()?)?.as_mut()?;
@@ -734,22 +786,39 @@ fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<PortTap>], st: &mut Wo
                         continue;
                     }
                 };
-                match to_tap(tap, &vnet.to_bytes(), frame, &io.held, &mut io.linear) {
+                let dropped = match to_tap(tap, &vnet.to_bytes(), frame, &io.held, &mut io.linear) {
                     Ok(linearized) => {
                         st.tap_tx_frames += 1;
                         st.tap_tx_linearized += u64::from(linearized);
+                        None
                     }
                     Err(e) => match TapFault::of(&e) {
-                        TapFault::LinkDown => st.tap_tx_link_down += 1,
+                        TapFault::LinkDown => {
+                            st.tap_tx_link_down += 1;
+                            Some("tap_tx_link_down")
+                        }
                         TapFault::Gone => {
                             st.tap_tx_port_down += 1;
                             io.gone.push((u64::from(port.0), format!("write: {e}")));
+                            Some("tap_tx_port_down")
                         }
                         TapFault::Frame => {
                             st.tap_tx_errors += 1;
                             tracing::debug!(tap = tap.name(), error = %e, "tap write failed");
+                            Some("tap_tx_errors")
                         }
                     },
+                };
+                if !io.captures.is_empty() {
+                    let held = &io.held;
+                    let fill = |v: &mut Vec<u8>| {
+                        held.for_each_part(frame, |p| {
+                            let room = (capture::SNAPLEN as usize).saturating_sub(v.len());
+                            v.extend_from_slice(p.get(..room).unwrap_or(p));
+                        });
+                    };
+                    io.captures
+                        .offer(port, Dir::In, frame.len(), fill, dropped, st);
                 }
             }
             TxDest::Sibling {

@@ -54,9 +54,10 @@ fn kind(r: &Request) -> usize {
         // 18-all.jsonl (which need not be accepted whole).
         Request::Doctor => 21,
         Request::PathCheck { .. } => 22,
+        Request::Capture(_) => 23,
     }
 }
-const KINDS: usize = 23;
+const KINDS: usize = 24;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach
