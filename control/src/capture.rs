@@ -12,11 +12,18 @@
 //! reply) instead.
 //!
 //! Drop reasons: while a port is captured, the worker keeps a copy of the port's
-//! drop counters from before each guest frame; if the frame produced no output
-//! and a counter grew, that counter names why the datapath dropped it ("out
-//! dropped: no_v2p"). A frame the worker could not write to the tap is recorded
-//! with the worker counter that counted it ("in dropped: tap_tx_link_down").
-//! Only captured ports pay for this.
+//! drop counters from before each guest frame; if a counter grew and the frame
+//! sent nothing anywhere but back to the guest (a gateway reply, such as the
+//! Packet Too Big of a `packet_too_big` drop), that counter names why the
+//! datapath dropped it ("out dropped: no_v2p"). One counter may count another
+//! frame: a full hold queue drops the oldest frame waiting for the same next hop
+//! (`underlay_hold_overflow`), which the new frame's comment then names. A frame
+//! the worker could not write to the tap is recorded with the worker counter that
+//! counted it ("in dropped: tap_tx_link_down"). Only captured ports pay for this.
+//!
+//! A capture runs its whole course once started: if `xdeadm` goes away, the
+//! daemon still writes the file until `count` or `seconds` (and `xdeadm`'s own
+//! file, without `-w`, is then left in the API socket's directory).
 //!
 //! Direction: "out" and "in" as in the port counters and OPTE (from and to the
 //! guest), recorded as pcapng outbound and inbound (`frame.p2p_dir` 0 and 1 in

@@ -732,8 +732,10 @@ struct GuestFrame<'a> {
 }
 
 /// [`Engine::process_guest`] while this worker captures: a frame of a captured
-/// port is copied to its captures, with why the engine dropped it if it did (it
-/// produced nothing and a drop counter of the port grew: see [`crate::capture`]).
+/// port is copied to its captures, with why the engine dropped it if it did: a
+/// drop counter of the port grew, and nothing left for anywhere but the guest
+/// itself (a gateway reply such as the Packet Too Big of `packet_too_big` may go
+/// back to it). See [`crate::capture`].
 fn guest_captured(
     engine: &mut Engine,
     g: GuestFrame<'_>,
@@ -749,8 +751,12 @@ fn guest_captured(
     let before = engine.port_drops(g.port).cloned();
     let sent = out.len();
     engine.process_guest(g.port, g.vnet, g.frame, g.nanos, routes, out);
+    let forwarded = out
+        .iter()
+        .skip(sent)
+        .any(|(dest, _)| !matches!(dest, TxDest::Port { port, .. } if port == g.port));
     let dropped = match (before, engine.port_drops(g.port)) {
-        (Some(b), Some(a)) if out.len() == sent => capture::grown(&b, a),
+        (Some(b), Some(a)) if !forwarded => capture::grown(&b, a),
         _ => None,
     };
     let fill = |v: &mut Vec<u8>| v.extend_from_slice(g.frame);
