@@ -155,8 +155,7 @@ pub enum Request {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CaptureSpec {
     pub port: String,
-    /// Also the underlay frames of the port's traffic (refused: see
-    /// `crate::capture`).
+    /// Also the underlay frames of the port's traffic (see `crate::capture`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub underlay: bool,
     /// Stop after this many frames (default: only the time limit).

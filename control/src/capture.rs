@@ -29,12 +29,15 @@
 //! guest), recorded as pcapng outbound and inbound (`frame.p2p_dir` 0 and 1 in
 //! tshark) and in the packet's comment.
 //!
-//! Underlay frames (`--underlay`) are refused: the worker cannot attribute them to
-//! a port cheaply. An outbound underlay frame may be built in an AF_XDP transmit
-//! slot that is submitted unread, and an inbound one may be coalesced with others
-//! before it reaches the guest; attributing them would put per-frame bookkeeping
-//! on the fast path of every port. Capture the underlay link itself with tcpdump
-//! (`tcpdump -i UNDERLAY_LINK udp port 6081`) instead.
+//! Underlay frames (`--underlay`), attributed only while such a capture runs on the
+//! worker, so that no port pays for it otherwise: outbound, the underlay frames
+//! the engine made of a captured guest frame in the same call (an AF_XDP transmit
+//! slot is read before it is submitted; frames that first waited for a next hop
+//! are not seen); inbound, the Geneve frames addressed to the port (its VNI and
+//! guest MAC), whether the worker received them or another worker handed them
+//! over, delivered or dropped (with the reason, as for guest frames: the only way
+//! to see an inbound drop such as `fw_deny_in`, which never reaches the tap).
+//! Their comments say `underlay` ("in underlay dropped: fw_deny_in").
 //!
 //! The file: the daemon writes it itself (the guest's frames never leave the daemon
 //! other than into it), at an absolute path, created mode 0600, or an existing
@@ -50,7 +53,7 @@ use crate::server::Answer;
 use crate::worker::WorkerStats;
 use crate::workers::Workers;
 use engine::counters::DropCounters;
-use engine::PortId;
+use engine::{Engine, MacAddr, PortId, TxBatch, TxDest};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, ErrorKind};
 use std::os::unix::fs::OpenOptionsExt;
@@ -59,6 +62,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use wire::meta::parse_underlay_head;
 
 /// Frames that may wait between a worker and the file: a burst of about a
 /// millisecond at line rate, at most 16 MiB of copies should every frame be a
@@ -91,11 +95,20 @@ impl Dir {
     }
 }
 
+/// Where a frame was seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Point {
+    pub(crate) port: PortId,
+    pub(crate) dir: Dir,
+    /// On the underlay side (Geneve-encapsulated), not the guest's.
+    pub(crate) underlay: bool,
+}
+
 /// One captured frame on its way to the file.
 #[derive(Clone, Debug)]
 pub(crate) struct Captured {
     unix_ns: u64,
-    dir: Dir,
+    at: Point,
     orig_len: u32,
     bytes: Vec<u8>,
     /// Why the datapath dropped the frame, if it did.
@@ -112,6 +125,9 @@ pub(crate) struct Feed {
 
 struct Tap {
     port: PortId,
+    /// With `--underlay`: the port's VNI and guest MAC, which its inbound Geneve
+    /// frames carry.
+    underlay: Option<(u32, MacAddr)>,
     feed: Feed,
 }
 
@@ -119,6 +135,10 @@ struct Tap {
 #[derive(Default)]
 pub(crate) struct Captures {
     taps: Vec<Tap>,
+    /// Positions in this round's output batch of underlay frames made of a
+    /// captured port's guest frames, with the port: copied when the batch is
+    /// drained (see [`Captures::underlay_out`]).
+    pending: Vec<(usize, PortId)>,
 }
 
 impl Captures {
@@ -134,14 +154,14 @@ impl Captures {
 
     /// Starts feeding `port`'s frames to `feed`; captures whose session has ended
     /// meanwhile (while no frame of their port came by to notice) are let go first.
-    fn add(&mut self, port: PortId, feed: Feed) -> Result<(), String> {
+    fn add(&mut self, tap: Tap) -> Result<(), String> {
         self.taps.retain(|t| Arc::strong_count(&t.feed.lost) > 1);
         if self.taps.len() >= MAX_PER_WORKER {
             return Err(format!(
                 "this port's worker already runs {MAX_PER_WORKER} captures; wait for one to end"
             ));
         }
-        self.taps.push(Tap { port, feed });
+        self.taps.push(tap);
         Ok(())
     }
 
@@ -151,18 +171,63 @@ impl Captures {
         self.taps.retain(|t| t.port != port);
     }
 
-    /// Copies a frame of `port` to its captures: `orig_len` bytes, of which `fill`
-    /// appends the first [`SNAPLEN`] (at most) to the buffer it is given.
+    fn wants_underlay(&self, port: PortId) -> bool {
+        self.taps
+            .iter()
+            .any(|t| t.port == port && t.underlay.is_some())
+    }
+
+    /// The captured port an underlay frame (in `pieces`) is addressed to, if any
+    /// capture of this worker wants underlay frames.
+    fn underlay_port(&self, pieces: &[&[u8]]) -> Option<PortId> {
+        if self.taps.iter().all(|t| t.underlay.is_none()) {
+            return None;
+        }
+        // The headers, wherever the pieces split them: the outer ones, Geneve
+        // options (at most 252 bytes) and the inner destination MAC.
+        let mut buf = [0u8; 512];
+        let mut n = 0;
+        for p in pieces {
+            let take = p.len().min(buf.len() - n);
+            buf[n..n + take].copy_from_slice(&p[..take]);
+            n += take;
+        }
+        let total = pieces.iter().map(|p| p.len()).sum();
+        let meta = parse_underlay_head(&buf[..n], total)?.ok()?;
+        let dst = buf.get(meta.inner_off..meta.inner_off + 6)?;
+        self.taps
+            .iter()
+            .find(|t| t.underlay.is_some_and(|(v, m)| v == meta.vni && m.0 == dst))
+            .map(|t| t.port)
+    }
+
+    /// The captured port whose guest frame became underlay frame number `index`
+    /// of the batch being drained, if any.
+    pub(crate) fn made_by(&self, index: usize) -> Option<PortId> {
+        self.pending
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|&(_, port)| port)
+    }
+
+    /// The batch is drained: its positions mean nothing any more.
+    pub(crate) fn end_of_batch(&mut self) {
+        self.pending.clear();
+    }
+
+    /// Copies a frame seen at `at` to the captures of its port that want it:
+    /// `orig_len` bytes, of which `fill` appends the first [`SNAPLEN`] (at most) to
+    /// the buffer it is given.
     pub(crate) fn offer(
         &mut self,
-        port: PortId,
-        dir: Dir,
+        at: Point,
         orig_len: usize,
         fill: impl FnOnce(&mut Vec<u8>),
         dropped: Option<&'static str>,
         st: &mut WorkerStats,
     ) {
-        if !self.wants(port) {
+        let wanted = |t: &Tap| t.port == at.port && (!at.underlay || t.underlay.is_some());
+        if !self.taps.iter().any(wanted) {
             return;
         }
         let mut bytes = Vec::with_capacity(orig_len.min(SNAPLEN as usize));
@@ -172,13 +237,13 @@ impl Captures {
             unix_ns: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-            dir,
+            at,
             orig_len: u32::try_from(orig_len).unwrap_or(u32::MAX),
             bytes,
             dropped,
         };
         self.taps.retain(|t| {
-            if t.port != port {
+            if !wanted(t) {
                 return true;
             }
             match t.feed.tx.try_send(frame.clone()) {
@@ -195,6 +260,108 @@ impl Captures {
     }
 }
 
+/// One frame going through the engine while its worker captures: what it takes
+/// to say afterwards whether the engine dropped it and why.
+pub(crate) struct Watch {
+    at: Point,
+    /// The frame (at most [`SNAPLEN`] bytes) and its length.
+    bytes: Vec<u8>,
+    orig_len: usize,
+    drops: DropCounters,
+    /// The batch's length before the frame.
+    sent: usize,
+}
+
+impl Watch {
+    /// A frame from the guest of `port`, if the port is captured.
+    pub(crate) fn guest(
+        engine: &Engine,
+        captures: &Captures,
+        port: PortId,
+        frame: &[u8],
+        out: &TxBatch<'_>,
+    ) -> Option<Watch> {
+        if !captures.wants(port) {
+            return None;
+        }
+        let at = Point {
+            port,
+            dir: Dir::Out,
+            underlay: false,
+        };
+        Watch::of(engine, at, &[frame], out)
+    }
+
+    /// A frame from the underlay (in `pieces`), if it is for a port captured with
+    /// its underlay frames.
+    pub(crate) fn underlay(
+        engine: &Engine,
+        captures: &Captures,
+        pieces: &[&[u8]],
+        out: &TxBatch<'_>,
+    ) -> Option<Watch> {
+        let port = captures.underlay_port(pieces)?;
+        let at = Point {
+            port,
+            dir: Dir::In,
+            underlay: true,
+        };
+        Watch::of(engine, at, pieces, out)
+    }
+
+    fn of(engine: &Engine, at: Point, pieces: &[&[u8]], out: &TxBatch<'_>) -> Option<Watch> {
+        let mut bytes = Vec::new();
+        for p in pieces {
+            let room = (SNAPLEN as usize).saturating_sub(bytes.len());
+            bytes.extend_from_slice(p.get(..room).unwrap_or(p));
+        }
+        Some(Watch {
+            at,
+            bytes,
+            orig_len: pieces.iter().map(|p| p.len()).sum(),
+            drops: engine.port_drops(at.port)?.clone(),
+            sent: out.len(),
+        })
+    }
+
+    /// The engine is done with the frame: it goes to the captures, with why it was
+    /// dropped if a drop counter of the port grew and nothing went where the frame
+    /// was going (a guest frame may still get a gateway reply, such as the Packet
+    /// Too Big of `packet_too_big`; an underlay frame, nothing for the port). The
+    /// underlay frames a guest frame became are marked to be copied at the drain.
+    pub(crate) fn done(
+        self,
+        engine: &Engine,
+        out: &TxBatch<'_>,
+        captures: &mut Captures,
+        st: &mut WorkerStats,
+    ) {
+        let port = self.at.port;
+        let made = || out.iter().enumerate().skip(self.sent);
+        let to_port = |d: &TxDest| matches!(d, TxDest::Port { port: p, .. } if *p == port);
+        let passed = match self.at.dir {
+            Dir::Out => made().any(|(_, (d, _))| !to_port(&d)),
+            Dir::In => made().any(|(_, (d, _))| to_port(&d)),
+        };
+        let dropped = match engine.port_drops(port) {
+            Some(after) if !passed => grown(&self.drops, after),
+            _ => None,
+        };
+        if self.at.dir == Dir::Out && captures.wants_underlay(port) {
+            let underlay = made().filter(|(_, (d, _))| matches!(d, TxDest::Underlay { .. }));
+            captures.pending.extend(underlay.map(|(i, _)| (i, port)));
+        }
+        let bytes = &self.bytes;
+        captures.offer(
+            self.at,
+            self.orig_len,
+            |v| v.extend_from_slice(bytes),
+            dropped,
+            st,
+        );
+    }
+}
+
 /// The first drop counter that is higher in `after` than in `before`: why the
 /// frame processed in between was dropped.
 pub(crate) fn grown(before: &DropCounters, after: &DropCounters) -> Option<&'static str> {
@@ -205,17 +372,24 @@ pub(crate) fn grown(before: &DropCounters, after: &DropCounters) -> Option<&'sta
 }
 
 impl Datapath {
-    /// Starts feeding port `port`'s frames to `feed` (a job on the port's worker).
-    fn start_capture(&mut self, port: &str, feed: Feed) -> Result<(), String> {
+    /// Starts feeding port `port`'s frames (and its underlay frames if
+    /// `underlay`) to `feed` (a job on the port's worker).
+    fn start_capture(&mut self, port: &str, underlay: bool, feed: Feed) -> Result<(), String> {
         let id = self
             .engine
             .port_id(port)
             .ok_or_else(|| format!("no port named {port:?} on its worker"))?;
+        let cfg = self.engine.port_config(port).map_err(|e| e.to_string())?;
+        let underlay = underlay.then_some((cfg.vni.get(), cfg.guest_mac));
         let io = self
             .io
             .as_mut()
             .ok_or("this datapath has no I/O: there are no frames to capture")?;
-        io.captures.add(id, feed)
+        io.captures.add(Tap {
+            port: id,
+            underlay,
+            feed,
+        })
     }
 }
 
@@ -255,14 +429,6 @@ pub fn start(workers: &Workers<Datapath>, spec: CaptureSpec) -> Answer {
 
 /// Everything `start` does before it answers later.
 fn begin(workers: &Workers<Datapath>, spec: &CaptureSpec) -> Result<(Session, File), String> {
-    if spec.underlay {
-        return Err(
-            "capture --underlay is not supported: underlay frames cannot be \
-                    attributed to a port without slowing every port; capture the \
-                    underlay link with tcpdump (udp port 6081) instead"
-                .into(),
-        );
-    }
     let seconds = spec.seconds.unwrap_or(CaptureSpec::DEFAULT_SECONDS);
     if !(1..=CaptureSpec::MAX_SECONDS).contains(&seconds) {
         let max = CaptureSpec::MAX_SECONDS;
@@ -279,8 +445,9 @@ fn begin(workers: &Workers<Datapath>, spec: &CaptureSpec) -> Result<(Session, Fi
     let file = open_output(&spec.file)?;
     let (feed, session) = channel();
     let port = spec.port.clone();
+    let underlay = spec.underlay;
     workers.call(worker, move |dp: &mut Datapath| {
-        dp.start_capture(&port, feed)
+        dp.start_capture(&port, underlay, feed)
     })??;
     Ok((session, file))
 }
@@ -335,15 +502,19 @@ impl Session {
                 Err(RecvTimeoutError::Timeout) => break CaptureEnd::Time,
                 Err(RecvTimeoutError::Disconnected) => break CaptureEnd::PortGone,
             };
-            let comment = match f.dropped {
-                Some(why) => format!("{} dropped: {why}", f.dir.name()),
-                None => f.dir.name().to_string(),
-            };
+            let mut comment = f.at.dir.name().to_string();
+            if f.at.underlay {
+                comment.push_str(" underlay");
+            }
+            if let Some(why) = f.dropped {
+                comment.push_str(" dropped: ");
+                comment.push_str(why);
+            }
             w.packet(&Packet {
                 unix_ns: f.unix_ns,
                 orig_len: f.orig_len,
                 data: &f.bytes,
-                direction: match f.dir {
+                direction: match f.at.dir {
                     Dir::Out => pcapng::Direction::Outbound,
                     Dir::In => pcapng::Direction::Inbound,
                 },
@@ -374,11 +545,26 @@ mod tests {
         vec![n; 60]
     }
 
+    fn at(port: u32, dir: Dir) -> Point {
+        Point {
+            port: PortId(port),
+            dir,
+            underlay: false,
+        }
+    }
+
+    fn tap(port: u32, underlay: Option<(u32, MacAddr)>, feed: Feed) -> Tap {
+        Tap {
+            port: PortId(port),
+            underlay,
+            feed,
+        }
+    }
+
     fn offer(c: &mut Captures, port: u32, n: u8, st: &mut WorkerStats) {
         let f = frame(n);
         c.offer(
-            PortId(port),
-            Dir::Out,
+            at(port, Dir::Out),
             f.len(),
             |v| v.extend_from_slice(&f),
             None,
@@ -391,7 +577,7 @@ mod tests {
         let mut c = Captures::default();
         assert!(c.is_empty());
         let (feed, session) = channel();
-        c.add(PortId(1), feed).unwrap();
+        c.add(tap(1, None, feed)).unwrap();
         let mut st = WorkerStats::default();
         offer(&mut c, 2, 9, &mut st);
         for i in 0..QUEUE + 3 {
@@ -414,17 +600,81 @@ mod tests {
         let mut sessions = Vec::new();
         for p in 0..MAX_PER_WORKER as u32 {
             let (feed, s) = channel();
-            c.add(PortId(p), feed).unwrap();
+            c.add(tap(p, None, feed)).unwrap();
             sessions.push(s);
         }
         let (feed, _s) = channel();
-        assert!(c.add(PortId(9), feed).unwrap_err().contains("4 captures"));
+        assert!(c
+            .add(tap(9, None, feed))
+            .unwrap_err()
+            .contains("4 captures"));
         sessions.pop();
         let (feed, _s) = channel();
-        c.add(PortId(9), feed).unwrap();
+        c.add(tap(9, None, feed)).unwrap();
         c.forget(PortId(0));
         assert!(!c.wants(PortId(0)));
         assert!(matches!(sessions[0].rx.recv(), Err(mpsc::RecvError),));
+    }
+
+    /// A Geneve frame in VNI `vni` for inner destination `dst`, as a peer sends it.
+    fn geneve(vni: u32, dst: [u8; 6]) -> Vec<u8> {
+        let inner = [&dst[..], &[2, 0, 0, 0, 0, 1], &[0x08, 0x00], &[0u8; 46]].concat();
+        let udp_len = (8 + 8 + inner.len()) as u16;
+        let mut f = vec![0u8; 14];
+        f[12..14].copy_from_slice(&[0x86, 0xdd]);
+        let mut ip = vec![0x60, 0, 0, 0];
+        ip.extend_from_slice(&udp_len.to_be_bytes());
+        ip.extend_from_slice(&[17, 64]);
+        ip.extend_from_slice(&[0xfd; 32]);
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&[0x30, 0x39, 0x17, 0xc1]);
+        f.extend_from_slice(&udp_len.to_be_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f.extend_from_slice(&[0, 0, 0x65, 0x58]);
+        f.extend_from_slice(&(vni << 8).to_be_bytes());
+        f.extend_from_slice(&inner);
+        f
+    }
+
+    #[test]
+    fn underlay_frames_are_attributed_by_vni_and_guest_mac_only_when_asked() {
+        let mac = MacAddr([2, 8, 0x20, 1, 2, 3]);
+        let mut c = Captures::default();
+        let (feed, _plain) = channel();
+        c.add(tap(1, None, feed)).unwrap();
+        let f = geneve(10, mac.0);
+        assert_eq!(
+            c.underlay_port(&[&f]),
+            None,
+            "no capture asked for the underlay"
+        );
+        let (feed, session) = channel();
+        c.add(tap(3, Some((10, mac)), feed)).unwrap();
+        assert_eq!(c.underlay_port(&[&f]), Some(PortId(3)));
+        assert_eq!(c.underlay_port(&[&f[..70], &f[70..]]), Some(PortId(3)));
+        assert_eq!(c.underlay_port(&[&geneve(11, mac.0)]), None, "other VNI");
+        assert_eq!(c.underlay_port(&[&geneve(10, [2; 6])]), None, "other MAC");
+        assert_eq!(c.underlay_port(&[&f[..20]]), None, "not a whole header");
+        // Underlay frames go only to the captures that asked for them.
+        c.pending.push((4, PortId(3)));
+        assert_eq!((c.made_by(4), c.made_by(5)), (Some(PortId(3)), None));
+        c.end_of_batch();
+        assert_eq!(c.made_by(4), None);
+        let mut st = WorkerStats::default();
+        let under = Point {
+            underlay: true,
+            ..at(3, Dir::In)
+        };
+        c.offer(
+            under,
+            f.len(),
+            |v| v.extend_from_slice(&f),
+            Some("fw_deny_in"),
+            &mut st,
+        );
+        let got = session.rx.try_recv().unwrap();
+        assert_eq!((got.at, got.dropped), (under, Some("fw_deny_in")));
+        assert_eq!(got.bytes, f);
     }
 
     #[test]
@@ -473,28 +723,25 @@ mod tests {
         let file = open_output(&spec.file).unwrap();
         let (feed, session) = channel();
         let mut c = Captures::default();
-        c.add(PortId(0), feed).unwrap();
+        c.add(tap(0, None, feed)).unwrap();
         let mut st = WorkerStats::default();
         let f = frame(1);
         c.offer(
-            PortId(0),
-            Dir::Out,
+            at(0, Dir::Out),
             60,
             |v| v.extend_from_slice(&f),
             Some("no_v2p"),
             &mut st,
         );
         c.offer(
-            PortId(0),
-            Dir::In,
+            at(0, Dir::In),
             60,
             |v| v.extend_from_slice(&f),
             None,
             &mut st,
         );
         c.offer(
-            PortId(0),
-            Dir::In,
+            at(0, Dir::In),
             60,
             |v| v.extend_from_slice(&f),
             None,
@@ -507,8 +754,7 @@ mod tests {
         assert!(text.contains("out dropped: no_v2p"), "{text}");
         // The session is gone: the worker lets the capture go.
         c.offer(
-            PortId(0),
-            Dir::In,
+            at(0, Dir::In),
             60,
             |v| v.extend_from_slice(&f),
             None,

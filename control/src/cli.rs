@@ -180,7 +180,8 @@ pub enum Command {
 #[derive(Debug, Args, Clone, PartialEq, Eq)]
 pub struct CaptureArgs {
     pub port: String,
-    /// Also the port's underlay frames (not supported: the daemon refuses it).
+    /// Also the port's underlay frames: the Geneve frames its guest's frames
+    /// became, and those addressed to it (delivered or dropped).
     #[arg(long)]
     pub underlay: bool,
     /// The pcapng file overlayd writes (new, or empty; under systemd, a directory

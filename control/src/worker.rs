@@ -27,7 +27,7 @@
 //! written. The underlay sockets can be replaced between rounds
 //! ([`WorkerIo::replace_queues`]) when the daemon re-attaches a link.
 
-use crate::capture::{self, Captures, Dir};
+use crate::capture::{self, Captures, Dir, Point, Watch};
 use crate::config::PollMode;
 use crate::datapath::{Datapath, PortTap, Reattached, Reattacher, TapLink};
 use crate::handoff::{handoff_ring, Doorbell, Handoff, HandoffRx, HandoffTx, PushError};
@@ -37,9 +37,7 @@ use crate::workers::{serve_jobs, JobRx};
 use dpio::poll::Epoll;
 use dpio::tap::{TapFault, TapPort, MAX_GATHER, MAX_TAP_FRAME};
 use dpio::xsk::{RxHeld, TxError};
-use engine::{
-    Engine, FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest, UnderlayRoutes,
-};
+use engine::{FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest};
 use serde::Serialize;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -543,13 +541,11 @@ impl Datapath {
                         if io.captures.is_empty() {
                             engine.process_guest(port, vnet, frame, nanos, routes, &mut out);
                         } else {
-                            let guest = GuestFrame {
-                                port,
-                                vnet,
-                                frame,
-                                nanos,
-                            };
-                            guest_captured(engine, guest, routes, &mut out, &mut io.captures, st);
+                            let w = Watch::guest(engine, &io.captures, port, frame, &out);
+                            engine.process_guest(port, vnet, frame, nanos, routes, &mut out);
+                            if let Some(w) = w {
+                                w.done(engine, &out, &mut io.captures, st);
+                            }
                         }
                     }
                     Ok(None) => break,
@@ -571,7 +567,15 @@ impl Datapath {
                 let input = held.inputs.len() as u32;
                 held.inputs.push(Input::Underlay { sock, frame });
                 let f = RxFrame::new(chain.pieces(), input);
-                engine.process_underlay(f, nanos, routes, &mut out);
+                if io.captures.is_empty() {
+                    engine.process_underlay(f, nanos, routes, &mut out);
+                } else {
+                    let w = Watch::underlay(engine, &io.captures, chain.pieces(), &out);
+                    engine.process_underlay(f, nanos, routes, &mut out);
+                    if let Some(w) = w {
+                        w.done(engine, &out, &mut io.captures, st);
+                    }
+                }
             }
         }
         for (index, (_, h)) in held.handed.iter().enumerate() {
@@ -583,7 +587,16 @@ impl Datapath {
                 SiblingFrame::Guest { vni, vnet } => {
                     engine.process_sibling(vni, vnet, f, nanos, &mut out)
                 }
-                SiblingFrame::Underlay => engine.process_underlay(f, nanos, routes, &mut out),
+                SiblingFrame::Underlay if io.captures.is_empty() => {
+                    engine.process_underlay(f, nanos, routes, &mut out)
+                }
+                SiblingFrame::Underlay => {
+                    let w = Watch::underlay(engine, &io.captures, &pieces, &out);
+                    engine.process_underlay(f, nanos, routes, &mut out);
+                    if let Some(w) = w {
+                        w.done(engine, &out, &mut io.captures, st);
+                    }
+                }
             }
         }
         // Frames held for a next hop the last snapshot resolved leave now.
@@ -723,46 +736,6 @@ impl Datapath {
     }
 }
 
-/// A frame read from a guest's tap.
-struct GuestFrame<'a> {
-    port: engine::PortId,
-    vnet: engine::VnetHdr,
-    frame: &'a [u8],
-    nanos: u64,
-}
-
-/// [`Engine::process_guest`] while this worker captures: a frame of a captured
-/// port is copied to its captures, with why the engine dropped it if it did: a
-/// drop counter of the port grew, and nothing left for anywhere but the guest
-/// itself (a gateway reply such as the Packet Too Big of `packet_too_big` may go
-/// back to it). See [`crate::capture`].
-fn guest_captured(
-    engine: &mut Engine,
-    g: GuestFrame<'_>,
-    routes: &dyn UnderlayRoutes,
-    out: &mut TxBatch<'_>,
-    captures: &mut Captures,
-    st: &mut WorkerStats,
-) {
-    if !captures.wants(g.port) {
-        engine.process_guest(g.port, g.vnet, g.frame, g.nanos, routes, out);
-        return;
-    }
-    let before = engine.port_drops(g.port).cloned();
-    let sent = out.len();
-    engine.process_guest(g.port, g.vnet, g.frame, g.nanos, routes, out);
-    let forwarded = out
-        .iter()
-        .skip(sent)
-        .any(|(dest, _)| !matches!(dest, TxDest::Port { port, .. } if port == g.port));
-    let dropped = match (before, engine.port_drops(g.port)) {
-        (Some(b), Some(a)) if !forwarded => capture::grown(&b, a),
-        _ => None,
-    };
-    let fill = |v: &mut Vec<u8>| v.extend_from_slice(g.frame);
-    captures.offer(g.port, Dir::Out, g.frame.len(), fill, dropped, st);
-}
-
 /// The tap of port `token` if it is up.
 fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut TapPort> {
     let port = taps.get_mut(usize::try_from(token).ok()?)?.as_mut()?;
@@ -774,9 +747,14 @@ fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut TapPort> 
 
 /// Sends every frame of the batch where the engine said.
 fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<PortTap>], st: &mut WorkerStats) {
-    for (dest, frame) in out.iter() {
+    for (index, (dest, frame)) in out.iter().enumerate() {
         match dest {
-            TxDest::Underlay { ifindex } => to_underlay(io, ifindex, frame, st),
+            TxDest::Underlay { ifindex } => {
+                if !io.captures.is_empty() {
+                    capture_underlay_out(io, index, frame, st);
+                }
+                to_underlay(io, ifindex, frame, st)
+            }
             TxDest::Port { port, vnet } => {
                 let tap = match taps.get(port.0 as usize).and_then(Option::as_ref) {
                     Some(PortTap {
@@ -823,8 +801,12 @@ fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<PortTap>], st: &mut Wo
                             v.extend_from_slice(p.get(..room).unwrap_or(p));
                         });
                     };
-                    io.captures
-                        .offer(port, Dir::In, frame.len(), fill, dropped, st);
+                    let at = Point {
+                        port,
+                        dir: Dir::In,
+                        underlay: false,
+                    };
+                    io.captures.offer(at, frame.len(), fill, dropped, st);
                 }
             }
             TxDest::Sibling {
@@ -853,6 +835,35 @@ fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<PortTap>], st: &mut Wo
                 }
             }
         }
+    }
+    io.captures.end_of_batch();
+}
+
+/// Copies frame number `index` of the batch, on its way to the underlay, to the
+/// captures of the port whose guest frame it was made of, if any (see
+/// [`crate::capture::Watch::done`]); a lent frame is read from its transmit slot.
+fn capture_underlay_out(
+    io: &mut WorkerIo,
+    index: usize,
+    frame: FrameBytes<'_>,
+    st: &mut WorkerStats,
+) {
+    let Some(port) = io.captures.made_by(index) else {
+        return;
+    };
+    let bytes = match frame {
+        FrameBytes::Own(b) => Some(b),
+        FrameBytes::Lent { frame, len } => io.queues.lent_bytes(&io.lent, frame, len),
+        FrameBytes::Gather { .. } => None,
+    };
+    if let Some(b) = bytes {
+        let at = Point {
+            port,
+            dir: Dir::Out,
+            underlay: true,
+        };
+        io.captures
+            .offer(at, b.len(), |v| v.extend_from_slice(b), None, st);
     }
 }
 

@@ -194,14 +194,84 @@ fn capture_records_both_directions_and_drop_reasons() -> Result<()> {
         );
     }
 
+    // With the port's underlay frames: the Geneve frames its echo requests became,
+    // those its replies came in, next to the guest's own, and an inbound datagram
+    // the port's firewall refuses, which never reaches the tap.
+    sled.admin(&[
+        "add-fw-rule",
+        "-p",
+        A1,
+        "--dir",
+        "in",
+        "--hosts",
+        "any",
+        "--protocol",
+        "UDP",
+        "--ports",
+        "9",
+        "--action",
+        "deny",
+        "--priority",
+        "10",
+    ])?;
+    let ufile = rack.dir().join("a1-underlay.pcapng");
+    let ufile = ufile
+        .to_str()
+        .ok_or_else(|| Error::new("temporary path is not UTF-8"))?
+        .to_string();
+    let cmd = sled.xdeadm(&[
+        "capture",
+        A1,
+        "--underlay",
+        "-w",
+        &ufile,
+        "--seconds",
+        SECONDS,
+    ])?;
+    let capture = thread::spawn(move || cmd.timeout(Duration::from_secs(30)).output());
+    thread::sleep(SETTLE);
+    traffic(&rack)?;
+    let send = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.sendto(b'refused', ('{a1_ip}', 9))\n"
+    );
+    rack.guest(B1)?.cmd("python3").arg("-").stdin(send).run()?;
+    let done = capture
+        .join()
+        .map_err(|_| Error::new("capture thread panicked"))??;
+    assert!(
+        done.status.success(),
+        "capture --underlay failed: {}",
+        done.stderr
+    );
+    let out = Cmd::new("tshark")
+        .args(["-r", &ufile, "-T", "fields", "-E", "separator=|"])
+        .args([
+            "-e",
+            "frame.comment",
+            "-e",
+            "udp.dstport",
+            "-e",
+            "icmp.type",
+        ])
+        .run()?;
+    for want in [
+        "out||8",
+        "in||0",
+        "out underlay|6081|8",
+        "in underlay|6081|0",
+        "in underlay dropped: fw_deny_in|6081,9|",
+    ] {
+        assert!(out.lines().any(|l| l == want), "no {want:?} in: {out}");
+    }
+
     // Refusals name what is wrong.
     let refused = |args: &[&str]| -> Result<String> {
         let o = sled.xdeadm(args)?.output()?;
         assert!(!o.status.success(), "{args:?} accepted: {}", o.stdout);
         Ok(o.stderr)
     };
-    let e = refused(&["capture", A1, "--underlay", "-w", "/tmp/never.pcapng"])?;
-    assert!(e.contains("--underlay"), "{e}");
     let e = refused(&["capture", "nosuch", "-w", "/tmp/never.pcapng"])?;
     assert!(e.contains("nosuch"), "{e}");
     let e = refused(&["capture", A1, "-w", &file, "-c", "1"])?;
