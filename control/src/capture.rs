@@ -232,6 +232,7 @@ impl Captures {
         }
         let mut bytes = Vec::with_capacity(orig_len.min(SNAPLEN as usize));
         fill(&mut bytes);
+        // `fill` should keep to it; a capture never holds more.
         bytes.truncate(SNAPLEN as usize);
         let frame = Captured {
             unix_ns: SystemTime::now()
@@ -258,6 +259,12 @@ impl Captures {
             }
         });
     }
+}
+
+/// Appends `piece` to a frame being copied, up to [`SNAPLEN`] bytes in all.
+pub(crate) fn append(frame: &mut Vec<u8>, piece: &[u8]) {
+    let room = (SNAPLEN as usize).saturating_sub(frame.len());
+    frame.extend_from_slice(piece.get(..room).unwrap_or(piece));
 }
 
 /// One frame going through the engine while its worker captures: what it takes
@@ -312,8 +319,7 @@ impl Watch {
     fn of(engine: &Engine, at: Point, pieces: &[&[u8]], out: &TxBatch<'_>) -> Option<Watch> {
         let mut bytes = Vec::new();
         for p in pieces {
-            let room = (SNAPLEN as usize).saturating_sub(bytes.len());
-            bytes.extend_from_slice(p.get(..room).unwrap_or(p));
+            append(&mut bytes, p);
         }
         Some(Watch {
             at,
@@ -322,6 +328,22 @@ impl Watch {
             drops: engine.port_drops(at.port)?.clone(),
             sent: out.len(),
         })
+    }
+
+    /// Runs `process` (the engine taking the frame) and then [`Watch::done`]; an
+    /// unwatched frame (`None`: its port is not captured) is only processed.
+    pub(crate) fn around<'t>(
+        watch: Option<Watch>,
+        engine: &mut Engine,
+        out: &mut TxBatch<'t>,
+        captures: &mut Captures,
+        st: &mut WorkerStats,
+        process: impl FnOnce(&mut Engine, &mut TxBatch<'t>),
+    ) {
+        process(engine, out);
+        if let Some(w) = watch {
+            w.done(engine, out, captures, st);
+        }
     }
 
     /// The engine is done with the frame: it goes to the captures, with why it was
@@ -352,13 +374,7 @@ impl Watch {
             captures.pending.extend(underlay.map(|(i, _)| (i, port)));
         }
         let bytes = &self.bytes;
-        captures.offer(
-            self.at,
-            self.orig_len,
-            |v| v.extend_from_slice(bytes),
-            dropped,
-            st,
-        );
+        captures.offer(self.at, self.orig_len, |v| append(v, bytes), dropped, st);
     }
 }
 

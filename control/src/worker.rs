@@ -542,10 +542,9 @@ impl Datapath {
                             engine.process_guest(port, vnet, frame, nanos, routes, &mut out);
                         } else {
                             let w = Watch::guest(engine, &io.captures, port, frame, &out);
-                            engine.process_guest(port, vnet, frame, nanos, routes, &mut out);
-                            if let Some(w) = w {
-                                w.done(engine, &out, &mut io.captures, st);
-                            }
+                            Watch::around(w, engine, &mut out, &mut io.captures, st, |e, out| {
+                                e.process_guest(port, vnet, frame, nanos, routes, out)
+                            });
                         }
                     }
                     Ok(None) => break,
@@ -571,10 +570,9 @@ impl Datapath {
                     engine.process_underlay(f, nanos, routes, &mut out);
                 } else {
                     let w = Watch::underlay(engine, &io.captures, chain.pieces(), &out);
-                    engine.process_underlay(f, nanos, routes, &mut out);
-                    if let Some(w) = w {
-                        w.done(engine, &out, &mut io.captures, st);
-                    }
+                    Watch::around(w, engine, &mut out, &mut io.captures, st, |e, out| {
+                        e.process_underlay(f, nanos, routes, out)
+                    });
                 }
             }
         }
@@ -592,10 +590,9 @@ impl Datapath {
                 }
                 SiblingFrame::Underlay => {
                     let w = Watch::underlay(engine, &io.captures, &pieces, &out);
-                    engine.process_underlay(f, nanos, routes, &mut out);
-                    if let Some(w) = w {
-                        w.done(engine, &out, &mut io.captures, st);
-                    }
+                    Watch::around(w, engine, &mut out, &mut io.captures, st, |e, out| {
+                        e.process_underlay(f, nanos, routes, out)
+                    });
                 }
             }
         }
@@ -796,10 +793,7 @@ fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<PortTap>], st: &mut Wo
                 if !io.captures.is_empty() {
                     let held = &io.held;
                     let fill = |v: &mut Vec<u8>| {
-                        held.for_each_part(frame, |p| {
-                            let room = (capture::SNAPLEN as usize).saturating_sub(v.len());
-                            v.extend_from_slice(p.get(..room).unwrap_or(p));
-                        });
+                        held.for_each_part(frame, |p| capture::append(v, p));
                     };
                     let at = Point {
                         port,
@@ -863,7 +857,7 @@ fn capture_underlay_out(
             underlay: true,
         };
         io.captures
-            .offer(at, b.len(), |v| v.extend_from_slice(b), None, st);
+            .offer(at, b.len(), |v| capture::append(v, b), None, st);
     }
 }
 
