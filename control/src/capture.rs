@@ -5,7 +5,7 @@
 //! read from the port's tap (direction "out", from the guest) and a frame written
 //! to it (direction "in", to the guest). Each worker keeps its running captures in
 //! a [`Captures`]; when it is empty (no capture on this worker) a frame costs one
-//! predictable branch and nothing else. When a port is captured, its frames are
+//! predictable branch at each capture point and nothing else. When a port is captured, its frames are
 //! copied (up to [`SNAPLEN`] bytes) into a bounded channel ([`QUEUE`] frames,
 //! `try_send`): a worker never waits for the file, and a frame that does not fit
 //! is counted (`capture_dropped` in the worker's stats, and `dropped` in the
