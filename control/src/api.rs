@@ -150,6 +150,62 @@ pub enum Request {
     /// Per worker: its core, ports, queues, rounds and busy ratio
     /// (`xdeadm workers`).
     Workers,
+    /// `capture`: copies of a port's frames into a pcapng file the daemon writes.
+    Capture(CaptureSpec),
+}
+
+/// What `capture` copies, for how long, and where to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureSpec {
+    pub port: String,
+    /// Also the underlay frames of the port's traffic (see `crate::capture`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub underlay: bool,
+    /// Stop after this many frames (default: only the time limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// Stop after this many seconds (default 10, at most 3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<u32>,
+    /// The pcapng file the daemon writes: an absolute path, new or empty.
+    pub file: std::path::PathBuf,
+}
+
+impl CaptureSpec {
+    /// How long a capture runs without `seconds`, and at most.
+    pub const DEFAULT_SECONDS: u32 = 10;
+    pub const MAX_SECONDS: u32 = 3600;
+
+    /// How long the capture runs (the daemon refuses it out of range).
+    pub fn duration(&self) -> std::time::Duration {
+        let s = self.seconds.unwrap_or(Self::DEFAULT_SECONDS);
+        std::time::Duration::from_secs(u64::from(s.min(Self::MAX_SECONDS)))
+    }
+}
+
+/// How a capture ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CaptureEnd {
+    /// `count` frames were written.
+    Count,
+    /// `seconds` passed.
+    Time,
+    /// The port was deleted (or its worker stopped) meanwhile.
+    PortGone,
+}
+
+/// `capture`'s answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureReport {
+    pub port: String,
+    pub file: std::path::PathBuf,
+    /// Frames written to the file.
+    pub frames: u64,
+    /// Frames not captured because the file was not written fast enough (the
+    /// capture's bounded queue was full).
+    pub dropped: u64,
+    pub ended: CaptureEnd,
 }
 
 impl Request {
@@ -548,6 +604,7 @@ pub enum Reply {
     Doctor(Vec<Check>),
     /// `path-check`: one result per peer.
     PathCheck(Vec<PeerPath>),
+    Capture(CaptureReport),
 }
 
 /// How a `doctor` check came out.
@@ -807,6 +864,13 @@ pub(crate) mod tests {
                 peer: Some("fd00:99::2".parse().unwrap()),
             },
             Request::Workers,
+            Request::Capture(CaptureSpec {
+                port: "opte0".into(),
+                underlay: false,
+                count: Some(10),
+                seconds: None,
+                file: "/run/overlayd/c.pcapng".into(),
+            }),
         ]
     }
 
@@ -876,6 +940,13 @@ pub(crate) mod tests {
                 probes: 15,
                 error: None,
             }])),
+            Outcome::Ok(Reply::Capture(CaptureReport {
+                port: "opte0".into(),
+                file: "/run/overlayd/c.pcapng".into(),
+                frames: 10,
+                dropped: 2,
+                ended: CaptureEnd::Count,
+            })),
             Outcome::Error("invalid MAC address \"zz\"".into()),
         ];
         for r in replies {

@@ -7,9 +7,9 @@
 mod flows;
 
 use crate::api::{
-    Check, CheckStatus, CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule,
-    PeerPath, PortLink, PortStatus, Reply, Request, RouteEntry, V2pEntry, V2pTarget,
-    DEFAULT_API_SOCKET,
+    CaptureEnd, CaptureSpec, Check, CheckStatus, CreatePort, Direction, FwAction, FwFilters,
+    FwHost, FwProto, FwRule, PeerPath, PortLink, PortStatus, Reply, Request, RouteEntry, V2pEntry,
+    V2pTarget, DEFAULT_API_SOCKET,
 };
 use crate::config::parse_vni;
 use crate::opteadm;
@@ -180,6 +180,42 @@ pub enum Command {
         /// The peer's underlay address (default: every sled V2P names).
         underlay_addr: Option<Ipv6Addr>,
     },
+    /// Capture the frames passing a port (both directions; frames the datapath
+    /// dropped carry the reason) as pcapng: into FILE, or to standard output
+    /// (`xdeadm capture PORT | tshark -r -`). Ends after COUNT frames or SECONDS.
+    Capture(CaptureArgs),
+}
+
+#[derive(Debug, Args, Clone, PartialEq, Eq)]
+pub struct CaptureArgs {
+    pub port: String,
+    /// Also the port's underlay frames: the Geneve frames its guest's frames
+    /// became, and those addressed to it (delivered or dropped).
+    #[arg(long)]
+    pub underlay: bool,
+    /// The pcapng file overlayd writes (new, or empty; under systemd, a directory
+    /// overlayd may write, such as /run/overlayd). Default: standard output.
+    #[arg(short = 'w', long = "write", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// Stop after this many frames.
+    #[arg(short = 'c', long = "count", value_name = "N")]
+    pub count: Option<u64>,
+    /// Stop after this many seconds (default 10, at most 3600).
+    #[arg(long, value_name = "S")]
+    pub seconds: Option<u32>,
+}
+
+impl CaptureArgs {
+    /// The request for a capture into `file`.
+    pub fn spec(&self, file: PathBuf) -> CaptureSpec {
+        CaptureSpec {
+            port: self.port.clone(),
+            underlay: self.underlay,
+            count: self.count,
+            seconds: self.seconds,
+            file,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -317,6 +353,8 @@ pub enum Action {
     Show(Request, Show),
     /// Solicit an RA locally.
     RaListen { iface: String, timeout_s: u64 },
+    /// Capture into a file of xdeadm's own and copy it to standard output.
+    CaptureToStdout(CaptureArgs),
 }
 
 pub fn parse_mac(s: &str) -> Result<MacAddr, String> {
@@ -593,6 +631,16 @@ impl Command {
             Command::PathCheck { underlay_addr } => Request::PathCheck {
                 peer: underlay_addr,
             },
+            Command::Capture(c) => match &c.file {
+                // The daemon has its own working directory.
+                Some(f) => Request::Capture(
+                    c.spec(
+                        std::path::absolute(f)
+                            .map_err(|e| format!("capture file {:?}: {e}", f.display()))?,
+                    ),
+                ),
+                None => return Ok(Action::CaptureToStdout(c)),
+            },
         };
         Ok(Action::Call(req))
     }
@@ -675,6 +723,21 @@ pub fn render(reply: &Reply) -> String {
         Reply::Inspect(v) => render_value(&mut out, v, 0),
         Reply::Doctor(checks) => render_checks(&mut out, checks),
         Reply::PathCheck(paths) => render_paths(&mut out, paths),
+        Reply::Capture(r) => {
+            let ended = match r.ended {
+                CaptureEnd::Count => "count reached",
+                CaptureEnd::Time => "time up",
+                CaptureEnd::PortGone => "port deleted",
+            };
+            let _ = writeln!(
+                out,
+                "{} frames of {} written to {} ({ended}); {} not captured (the file was written too slowly)",
+                r.frames,
+                r.port,
+                r.file.display(),
+                r.dropped
+            );
+        }
     }
     out
 }
@@ -1246,6 +1309,37 @@ mod tests {
         assert!(reply_fails(&Reply::PathCheck(vec![path(Some(1500))])));
         assert!(!reply_fails(&Reply::PathCheck(vec![path(Some(9000))])));
         assert!(!reply_fails(&Reply::Done));
+    }
+
+    #[test]
+    fn capture_to_a_file_or_standard_output() {
+        let a = parse(&["capture", "a1", "-w", "/run/x.pcapng", "-c", "5"]).unwrap();
+        let want = CaptureSpec {
+            port: "a1".into(),
+            underlay: false,
+            count: Some(5),
+            seconds: None,
+            file: "/run/x.pcapng".into(),
+        };
+        assert_eq!(a, Action::Call(Request::Capture(want)));
+        // A relative file is made absolute here: the daemon has its own directory.
+        let Action::Call(Request::Capture(c)) =
+            parse(&["capture", "a1", "-w", "x.pcapng"]).unwrap()
+        else {
+            panic!("not a capture request");
+        };
+        assert!(
+            c.file.is_absolute() && c.file.ends_with("x.pcapng"),
+            "{c:?}"
+        );
+        let Action::CaptureToStdout(c) =
+            parse(&["capture", "a1", "--underlay", "--seconds", "3"]).unwrap()
+        else {
+            panic!("not a capture to standard output");
+        };
+        assert_eq!((c.underlay, c.seconds, c.count), (true, Some(3), None));
+        let e = parse(&["capture", "a1", "-c", "many"]).unwrap_err();
+        assert!(e.contains("many"), "{e}");
     }
 
     #[test]

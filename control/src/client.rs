@@ -49,7 +49,6 @@ impl Client {
                 path.display()
             ))
         })?;
-        s.set_read_timeout(Some(TIMEOUT)).map_err(unreachable)?;
         let writer = s.try_clone().map_err(unreachable)?;
         Ok(Client {
             reader: BufReader::new(s),
@@ -60,6 +59,15 @@ impl Client {
     /// Sends one request and waits for its answer. A refusal comes back as `Err`
     /// with the daemon's message ([`ClientError::Refused`]).
     pub fn call(&mut self, request: &Request) -> Result<Reply, ClientError> {
+        // A capture answers when it ends.
+        let wait = match request {
+            Request::Capture(c) => TIMEOUT + c.duration(),
+            _ => TIMEOUT,
+        };
+        self.reader
+            .get_ref()
+            .set_read_timeout(Some(wait))
+            .map_err(|e| ClientError::Unreachable(format!("cannot set a timeout: {e}")))?;
         self.writer
             .write_all(&api::encode_request(request))
             .map_err(|e| ClientError::Unreachable(format!("cannot send request: {e}")))?;

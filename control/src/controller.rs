@@ -439,8 +439,8 @@ impl<D: Dataplane> Controller<D> {
             Request::Ra { port } => self.inspect(Inspect::Ra { port }),
             // The daemon answers these itself (it has the host and the underlay
             // address); a daemon without I/O cannot.
-            Request::Doctor | Request::PathCheck { .. } => {
-                Err("doctor and path-check need overlayd with an underlay (this daemon runs without I/O)".into())
+            Request::Doctor | Request::PathCheck { .. } | Request::Capture(_) => {
+                Err("doctor, path-check and capture need overlayd with an underlay (this daemon runs without I/O)".into())
             }
             Request::Workers => self.inspect(Inspect::Workers),
         }

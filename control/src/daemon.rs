@@ -9,6 +9,7 @@
 //! workers ([`crate::workers`]).
 
 use crate::api::{Outcome, PeerPath, Reply, Request};
+use crate::capture;
 use crate::config::DaemonConfig;
 use crate::controller::Controller;
 use crate::datapath::{engine_config, with_port_links, Datapath};
@@ -185,6 +186,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
                 }))
             }
             Request::PathCheck { peer } => path_check(cfg, &ctl, watch.mtu(), peer),
+            Request::Capture(spec) => capture::start(ctl.dataplane(), spec),
             r => {
                 let out = with_port_links(ctl.handle(r), ctl.dataplane());
                 with_path_stats(out, monitor.as_ref()).into()

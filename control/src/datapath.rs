@@ -508,6 +508,9 @@ impl Dataplane for Datapath {
     fn remove_port(&mut self, name: &str) -> Result<(), String> {
         let id = self.engine.remove_port(name).map_err(|e| e.to_string())?;
         self.fw_rule_ids.remove(name);
+        if let Some(io) = self.io.as_mut() {
+            io.captures.forget(id);
+        }
         let slot = id.0 as usize;
         let (Some(port), Some(io)) = (self.taps.get_mut(slot).and_then(Option::take), &self.io)
         else {

@@ -3,12 +3,14 @@
 //! ([`state`]), the request handling shared by the daemon and its tests
 //! ([`controller`]), the socket server and client ([`server`], [`client`]), one
 //! worker's engine and the translation of requests for it ([`datapath`]), the loop
-//! that moves its frames ([`worker`]), and the fan-out over several workers
-//! ([`workers`]). Every syscall it needs without a safe wrapper lives in `dpio`.
+//! that moves its frames ([`worker`]), the fan-out over several workers
+//! ([`workers`]), and port captures as pcapng ([`capture`], [`pcapng`]). Every
+//! syscall it needs without a safe wrapper lives in `dpio`.
 
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod capture;
 pub mod cli;
 pub mod client;
 pub mod config;
@@ -22,6 +24,7 @@ pub mod neighbours;
 pub mod notify;
 pub mod opteadm;
 pub mod pathcheck;
+pub mod pcapng;
 pub mod ra_listen;
 pub mod server;
 pub mod state;

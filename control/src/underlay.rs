@@ -561,6 +561,20 @@ impl UnderlayQueues {
         sock.submit(slot, len).map_err(SendError::Tx)
     }
 
+    /// The first `len` bytes of lent frame `frame`, as the engine wrote them and
+    /// before they are submitted (what `xdeadm capture --underlay` copies).
+    pub(crate) fn lent_bytes(
+        &mut self,
+        lent: &LentSlots,
+        frame: LentFrame,
+        len: usize,
+    ) -> Option<&[u8]> {
+        let (s, slot) = lent.0.get(frame.0 as usize)?.as_ref()?;
+        let sock = self.sockets.get_mut(*s)?;
+        let bytes: &[u8] = sock.slot_mut(slot);
+        bytes.get(..len)
+    }
+
     /// Gives back every slot still lent (frames the round did not submit).
     pub fn give_back_all(&mut self, lent: &mut LentSlots) {
         for (s, slot) in lent.0.drain(..).flatten() {

@@ -27,6 +27,7 @@
 //! written. The underlay sockets can be replaced between rounds
 //! ([`WorkerIo::replace_queues`]) when the daemon re-attaches a link.
 
+use crate::capture::{self, Captures, Dir, Point, Watch};
 use crate::config::PollMode;
 use crate::datapath::{Datapath, PortTap, Reattached, Reattacher, TapLink};
 use crate::handoff::{handoff_ring, Doorbell, Handoff, HandoffRx, HandoffTx, PushError};
@@ -139,6 +140,8 @@ pub struct WorkerStats {
     pub handoff_too_long: u64,
     /// The engine named a worker that does not exist: dropped.
     pub handoff_no_worker: u64,
+    /// Frames a capture (`xdeadm capture`) had no room for: not captured.
+    pub capture_dropped: u64,
 }
 
 engine::summed_across_workers!(WorkerStats {
@@ -166,6 +169,7 @@ engine::summed_across_workers!(WorkerStats {
     handoff_full,
     handoff_too_long,
     handoff_no_worker,
+    capture_dropped,
 });
 
 /// The channels between one worker and each of the others.
@@ -345,6 +349,8 @@ pub struct WorkerIo {
     buf: Vec<u8>,
     /// For frames of more pieces than one `writev` takes.
     linear: Vec<u8>,
+    /// The captures of this worker's ports (`xdeadm capture`).
+    pub(crate) captures: Captures,
 }
 
 impl WorkerIo {
@@ -383,6 +389,7 @@ impl WorkerIo {
             gone: Vec::new(),
             buf: vec![0u8; MAX_TAP_FRAME],
             linear: Vec::new(),
+            captures: Captures::default(),
         })
     }
 
@@ -559,7 +566,14 @@ impl Datapath {
                         got += 1;
                         st.tap_rx_frames += 1;
                         let frame = io.buf.get(..len).unwrap_or(&[]);
-                        engine.process_guest(port, vnet, frame, nanos, routes, &mut out);
+                        if io.captures.is_empty() {
+                            engine.process_guest(port, vnet, frame, nanos, routes, &mut out);
+                        } else {
+                            let w = Watch::guest(engine, &io.captures, port, frame, &out);
+                            Watch::around(w, engine, &mut out, &mut io.captures, st, |e, out| {
+                                e.process_guest(port, vnet, frame, nanos, routes, out)
+                            });
+                        }
                     }
                     Ok(None) => break,
                     Err(e) if TapFault::of(&e) == TapFault::Gone => {
@@ -580,7 +594,14 @@ impl Datapath {
                 let input = held.inputs.len() as u32;
                 held.inputs.push(Input::Underlay { sock, frame });
                 let f = RxFrame::new(chain.pieces(), input);
-                engine.process_underlay(f, nanos, routes, &mut out);
+                if io.captures.is_empty() {
+                    engine.process_underlay(f, nanos, routes, &mut out);
+                } else {
+                    let w = Watch::underlay(engine, &io.captures, chain.pieces(), &out);
+                    Watch::around(w, engine, &mut out, &mut io.captures, st, |e, out| {
+                        e.process_underlay(f, nanos, routes, out)
+                    });
+                }
             }
         }
         for (index, (_, h)) in held.handed.iter().enumerate() {
@@ -592,7 +613,15 @@ impl Datapath {
                 SiblingFrame::Guest { vni, vnet } => {
                     engine.process_sibling(vni, vnet, f, nanos, &mut out)
                 }
-                SiblingFrame::Underlay => engine.process_underlay(f, nanos, routes, &mut out),
+                SiblingFrame::Underlay if io.captures.is_empty() => {
+                    engine.process_underlay(f, nanos, routes, &mut out)
+                }
+                SiblingFrame::Underlay => {
+                    let w = Watch::underlay(engine, &io.captures, &pieces, &out);
+                    Watch::around(w, engine, &mut out, &mut io.captures, st, |e, out| {
+                        e.process_underlay(f, nanos, routes, out)
+                    });
+                }
             }
         }
         // Frames held for a next hop the last snapshot resolved leave now.
@@ -743,9 +772,14 @@ fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut TapPort> 
 
 /// Sends every frame of the batch where the engine said.
 fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<PortTap>], st: &mut WorkerStats) {
-    for (dest, frame) in out.iter() {
+    for (index, (dest, frame)) in out.iter().enumerate() {
         match dest {
-            TxDest::Underlay { ifindex } => to_underlay(io, ifindex, frame, st),
+            TxDest::Underlay { ifindex } => {
+                if !io.captures.is_empty() {
+                    capture_underlay_out(io, index, frame, st);
+                }
+                to_underlay(io, ifindex, frame, st)
+            }
             TxDest::Port { port, vnet } => {
                 let tap = match taps.get(port.0 as usize).and_then(Option::as_ref) {
                     Some(PortTap {
@@ -761,22 +795,40 @@ fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<PortTap>], st: &mut Wo
                         continue;
                     }
                 };
-                match to_tap(tap, &vnet.to_bytes(), frame, &io.held, &mut io.linear) {
+                let dropped = match to_tap(tap, &vnet.to_bytes(), frame, &io.held, &mut io.linear) {
                     Ok(linearized) => {
                         st.tap_tx_frames += 1;
                         st.tap_tx_linearized += u64::from(linearized);
+                        None
                     }
                     Err(e) => match TapFault::of(&e) {
-                        TapFault::LinkDown => st.tap_tx_link_down += 1,
+                        TapFault::LinkDown => {
+                            st.tap_tx_link_down += 1;
+                            Some("tap_tx_link_down")
+                        }
                         TapFault::Gone => {
                             st.tap_tx_port_down += 1;
                             io.gone.push((u64::from(port.0), format!("write: {e}")));
+                            Some("tap_tx_port_down")
                         }
                         TapFault::Frame => {
                             st.tap_tx_errors += 1;
                             tracing::debug!(tap = tap.name(), error = %e, "tap write failed");
+                            Some("tap_tx_errors")
                         }
                     },
+                };
+                if !io.captures.is_empty() {
+                    let held = &io.held;
+                    let fill = |v: &mut Vec<u8>| {
+                        held.for_each_part(frame, |p| capture::append(v, p));
+                    };
+                    let at = Point {
+                        port,
+                        dir: Dir::In,
+                        underlay: false,
+                    };
+                    io.captures.offer(at, frame.len(), fill, dropped, st);
                 }
             }
             TxDest::Sibling {
@@ -805,6 +857,35 @@ fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<PortTap>], st: &mut Wo
                 }
             }
         }
+    }
+    io.captures.end_of_batch();
+}
+
+/// Copies frame number `index` of the batch, on its way to the underlay, to the
+/// captures of the port whose guest frame it was made of, if any (see
+/// [`crate::capture::Watch::done`]); a lent frame is read from its transmit slot.
+fn capture_underlay_out(
+    io: &mut WorkerIo,
+    index: usize,
+    frame: FrameBytes<'_>,
+    st: &mut WorkerStats,
+) {
+    let Some(port) = io.captures.made_by(index) else {
+        return;
+    };
+    let bytes = match frame {
+        FrameBytes::Own(b) => Some(b),
+        FrameBytes::Lent { frame, len } => io.queues.lent_bytes(&io.lent, frame, len),
+        FrameBytes::Gather { .. } => None,
+    };
+    if let Some(b) = bytes {
+        let at = Point {
+            port,
+            dir: Dir::Out,
+            underlay: true,
+        };
+        io.captures
+            .offer(at, b.len(), |v| capture::append(v, b), None, st);
     }
 }
 

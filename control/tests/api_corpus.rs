@@ -55,9 +55,10 @@ fn kind(r: &Request) -> usize {
         Request::Doctor => 21,
         Request::PathCheck { .. } => 22,
         Request::Workers => 23,
+        Request::Capture(_) => 24,
     }
 }
-const KINDS: usize = 24;
+const KINDS: usize = 25;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach

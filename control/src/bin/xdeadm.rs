@@ -6,12 +6,16 @@
 //! daemon unreachable. Output cut short by the reader (`xdeadm dump-v2p | head -1`)
 //! ends the tool quietly.
 
-use control::cli::{render_as, render_for, reply_fails, Action, Cli};
+use control::api::Request;
+use control::cli::{render, render_as, render_for, reply_fails, Action, CaptureArgs, Cli};
 use control::client::{Client, ClientError};
 use control::ra_listen;
+use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How a run ended, each with its exit code.
 enum Failure {
@@ -81,6 +85,68 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 emit(&report.to_string())?;
             }
         }
+        Action::CaptureToStdout(args) => {
+            let path = own_capture_file(&cli.socket)?;
+            let result = capture_to_stdout(&cli.socket, &args, &path, json);
+            if let Err(e) = std::fs::remove_file(&path) {
+                eprintln!("xdeadm: capture file {} not removed: {e}", path.display());
+            }
+            result?;
+        }
+    }
+    Ok(())
+}
+
+/// Creates the empty file (mode 0600) overlayd writes a capture into for us: in
+/// the API socket's directory, which overlayd can write even when systemd gives it
+/// a private /tmp and a read-only file system elsewhere.
+fn own_capture_file(socket: &Path) -> Result<PathBuf, Failure> {
+    let socket = std::path::absolute(socket)
+        .map_err(|e| Failure::Usage(format!("socket path {:?}: {e}", socket.display())))?;
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let path = dir.join(format!(
+        "xdeadm-capture-{}-{nanos}.pcapng",
+        std::process::id()
+    ));
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| {
+            Failure::Refused(format!(
+                "cannot create a capture file in {}: {e} (or give -w FILE)",
+                dir.display()
+            ))
+        })?;
+    Ok(path)
+}
+
+/// `capture` without `-w`: the daemon writes `path`, which is then copied to
+/// standard output; the summary goes to standard error.
+fn capture_to_stdout(
+    socket: &Path,
+    args: &CaptureArgs,
+    path: &Path,
+    json: bool,
+) -> Result<(), Failure> {
+    let request = Request::Capture(args.spec(path.to_path_buf()));
+    let reply = Client::connect(socket)?.call(&request)?;
+    let mut file = File::open(path)
+        .map_err(|e| Failure::Output(format!("capture file {}: {e}", path.display())))?;
+    let mut out = std::io::stdout().lock();
+    match std::io::copy(&mut file, &mut out).and_then(|_| out.flush()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => return Err(Failure::ReaderGone),
+        Err(e) => return Err(Failure::Output(format!("cannot write the capture: {e}"))),
+    }
+    if json {
+        eprintln!("{}", to_json(&reply)?);
+    } else {
+        eprint!("{}", render(&reply));
     }
     Ok(())
 }

@@ -113,6 +113,15 @@ impl EngineStats {
     }
 }
 
+impl Engine {
+    /// Port `id`'s drop counters, without copying the rest of its statistics: what
+    /// a packet capture compares before and after one frame to say why the
+    /// datapath dropped it.
+    pub fn port_drops(&self, id: PortId) -> Option<&DropCounters> {
+        Some(&self.ports.get(id.0 as usize)?.as_ref()?.c.drops)
+    }
+}
+
 impl PortStats {
     fn of(p: &Port) -> PortStats {
         PortStats {
