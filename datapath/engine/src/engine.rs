@@ -39,12 +39,13 @@ use crate::gateway::{self, GatewayState, MtuBudget, RaInfo};
 use crate::hold::HoldQueue;
 use crate::layer::RuleId;
 use crate::output::TxBatch;
-use crate::overlay::{BoundaryServices, V2p, V2pDump, V2pEntry};
+use crate::overlay::{V2p, V2pDump, V2pEntry};
 use crate::port::{PortConfig, PortId, Vni, MIN_PORT_MTU};
 use crate::router::{RouteDump, RouteTarget, Router};
 use crate::rule::{Direction, Finalized, MatchFields, Rule};
 use crate::tso::Coalescer;
 use crate::uft::{InAction, OutAction, Uft, UftEntry};
+use crate::v2b::{V2b, V2bEntry};
 use core::fmt;
 use ipnet::IpNet;
 use serde::Serialize;
@@ -73,8 +74,13 @@ pub struct EngineConfig {
     /// Sled-wide external jumbo flag (external traffic uses the port MTU only when
     /// the port's flag is set too).
     pub external_jumbo: bool,
-    /// Boundary services (underlay address, VNI) for internet-gateway routes.
-    pub boundary_services: Option<(Ipv6Addr, Vni)>,
+    /// The `--boundary-services` shorthand: one boundary endpoint for `0.0.0.0/0`
+    /// and `::/0`, always part of the V2B table (see `v2b`). A port created while it
+    /// is set gets default routes to the internet gateway.
+    pub boundary_services: Option<Ipv6Addr>,
+    /// The VNI of traffic to and from boundary services (the reference's 99 unless
+    /// configured).
+    pub boundary_vni: Vni,
     /// Compute the outer UDP checksum (off: zero is allowed for tunnels over IPv6).
     pub outer_udp_checksum: bool,
     pub flow: FlowLimits,
@@ -103,6 +109,7 @@ impl EngineConfig {
             underlay_mtu: 9000,
             external_jumbo: false,
             boundary_services: None,
+            boundary_vni: Vni::DEFAULT_BOUNDARY,
             outer_udp_checksum: false,
             flow: FlowLimits::default(),
             tables: TableBudget::default(),
@@ -200,6 +207,8 @@ pub struct Engine {
     /// Local delivery: (VNI, guest IP) -> port, here or on a sibling worker.
     by_ip: HashMap<(u32, IpAddr), LocalDest>,
     v2p: V2p,
+    /// The daemon's V2B table merged with the `--boundary-services` shorthand.
+    v2b: V2b,
     epoch: u64,
     /// Latest `now` seen; used by management calls, which get no clock.
     now: u64,
@@ -292,6 +301,7 @@ impl Engine {
                 .iter()
                 .map(|&d| DropReason::from(d)),
         );
+        let v2b = shorthand_v2b(cfg.boundary_services)?;
         Ok(Engine {
             cfg,
             ports: Vec::new(),
@@ -299,6 +309,7 @@ impl Engine {
             by_mac: MacIndex::default(),
             by_ip: HashMap::new(),
             v2p: V2p::default(),
+            v2b,
             epoch: 1,
             now: 0,
             last_sweep: 0,
@@ -358,12 +369,6 @@ impl Engine {
             .filter(|p| p.cfg.mtu > max)
             .map(|p| p.cfg.name.clone())
             .collect())
-    }
-
-    fn boundary(&self) -> Option<BoundaryServices> {
-        self.cfg
-            .boundary_services
-            .map(|(underlay, vni)| BoundaryServices { underlay, vni })
     }
 
     fn port_by_name(&self, name: &str) -> Result<&Port, EngineError> {
@@ -659,6 +664,24 @@ impl Engine {
         self.v2p.dump()
     }
 
+    // ---- V2B ----
+
+    /// Makes the V2B table `table` plus the `--boundary-services` shorthand: the
+    /// daemon owns the table's semantics (`V2b::set`/`clear`) and hands it over
+    /// whole, so every worker's engine holds the same one.
+    pub fn set_v2b(&mut self, table: &V2b) -> Result<(), EngineError> {
+        let mut v2b = shorthand_v2b(self.cfg.boundary_services)?;
+        v2b.merge(table);
+        self.v2b = v2b;
+        self.bump();
+        Ok(())
+    }
+
+    /// The V2B table in force, the shorthand's entries included.
+    pub fn dump_v2b(&self) -> Vec<V2bEntry> {
+        self.v2b.dump()
+    }
+
     // ---- Routes ----
 
     /// Adds a route to a port. A route MTU can only lower a flow's path MTU (the
@@ -857,6 +880,18 @@ fn quoted(key: &FlowKey, m: &InnerMeta, frame: &[u8]) -> Option<FlowKey> {
     }
     let body = frame.get(m.payload_off..m.ip_end)?;
     quoted_flow(key.vni, key.proto, body)
+}
+
+/// The V2B table `--boundary-services ADDR` stands for: both default prefixes to
+/// that one endpoint.
+fn shorthand_v2b(endpoint: Option<Ipv6Addr>) -> Result<V2b, EngineError> {
+    let mut t = V2b::default();
+    if let Some(e) = endpoint {
+        for net in [IpNet::V4(Default::default()), IpNet::V6(Default::default())] {
+            t.set(net, &[e]).map_err(EngineError::Invalid)?;
+        }
+    }
+    Ok(t)
 }
 
 #[cfg(test)]

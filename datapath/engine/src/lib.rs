@@ -28,6 +28,7 @@ pub mod rule;
 pub mod slab;
 pub mod tso;
 pub mod uft;
+pub mod v2b;
 
 pub use budget::TableBudget;
 pub use drop::DropReason;

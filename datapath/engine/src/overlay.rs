@@ -4,7 +4,8 @@
 //! V2P says which sled hosts a guest address of a VPC and which MAC the guest has:
 //! the outer IPv6 destination and the inner destination MAC of every frame sent to
 //! it. Boundary services is where traffic routed to the internet gateway goes: the
-//! rack's switches, reached at an underlay address in a VNI of their own.
+//! rack's switches, reached at the underlay addresses of the V2B table
+//! ([`crate::v2b`]) in a VNI of their own.
 //!
 //! The same tables say who may send into a VPC ([`InboundTrust`]): a frame from the
 //! underlay is delivered only if its outer source is the sled V2P names for its inner
@@ -40,13 +41,6 @@ pub struct V2pDump {
     pub ip: IpAddr,
     pub underlay: Ipv6Addr,
     pub mac: MacAddr,
-}
-
-/// Boundary services: the rack's exit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BoundaryServices {
-    pub underlay: Ipv6Addr,
-    pub vni: Vni,
 }
 
 /// Who may send the frames of an inbound flow, compiled into its flow-table entry
@@ -90,8 +84,7 @@ pub struct UnderlaySource {
 #[derive(Clone, Copy, Debug)]
 pub struct InboundTrust<'a> {
     pub v2p: &'a V2p,
-    /// The boundary-services endpoints (today the one configured; a V2B table of
-    /// several plugs in here).
+    /// The boundary-services endpoints: every endpoint of the V2B table, sorted.
     pub boundary: &'a [Ipv6Addr],
     /// This sled's underlay address: nothing that claims it comes over the underlay.
     pub this_sled: &'a Ipv6Addr,
@@ -141,7 +134,7 @@ impl InboundTrust<'_> {
     /// Whether `addr` is a boundary-services endpoint.
     #[inline]
     fn is_boundary(&self, addr: Ipv6Addr) -> bool {
-        self.boundary.contains(&addr)
+        self.boundary.binary_search(&addr).is_ok()
     }
 }
 

@@ -17,6 +17,8 @@ pub struct Vni(u32);
 
 impl Vni {
     pub const MAX: u32 = (1 << 24) - 1;
+    /// Boundary services' VNI unless configured otherwise (the reference's).
+    pub const DEFAULT_BOUNDARY: Vni = Vni(crate::overlay::DEFAULT_BOUNDARY_VNI);
 
     /// Refuses values that do not fit 24 bits, naming the value.
     pub fn new(v: u32) -> Result<Vni, String> {

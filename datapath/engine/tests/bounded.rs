@@ -16,7 +16,7 @@ const NS_PER_S: u64 = 1_000_000_000;
 /// Sled A with boundary services and guest 1 (default routes to the internet).
 fn sled_with_boundary() -> (Engine, engine::PortId) {
     let mut cfg = EngineConfig::new(SLED_A.parse().unwrap());
-    cfg.boundary_services = Some((BOUNDARY.parse().unwrap(), Vni::new(99).unwrap()));
+    cfg.boundary_services = Some(BOUNDARY.parse().unwrap());
     let mut e = Engine::new(cfg).unwrap();
     let p = e.add_port(port_config(&guest(1))).unwrap();
     (e, p)

@@ -9,12 +9,13 @@ mod common;
 use common::*;
 use engine::encap::OuterTemplate;
 use engine::firewall::{TcpState, EXPIRE_SCAN};
+use engine::v2b::V2b;
 use engine::{
     Direction, Engine, EngineConfig, FwAction, MacAddr, PortId, RouteTarget, Rule, RxFrame,
     TxBatch, TxDest, VnetHdr, Vni,
 };
 use etherparse::{PacketBuilder, TcpHeader};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::vnet::{F_NEEDS_CSUM, GSO_TCPV4, GSO_TCPV6};
 
 const S: u64 = 1_000_000_000;
@@ -235,7 +236,7 @@ fn a_source_address_of_another_vpc_is_dropped() {
 /// internet gateway), and guest 2's TCP connection to 8.8.8.8:443 opened.
 fn sled_b_with_boundary() -> (Engine, PortId) {
     let mut cfg = EngineConfig::new(SLED_B.parse().unwrap());
-    cfg.boundary_services = Some((BOUNDARY.parse().unwrap(), Vni::new(99).unwrap()));
+    cfg.boundary_services = Some(BOUNDARY.parse().unwrap());
     let mut b = Engine::new(cfg).unwrap();
     let g2 = guest(2);
     let pb = b.add_port(port_config(&g2)).unwrap();
@@ -290,6 +291,105 @@ fn external_frames_come_only_from_boundary_services() {
         receive(&mut b, &[forged(BOUNDARY, VNI, true, &g2, &data)], 4).len(),
         1
     );
+}
+
+/// The V2B table of [`v2b_endpoints_choose_and_admit`]: two switches for everything,
+/// a third for 8.8.0.0/16.
+const V2B_ANY: [&str; 2] = ["fd00:99::b1", "fd00:99::b2"];
+const V2B_GOOGLE: &str = "fd00:99::b3";
+
+fn v2b_table(any: &[&str]) -> V2b {
+    let mut t = V2b::default();
+    let eps: Vec<Ipv6Addr> = any.iter().map(|a| a.parse().unwrap()).collect();
+    t.set("0.0.0.0/0".parse().unwrap(), &eps).unwrap();
+    t.set(
+        "8.8.0.0/16".parse().unwrap(),
+        &[V2B_GOOGLE.parse().unwrap()],
+    )
+    .unwrap();
+    t
+}
+
+#[test]
+fn v2b_endpoints_choose_and_admit() {
+    let mut b = Engine::new(EngineConfig::new(SLED_B.parse().unwrap())).unwrap();
+    let g2 = guest(2);
+    let pb = b.add_port(port_config(&g2)).unwrap();
+    let igw = |b: &mut Engine| {
+        b.add_route(
+            "gb",
+            "0.0.0.0/0".parse().unwrap(),
+            RouteTarget::InternetGateway,
+            None,
+        )
+        .unwrap()
+    };
+    igw(&mut b);
+    let syn_to = |dst, sport| tcp(&g2, dst, (sport, 443), 1000, 0, SYN, b"");
+    // No V2B entry yet: counted, not sent.
+    assert!(send(&mut b, pb, &syn_to(Ipv4Addr::new(1, 1, 1, 1), 40000), 1).is_empty());
+    assert_eq!(drops(&b, "no_boundary_services"), 1);
+    b.set_v2b(&v2b_table(&V2B_ANY)).unwrap();
+    // The longest prefix wins, in the boundary VNI.
+    let d = decode_underlay(&send(&mut b, pb, &syn_to(Ipv4Addr::new(8, 8, 8, 8), 40000), 2)[0]);
+    assert_eq!(d.dst.to_string(), V2B_GOOGLE);
+    assert_eq!(d.vni, 99);
+    // Flows to the rest spread over both switches of 0.0.0.0/0; each flow keeps its
+    // switch, and another engine with the same table picks the same one.
+    let mut c = Engine::new(EngineConfig::new(SLED_B.parse().unwrap())).unwrap();
+    let pc = c.add_port(port_config(&g2)).unwrap();
+    igw(&mut c);
+    c.set_v2b(&v2b_table(&V2B_ANY)).unwrap();
+    let mut used = std::collections::BTreeMap::new();
+    for sport in 41000..41032 {
+        let syn = syn_to(Ipv4Addr::new(1, 1, 1, 1), sport);
+        let first = decode_underlay(&send(&mut b, pb, &syn, 3)[0]).dst;
+        assert_eq!(decode_underlay(&send(&mut b, pb, &syn, 3)[0]).dst, first);
+        assert_eq!(decode_underlay(&send(&mut c, pc, &syn, 3)[0]).dst, first);
+        *used.entry(first.to_string()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        used.keys().collect::<Vec<_>>(),
+        V2B_ANY.iter().collect::<Vec<_>>()
+    );
+    assert!(used.values().all(|n| *n >= 4), "{used:?}");
+    // From 1.1.1.1:443 back to guest 2:41000, External, from each candidate sender.
+    let mut synack = tcp_between(
+        (MacAddr([2, 0, 0, 0, 0, 0x42]), g2.mac),
+        (Ipv4Addr::new(1, 1, 1, 1), g2.v4),
+        (443, 41000),
+        (5000, 1001),
+        SYN | ACK,
+        b"",
+    );
+    assert!(receive(&mut b, &[forged("fd00:99::66", VNI, true, &g2, &synack)], 4).is_empty());
+    assert_eq!(drops(&b, MISMATCH), 1);
+    // Any endpoint of the table is a boundary switch, whichever one the flow left by.
+    assert_eq!(
+        receive(&mut b, &[forged(V2B_GOOGLE, VNI, true, &g2, &synack)], 4).len(),
+        1
+    );
+    // Clearing an endpoint removes it from both directions, cached flows included.
+    let mut cleared = v2b_table(&V2B_ANY);
+    cleared
+        .clear("0.0.0.0/0".parse().unwrap(), &[V2B_ANY[0].parse().unwrap()])
+        .unwrap();
+    b.set_v2b(&cleared).unwrap();
+    assert_eq!(b.dump_v2b(), cleared.dump());
+    for sport in 41000..41032 {
+        let d = decode_underlay(&send(&mut b, pb, &syn_to(Ipv4Addr::new(1, 1, 1, 1), sport), 5)[0]);
+        assert_eq!(d.dst.to_string(), V2B_ANY[1]);
+    }
+    synack = tcp_between(
+        (MacAddr([2, 0, 0, 0, 0, 0x42]), g2.mac),
+        (Ipv4Addr::new(1, 1, 1, 1), g2.v4),
+        (443, 41000),
+        (5000, 1001),
+        ACK,
+        b"data",
+    );
+    assert!(receive(&mut b, &[forged(V2B_ANY[0], VNI, true, &g2, &synack)], 6).is_empty());
+    assert_eq!(drops(&b, MISMATCH), 2);
 }
 
 #[test]

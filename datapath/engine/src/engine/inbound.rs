@@ -106,10 +106,9 @@ impl Engine {
             }
         };
         let epoch = self.epoch;
-        let boundary = self.cfg.boundary_services.as_ref();
         let trust = InboundTrust {
             v2p: &self.v2p,
-            boundary: boundary.map_or(&[], |(addr, _)| std::slice::from_ref(addr)),
+            boundary: self.v2b.endpoints(),
             this_sled: &self.cfg.underlay_addr,
         };
         let via = Via::Underlay {

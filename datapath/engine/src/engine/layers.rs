@@ -13,8 +13,8 @@ use super::{Engine, EngineError, Port};
 use crate::firewall::FirewallStats;
 use crate::gateway::GatewayCounters;
 use crate::layer::{LayerDump, TableDump};
+use crate::v2b::V2bEntry;
 use serde::Serialize;
-use std::net::Ipv6Addr;
 
 /// A port's layers, in the order an outbound packet meets them (inbound packets
 /// meet them in reverse).
@@ -58,8 +58,9 @@ pub enum LayerState {
     Overlay {
         /// V2P mappings of the sled (all VNIs).
         v2p_entries: usize,
-        /// Where internet-gateway traffic goes (underlay address, VNI).
-        boundary_services: Option<(Ipv6Addr, u32)>,
+        /// Where internet-gateway traffic goes: the V2B table, and its VNI.
+        v2b: Vec<V2bEntry>,
+        boundary_vni: u32,
     },
 }
 
@@ -139,10 +140,8 @@ impl Engine {
                 None,
                 LayerState::Overlay {
                     v2p_entries: self.v2p.len(),
-                    boundary_services: self
-                        .cfg
-                        .boundary_services
-                        .map(|(addr, vni)| (addr, vni.get())),
+                    v2b: self.v2b.dump(),
+                    boundary_vni: self.cfg.boundary_vni.get(),
                 },
             ),
         };

@@ -21,12 +21,13 @@ use crate::gateway::{self, GatewayVerdict};
 use crate::hold::Held;
 use crate::input::RxFrame;
 use crate::output::{FrameBytes, SiblingFrame, TxBatch, TxDest};
-use crate::overlay::{BoundaryServices, V2p};
+use crate::overlay::V2p;
 use crate::port::{PortConfig, PortId, Vni};
 use crate::router::{RouteTarget, Router};
 use crate::rule::Direction;
 use crate::tso;
 use crate::uft::{EncapAction, EncapPlan, InAction, OutAction, Uft, UftEntry};
+use crate::v2b::V2b;
 use crate::EngineConfig;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -47,12 +48,12 @@ impl Engine {
     ) {
         self.now = self.now.max(now);
         let epoch = self.epoch;
-        let boundary = self.boundary();
         let Engine {
             cfg: ecfg,
             ports,
             by_ip,
             v2p,
+            v2b,
             scratch,
             csum_buf,
             hold,
@@ -94,7 +95,7 @@ impl Engine {
             ecfg,
             by_ip,
             v2p,
-            boundary,
+            v2b,
             routes,
             epoch,
             now,
@@ -528,7 +529,7 @@ struct CompileEnv<'a> {
     ecfg: &'a EngineConfig,
     by_ip: &'a HashMap<(u32, IpAddr), LocalDest>,
     v2p: &'a V2p,
-    boundary: Option<BoundaryServices>,
+    v2b: &'a V2b,
     routes: &'a dyn UnderlayRoutes,
     epoch: u64,
     now: u64,
@@ -631,11 +632,11 @@ fn compile_outbound(
             (plan, path(cfg.mtu.min(carried)))
         }
         RouteTarget::InternetGateway => {
-            let Some(b) = env.boundary else {
+            let Some(endpoint) = env.v2b.select(key.dst_ip, key) else {
                 return Ok(drop(DropReason::NoBoundary));
             };
             let mtu = path(gateway::external_path_mtu(cfg, env.ecfg.external_jumbo));
-            let plan = EncapPlan::new(key, b.underlay, b.vni, m.dst_mac, false);
+            let plan = EncapPlan::new(key, endpoint, env.ecfg.boundary_vni, m.dst_mac, false);
             (plan, mtu)
         }
         // The router reports Drop targets as errors; kept for exhaustiveness.
