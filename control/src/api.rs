@@ -12,6 +12,7 @@
 
 use core::fmt;
 use core::str::FromStr;
+use engine::v2b::V2bEntry;
 use engine::{PortConfig, Vni};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -73,6 +74,21 @@ pub enum Request {
         expect: Option<V2pTarget>,
     },
     DumpV2p,
+    /// opteadm's `set-v2b PREFIX ENDPOINT...`: traffic to `prefix` routed to the
+    /// internet gateway may leave by these boundary-services endpoints (added to
+    /// those the prefix has).
+    SetV2b {
+        prefix: IpNet,
+        endpoints: Vec<Ipv6Addr>,
+    },
+    /// `clear-v2b PREFIX ENDPOINT...`: removes these endpoints from the prefix (the
+    /// prefix goes with its last one).
+    ClearV2b {
+        prefix: IpNet,
+        endpoints: Vec<Ipv6Addr>,
+    },
+    /// The V2B table in force, `--boundary-services` shorthand included.
+    DumpV2b,
     AddRouterEntry {
         port: String,
         #[serde(flatten)]
@@ -217,6 +233,8 @@ impl Request {
                 | Request::DeletePort { .. }
                 | Request::SetV2p(_)
                 | Request::ClearV2p { .. }
+                | Request::SetV2b { .. }
+                | Request::ClearV2b { .. }
                 | Request::AddRouterEntry { .. }
                 | Request::DelRouterEntry { .. }
                 | Request::AddFwRule { .. }
@@ -595,6 +613,7 @@ pub enum Reply {
     Done,
     Ports(Vec<PortStatus>),
     V2p(Vec<V2pEntry>),
+    V2b(Vec<V2bEntry>),
     Routes(Vec<RouteEntry>),
     FwRules(Vec<FwRule>),
     /// Engine-produced inspection results (stats, MTU budget, RA, layer and flow
@@ -791,6 +810,18 @@ pub(crate) mod tests {
                 }),
             },
             Request::DumpV2p,
+            Request::SetV2b {
+                prefix: "0.0.0.0/0".parse().unwrap(),
+                endpoints: vec![
+                    "fd00:99::b1".parse().unwrap(),
+                    "fd00:99::b2".parse().unwrap(),
+                ],
+            },
+            Request::ClearV2b {
+                prefix: "::/0".parse().unwrap(),
+                endpoints: vec!["fd00:99::b1".parse().unwrap()],
+            },
+            Request::DumpV2b,
             Request::AddRouterEntry {
                 port: "opte0".into(),
                 entry: RouteEntry {

@@ -79,6 +79,23 @@ pub enum Command {
     },
     /// Show all V2P mappings.
     DumpV2p,
+    /// Let traffic to an external PREFIX leave by these boundary-services
+    /// endpoints (underlay addresses; added to those the prefix has). Each flow
+    /// takes one, by its hash, among those of the longest matching prefix.
+    SetV2b {
+        prefix: IpNet,
+        #[arg(required = true)]
+        endpoints: Vec<Ipv6Addr>,
+    },
+    /// Remove boundary-services endpoints from a V2B prefix (the prefix goes with
+    /// its last endpoint).
+    ClearV2b {
+        prefix: IpNet,
+        #[arg(required = true)]
+        endpoints: Vec<Ipv6Addr>,
+    },
+    /// Show the V2B table, `--boundary-services` included.
+    DumpV2b,
     /// Add a router entry: DEST is a prefix, TARGET one of subnet, igw, drop (or
     /// opteadm's sub4=CIDR, sub6=CIDR, ig, drop, with CLASS system).
     AddRouterEntry {
@@ -511,6 +528,9 @@ impl Command {
             }),
             Command::ClearV2p { words } => clear_v2p(&words)?,
             Command::DumpV2p => Request::DumpV2p,
+            Command::SetV2b { prefix, endpoints } => Request::SetV2b { prefix, endpoints },
+            Command::ClearV2b { prefix, endpoints } => Request::ClearV2b { prefix, endpoints },
+            Command::DumpV2b => Request::DumpV2b,
             Command::AddRouterEntry {
                 port,
                 dest,
@@ -701,6 +721,16 @@ pub fn render(reply: &Reply) -> String {
                 })
                 .collect();
             table(&mut out, &["VNI", "VPC IP", "VPC MAC", "UNDERLAY IP"], rows);
+        }
+        Reply::V2b(entries) => {
+            let rows = entries
+                .iter()
+                .map(|e| {
+                    let eps: Vec<String> = e.endpoints.iter().map(|a| a.to_string()).collect();
+                    vec![e.prefix.to_string(), eps.join(",")]
+                })
+                .collect();
+            table(&mut out, &["PREFIX", "BOUNDARY ENDPOINTS"], rows);
         }
         Reply::Routes(routes) => {
             let rows = routes
@@ -1216,6 +1246,34 @@ mod tests {
                 direction: Direction::In,
                 id: 3
             }
+        );
+        let eps = |a: &[&str]| a.iter().map(|e| e.parse().unwrap()).collect::<Vec<_>>();
+        assert_eq!(
+            call("set-v2b 0.0.0.0/0 fd00:99::b1 fd00:99::b2"),
+            Request::SetV2b {
+                prefix: "0.0.0.0/0".parse().unwrap(),
+                endpoints: eps(&["fd00:99::b1", "fd00:99::b2"]),
+            }
+        );
+        assert_eq!(
+            call("clear-v2b ::/0 fd00:99::b1"),
+            Request::ClearV2b {
+                prefix: "::/0".parse().unwrap(),
+                endpoints: eps(&["fd00:99::b1"]),
+            }
+        );
+        assert_eq!(call("dump-v2b"), Request::DumpV2b);
+        let e = parse(&["set-v2b", "0.0.0.0/0"]).unwrap_err();
+        assert!(e.contains("ENDPOINTS"), "{e}");
+        let e = parse(&["set-v2b", "0.0.0.0/0", "10.0.0.1"]).unwrap_err();
+        assert!(e.contains("10.0.0.1"), "{e}");
+        let shown = render(&Reply::V2b(vec![engine::v2b::V2bEntry {
+            prefix: "0.0.0.0/0".parse().unwrap(),
+            endpoints: eps(&["fd00:99::b1", "fd00:99::b2"]),
+        }]));
+        assert!(
+            shown.contains("0.0.0.0/0") && shown.contains("fd00:99::b1,fd00:99::b2"),
+            "{shown}"
         );
         assert_eq!(
             call("clear-v2p 172.30.0.6 a8:40:25:ff:00:06 fd00:99::2 1701"),

@@ -22,6 +22,7 @@ use crate::api::{
 };
 use crate::server::ApiCounters;
 use crate::state::{State, StateStore};
+use engine::v2b::{V2b, V2bEntry};
 use engine::{PortConfig, Vni};
 use ipnet::IpNet;
 use serde_json::{json, Value};
@@ -60,6 +61,9 @@ pub enum Inspect {
     },
     /// The workers' view (`xdeadm workers`).
     Workers,
+    /// The V2B table in force (`dump-v2b`): the API's table plus the
+    /// `--boundary-services` shorthand, which only the dataplane knows.
+    V2b,
 }
 
 impl Inspect {
@@ -73,7 +77,7 @@ impl Inspect {
             | Inspect::Layers { port }
             | Inspect::TcpFlows { port } => Some(port),
             Inspect::Stats { port } => port.as_deref(),
-            Inspect::Workers => None,
+            Inspect::Workers | Inspect::V2b => None,
         }
     }
 }
@@ -115,6 +119,9 @@ pub trait Dataplane {
         Ok(())
     }
     fn clear_v2p(&mut self, vpc_ip: IpAddr, vni: Vni) -> Result<(), String>;
+    /// Makes the V2B table `table` (the dataplane adds the `--boundary-services`
+    /// shorthand to it).
+    fn set_v2b(&mut self, table: &V2b) -> Result<(), String>;
     /// Makes the port's routing table exactly `routes`.
     fn set_routes(&mut self, port: &str, routes: &[RouteEntry]) -> Result<(), String>;
     /// The port's routing table, including the routes a new port starts with.
@@ -264,6 +271,14 @@ impl<D: Dataplane> Controller<D> {
             self.try_port(name, now);
         }
         self.try_v2p(now, |_| true);
+        // A fresh dataplane holds the shorthand alone: only a saved table is news.
+        // Refused only for a hand-edited file: kept in the state and logged, never
+        // half applied.
+        if !self.state.v2b.is_empty() {
+            if let Err(e) = V2b::from_entries(&self.state.v2b).and_then(|t| self.dp.set_v2b(&t)) {
+                tracing::error!(error = %e, "the saved V2B table is not applied");
+            }
+        }
         tracing::info!(
             ports = self.state.ports.len(),
             ports_not_applied = self.unapplied_ports.len(),
@@ -396,6 +411,18 @@ impl<D: Dataplane> Controller<D> {
                 expect,
             } => self.clear_v2p(vpc_ip, vni, expect),
             Request::DumpV2p => Ok(Reply::V2p(self.state.v2p.clone())),
+            Request::SetV2b { prefix, endpoints } => {
+                self.change_v2b(|t| t.set(prefix, &endpoints))
+            }
+            Request::ClearV2b { prefix, endpoints } => {
+                self.change_v2b(|t| t.clear(prefix, &endpoints))
+            }
+            Request::DumpV2b => {
+                let v = self.dp.inspect(&Inspect::V2b)?;
+                let table: Vec<V2bEntry> = serde_json::from_value(v)
+                    .map_err(|e| format!("the dataplane's V2B table is unreadable: {e}"))?;
+                Ok(Reply::V2b(table))
+            }
             Request::AddRouterEntry { port, entry } => self.add_route(&port, entry),
             Request::DelRouterEntry { port, dest } => self.del_route(&port, dest),
             Request::DumpRoutes { port } => {
@@ -656,6 +683,23 @@ impl<D: Dataplane> Controller<D> {
         Ok(done)
     }
 
+    /// Applies `change` (`V2b::set` or `clear`, opteadm's semantics) to the saved
+    /// table and hands the result to the dataplane whole.
+    fn change_v2b(
+        &mut self,
+        change: impl FnOnce(&mut V2b) -> Result<(), String>,
+    ) -> Result<Reply, String> {
+        let old = V2b::from_entries(&self.state.v2b)?;
+        let mut table = old.clone();
+        change(&mut table)?;
+        self.dp.set_v2b(&table)?;
+        let mut next = self.state.clone();
+        next.v2b = table.dump();
+        self.commit(next, |dp| {
+            let _ = dp.set_v2b(&old);
+        })
+    }
+
     /// Clears a mapping, also one that is not applied (from the state alone).
     fn clear_v2p(
         &mut self,
@@ -900,6 +944,7 @@ pub(crate) mod tests {
     struct Recorder {
         ports: Vec<String>,
         v2p: Vec<V2pEntry>,
+        v2b: V2b,
         routes: BTreeMap<String, Vec<RouteEntry>>,
         rules: BTreeMap<String, Vec<FwRule>>,
         /// Every change asked for, in order ("op port").
@@ -959,6 +1004,11 @@ pub(crate) mod tests {
             self.v2p.retain(|o| !(o.vpc_ip == ip && o.vni == vni));
             Ok(())
         }
+        fn set_v2b(&mut self, table: &V2b) -> Result<(), String> {
+            self.check("set_v2b", &format!("{} prefixes", table.dump().len()))?;
+            self.v2b = table.clone();
+            Ok(())
+        }
         fn set_routes(&mut self, port: &str, r: &[RouteEntry]) -> Result<(), String> {
             self.check("set_routes", port)?;
             self.routes.insert(port.into(), r.to_vec());
@@ -976,6 +1026,9 @@ pub(crate) mod tests {
             self.check("clear_uft", port)
         }
         fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String> {
+            if let Inspect::V2b = what {
+                return Ok(json!(self.v2b.dump()));
+            }
             // Shaped like the real stats, so the control plane's part can be added.
             Ok(json!({ "asked": format!("{what:?}") }))
         }
@@ -1155,6 +1208,39 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn v2b_set_adds_clear_removes_and_a_refusal_changes_nothing() {
+        let mut c = Controller::new(Recorder::default(), None);
+        let set = |prefix: &str, eps: &[&str]| Request::SetV2b {
+            prefix: prefix.parse().unwrap(),
+            endpoints: eps.iter().map(|e| e.parse().unwrap()).collect(),
+        };
+        let clear = |prefix: &str, eps: &[&str]| Request::ClearV2b {
+            prefix: prefix.parse().unwrap(),
+            endpoints: eps.iter().map(|e| e.parse().unwrap()).collect(),
+        };
+        ok(&mut c, set("0.0.0.0/0", &["fd00:99::b1"]));
+        ok(&mut c, set("0.0.0.0/0", &["fd00:99::b2"]));
+        ok(&mut c, set("::/0", &["fd00:99::b1"]));
+        let Reply::V2b(table) = ok(&mut c, Request::DumpV2b) else {
+            panic!("not a V2B table")
+        };
+        assert_eq!(table.len(), 2);
+        assert_eq!(table[0].endpoints.len(), 2);
+        assert_eq!(c.state().v2b, table);
+        assert!(err(&mut c, clear("0.0.0.0/0", &["fd00:99::b9"])).contains("fd00:99::b9"));
+        assert!(err(&mut c, set("10.0.0.0/8", &["ff02::1"])).contains("ff02::1"));
+        assert!(err(&mut c, clear("10.0.0.0/8", &["fd00:99::b1"])).contains("10.0.0.0/8"));
+        assert_eq!(c.state().v2b, table);
+        ok(&mut c, clear("0.0.0.0/0", &["fd00:99::b1", "fd00:99::b2"]));
+        assert_eq!(c.state().v2b.len(), 1);
+        assert_eq!(c.dataplane().v2b.dump(), c.state().v2b);
+        // The dataplane refuses: the saved table stays what it was.
+        c.dataplane_mut().refuse = Some("set_v2b");
+        assert!(err(&mut c, set("0.0.0.0/0", &["fd00:99::b3"])).contains("refuses"));
+        assert_eq!(c.state().v2b.len(), 1);
+    }
+
+    #[test]
     fn v2p_set_replace_clear() {
         let mut c = Controller::new(Recorder::default(), None);
         ok(&mut c, Request::SetV2p(v2p("172.30.0.9")));
@@ -1249,6 +1335,13 @@ pub(crate) mod tests {
         ok(&mut c, Request::SetV2p(v2p("172.30.0.9")));
         ok(
             &mut c,
+            Request::SetV2b {
+                prefix: "0.0.0.0/0".parse().unwrap(),
+                endpoints: vec!["fd00:99::b1".parse().unwrap()],
+            },
+        );
+        ok(
+            &mut c,
             Request::AddRouterEntry {
                 port: "opte1".into(),
                 entry: RouteEntry {
@@ -1274,6 +1367,8 @@ pub(crate) mod tests {
         assert_eq!(fresh.dataplane().ports, ["opte1"]);
         assert_eq!(fresh.dataplane().routes["opte1"].len(), 2); // default + ::/0
         assert_eq!(fresh.dataplane().v2p, saved.v2p);
+        assert_eq!(fresh.dataplane().v2b.dump(), saved.v2b);
+        assert_eq!(saved.v2b.len(), 1);
         assert_eq!(
             ports_applied(ok(&mut fresh, Request::ListPorts)),
             [("opte1".to_string(), true)]

@@ -34,6 +34,7 @@ use crate::worker::{Backoff, WorkerIo, WorkerStats};
 use crate::workers::{PortKey, WorkerPlane, Workers};
 use dpio::tap::TapPort;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
+use engine::v2b::V2b;
 use engine::{Engine, EngineConfig, TxBatch, Vni};
 use ipnet::IpNet;
 use std::collections::HashMap;
@@ -74,7 +75,8 @@ pub fn engine_config(cfg: &DaemonConfig, underlay_mtu: u32) -> Result<EngineConf
     e.underlay_mtu = u16::try_from(underlay_mtu)
         .map_err(|_| format!("underlay MTU {underlay_mtu} is above 65535"))?;
     e.external_jumbo = cfg.external_jumbo;
-    e.boundary_services = cfg.boundary_services.map(|a| (a, cfg.boundary_vni));
+    e.boundary_services = cfg.boundary_services;
+    e.boundary_vni = cfg.boundary_vni;
     // One engine per worker (one worker per configured core, or one): together
     // they keep to the sled's table budget.
     e.tables = cfg.tables.split(cfg.cores.len().max(1));
@@ -540,6 +542,10 @@ impl Dataplane for Datapath {
             .map_err(|e| e.to_string())
     }
 
+    fn set_v2b(&mut self, table: &V2b) -> Result<(), String> {
+        self.engine.set_v2b(table).map_err(|e| e.to_string())
+    }
+
     fn set_routes(&mut self, port: &str, routes: &[RouteEntry]) -> Result<(), String> {
         let before = self.routes(port)?;
         if let Err(e) = self.sync_routes(port, routes) {
@@ -643,6 +649,7 @@ impl Dataplane for Datapath {
             }
             Inspect::Stats { port: None } => json(serde_json::to_value(self.report())),
             // A daemon without workers (headless): this datapath is the one worker.
+            Inspect::V2b => json(serde_json::to_value(self.engine.dump_v2b())),
             Inspect::Workers => {
                 let ports = self.engine.stats().ports.into_iter().map(|p| p.name);
                 let view = WorkerView::new(0, ports.collect(), self.info(), &self.stats);

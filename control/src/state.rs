@@ -1,4 +1,4 @@
-//! The daemon's persisted configuration: ports, V2P mappings, routes and firewall
+//! The daemon's persisted configuration: ports, V2P and V2B mappings, routes and firewall
 //! rules, kept in one JSON file in the state directory and restored at start.
 //!
 //! The file is the control plane's intent, not the engine's memory: on restart the
@@ -9,6 +9,7 @@
 //! new file.
 
 use crate::api::{FwRule, PortInfo, RouteEntry, V2pEntry};
+use engine::v2b::V2bEntry;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -31,6 +32,10 @@ pub struct State {
     /// Ports in creation order (the order they are restored in).
     pub ports: Vec<PortInfo>,
     pub v2p: Vec<V2pEntry>,
+    /// The V2B table set through the API (not the `--boundary-services`
+    /// shorthand, which is configuration). Absent from files written before V2B.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub v2b: Vec<V2bEntry>,
     /// Router entries by port name.
     pub routes: BTreeMap<String, Vec<RouteEntry>>,
     /// Firewall rules by port name.

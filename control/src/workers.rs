@@ -20,6 +20,7 @@ use crate::api::{FwRule, PortInfo, RouteEntry, V2pEntry};
 use crate::controller::{Dataplane, Inspect, PortTables};
 use crate::handoff::Doorbell;
 use crate::stats::{WorkerInfo, WorkerReport, WorkerView};
+use engine::v2b::V2b;
 use engine::{MacAddr, Vni};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -113,6 +114,8 @@ pub struct Workers<D> {
     ports: BTreeMap<String, Placement>,
     /// The V2P table every engine holds, kept here to undo a partial change.
     v2p: BTreeMap<(Vni, IpAddr), V2pEntry>,
+    /// The V2B table every engine holds, likewise.
+    v2b: V2b,
     shared_stats: Option<SharedStats>,
 }
 
@@ -124,6 +127,7 @@ impl<D: WorkerPlane + 'static> Workers<D> {
             doorbells: Vec::new(),
             ports: BTreeMap::new(),
             v2p: BTreeMap::new(),
+            v2b: V2b::default(),
             shared_stats,
         }
     }
@@ -338,6 +342,18 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
         Ok(())
     }
 
+    fn set_v2b(&mut self, table: &V2b) -> Result<(), String> {
+        let (new, old) = (table.clone(), self.v2b.clone());
+        self.on_all(
+            move |dp: &mut D| dp.set_v2b(&new),
+            move |dp: &mut D| {
+                let _ = dp.set_v2b(&old);
+            },
+        )?;
+        self.v2b = table.clone();
+        Ok(())
+    }
+
     fn set_routes(&mut self, port: &str, routes: &[RouteEntry]) -> Result<(), String> {
         let (n, r) = (port.to_string(), routes.to_vec());
         self.on_owner(port, move |dp: &mut D| dp.set_routes(&n, &r))
@@ -365,6 +381,8 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
                 let (_, views) = self.gather()?;
                 return serde_json::to_value(views).map_err(|e| e.to_string());
             }
+            // Every worker holds the same table.
+            Inspect::V2b => return self.call(0, |dp: &mut D| dp.inspect(&Inspect::V2b))?,
             Inspect::Stats { port: Some(p) }
             | Inspect::Layer { port: p, .. }
             | Inspect::Uft { port: p, .. }
@@ -393,6 +411,7 @@ mod tests {
     struct Fake {
         ports: Vec<String>,
         v2p: Vec<V2pEntry>,
+        v2b: V2b,
         owners: BTreeMap<(u32, MacAddr), usize>,
         refuse_v2p: bool,
         stats: u64,
@@ -425,6 +444,13 @@ mod tests {
                 return Err(format!("refusing {ip}"));
             }
             self.v2p.retain(|o| !(o.vpc_ip == ip && o.vni == vni));
+            Ok(())
+        }
+        fn set_v2b(&mut self, table: &V2b) -> Result<(), String> {
+            if self.refuse_v2p {
+                return Err("refusing the V2B table".into());
+            }
+            self.v2b = table.clone();
             Ok(())
         }
         fn set_routes(&mut self, port: &str, _: &[RouteEntry]) -> Result<(), String> {
@@ -588,6 +614,38 @@ mod tests {
 
     /// A global change refused by any worker changes no worker: the workers that
     /// had applied it get the previous entry back, or lose the new one.
+    #[test]
+    fn v2b_reaches_every_worker_or_none() {
+        let (mut ws, _pool) = pool(vec![
+            Fake::default(),
+            Fake {
+                refuse_v2p: true,
+                ..Fake::default()
+            },
+        ]);
+        let mut old = V2b::default();
+        old.set("::/0".parse().unwrap(), &["fd00:99::b1".parse().unwrap()])
+            .unwrap();
+        ws.call(1, |f: &mut Fake| f.refuse_v2p = false).unwrap();
+        ws.set_v2b(&old).unwrap();
+        ws.call(1, |f: &mut Fake| f.refuse_v2p = true).unwrap();
+        let mut new = old.clone();
+        new.set(
+            "0.0.0.0/0".parse().unwrap(),
+            &["fd00:99::b2".parse().unwrap()],
+        )
+        .unwrap();
+        ws.set_v2b(&new).unwrap_err();
+        for w in 0..2 {
+            assert_eq!(peek(&ws, w, |f| f.v2b.clone()), old, "worker {w}");
+        }
+        ws.call(1, |f: &mut Fake| f.refuse_v2p = false).unwrap();
+        ws.set_v2b(&new).unwrap();
+        for w in 0..2 {
+            assert_eq!(peek(&ws, w, |f| f.v2b.clone()), new, "worker {w}");
+        }
+    }
+
     #[test]
     fn v2p_refused_by_a_later_worker_is_rolled_back() {
         let (mut ws, _pool) = pool(vec![

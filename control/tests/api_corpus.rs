@@ -56,9 +56,12 @@ fn kind(r: &Request) -> usize {
         Request::PathCheck { .. } => 22,
         Request::Workers => 23,
         Request::Capture(_) => 24,
+        Request::SetV2b { .. } => 25,
+        Request::ClearV2b { .. } => 26,
+        Request::DumpV2b => 27,
     }
 }
-const KINDS: usize = 25;
+const KINDS: usize = 28;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach

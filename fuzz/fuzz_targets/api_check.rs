@@ -5,13 +5,17 @@
 //! headless daemon runs them) is fed the input as request lines. Whatever arrives,
 //! nothing panics; every answer survives the wire; a refused request changes
 //! nothing the daemon keeps (the state, the engine's ports, routes, firewall rules
-//! and V2P mappings); and after an accepted change the state and the engine agree.
+//! and V2P and V2B mappings); and after an accepted change the state and the engine agree.
 
 use control::api::{self, Outcome, Request};
 use control::controller::{Controller, Dataplane};
 use control::datapath::Datapath;
-use engine::{Engine, EngineConfig, Vni};
+use engine::v2b::V2b;
+use engine::{Engine, EngineConfig};
 use serde_json::Value;
+
+/// The engine's `--boundary-services` shorthand.
+const BOUNDARY: &str = "fd00:99::ff";
 
 /// Requests looked at per input: enough for any sequence the seeds start from.
 const MAX_REQUESTS: usize = 64;
@@ -19,7 +23,7 @@ const MAX_REQUESTS: usize = 64;
 /// Runs one input; returns how many of its requests were accepted.
 pub fn run(data: &[u8]) -> usize {
     let mut cfg = EngineConfig::new("fd00:99::1".parse().unwrap());
-    cfg.boundary_services = Some(("fd00:99::ff".parse().unwrap(), Vni::new(99).unwrap()));
+    cfg.boundary_services = Some(BOUNDARY.parse().unwrap());
     let engine = Engine::new(cfg).expect("a valid engine configuration");
     let mut ctl = Controller::new(Datapath::without_io(engine), None);
     let mut accepted = 0;
@@ -80,6 +84,7 @@ fn snapshot(ctl: &Controller<Datapath>) -> Value {
         "state": json_of(ctl.state()),
         "ports": sorted(ports),
         "v2p": sorted(engine.dump_v2p().iter().map(json_of).collect()),
+        "v2b": json_of(&engine.dump_v2b()),
     })
 }
 
@@ -107,7 +112,8 @@ fn without_counters(mut v: Value) -> Value {
 }
 
 /// After an accepted change the state and the engine hold the same ports, routing
-/// tables and number of V2P mappings.
+/// tables and number of V2P mappings, and the engine's V2B table is the saved one
+/// plus the shorthand.
 fn check_agreement(ctl: &Controller<Datapath>, request: &Request) {
     let state = ctl.state();
     let engine = ctl.dataplane().engine();
@@ -132,4 +138,12 @@ fn check_agreement(ctl: &Controller<Datapath>, request: &Request) {
         state.v2p.len(),
         "after {request:?}"
     );
+    let mut v2b = V2b::default();
+    for net in ["0.0.0.0/0", "::/0"] {
+        let boundary = [BOUNDARY.parse().expect("an address")];
+        v2b.set(net.parse().expect("a prefix"), &boundary)
+            .expect("a valid endpoint");
+    }
+    v2b.merge(&V2b::from_entries(&state.v2b).expect("the saved table is valid"));
+    assert_eq!(engine.dump_v2b(), v2b.dump(), "after {request:?}");
 }

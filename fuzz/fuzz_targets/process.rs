@@ -73,7 +73,7 @@ const VNIS: [u32; 3] = [1193046, 77, 16777215];
 /// so External frames pass it as well.
 fn sled() -> Sled {
     let mut cfg = EngineConfig::new("fd00:99::2".parse().unwrap());
-    cfg.boundary_services = Some(("fd00:99::1".parse().unwrap(), Vni::new(99).unwrap()));
+    cfg.boundary_services = Some("fd00:99::1".parse().unwrap());
     let mut engine = Engine::new(cfg).unwrap();
     let a = engine.add_port(port("opte0", VNIS[0], 1, 2, 5)).unwrap();
     let b = engine.add_port(port("opte1", VNIS[0], 2, 0xfe, 6)).unwrap();

@@ -14,7 +14,7 @@
 //! frame is handed to it) -> anti-spoofing -> unified flow table / inbound firewall ->
 //! coalescer (which rewrites the inner source MAC to the gateway's) -> [`TxBatch`].
 //!
-//! Every change to ports, rules, routes or V2P bumps the epoch, which invalidates
+//! Every change to ports, rules, routes, V2P or V2B bumps the epoch, which invalidates
 //! every cached flow at once (see `uft`); so does [`Engine::invalidate_next_hops`],
 //! which the daemon calls when an underlay neighbour changes. Every drop is counted
 //! under one [`DropReason`] (the counter name); docs/engine.md lists them all.
