@@ -16,7 +16,8 @@
 //! configuration), [`standard`] (the two-sled, four-guest rack of the tests and the
 //! demo), [`capture`] (underlay captures decoded by tshark), [`xfer`] (checked TCP
 //! transfers), [`stats`] (reading `xdeadm --json` output), [`cmd`], [`netns`],
-//! [`poll`], [`daemon`], [`bins`]; [`bench`] is the side-by-side benchmark against
+//! [`poll`], [`daemon`], [`bins`], [`boundary`] (the boundary-services switch and the
+//! internet behind it); [`bench`] is the side-by-side benchmark against
 //! kernel VXLAN, OVS and plain veth built on the same topology (`bench-e2e`).
 //!
 //! Hostile input and reliability (docs/reliability.md): [`inject`] (raw frames
@@ -32,6 +33,7 @@
 
 pub mod bench;
 pub mod bins;
+pub mod boundary;
 pub mod capture;
 pub mod cmd;
 pub mod counters;
