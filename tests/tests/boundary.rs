@@ -66,7 +66,7 @@ fn rack() -> Result<(Rack, Internet)> {
 
 #[test]
 fn guest_reaches_the_internet_through_the_v2b_endpoint_and_back() -> Result<()> {
-    let (rack, internet) = rack()?;
+    let (mut rack, internet) = rack()?;
     let g = rack.guest(GUEST)?;
     for server in [IpAddr::V4(Internet::SERVER4), IpAddr::V6(Internet::SERVER6)] {
         g.ping(server, 56, Duration::from_secs(10))?;
@@ -121,6 +121,14 @@ fn guest_reaches_the_internet_through_the_v2b_endpoint_and_back() -> Result<()> 
     let after = Snapshot::take(rack.sled(0)?)?;
     let mismatch = after.get(&format!("engine.ports.{GUEST}.drops.underlay_src_mismatch"));
     assert_eq!(mismatch, 0, "the switch's frames were refused");
+
+    // The table is saved: after a restart the guest reaches the server again.
+    rack.restart_daemon(0, &[])?;
+    let table = rack.sled(0)?.admin(&["dump-v2b"])?;
+    let switch = sled_underlay_addr(BOUNDARY_SLED).to_string();
+    assert_eq!(table.matches(&switch).count(), 2, "{table}");
+    let g = rack.guest(GUEST)?;
+    g.ping(IpAddr::V4(Internet::SERVER4), 56, Duration::from_secs(10))?;
     Ok(())
 }
 
