@@ -68,6 +68,7 @@ fn guest_port(n: u8) -> Result<PortConfig, String> {
         dns_servers6: vec![],
         hostname: Some(format!("guest{n}")),
         domain: Some("vpc.example".into()),
+        external: Default::default(),
     })
 }
 

@@ -747,6 +747,7 @@ pub(crate) mod tests {
             dns_servers6: vec![],
             hostname: Some("web".into()),
             domain: None,
+            external: Default::default(),
         }
     }
 

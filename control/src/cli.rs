@@ -482,6 +482,7 @@ impl CreateXde {
                 .collect(),
             hostname: self.hostname.clone(),
             domain: self.domain.clone(),
+            external: Default::default(),
         };
         cfg.validate()?;
         Ok(cfg)

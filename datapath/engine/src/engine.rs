@@ -38,6 +38,7 @@ use crate::flow::{quoted_flow, FlowKey, PROTO_ICMP, PROTO_ICMPV6};
 use crate::gateway::{self, GatewayState, MtuBudget, RaInfo};
 use crate::hold::HoldQueue;
 use crate::layer::RuleId;
+use crate::nat::{ExternalIps, SnatTable};
 use crate::output::TxBatch;
 use crate::overlay::{BoundaryServices, V2p, V2pDump, V2pEntry};
 use crate::port::{PortConfig, PortId, Vni, MIN_PORT_MTU};
@@ -162,6 +163,8 @@ struct Port {
     router: Router,
     uft_out: Uft<OutAction>,
     uft_in: Uft<InAction>,
+    /// SNAT ports held by the port's flows to the internet.
+    snat: SnatTable,
     /// Table sizes from the port's share of the table budget.
     limits: PortTableLimits,
     c: PortCounters,
@@ -210,6 +213,9 @@ pub struct Engine {
     /// Reused copy of a guest frame whose partial checksum is completed before it
     /// is fragmented.
     csum_buf: Vec<u8>,
+    /// Reused copy of a frame the NAT layer rewrites (guest frames are in the tap's
+    /// buffer, received frames in the input: neither is written to).
+    nat_buf: Vec<u8>,
     /// Reused contiguous copy of a received frame whose headers span its pieces.
     linear: Vec<u8>,
     /// Guest frames waiting for their underlay next hop.
@@ -305,6 +311,7 @@ impl Engine {
             coalescer: Coalescer::new(),
             scratch: TxBatch::new(),
             csum_buf: Vec::new(),
+            nat_buf: Vec::new(),
             linear: Vec::new(),
             hold: HoldQueue::default(),
             underlay_drops,
@@ -486,6 +493,7 @@ impl Engine {
             router,
             uft_out: Uft::new(lim.uft_limit, lim.other_ns, self.cfg.hash_seed),
             uft_in: Uft::new(lim.uft_limit, lim.other_ns, self.cfg.hash_seed),
+            snat: SnatTable::new(self.cfg.hash_seed),
             limits,
             c: PortCounters::default(),
             mtu_changed: false,
@@ -567,6 +575,23 @@ impl Engine {
                 d.mtu = mtu;
             }
         }
+        self.bump();
+        Ok(())
+    }
+
+    /// Replaces port `name`'s external addresses (checked as `add_port` checks
+    /// them). Every flow is decided again (the epoch moves): a flow keeps no
+    /// address the port no longer has. A changed SNAT range forgets the SNAT ports
+    /// (they may lie outside it); the connections stay, and their next packets get
+    /// new ports.
+    pub fn set_external_ips(&mut self, name: &str, ext: ExternalIps) -> Result<(), EngineError> {
+        let p = self.port_by_name_mut(name)?;
+        ext.validate(p.cfg.ipv4, p.cfg.ipv6)
+            .map_err(EngineError::Invalid)?;
+        if p.cfg.external.snat != ext.snat {
+            p.snat.clear();
+        }
+        p.cfg.external = ext;
         self.bump();
         Ok(())
     }
@@ -803,11 +828,13 @@ impl Engine {
                     fw,
                     uft_out,
                     uft_in,
+                    snat,
                     ..
                 } = p;
                 fw.expire(now, |k| {
                     uft_out.remove(k);
                     uft_in.remove(&k.reversed());
+                    snat.forget(k);
                 });
             }
         }

@@ -609,6 +609,15 @@ impl Firewall {
         }
     }
 
+    /// Whether the connection `h` refers to is still there and not idle past its
+    /// timeout (NAT state lives as long as its flow's connection).
+    pub fn is_live(&self, h: ConnHandle, now: u64) -> bool {
+        matches!(
+            self.slots.get(h.slot as usize),
+            Some(Slot { gen, conn: Some((_, c)) }) if *gen == h.gen && c.live(now, &self.limits)
+        )
+    }
+
     /// Removes connections idle past their timeout among the next [`EXPIRE_SCAN`]
     /// slots (resuming where the previous call stopped, wrapping round), calling
     /// `gone` with each one's key (guest as source) so the caller can drop cached

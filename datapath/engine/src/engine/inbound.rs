@@ -7,6 +7,7 @@ use crate::drop::DropReason;
 use crate::firewall::TcpSegment;
 use crate::flow::FlowKey;
 use crate::input::RxFrame;
+use crate::nat;
 use crate::output::{SiblingFrame, TxBatch, TxDest};
 use crate::overlay::{InboundTrust, Sender, UnderlaySource};
 use crate::port::{PortId, Vni};
@@ -126,6 +127,41 @@ impl Engine {
         };
         // Ethernet padding after the IP packet stays behind.
         let inner = inner.sub(0..meta.ip_end);
+        if um.external {
+            // From outside the VPC: only from boundary services, and only to an
+            // external address, through NAT.
+            if let Err(r) = via.sender(p.cfg.vni, meta.src_ip) {
+                p.c.drops.inc(r);
+                return;
+            }
+            let mut buf = std::mem::take(&mut self.nat_buf);
+            buf.clear();
+            inner.copy_to(0..inner.len(), &mut buf);
+            let (cfg, snat) = (&p.cfg, &p.snat);
+            let verdict =
+                match nat::inbound(&cfg.external, cfg.ipv4, cfg.ipv6, snat, meta, &mut buf) {
+                    None => Err(DropReason::NatNoMapping),
+                    Some(m) => {
+                        let key = FlowKey::from_meta(um.vni, &m);
+                        inbound_verdict(p, &via, &key, &m, &buf, epoch, now).map(|()| m)
+                    }
+                };
+            match verdict {
+                Ok(m) => {
+                    p.c.in_packets += 1;
+                    p.c.in_bytes += buf.len() as u64;
+                    // A copy: it cannot wait in the coalescer, which holds
+                    // references to its input.
+                    let pieces = [&buf[..]];
+                    let frame = RxFrame::new(&pieces, RxFrame::TRANSIENT);
+                    let gw = p.cfg.gateway_mac;
+                    self.coalescer.push_uncoalesced(port, &frame, &m, gw, out);
+                }
+                Err(r) => p.c.drops.inc(r),
+            }
+            self.nat_buf = buf;
+            return;
+        }
         let key = FlowKey::from_meta(um.vni, meta);
         if let Err(r) = inbound_verdict(p, &via, &key, meta, inner.head(), epoch, now) {
             p.c.drops.inc(r);

@@ -468,6 +468,22 @@ impl Coalescer {
         self.emit_single(port, &frame, head, meta, mss, gateway_mac, out);
     }
 
+    /// A frame that cannot be held, because its bytes are a transient copy (a frame
+    /// the NAT layer rewrote): after this port's held frames, to keep their order,
+    /// it goes to `out` as it is (copied), with the gateway's source MAC.
+    pub fn push_uncoalesced(
+        &mut self,
+        port: PortId,
+        frame: &RxFrame<'_>,
+        meta: &InnerMeta,
+        gateway_mac: MacAddr,
+        out: &mut TxBatch<'_>,
+    ) {
+        self.stats.frames_in += 1;
+        self.flush_port(port, out);
+        self.emit_raw(port, frame, meta, gateway_mac, out);
+    }
+
     /// Writes every held frame to `out` (end of a batch).
     pub fn flush(&mut self, out: &mut TxBatch<'_>) {
         for i in 0..self.slots.len() {
