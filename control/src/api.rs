@@ -12,6 +12,7 @@
 
 use core::fmt;
 use core::str::FromStr;
+use engine::nat::ExternalIps;
 use engine::{PortConfig, Vni};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -118,6 +119,13 @@ pub enum Request {
         port: String,
     },
     /// One page of the port's unified flow table.
+    /// Replaces the port's external addresses (`set-external-ips`); its flows are
+    /// decided again.
+    SetExternalIps {
+        port: String,
+        #[serde(flatten)]
+        external: ExternalIps,
+    },
     DumpUft {
         port: String,
         /// Where the page starts: the `next` of the previous page (the first page
@@ -223,6 +231,7 @@ impl Request {
                 | Request::RmFwRule { .. }
                 | Request::RmFwRuleId { .. }
                 | Request::SetFwRules { .. }
+                | Request::SetExternalIps { .. }
         )
     }
 }
@@ -848,6 +857,18 @@ pub(crate) mod tests {
             },
             Request::ClearUft {
                 port: "opte0".into(),
+            },
+            Request::SetExternalIps {
+                port: "opte0".into(),
+                external: ExternalIps {
+                    snat: Some(engine::nat::SnatRange {
+                        ip: "198.51.100.1".parse().unwrap(),
+                        start: 1024,
+                        end: 2047,
+                    }),
+                    ephemeral: None,
+                    floating: vec!["192.0.2.5".parse().unwrap()],
+                },
             },
             Request::Stats { port: None },
             Request::Stats {

@@ -50,6 +50,7 @@ fn kind(r: &Request) -> usize {
         Request::ListLayers { .. } => 18,
         Request::DumpTcpFlows { .. } => 19,
         Request::RmFwRuleId { .. } => 20,
+        Request::SetExternalIps { .. } => 25,
         // Answered by the daemon with I/O only: refused here, so seeded in
         // 18-all.jsonl (which need not be accepted whole).
         Request::Doctor => 21,
@@ -58,7 +59,7 @@ fn kind(r: &Request) -> usize {
         Request::Capture(_) => 24,
     }
 }
-const KINDS: usize = 25;
+const KINDS: usize = 26;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach
