@@ -162,9 +162,12 @@ pub struct SrcNat {
     pub port: u16,
 }
 
-/// Whether a flow has ports (or an echo identifier) SNAT can allocate.
+/// Whether a flow has ports (or an echo identifier) SNAT can allocate. A non-first
+/// fragment has none (its key's ports are 0): it keeps the ports of the datagram's
+/// first fragment, which carries the L4 header.
 fn has_ports(key: &FlowKey) -> bool {
-    matches!(key.proto, PROTO_TCP | PROTO_UDP) || is_echo(key.proto, key.icmp_type)
+    let ports = key.src_port != 0 || key.dst_port != 0;
+    (matches!(key.proto, PROTO_TCP | PROTO_UDP) && ports) || is_echo(key.proto, key.icmp_type)
 }
 
 /// One allocated SNAT port: the flow it belongs to and the connection whose life
@@ -542,9 +545,16 @@ pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16,
         update_field(frame, l3 + 10, |c| checksum::update(c, old, new));
     }
     let echo = is_echo(m.proto, m.icmp_type);
+    // A non-first fragment has no L4 header: only its address changes (the first
+    // fragment's L4 checksum covers the whole datagram).
+    let non_first_fragment = m.fragment && m.payload_off == m.l4_off;
     // ICMPv4's checksum has no pseudo-header; an echo identifier is at 4, the same
     // place for either end.
     let (csum_off, in_pseudo, port_at) = match m.proto {
+        _ if non_first_fragment => {
+            frame[addr_off..addr_off + new.len()].copy_from_slice(new);
+            return;
+        }
         PROTO_TCP => (l4 + 16, true, Some(l4 + port_off)),
         PROTO_UDP => (l4 + 6, true, Some(l4 + port_off)),
         PROTO_ICMP => (l4 + 2, false, echo.then_some(l4 + 4)),

@@ -582,3 +582,73 @@ fn bad_external_addresses_are_refused_by_name() {
     let err = e.add_port(pc).unwrap_err().to_string();
     assert!(err.contains("2001:db8::7"), "{err}");
 }
+
+/// IPv4 fragments the guest sent itself: the first carries the UDP header and gets
+/// the SNAT port; the others only the address; reassembled, the datagram's UDP
+/// checksum is right for the new source.
+#[test]
+fn guest_fragments_through_snat_reassemble_with_a_right_checksum() {
+    let g = guest(1);
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 3000, 3999));
+    let remote = Ipv4Addr::new(8, 8, 8, 8);
+    let payload: Vec<u8> = (0..2000u32).map(|i| (i % 251) as u8).collect();
+    let whole = frame(
+        &g,
+        Some(remote),
+        None,
+        L4::Udp {
+            sport: 6000,
+            dport: 53,
+        },
+        &payload,
+    );
+    // The IP payload (UDP header + data), cut at 1480 bytes.
+    let ip_payload = &whole[34..];
+    let fragment = |offset: usize, data: &[u8], more: bool| {
+        let mut h = etherparse::Ipv4Header::new(
+            data.len() as u16,
+            64,
+            etherparse::IpNumber::UDP,
+            g.v4.octets(),
+            remote.octets(),
+        )
+        .unwrap();
+        h.identification = 77;
+        h.more_fragments = more;
+        h.fragment_offset = etherparse::IpFragOffset::try_new((offset / 8) as u16).unwrap();
+        h.header_checksum = h.calc_header_checksum();
+        let mut f = whole[..14].to_vec();
+        h.write(&mut f).unwrap();
+        f.extend_from_slice(data);
+        f
+    };
+    let first = fragment(0, &ip_payload[..1480], true);
+    let second = fragment(1480, &ip_payload[1480..], false);
+    let out1 = send(&mut e, p, &first, 1);
+    let out2 = send(&mut e, p, &second, 1);
+    let (f1, f2) = (&out1[0], &out2[0]);
+    for f in [f1, f2] {
+        let h = etherparse::Ipv4HeaderSlice::from_slice(&f[14..])
+            .unwrap()
+            .to_header();
+        assert_eq!(h.header_checksum, h.calc_header_checksum());
+        assert_eq!(h.source, snat4().octets());
+    }
+    let sport = u16::from_be_bytes([f1[34], f1[35]]);
+    assert!((3000..=3999).contains(&sport), "{sport}");
+    assert_eq!(
+        &f2[34..],
+        &ip_payload[1480..],
+        "the second fragment's data as sent"
+    );
+    // Reassembled: UDP checksum over the pseudo-header of the new source.
+    let mut datagram = f1[34..].to_vec();
+    datagram.extend_from_slice(&f2[34..]);
+    let udp = etherparse::UdpHeaderSlice::from_slice(&datagram)
+        .unwrap()
+        .to_header();
+    let want = udp
+        .calc_checksum_ipv4_raw(snat4().octets(), remote.octets(), &datagram[8..])
+        .unwrap();
+    assert_eq!(udp.checksum, want);
+}
