@@ -412,7 +412,7 @@ impl Firewall {
     }
 
     /// The handle of the live connection with connection key `ck`.
-    fn live_handle(&self, ck: &FlowKey, now: u64) -> Option<ConnHandle> {
+    pub(crate) fn live_handle(&self, ck: &FlowKey, now: u64) -> Option<ConnHandle> {
         let (slot, c) = self.find(ck)?;
         if !c.live(now, &self.limits) {
             return None;

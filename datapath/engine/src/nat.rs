@@ -183,6 +183,16 @@ struct Binding {
 /// (protocol, private source port, remote address, remote port).
 type PrivateKey = (u8, u16, IpAddr, u16);
 
+/// The [`PrivateKey`] of flow `key` (guest as source).
+fn private_key(key: &FlowKey) -> PrivateKey {
+    (key.proto, key.src_port, key.dst_ip, key.dst_port)
+}
+
+/// Most inbound connections to a port's non-default 1:1 addresses remembered at
+/// once (see [`SnatTable::reply_from`]); beyond it, replies of new ones leave from
+/// the default address until a remembered connection ends.
+pub const REPLY_FROM_MAX: usize = 4096;
+
 /// A port's SNAT state: which source ports of its range are bound to which flows.
 /// At most one mapping per port of the range and protocol, so its size is bounded
 /// by the range.
@@ -193,6 +203,11 @@ pub struct SnatTable {
     /// Where the next allocation starts looking (round robin over the range, so a
     /// just-freed port is not handed to the next flow at once).
     cursor: u32,
+    /// Connections from the internet to a floating or ephemeral address that is not
+    /// the one the port's own flows of that family leave from: their replies must
+    /// leave from the address the connection came in to. Each lives as long as its
+    /// connection (handle), like a SNAT binding.
+    reply_from: HashMap<PrivateKey, (IpAddr, ConnHandle), FlowHashBuilder>,
 }
 
 impl SnatTable {
@@ -201,6 +216,7 @@ impl SnatTable {
             by_private: HashMap::with_hasher(FlowHashBuilder::new(hash_seed ^ 0x5a7)),
             by_port: HashMap::with_hasher(FlowHashBuilder::new(hash_seed ^ 0xa75)),
             cursor: 0,
+            reply_from: HashMap::with_hasher(FlowHashBuilder::new(hash_seed ^ 0x7e1)),
         }
     }
 
@@ -208,6 +224,7 @@ impl SnatTable {
     pub fn clear(&mut self) {
         self.by_private.clear();
         self.by_port.clear();
+        self.reply_from.clear();
     }
 
     /// Ports in use.
@@ -229,7 +246,7 @@ impl SnatTable {
         fw: &Firewall,
         now: u64,
     ) -> Option<u16> {
-        let pk = (key.proto, key.src_port, key.dst_ip, key.dst_port);
+        let pk = private_key(key);
         if let Some(&p) = self.by_private.get(&pk) {
             return Some(p);
         }
@@ -269,7 +286,7 @@ impl SnatTable {
     /// Ties the mapping of `key`'s flow to its firewall connection once the
     /// firewall has opened it.
     pub fn bind(&mut self, key: &FlowKey, conn: Option<ConnHandle>) {
-        let pk = (key.proto, key.src_port, key.dst_ip, key.dst_port);
+        let pk = private_key(key);
         if let Some(p) = self.by_private.get(&pk) {
             if let Some(b) = self.by_port.get_mut(&(key.proto, *p)) {
                 b.conn = conn;
@@ -280,7 +297,8 @@ impl SnatTable {
     /// Forgets the mapping of a flow whose connection expired (`key`: guest as
     /// source, the connection's key).
     pub fn forget(&mut self, key: &FlowKey) {
-        let pk = (key.proto, key.src_port, key.dst_ip, key.dst_port);
+        let pk = private_key(key);
+        self.reply_from.remove(&pk);
         if let Some(p) = self.by_private.remove(&pk) {
             self.by_port.remove(&(key.proto, p));
         }
@@ -313,7 +331,13 @@ pub fn outbound(
     now: u64,
 ) -> Result<SrcNat, DropReason> {
     let v4 = key.src_ip.is_ipv4();
-    if let Some(ip) = ext.one_to_one(v4) {
+    if let Some(default) = ext.one_to_one(v4) {
+        // A reply to a connection that came in to another 1:1 address leaves from it.
+        let ip = snat
+            .reply_from
+            .get(&private_key(key))
+            .filter(|(a, h)| ext.is_one_to_one(*a) && fw.is_live(*h, now))
+            .map_or(default, |(a, _)| *a);
         return Ok(SrcNat {
             ip,
             port: key.src_port,
@@ -369,6 +393,38 @@ pub fn inbound(
     };
     rewrite(buf, m, End::Dst, private, to, false);
     Some(rewritten_meta(m, End::Dst, private, to))
+}
+
+/// Remembers that the inbound connection of `key` (the translated packet's key,
+/// admitted by the firewall) came in to 1:1 address `to`, if that is not the
+/// address the port's flows leave from anyway, so that its replies leave from `to`.
+/// Costs a lookup per packet of such connections only; nothing for the others.
+pub fn note_inbound(
+    ext: &ExternalIps,
+    table: &mut SnatTable,
+    fw: &Firewall,
+    key: &FlowKey,
+    to: IpAddr,
+    now: u64,
+) {
+    if ext.one_to_one(to.is_ipv4()) == Some(to) || !ext.is_one_to_one(to) {
+        return;
+    }
+    let ck = key.reversed();
+    let pk = private_key(&ck);
+    if table.reply_from.get(&pk).is_some_and(|(a, _)| *a == to) {
+        return;
+    }
+    let Some(h) = fw.live_handle(&ck, now) else {
+        return;
+    };
+    if table.reply_from.len() >= REPLY_FROM_MAX {
+        table.reply_from.retain(|_, (_, h)| fw.is_live(*h, now));
+        if table.reply_from.len() >= REPLY_FROM_MAX {
+            return;
+        }
+    }
+    table.reply_from.insert(pk, (to, h));
 }
 
 /// The private port SNAT port `port` of external address `ext_ip` stands for, for

@@ -652,3 +652,48 @@ fn guest_fragments_through_snat_reassemble_with_a_right_checksum() {
         .unwrap();
     assert_eq!(udp.checksum, want);
 }
+
+/// A port with two floating IPs: its own flows leave from the first; a connection
+/// from the internet to the second is answered from the second.
+#[test]
+fn replies_leave_from_the_floating_ip_the_connection_came_in_to() {
+    let g = guest(1);
+    let (first, second) = (Ipv4Addr::new(192, 0, 2, 10), Ipv4Addr::new(192, 0, 2, 11));
+    let (mut e, p) = sled(ExternalIps {
+        floating: vec![IpAddr::V4(first), IpAddr::V4(second)],
+        ..Default::default()
+    });
+    let rule = Rule::new(10, FwAction::Allow)
+        .matching(Predicate::Proto(6))
+        .finalize()
+        .unwrap();
+    e.add_fw_rule("ga", Direction::In, rule).unwrap();
+    let client = Ipv4Addr::new(203, 0, 113, 50);
+    let mut syn = Vec::new();
+    PacketBuilder::ethernet2(SWITCH_MAC, g.mac.0)
+        .ipv4(client.octets(), second.octets(), 60)
+        .tcp(50000, 22, 1, 65535)
+        .syn()
+        .write(&mut syn, b"")
+        .unwrap();
+    assert_eq!(from_internet(&mut e, &syn, 1).len(), 1);
+    let synack = {
+        let mut f = Vec::new();
+        PacketBuilder::ethernet2(g.mac.0, g.gw_mac.0)
+            .ipv4(g.v4.octets(), client.octets(), 64)
+            .tcp(22, 50000, 1000, 65535)
+            .syn()
+            .ack(2)
+            .write(&mut f, b"")
+            .unwrap();
+        f
+    };
+    let got = send(&mut e, p, &synack, 2);
+    assert_eq!(checked(&got[0]).0, (IpAddr::V4(second), IpAddr::V4(client)));
+    // The port's own new flows still leave from the first.
+    let got = send(&mut e, p, &udp_to(IpAddr::V4(client), 9), 3);
+    assert_eq!(checked(&got[0]).0 .0, IpAddr::V4(first));
+    // Once the connection has expired, the memory of it goes too.
+    let got = send(&mut e, p, &synack, 10 * 24 * 3600 * S);
+    assert_eq!(checked(&got[0]).0 .0, IpAddr::V4(first));
+}

@@ -143,7 +143,12 @@ impl Engine {
                     None => Err(DropReason::NatNoMapping),
                     Some(m) => {
                         let key = FlowKey::from_meta(um.vni, &m);
-                        inbound_verdict(p, &via, &key, &m, &buf, epoch, now).map(|()| m)
+                        let r = inbound_verdict(p, &via, &key, &m, &buf, epoch, now);
+                        if r.is_ok() {
+                            let (ext, to) = (&p.cfg.external, meta.dst_ip);
+                            nat::note_inbound(ext, &mut p.snat, &p.fw, &key, to, now);
+                        }
+                        r.map(|()| m)
                     }
                 };
             match verdict {
