@@ -594,11 +594,13 @@ pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16,
     let Some(old) = frame.get(addr_off..addr_off + new.len()) else {
         return;
     };
-    let mut old_addr = [0u8; 16];
-    old_addr[..new.len()].copy_from_slice(old);
-    let old = &old_addr[..new.len()];
+    // Each address as the one's complement sum of its words: sums are associative,
+    // so RFC 1624 then takes one step per checksum rather than one per word.
+    let old_sum = checksum::fold(checksum::sum(old, 0));
+    let new_sum = checksum::fold(checksum::sum(new, 0));
+    let addr = |c: u16| checksum::update16(c, old_sum, new_sum);
     if m.l3 == L3::Ipv4 {
-        update_field(frame, l3 + 10, |c| checksum::update(c, old, new));
+        update_field(frame, l3 + 10, addr);
     }
     let echo = is_echo(m.proto, m.icmp_type);
     // A non-first fragment has no L4 header: only its address changes (the first
@@ -624,9 +626,9 @@ pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16,
     if in_pseudo && !udp_none {
         if partial {
             // A sum, not its complement: RFC 1624 on the complement.
-            update_field(frame, csum_off, |c| !checksum::update(!c, old, new));
+            update_field(frame, csum_off, |c| !addr(!c));
         } else {
-            update_field(frame, csum_off, |c| checksum::update(c, old, new));
+            update_field(frame, csum_off, addr);
         }
     }
     frame[addr_off..addr_off + new.len()].copy_from_slice(new);
