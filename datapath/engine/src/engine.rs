@@ -213,8 +213,8 @@ pub struct Engine {
     /// Reused copy of a guest frame whose partial checksum is completed before it
     /// is fragmented.
     csum_buf: Vec<u8>,
-    /// Reused copy of a frame the NAT layer rewrites (guest frames are in the tap's
-    /// buffer, received frames in the input: neither is written to).
+    /// Reused copy of a received frame the NAT layer translates (received frames are
+    /// in the input, which is not written to).
     nat_buf: Vec<u8>,
     /// Reused contiguous copy of a received frame whose headers span its pieces.
     linear: Vec<u8>,

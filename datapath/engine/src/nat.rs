@@ -391,7 +391,7 @@ pub fn inbound(
         }
         snat_private_port(ext, snat, m.dst_ip, m.proto, port, m.src_ip, remote_port)?
     };
-    rewrite(buf, m, End::Dst, private, to, false);
+    rewrite(buf, m, End::Dst, private, to);
     Some(rewritten_meta(m, End::Dst, private, to))
 }
 
@@ -480,7 +480,7 @@ fn icmp_error(
     } else {
         return None;
     };
-    rewrite(buf, m, End::Dst, private, m.dst_port, false);
+    rewrite(buf, m, End::Dst, private, m.dst_port);
     let quoted = InnerMeta {
         l3_off: q_l3,
         l4_off: q_l3 + q_l4,
@@ -488,7 +488,7 @@ fn icmp_error(
         icmp_type: q.icmp_type,
         ..*m
     };
-    rewrite(buf, &quoted, End::Src, private, port, false);
+    rewrite(buf, &quoted, End::Src, private, port);
     let icmp = buf.get_mut(m.l4_off..m.ip_end)?;
     icmp.get_mut(2..4)?.fill(0);
     let pseudo = match (private, m.src_ip) {
@@ -527,22 +527,6 @@ fn is_echo_reply(m: &InnerMeta) -> bool {
         || (m.proto == PROTO_ICMPV6 && m.icmp_type == v6::ECHO_REPLY)
 }
 
-/// The outbound packet `m` (in `frame`) with its source rewritten to `n`, in `buf`
-/// (reused: no allocation once it has grown to the largest frame), and its
-/// metadata. `partial`: the guest asked for checksum offload (`NEEDS_CSUM`).
-pub fn rewrite_copy(
-    frame: &[u8],
-    m: &InnerMeta,
-    n: &SrcNat,
-    partial: bool,
-    buf: &mut Vec<u8>,
-) -> InnerMeta {
-    buf.clear();
-    buf.extend_from_slice(frame);
-    rewrite(buf, m, End::Src, n.ip, n.port, partial);
-    rewritten_meta(m, End::Src, n.ip, n.port)
-}
-
 /// The metadata of packet `m` after [`rewrite`] changed its `end` to (`ip`,
 /// `port`). The parser keeps an echo identifier in `src_port`, whichever end.
 pub fn rewritten_meta(m: &InnerMeta, end: End, ip: IpAddr, port: u16) -> InnerMeta {
@@ -568,11 +552,11 @@ pub enum End {
 
 /// Rewrites one end of the IP packet `m` describes in `frame` to (`ip`, `port`)
 /// (echo: `port` is the identifier), fixing the IPv4 header checksum and the L4
-/// checksum incrementally. `partial`: the L4 checksum field holds the guest's
-/// pseudo-header sum (`NEEDS_CSUM`), which covers the addresses but not the ports.
+/// checksum incrementally. The checksums must be complete (outbound, the frame is
+/// rewritten as segmentation builds it, after a `NEEDS_CSUM` checksum is completed).
 /// A UDP/IPv4 checksum of 0 (none) stays 0. `ip` must be of the packet's family
 /// (the callers choose it by the packet's family).
-pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16, partial: bool) {
+pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16) {
     let (l3, l4) = (m.l3_off, m.l4_off);
     let (addr_off, port_off) = match (end, m.l3) {
         (End::Src, L3::Ipv4) => (l3 + 12, 0),
@@ -624,17 +608,12 @@ pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16,
     };
     let udp_none = m.proto == PROTO_UDP && m.l3 == L3::Ipv4 && read16(frame, csum_off) == Some(0);
     if in_pseudo && !udp_none {
-        if partial {
-            // A sum, not its complement: RFC 1624 on the complement.
-            update_field(frame, csum_off, |c| !addr(!c));
-        } else {
-            update_field(frame, csum_off, addr);
-        }
+        update_field(frame, csum_off, addr);
     }
     frame[addr_off..addr_off + new.len()].copy_from_slice(new);
     if let Some(at) = port_at {
         if let Some(old_port) = read16(frame, at) {
-            if !partial && !udp_none {
+            if !udp_none {
                 update_field(frame, csum_off, |c| checksum::update16(c, old_port, port));
             }
             frame[at..at + 2].copy_from_slice(&port.to_be_bytes());

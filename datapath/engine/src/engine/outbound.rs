@@ -56,7 +56,6 @@ impl Engine {
             v2p,
             scratch,
             csum_buf,
-            nat_buf,
             hold,
             drops,
             ..
@@ -148,11 +147,6 @@ impl Engine {
             }
         };
         let path_mtu = entry.path_mtu;
-        let nat = match &entry.action {
-            OutAction::Encap(e) => e.nat,
-            OutAction::Unresolved(plan) => plan.nat,
-            _ => None,
-        };
         let next = match &entry.action {
             // A cached drop wins over the size check: a denied or unroutable flow gets
             // no Packet Too Big and is counted under its own reason.
@@ -179,16 +173,6 @@ impl Engine {
             }
         } else {
             false
-        };
-        // The size checks and a Packet Too Big see the guest's own packet; what
-        // leaves carries the external source.
-        let nated;
-        let (frame, meta) = match &nat {
-            Some(n) => {
-                nated = nat::rewrite_copy(frame, meta, n, vnet.needs_csum(), nat_buf);
-                (&nat_buf[..], &nated)
-            }
-            None => (frame, meta),
         };
         match next {
             Next::Encap(e) => {
@@ -378,10 +362,15 @@ fn encapsulate(
     } else {
         usize::from(vnet.gso_size)
     };
+    // The NAT layer's source rewrite happens as each frame is built (`InnerEdit`).
+    let edit = tso::InnerEdit {
+        dst_mac: e.inner_dst_mac,
+        nat: e.nat,
+    };
     let Some(mtu) = fragment_mtu else {
         let mss = u32::from(vnet.gso_size);
-        let (outer, mac) = (&e.outer, e.inner_dst_mac);
-        match tso::segment(frame, vnet, meta, seg_payload, mss, outer, mac, dest, out) {
+        let outer = &e.outer;
+        match tso::segment_with(frame, vnet, meta, seg_payload, mss, outer, edit, dest, out) {
             Ok(n) if vnet.is_gso() => c.tso_segments_out += n as u64,
             Ok(_) => {}
             Err(d) => c.drops.inc(DropReason::from(d)),
@@ -391,8 +380,9 @@ fn encapsulate(
     let drops = &mut c.drops;
     let r = fragments(meta, frame, vnet, mtu, bufs, |frag, fm| {
         let plain = VnetHdr::default();
-        let (outer, mac) = (&e.outer, e.inner_dst_mac);
-        if let Err(d) = tso::segment(frag, &plain, fm, seg_payload, 0, outer, mac, dest, out) {
+        let outer = &e.outer;
+        if let Err(d) = tso::segment_with(frag, &plain, fm, seg_payload, 0, outer, edit, dest, out)
+        {
             drops.inc(DropReason::from(d));
         }
     });
