@@ -213,9 +213,6 @@ pub struct Engine {
     /// Reused copy of a guest frame whose partial checksum is completed before it
     /// is fragmented.
     csum_buf: Vec<u8>,
-    /// Reused copy of a received frame the NAT layer translates (received frames are
-    /// in the input, which is not written to).
-    nat_buf: Vec<u8>,
     /// Reused contiguous copy of a received frame whose headers span its pieces.
     linear: Vec<u8>,
     /// Guest frames waiting for their underlay next hop.
@@ -311,7 +308,6 @@ impl Engine {
             coalescer: Coalescer::new(),
             scratch: TxBatch::new(),
             csum_buf: Vec::new(),
-            nat_buf: Vec::new(),
             linear: Vec::new(),
             hold: HoldQueue::default(),
             underlay_drops,

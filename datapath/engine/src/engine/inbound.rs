@@ -134,37 +134,42 @@ impl Engine {
                 p.c.drops.inc(r);
                 return;
             }
-            let mut buf = std::mem::take(&mut self.nat_buf);
-            buf.clear();
-            inner.copy_to(0..inner.len(), &mut buf);
+            // Translated straight into the frame the guest gets (the received buffer
+            // is not written to), after the port's held segments, to keep their
+            // order; a frame that is then refused is taken back.
+            self.coalescer.flush_for(port, out);
+            let dest = TxDest::Port {
+                port,
+                vnet: VnetHdr::default(),
+            };
+            let buf = out.push_unzeroed(dest, inner.len());
+            inner.copy_into(buf);
             let (cfg, snat) = (&p.cfg, &p.snat);
-            let verdict =
-                match nat::inbound(&cfg.external, cfg.ipv4, cfg.ipv6, snat, meta, &mut buf) {
-                    None => Err(DropReason::NatNoMapping),
-                    Some(m) => {
-                        let key = FlowKey::from_meta(um.vni, &m);
-                        let r = inbound_verdict(p, &via, &key, &m, &buf, epoch, now);
-                        if r.is_ok() {
-                            let (ext, to) = (&p.cfg.external, meta.dst_ip);
-                            nat::note_inbound(ext, &mut p.snat, &p.fw, &key, to, now);
-                        }
-                        r.map(|()| m)
+            let verdict = match nat::inbound(&cfg.external, cfg.ipv4, cfg.ipv6, snat, meta, buf) {
+                None => Err(DropReason::NatNoMapping),
+                Some(m) => {
+                    let key = FlowKey::from_meta(um.vni, &m);
+                    let r = inbound_verdict(p, &via, &key, &m, buf, epoch, now);
+                    if r.is_ok() {
+                        let (ext, to) = (&p.cfg.external, meta.dst_ip);
+                        nat::note_inbound(ext, &mut p.snat, &p.fw, &key, to, now);
                     }
-                };
-            match verdict {
-                Ok(m) => {
-                    p.c.in_packets += 1;
-                    p.c.in_bytes += buf.len() as u64;
-                    // A copy: it cannot wait in the coalescer, which holds
-                    // references to its input.
-                    let pieces = [&buf[..]];
-                    let frame = RxFrame::new(&pieces, RxFrame::TRANSIENT);
-                    let gw = p.cfg.gateway_mac;
-                    self.coalescer.push_uncoalesced(port, &frame, &m, gw, out);
+                    r
                 }
-                Err(r) => p.c.drops.inc(r),
+            };
+            match verdict {
+                Ok(()) => {
+                    // The parser saw a whole Ethernet header: the MACs are there.
+                    buf[6..12].copy_from_slice(p.cfg.gateway_mac.as_bytes());
+                    p.c.in_packets += 1;
+                    p.c.in_bytes += inner.len() as u64;
+                    self.coalescer.count_passed();
+                }
+                Err(r) => {
+                    out.pop();
+                    p.c.drops.inc(r);
+                }
             }
-            self.nat_buf = buf;
             return;
         }
         let key = FlowKey::from_meta(um.vni, meta);

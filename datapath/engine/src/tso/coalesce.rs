@@ -468,20 +468,18 @@ impl Coalescer {
         self.emit_single(port, &frame, head, meta, mss, gateway_mac, out);
     }
 
-    /// A frame that cannot be held, because its bytes are a transient copy (a frame
-    /// the NAT layer rewrote): after this port's held frames, to keep their order,
-    /// it goes to `out` as it is (copied), with the gateway's source MAC.
-    pub fn push_uncoalesced(
-        &mut self,
-        port: PortId,
-        frame: &RxFrame<'_>,
-        meta: &InnerMeta,
-        gateway_mac: MacAddr,
-        out: &mut TxBatch<'_>,
-    ) {
-        self.stats.frames_in += 1;
+    /// Writes port `port`'s held frames to `out`: the caller is about to write a
+    /// frame for it that is not coalesced (one the NAT layer translates into the
+    /// batch), which must come after them.
+    pub fn flush_for(&mut self, port: PortId, out: &mut TxBatch<'_>) {
         self.flush_port(port, out);
-        self.emit_raw(port, frame, meta, gateway_mac, out);
+    }
+
+    /// Counts a frame the caller wrote past the coalescer (after
+    /// [`Coalescer::flush_for`]).
+    pub fn count_passed(&mut self) {
+        self.stats.frames_in += 1;
+        self.stats.frames_out += 1;
     }
 
     /// Writes every held frame to `out` (end of a batch).
