@@ -227,15 +227,6 @@ impl SnatTable {
         self.reply_from.clear();
     }
 
-    /// Ports in use.
-    pub fn len(&self) -> usize {
-        self.by_port.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_port.is_empty()
-    }
-
     /// The source port of flow `key` (guest as source) in `range`: the one it was
     /// given before if still bound, else a port free or whose connection is gone.
     /// `None`: the range is exhausted.
