@@ -697,3 +697,51 @@ fn replies_leave_from_the_floating_ip_the_connection_came_in_to() {
     let got = send(&mut e, p, &synack, 10 * 24 * 3600 * S);
     assert_eq!(checked(&got[0]).0 .0, IpAddr::V4(first));
 }
+
+/// A frame that waited for boundary services' next hop leaves through NAT too,
+/// fragmented by the engine (IPv4 without DF above the 1500-byte path) included.
+#[test]
+fn held_and_fragmented_frames_leave_from_the_external_address() {
+    let g = guest(1);
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 4000, 4999));
+    let remote = Ipv4Addr::new(8, 8, 8, 8);
+    let payload = vec![0x42u8; 3000];
+    let mut f = Vec::new();
+    PacketBuilder::ethernet2(g.mac.0, g.gw_mac.0)
+        .ipv4(g.v4.octets(), remote.octets(), 64)
+        .udp(7777, 53)
+        .write(&mut f, &payload)
+        .unwrap();
+    // Clear DF (and fix the header checksum) so the engine fragments it.
+    f[14 + 6] &= !0x40;
+    let h = etherparse::Ipv4HeaderSlice::from_slice(&f[14..])
+        .unwrap()
+        .to_header();
+    f[24..26].copy_from_slice(&h.calc_header_checksum().to_be_bytes());
+    let mut out = TxBatch::new();
+    e.process_guest(p, VnetHdr::default(), &f, 1, &NoFabric, &mut out);
+    assert!(out.is_empty(), "waits for the next hop");
+    e.retry_held(2, &Fabric, &mut out);
+    let frags: Vec<Vec<u8>> = frames_of(&out, &[])
+        .into_iter()
+        .map(|(_, f)| decode_underlay(&f).inner)
+        .collect();
+    assert!(frags.len() >= 3, "{}", frags.len());
+    let mut datagram = Vec::new();
+    for fr in &frags {
+        let h = etherparse::Ipv4HeaderSlice::from_slice(&fr[14..])
+            .unwrap()
+            .to_header();
+        assert_eq!(h.header_checksum, h.calc_header_checksum());
+        assert_eq!(h.source, snat4().octets());
+        datagram.extend_from_slice(&fr[14 + h.header_len()..]);
+    }
+    let udp = etherparse::UdpHeaderSlice::from_slice(&datagram)
+        .unwrap()
+        .to_header();
+    assert!((4000..=4999).contains(&udp.source_port));
+    let want = udp
+        .calc_checksum_ipv4_raw(snat4().octets(), remote.octets(), &datagram[8..])
+        .unwrap();
+    assert_eq!(udp.checksum, want, "the reassembled datagram's checksum");
+}
