@@ -6,6 +6,8 @@
 //!   {ipv4, ipv6} x {tcp, udp} x {out, in} x {0, 1400-byte payload}; each iteration
 //!   processes the packet (inbound: plus `end_of_batch`, so the coalescer flushes) and
 //!   clears the `TxBatch`.
+//! - `nat_fast_path`: the same for an IPv4 TCP flow through SNAT to an internet
+//!   host, both ways (`bench::nat`); compare with `fast_path`'s `ipv4/tcp/...`.
 //! - `slow_path`: the first packet of a new outbound flow (flow-table miss, layers,
 //!   cache insert, encapsulation); a new source port per iteration, fresh sleds every
 //!   `FLOWS_PER_SETUP` flows (outside the timed region), misses checked per run.
@@ -15,6 +17,7 @@
 
 use bench::alloc::{count, CountingAlloc};
 use bench::frames::{data_frame, FlowSpec};
+use bench::nat::NatFastPath;
 use bench::{Dir, FastPath, Scenario, SlowPath, TwoSleds};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use engine::TxBatch;
@@ -96,6 +99,34 @@ fn fast_path(c: &mut Criterion) {
     g.finish();
 }
 
+/// The fast path of a flow through SNAT (`bench::nat`), under the ids of the same
+/// flow without NAT in `fast_path`.
+fn nat_fast_path(c: &mut Criterion) {
+    let mut g = c.benchmark_group("nat_fast_path");
+    g.throughput(Throughput::Elements(1));
+    for (id, dir, payload) in bench::nat::scenarios() {
+        let mut fp = fixture(NatFastPath::new(dir, payload));
+        let mut out = TxBatch::new();
+        fp.process(&mut out);
+        out.clear();
+        let ((), n, bytes) = count(|| {
+            for _ in 0..10_000 {
+                fp.process(&mut out);
+                out.clear();
+            }
+        });
+        println!("  nat {id:<18} {n} allocations, {bytes} bytes per 10000 packets");
+        g.bench_function(id, |b| {
+            b.iter(|| {
+                fp.process(black_box(&mut out));
+                out.clear();
+            })
+        });
+        fixture(fp.check());
+    }
+    g.finish();
+}
+
 fn slow_path(c: &mut Criterion) {
     let mut g = c.benchmark_group("slow_path");
     g.throughput(Throughput::Elements(1));
@@ -129,5 +160,5 @@ fn slow_path(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parse, fast_path, slow_path);
+criterion_group!(benches, parse, fast_path, nat_fast_path, slow_path);
 criterion_main!(benches);

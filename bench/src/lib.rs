@@ -15,6 +15,7 @@
 
 pub mod alloc;
 pub mod frames;
+pub mod nat;
 pub mod scenario;
 pub mod sleds;
 

@@ -41,7 +41,7 @@ pub struct TwoSleds {
     pub b: Sled,
 }
 
-fn mac(s: &str) -> Result<MacAddr, String> {
+pub(crate) fn mac(s: &str) -> Result<MacAddr, String> {
     s.parse().map_err(|e| format!("MAC {s:?}: {e:?}"))
 }
 
@@ -51,7 +51,7 @@ fn parse<T: std::str::FromStr>(s: &str) -> Result<T, String> {
 
 /// The guest port of sled `n` (1 or 2): as the end-to-end tests configure it (MTU
 /// 8500, the VPC subnets 172.30.0.0/22 and fd00:1122:3344:100::/64).
-fn guest_port(n: u8) -> Result<PortConfig, String> {
+pub(crate) fn guest_port(n: u8) -> Result<PortConfig, String> {
     Ok(PortConfig {
         name: format!("opte{n}"),
         guest_mac: mac(&format!("a8:40:25:ff:00:0{n}"))?,
@@ -68,6 +68,7 @@ fn guest_port(n: u8) -> Result<PortConfig, String> {
         dns_servers6: vec![],
         hostname: Some(format!("guest{n}")),
         domain: Some("vpc.example".into()),
+        external: Default::default(),
     })
 }
 
@@ -77,22 +78,24 @@ impl TwoSleds {
         let addr = |n: u16| Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, n);
         let (ua, ub) = (addr(1), addr(2));
         let (ma, mb) = (mac("02:00:00:00:99:01")?, mac("02:00:00:00:99:02")?);
-        let mut a = sled(ua, ma, guest_port(1)?, ub, mb)?;
-        let mut b = sled(ub, mb, guest_port(2)?, ua, ma)?;
+        let mut a = sled(EngineConfig::new(ua), ma, guest_port(1)?, ub, mb)?;
+        let mut b = sled(EngineConfig::new(ub), mb, guest_port(2)?, ua, ma)?;
         map_peer_guest(&mut a, &b.cfg, ub)?;
         map_peer_guest(&mut b, &a.cfg, ua)?;
         Ok(TwoSleds { a, b })
     }
 }
 
-fn sled(
-    addr: Ipv6Addr,
+/// A sled of engine configuration `ecfg` with the guest port `cfg`, whose only
+/// underlay neighbour is `peer`.
+pub(crate) fn sled(
+    ecfg: EngineConfig,
     mac: MacAddr,
     cfg: PortConfig,
     peer: Ipv6Addr,
     peer_mac: MacAddr,
 ) -> Result<Sled, String> {
-    let mut engine = Engine::new(EngineConfig::new(addr)).map_err(|e| e.to_string())?;
+    let mut engine = Engine::new(ecfg).map_err(|e| e.to_string())?;
     let port = engine.add_port(cfg.clone()).map_err(|e| e.to_string())?;
     Ok(Sled {
         engine,

@@ -4,6 +4,7 @@
 //! the packets, so this test fails as soon as the engine allocates per packet.
 
 use bench::alloc::{count, CountingAlloc};
+use bench::nat::NatFastPath;
 use bench::{FastPath, Scenario, SlowPath};
 use engine::TxBatch;
 use std::hint::black_box;
@@ -51,6 +52,27 @@ fn fast_path_allocates_nothing() {
         "fast path allocated: {}",
         failures.join("; ")
     );
+}
+
+/// The same for an established flow through SNAT, both ways.
+#[test]
+fn nat_fast_path_allocates_nothing() {
+    for (id, dir, payload) in bench::nat::scenarios() {
+        let mut fp = NatFastPath::new(dir, payload).unwrap_or_else(|e| panic!("{e}"));
+        let mut out = TxBatch::new();
+        for _ in 0..WARM_UP {
+            fp.process(&mut out);
+            out.clear();
+        }
+        let ((), n, bytes) = count(|| {
+            for _ in 0..PACKETS {
+                fp.process(&mut out);
+                out.clear();
+            }
+        });
+        assert_eq!(n, 0, "nat {id}: {n} allocations ({bytes} bytes)");
+        fp.check().unwrap_or_else(|e| panic!("{e}"));
+    }
 }
 
 /// A new flow compiles and caches an action, which allocates (at least the boxed

@@ -12,6 +12,7 @@
 
 use core::fmt;
 use core::str::FromStr;
+use engine::nat::ExternalIps;
 use engine::v2b::V2bEntry;
 use engine::{PortConfig, Vni};
 use ipnet::IpNet;
@@ -134,6 +135,13 @@ pub enum Request {
         port: String,
     },
     /// One page of the port's unified flow table.
+    /// Replaces the port's external addresses (`set-external-ips`); its flows are
+    /// decided again.
+    SetExternalIps {
+        port: String,
+        #[serde(flatten)]
+        external: ExternalIps,
+    },
     DumpUft {
         port: String,
         /// Where the page starts: the `next` of the previous page (the first page
@@ -241,6 +249,7 @@ impl Request {
                 | Request::RmFwRule { .. }
                 | Request::RmFwRuleId { .. }
                 | Request::SetFwRules { .. }
+                | Request::SetExternalIps { .. }
         )
     }
 }
@@ -766,6 +775,7 @@ pub(crate) mod tests {
             dns_servers6: vec![],
             hostname: Some("web".into()),
             domain: None,
+            external: Default::default(),
         }
     }
 
@@ -878,6 +888,18 @@ pub(crate) mod tests {
             },
             Request::ClearUft {
                 port: "opte0".into(),
+            },
+            Request::SetExternalIps {
+                port: "opte0".into(),
+                external: ExternalIps {
+                    snat: Some(engine::nat::SnatRange {
+                        ip: "198.51.100.1".parse().unwrap(),
+                        start: 1024,
+                        end: 2047,
+                    }),
+                    ephemeral: None,
+                    floating: vec!["192.0.2.5".parse().unwrap()],
+                },
             },
             Request::Stats { port: None },
             Request::Stats {

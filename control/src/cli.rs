@@ -14,6 +14,7 @@ use crate::api::{
 use crate::config::parse_vni;
 use crate::opteadm;
 use clap::{Args, Parser, Subcommand};
+use engine::nat::{ExternalIps, SnatRange};
 use engine::port::DEFAULT_PORT_MTU;
 use engine::{PortConfig, Vni};
 use ipnet::IpNet;
@@ -172,6 +173,13 @@ pub enum Command {
     },
     /// Empty the unified flow table of a port.
     ClearUft { port: String },
+    /// Replace a port's external addresses (create-xde's flags; none removes them
+    /// all). The port's flows are decided again at once.
+    SetExternalIps {
+        port: String,
+        #[command(flatten)]
+        external: ExternalArgs,
+    },
     /// Counters: datapath-wide, or one port's.
     Stats {
         port: Option<String>,
@@ -267,6 +275,50 @@ pub struct CreateXde {
     pub hostname: Option<String>,
     #[arg(long)]
     pub domain: Option<String>,
+    #[command(flatten)]
+    pub external: ExternalArgs,
+}
+
+/// A port's external addresses as opteadm's flags give them (`create-xde`,
+/// `set-external-ips`); the datapath reaches the internet only from these.
+#[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
+pub struct ExternalArgs {
+    /// SNAT address, shared by ports with disjoint port ranges.
+    #[arg(long)]
+    pub snat_ip: Option<IpAddr>,
+    /// First source port of this port's SNAT range (1024-65535).
+    #[arg(long, requires = "snat_ip")]
+    pub snat_start: Option<u16>,
+    /// Last source port of this port's SNAT range.
+    #[arg(long, requires = "snat_ip")]
+    pub snat_end: Option<u16>,
+    /// The port's own external address, used when it has no floating IP.
+    #[arg(long)]
+    pub ephemeral_ip: Option<IpAddr>,
+    /// A floating IP (repeatable; the first of a flow's family is its source).
+    #[arg(long = "floating-ip")]
+    pub floating_ip: Vec<IpAddr>,
+}
+
+impl ExternalArgs {
+    /// The addresses; the range's bounds are checked with the port's addresses
+    /// (create-xde here, set-external-ips by the daemon).
+    pub fn to_external(&self) -> Result<ExternalIps, String> {
+        let snat = match (self.snat_ip, self.snat_start, self.snat_end) {
+            (None, _, _) => None,
+            (Some(ip), Some(start), Some(end)) => Some(SnatRange { ip, start, end }),
+            (Some(ip), _, _) => {
+                return Err(format!(
+                    "SNAT IP {ip} needs its port range: --snat-start and --snat-end"
+                ))
+            }
+        };
+        Ok(ExternalIps {
+            snat,
+            ephemeral: self.ephemeral_ip,
+            floating: self.floating_ip.clone(),
+        })
+    }
 }
 
 /// Direction, priority and filters of a firewall rule, as flags (opteadm's
@@ -499,6 +551,7 @@ impl CreateXde {
                 .collect(),
             hostname: self.hostname.clone(),
             domain: self.domain.clone(),
+            external: self.external.to_external()?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -617,6 +670,10 @@ impl Command {
                 limit,
             },
             Command::ClearUft { port } => Request::ClearUft { port },
+            Command::SetExternalIps { port, external } => Request::SetExternalIps {
+                port,
+                external: external.to_external()?,
+            },
             Command::Stats { port, format } => {
                 let show = match (format, &port) {
                     (StatsFormat::Text, _) => return Ok(Action::Call(Request::Stats { port })),
@@ -874,6 +931,7 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
                 ips.join(","),
                 c.vni.to_string(),
                 c.mtu.to_string(),
+                c.external.to_string(),
                 p.netns.clone().unwrap_or_else(|| "-".into()),
                 match &s.not_applied {
                     None => link_status(s.link.as_ref(), SystemTime::now()),
@@ -889,7 +947,9 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
         .collect();
     table(
         out,
-        &["NAME", "MAC", "IP", "VNI", "MTU", "NETNS", "STATUS"],
+        &[
+            "NAME", "MAC", "IP", "VNI", "MTU", "EXTERNAL", "NETNS", "STATUS",
+        ],
         rows,
     );
 }
@@ -1157,6 +1217,114 @@ mod tests {
 
     /// opteadm's command lines, as its usage writes them, build the requests
     /// xdeadm's own forms do; what the engine cannot do is refused by name.
+    #[test]
+    fn external_addresses_from_opteadm_flags() {
+        let a = parse(&with(&[
+            "--snat-ip",
+            "198.51.100.1",
+            "--snat-start",
+            "1024",
+            "--snat-end",
+            "2047",
+            "--ephemeral-ip",
+            "198.51.100.7",
+            "--floating-ip",
+            "192.0.2.5",
+            "--floating-ip",
+            "2001:db8:f::5",
+        ]))
+        .unwrap();
+        let Action::Call(Request::CreatePort(c)) = a else {
+            panic!("{a:?}")
+        };
+        let ext = c.config.external;
+        assert_eq!(
+            ext.to_string(),
+            "snat 198.51.100.1:1024-2047, ephemeral 198.51.100.7, floating 192.0.2.5, floating 2001:db8:f::5"
+        );
+        // list-ports shows them.
+        let mut config = crate::api::tests::sample_port("opte0", 5);
+        config.external = ext;
+        let listed = render(&Reply::Ports(vec![PortStatus {
+            port: crate::api::PortInfo {
+                config,
+                netns: None,
+            },
+            not_applied: None,
+            link: None,
+        }]));
+        assert!(
+            listed.lines().next().unwrap().contains("EXTERNAL"),
+            "{listed}"
+        );
+        assert!(listed.contains("snat 198.51.100.1:1024-2047"), "{listed}");
+        // The same flags change them live; opteadm's -p form too.
+        for line in [
+            "set-external-ips opte0 --ephemeral-ip 198.51.100.8",
+            "set-external-ips -p opte0 --ephemeral-ip 198.51.100.8",
+        ] {
+            let a = parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap();
+            let Action::Call(Request::SetExternalIps { port, external }) = a else {
+                panic!("{a:?}")
+            };
+            assert_eq!(port, "opte0");
+            assert_eq!(external.ephemeral, Some("198.51.100.8".parse().unwrap()));
+            assert_eq!((external.snat, external.floating.len()), (None, 0));
+        }
+        // Bad values are named.
+        let bad = [
+            (vec!["--snat-ip", "198.51.100.1"], "198.51.100.1"),
+            (
+                vec![
+                    "--snat-ip",
+                    "198.51.100.1",
+                    "--snat-start",
+                    "80",
+                    "--snat-end",
+                    "90",
+                ],
+                "80",
+            ),
+            (
+                vec![
+                    "--snat-ip",
+                    "198.51.100.1",
+                    "--snat-start",
+                    "5000",
+                    "--snat-end",
+                    "4000",
+                ],
+                "5000-4000",
+            ),
+            (vec!["--ephemeral-ip", "nonsense"], "nonsense"),
+        ];
+        for (flags, named) in bad {
+            let e = parse(&with(&flags)).unwrap_err();
+            assert!(e.contains(named), "{e}");
+        }
+        // An address of a family the port has none of.
+        let v4_only_line = [
+            "create-xde",
+            "opte0",
+            "--guest-mac",
+            "a8:40:25:ff:00:01",
+            "--private-ip",
+            "172.30.0.5",
+            "--vpc-subnet",
+            "172.30.0.0/22",
+            "--gateway-mac",
+            "a8:40:25:00:00:01",
+            "--gateway-ip",
+            "172.30.0.1",
+            "--vpc-vni",
+            "1701",
+            "--floating-ip",
+            "2001:db8:f::5",
+        ];
+        let e = parse(&v4_only_line).unwrap_err();
+        assert!(e.contains("2001:db8:f::5"), "{e}");
+    }
+
     #[test]
     fn opteadm_lines_parse() {
         let call = |line: &str| match parse(&line.split_whitespace().collect::<Vec<_>>()) {

@@ -22,6 +22,7 @@ use crate::api::{
 };
 use crate::server::ApiCounters;
 use crate::state::{State, StateStore};
+use engine::nat::ExternalIps;
 use engine::v2b::{V2b, V2bEntry};
 use engine::{PortConfig, Vni};
 use ipnet::IpNet;
@@ -128,6 +129,8 @@ pub trait Dataplane {
     fn routes(&self, port: &str) -> Result<Vec<RouteEntry>, String>;
     fn set_fw_rules(&mut self, port: &str, rules: &[FwRule]) -> Result<(), String>;
     fn clear_uft(&mut self, port: &str) -> Result<(), String>;
+    /// Replaces the port's external addresses (its flows are decided again).
+    fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), String>;
     fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String>;
 }
 
@@ -461,6 +464,7 @@ impl<D: Dataplane> Controller<D> {
                 self.dp.clear_uft(&port)?;
                 Ok(Reply::Done)
             }
+            Request::SetExternalIps { port, external } => self.set_external_ips(&port, external),
             Request::Stats { port } => self.inspect(Inspect::Stats { port }),
             Request::Mtu { port } => self.inspect(Inspect::Mtu { port }),
             Request::Ra { port } => self.inspect(Inspect::Ra { port }),
@@ -780,6 +784,29 @@ impl<D: Dataplane> Controller<D> {
         self.replace_routes(port, routes)
     }
 
+    /// `set-external-ips`: checked against the port's own addresses (by the
+    /// dataplane, as at creation) and against the other ports' SNAT ranges, applied,
+    /// then saved with the port's configuration.
+    fn set_external_ips(&mut self, port: &str, ext: ExternalIps) -> Result<Reply, String> {
+        self.applied_port(port)?;
+        let i = self
+            .state
+            .ports
+            .iter()
+            .position(|p| p.config.name == port)
+            .ok_or_else(|| format!("no port {port:?}"))?;
+        let cfg = &self.state.ports[i].config;
+        ext.validate(cfg.ipv4, cfg.ipv6)?;
+        check_external_against(&self.state.ports, port, &ext)?;
+        let old = self.state.ports[i].config.external.clone();
+        self.dp.set_external_ips(port, &ext)?;
+        let mut next = self.state.clone();
+        next.ports[i].config.external = ext;
+        self.commit(next, |dp| {
+            let _ = dp.set_external_ips(port, &old);
+        })
+    }
+
     fn replace_fw_rules(&mut self, port: &str, rules: Vec<FwRule>) -> Result<Reply, String> {
         let old = self.state.fw_rules.get(port).cloned().unwrap_or_default();
         self.dp.set_fw_rules(port, &rules)?;
@@ -894,6 +921,48 @@ fn check_port_against(others: &[PortInfo], cfg: &PortConfig) -> Result<(), Strin
             return Err(format!(
                 "guest MAC {} is already used in VNI {} by port {:?}",
                 cfg.guest_mac, cfg.vni, p.config.name
+            ));
+        }
+    }
+    check_external_against(others, &cfg.name, &cfg.external)
+}
+
+/// Refuses external addresses port `name` cannot have next to the other ports of
+/// this sled: a SNAT range sharing a port with another port's on the same address
+/// (replies could not be told apart), or a floating or ephemeral address another
+/// port uses in any role (a 1:1 address is one guest's alone).
+fn check_external_against(
+    others: &[PortInfo],
+    name: &str,
+    ext: &ExternalIps,
+) -> Result<(), String> {
+    let one_to_one = || ext.ephemeral.iter().chain(&ext.floating);
+    for p in others.iter().filter(|p| p.config.name != name) {
+        let theirs = &p.config.external;
+        if let (Some(a), Some(b)) = (&ext.snat, &theirs.snat) {
+            if a.overlaps(b) {
+                return Err(format!(
+                    "SNAT range {}:{}-{} overlaps port {:?}'s {}:{}-{}",
+                    a.ip, a.start, a.end, p.config.name, b.ip, b.start, b.end
+                ));
+            }
+        }
+        let their_ips: Vec<IpAddr> = theirs
+            .snat
+            .map(|s| s.ip)
+            .into_iter()
+            .chain(theirs.ephemeral)
+            .chain(theirs.floating.iter().copied())
+            .collect();
+        let ours_used = one_to_one().find(|ip| their_ips.contains(ip));
+        let theirs_used = ext
+            .snat
+            .map(|s| s.ip)
+            .filter(|ip| theirs.ephemeral == Some(*ip) || theirs.floating.contains(ip));
+        if let Some(ip) = ours_used.copied().or(theirs_used) {
+            return Err(format!(
+                "external IP {ip} is already used by port {:?}",
+                p.config.name
             ));
         }
     }
@@ -1024,6 +1093,9 @@ pub(crate) mod tests {
         }
         fn clear_uft(&mut self, port: &str) -> Result<(), String> {
             self.check("clear_uft", port)
+        }
+        fn set_external_ips(&mut self, port: &str, _: &ExternalIps) -> Result<(), String> {
+            self.check("set_external_ips", port)
         }
         fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String> {
             if let Inspect::V2b = what {
@@ -1373,6 +1445,76 @@ pub(crate) mod tests {
             ports_applied(ok(&mut fresh, Request::ListPorts)),
             [("opte1".to_string(), true)]
         );
+    }
+
+    fn set_external(port: &str, external: ExternalIps) -> Request {
+        Request::SetExternalIps {
+            port: port.into(),
+            external,
+        }
+    }
+
+    fn snat(start: u16, end: u16) -> ExternalIps {
+        ExternalIps {
+            snat: Some(engine::nat::SnatRange {
+                ip: "198.51.100.1".parse().unwrap(),
+                start,
+                end,
+            }),
+            ..ExternalIps::default()
+        }
+    }
+
+    #[test]
+    fn external_ips_are_checked_applied_saved_and_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        let mut c = Controller::new(Recorder::default(), Some(store.clone()));
+        ok(&mut c, create("opte0", 5));
+        ok(&mut c, create("opte1", 6));
+        let mine = ExternalIps {
+            floating: vec!["192.0.2.5".parse().unwrap()],
+            ..snat(1024, 2047)
+        };
+        ok(&mut c, set_external("opte0", mine.clone()));
+        // Ranges on the same SNAT IP may not share a port; other values are named.
+        let e = err(&mut c, set_external("opte1", snat(2000, 3000)));
+        assert!(e.contains("2000") && e.contains("opte0"), "{e}");
+        let e = err(&mut c, set_external("opte1", snat(80, 100)));
+        assert!(e.contains("80"), "{e}");
+        let e = err(&mut c, set_external("opte1", snat(3000, 2048)));
+        assert!(e.contains("3000-2048"), "{e}");
+        let taken = ExternalIps {
+            ephemeral: Some("192.0.2.5".parse().unwrap()),
+            ..ExternalIps::default()
+        };
+        let e = err(&mut c, set_external("opte1", taken));
+        assert!(e.contains("192.0.2.5") && e.contains("opte0"), "{e}");
+        let e = err(&mut c, set_external("nope", snat(2048, 4095)));
+        assert!(e.contains("nope"), "{e}");
+        // So is a new port's overlapping range.
+        let mut clash = sample_port("opte2", 7);
+        clash.external = snat(1500, 1600);
+        let e = err(
+            &mut c,
+            Request::CreatePort(CreatePort {
+                config: clash,
+                netns: None,
+            }),
+        );
+        assert!(e.contains("1500") && e.contains("opte0"), "{e}");
+        ok(&mut c, set_external("opte1", snat(2048, 4095)));
+        assert!(c
+            .dataplane()
+            .log
+            .contains(&"set_external_ips opte1".to_string()));
+        // Saved with the port, and back after a restart.
+        let saved = store.load().unwrap();
+        assert_eq!(saved.ports[0].config.external, mine);
+        assert_eq!(saved.ports[1].config.external, snat(2048, 4095));
+        let mut fresh = Controller::new(Recorder::default(), Some(store));
+        fresh.restore(saved.clone(), Instant::now());
+        assert_eq!(fresh.state(), &saved);
     }
 
     fn fw_rule(priority: u16, proto: FwProto, ports: Vec<u16>) -> FwRule {

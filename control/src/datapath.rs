@@ -33,6 +33,7 @@ use crate::stats::{QueueRef, WorkerInfo, WorkerReport, WorkerView};
 use crate::worker::{Backoff, WorkerIo, WorkerStats};
 use crate::workers::{PortKey, WorkerPlane, Workers};
 use dpio::tap::TapPort;
+use engine::nat::ExternalIps;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::v2b::V2b;
 use engine::{Engine, EngineConfig, TxBatch, Vni};
@@ -590,6 +591,12 @@ impl Dataplane for Datapath {
 
     fn clear_uft(&mut self, port: &str) -> Result<(), String> {
         self.engine.clear_uft(port).map_err(|e| e.to_string())
+    }
+
+    fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), String> {
+        self.engine
+            .set_external_ips(port, ext.clone())
+            .map_err(|e| e.to_string())
     }
 
     fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String> {

@@ -30,6 +30,7 @@ const PORT_FLAG_VERBS: &[&str] = &[
     "add-fw-rule",
     "rm-fw-rule",
     "set-fw-rules",
+    "set-external-ips",
 ];
 
 /// Rewrites an opteadm-style line (`xdeadm VERB ... -p PORT ...`) into `xdeadm`'s

@@ -20,6 +20,7 @@ use crate::api::{FwRule, PortInfo, RouteEntry, V2pEntry};
 use crate::controller::{Dataplane, Inspect, PortTables};
 use crate::handoff::Doorbell;
 use crate::stats::{WorkerInfo, WorkerReport, WorkerView};
+use engine::nat::ExternalIps;
 use engine::v2b::V2b;
 use engine::{MacAddr, Vni};
 use serde_json::Value;
@@ -374,6 +375,11 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
         self.on_owner(port, move |dp: &mut D| dp.clear_uft(&n))
     }
 
+    fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), String> {
+        let (n, ext) = (port.to_string(), ext.clone());
+        self.on_owner(port, move |dp: &mut D| dp.set_external_ips(&n, &ext))
+    }
+
     fn inspect(&mut self, what: &Inspect) -> Result<Value, String> {
         let port = match what {
             Inspect::Stats { port: None } => return self.merged_stats(),
@@ -463,6 +469,9 @@ mod tests {
             self.has(port)
         }
         fn clear_uft(&mut self, port: &str) -> Result<(), String> {
+            self.has(port)
+        }
+        fn set_external_ips(&mut self, port: &str, _: &ExternalIps) -> Result<(), String> {
             self.has(port)
         }
         fn inspect(&mut self, what: &Inspect) -> Result<Value, String> {

@@ -133,6 +133,7 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
         dns_servers6: vec![],
         hostname: None,
         domain: None,
+        external: Default::default(),
     };
     ok(
         &mut ctl,

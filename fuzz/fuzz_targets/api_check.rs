@@ -112,8 +112,8 @@ fn without_counters(mut v: Value) -> Value {
 }
 
 /// After an accepted change the state and the engine hold the same ports, routing
-/// tables and number of V2P mappings, and the engine's V2B table is the saved one
-/// plus the shorthand.
+/// tables, external addresses and number of V2P mappings, and the engine's V2B table
+/// is the saved one plus the shorthand.
 fn check_agreement(ctl: &Controller<Datapath>, request: &Request) {
     let state = ctl.state();
     let engine = ctl.dataplane().engine();
@@ -132,6 +132,13 @@ fn check_agreement(ctl: &Controller<Datapath>, request: &Request) {
         saved.sort_by_key(|r| r.dest.to_string());
         held.sort_by_key(|r| r.dest.to_string());
         assert_eq!(saved, held, "routes of {name} after {request:?}");
+        let external = &engine.port_config(name).expect("a port").external;
+        let saved = state.ports.iter().find(|p| &p.config.name == name);
+        assert_eq!(
+            saved.map(|p| &p.config.external),
+            Some(external),
+            "external IPs of {name} after {request:?}"
+        );
     }
     assert_eq!(
         engine.dump_v2p().len(),

@@ -43,6 +43,9 @@ pub struct GuestSpec {
     /// default, like the reference): the VPC's own subnets unless a test says
     /// otherwise, as the control plane's default "allow internal inbound" rule does.
     pub allow_inbound_from: Vec<String>,
+    /// The port's ephemeral IP (`--ephemeral-ip`): without an external address a
+    /// port may not reach the internet.
+    pub ephemeral_ip: Option<IpAddr>,
 }
 
 impl GuestSpec {
@@ -64,6 +67,7 @@ impl GuestSpec {
             mtu: Some(JUMBO_MTU),
             external_jumbo: false,
             allow_inbound_from: vec![VPC_SUBNET4.to_string(), VPC_SUBNET6.to_string()],
+            ephemeral_ip: None,
         }
     }
 
@@ -95,6 +99,11 @@ impl GuestSpec {
 
     pub fn external_jumbo(mut self, on: bool) -> GuestSpec {
         self.external_jumbo = on;
+        self
+    }
+
+    pub fn ephemeral_ip(mut self, ip: IpAddr) -> GuestSpec {
+        self.ephemeral_ip = Some(ip);
         self
     }
 
@@ -150,6 +159,9 @@ impl GuestSpec {
         }
         if self.external_jumbo {
             a.push("--external-jumbo".into());
+        }
+        if let Some(ip) = self.ephemeral_ip {
+            a.extend(["--ephemeral-ip".into(), ip.to_string()]);
         }
         a
     }

@@ -89,6 +89,16 @@ drop_reasons! {
     NoV2p = "no_v2p",
     /// An internet-gateway route on a sled without boundary services.
     NoBoundary = "no_boundary_services",
+
+    // NAT layer (nat.rs).
+    /// Traffic to the internet gateway from a port with no external address of the
+    /// flow's family: a private address must not reach the internet.
+    NoExternalIp = "no_external_ip",
+    /// Every source port of the port's SNAT range is held by a live flow.
+    SnatExhausted = "snat_exhausted",
+    /// An External frame to an address that is not one of the port's external
+    /// addresses, or to a SNAT port no flow of that peer holds.
+    NatNoMapping = "nat_no_mapping",
     /// An underlay frame from a sender the overlay does not trust for it: the outer
     /// source is not the sled V2P maps the inner source address to in the frame's
     /// VNI (or there is no mapping: e.g. an address of another VPC), the inner source

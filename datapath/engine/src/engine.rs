@@ -38,6 +38,7 @@ use crate::flow::{quoted_flow, FlowKey, PROTO_ICMP, PROTO_ICMPV6};
 use crate::gateway::{self, GatewayState, MtuBudget, RaInfo};
 use crate::hold::HoldQueue;
 use crate::layer::RuleId;
+use crate::nat::{ExternalIps, SnatTable};
 use crate::output::TxBatch;
 use crate::overlay::{V2p, V2pDump, V2pEntry};
 use crate::port::{PortConfig, PortId, Vni, MIN_PORT_MTU};
@@ -169,6 +170,8 @@ struct Port {
     router: Router,
     uft_out: Uft<OutAction>,
     uft_in: Uft<InAction>,
+    /// SNAT ports held by the port's flows to the internet.
+    snat: SnatTable,
     /// Table sizes from the port's share of the table budget.
     limits: PortTableLimits,
     c: PortCounters,
@@ -491,6 +494,7 @@ impl Engine {
             router,
             uft_out: Uft::new(lim.uft_limit, lim.other_ns, self.cfg.hash_seed),
             uft_in: Uft::new(lim.uft_limit, lim.other_ns, self.cfg.hash_seed),
+            snat: SnatTable::new(self.cfg.hash_seed),
             limits,
             c: PortCounters::default(),
             mtu_changed: false,
@@ -572,6 +576,23 @@ impl Engine {
                 d.mtu = mtu;
             }
         }
+        self.bump();
+        Ok(())
+    }
+
+    /// Replaces port `name`'s external addresses (checked as `add_port` checks
+    /// them). Every flow is decided again (the epoch moves): a flow keeps no
+    /// address the port no longer has. A changed SNAT range forgets the SNAT ports
+    /// (they may lie outside it); the connections stay, and their next packets get
+    /// new ports.
+    pub fn set_external_ips(&mut self, name: &str, ext: ExternalIps) -> Result<(), EngineError> {
+        let p = self.port_by_name_mut(name)?;
+        ext.validate(p.cfg.ipv4, p.cfg.ipv6)
+            .map_err(EngineError::Invalid)?;
+        if p.cfg.external.snat != ext.snat {
+            p.snat.clear();
+        }
+        p.cfg.external = ext;
         self.bump();
         Ok(())
     }
@@ -826,11 +847,13 @@ impl Engine {
                     fw,
                     uft_out,
                     uft_in,
+                    snat,
                     ..
                 } = p;
                 fw.expire(now, |k| {
                     uft_out.remove(k);
                     uft_in.remove(&k.reversed());
+                    snat.forget(k);
                 });
             }
         }

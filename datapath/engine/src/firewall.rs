@@ -412,7 +412,7 @@ impl Firewall {
     }
 
     /// The handle of the live connection with connection key `ck`.
-    fn live_handle(&self, ck: &FlowKey, now: u64) -> Option<ConnHandle> {
+    pub(crate) fn live_handle(&self, ck: &FlowKey, now: u64) -> Option<ConnHandle> {
         let (slot, c) = self.find(ck)?;
         if !c.live(now, &self.limits) {
             return None;
@@ -607,6 +607,15 @@ impl Firewall {
             }
             _ => Ok(false),
         }
+    }
+
+    /// Whether the connection `h` refers to is still there and not idle past its
+    /// timeout (NAT state lives as long as its flow's connection).
+    pub fn is_live(&self, h: ConnHandle, now: u64) -> bool {
+        matches!(
+            self.slots.get(h.slot as usize),
+            Some(Slot { gen, conn: Some((_, c)) }) if *gen == h.gen && c.live(now, &self.limits)
+        )
     }
 
     /// Removes connections idle past their timeout among the next [`EXPIRE_SCAN`]

@@ -66,7 +66,7 @@ pub struct FlowKey {
 }
 
 /// Whether `t` is an echo request or reply of ICMP protocol `proto`.
-fn is_echo(proto: u8, t: u8) -> bool {
+pub(crate) fn is_echo(proto: u8, t: u8) -> bool {
     match proto {
         PROTO_ICMP => matches!(t, ICMP_ECHO_REQUEST | ICMP_ECHO_REPLY),
         PROTO_ICMPV6 => matches!(t, ICMPV6_ECHO_REQUEST | ICMPV6_ECHO_REPLY),
@@ -200,7 +200,13 @@ impl FlowKey {
 /// expected IP version, or (IPv6) its extension headers do not reach the L4 header
 /// within the quote.
 pub fn quoted_flow(vni: u32, icmp_proto: u8, body: &[u8]) -> Option<FlowKey> {
-    let (src_ip, dst_ip, proto, l4) = match icmp_proto {
+    quoted_packet(vni, icmp_proto, body).map(|(k, _)| k)
+}
+
+/// [`quoted_flow`], and where the quoted packet's L4 header starts in `body` (what
+/// the NAT layer rewrites).
+pub(crate) fn quoted_packet(vni: u32, icmp_proto: u8, body: &[u8]) -> Option<(FlowKey, usize)> {
+    let (src_ip, dst_ip, proto, l4_off) = match icmp_proto {
         PROTO_ICMP => {
             let h = body.get(..20)?;
             if h[0] >> 4 != 4 {
@@ -214,7 +220,7 @@ pub fn quoted_flow(vni: u32, icmp_proto: u8, body: &[u8]) -> Option<FlowKey> {
             if ihl < 20 || frag_off != 0 {
                 return None;
             }
-            (IpAddr::from(src), IpAddr::from(dst), h[9], body.get(ihl..)?)
+            (IpAddr::from(src), IpAddr::from(dst), h[9], ihl)
         }
         PROTO_ICMPV6 => {
             let h = body.get(..40)?;
@@ -244,10 +250,11 @@ pub fn quoted_flow(vni: u32, icmp_proto: u8, body: &[u8]) -> Option<FlowKey> {
                     _ => break,
                 }
             }
-            (IpAddr::from(src), IpAddr::from(dst), nh, body.get(off..)?)
+            (IpAddr::from(src), IpAddr::from(dst), nh, off)
         }
         _ => return None,
     };
+    let l4 = body.get(l4_off..)?;
     let mut k = FlowKey {
         vni,
         proto,
@@ -276,7 +283,7 @@ pub fn quoted_flow(vni: u32, icmp_proto: u8, body: &[u8]) -> Option<FlowKey> {
         }
         _ => {}
     }
-    Some(k)
+    Some((k, l4_off))
 }
 
 /// An address as two 64-bit words; IPv4 in its IPv4-mapped IPv6 form. An IPv4

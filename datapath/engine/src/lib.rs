@@ -20,6 +20,7 @@ pub mod gateway;
 pub mod hold;
 pub mod input;
 pub mod layer;
+pub mod nat;
 pub mod output;
 pub mod overlay;
 pub mod port;

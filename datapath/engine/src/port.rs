@@ -1,5 +1,6 @@
 //! Guest ports: what the control plane says about one guest NIC.
 
+use crate::nat::ExternalIps;
 use core::fmt;
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
@@ -88,6 +89,10 @@ pub struct PortConfig {
     pub dns_servers6: Vec<Ipv6Addr>,
     pub hostname: Option<String>,
     pub domain: Option<String>,
+    /// External addresses for traffic to the internet gateway (`nat.rs`); none by
+    /// default, and absent from state saved before they existed.
+    #[serde(default)]
+    pub external: ExternalIps,
 }
 
 /// Smallest MTU accepted for a port: IPv6's minimum link MTU (RFC 8200).
@@ -166,7 +171,7 @@ impl PortConfig {
                 ));
             }
         }
-        Ok(())
+        self.external.validate(self.ipv4, self.ipv6)
     }
 
     /// The gateway's IPv6 link-local address: fe80::EUI-64(gateway MAC).
@@ -220,6 +225,7 @@ pub(crate) mod tests {
             dns_servers6: vec![],
             hostname: None,
             domain: None,
+            external: Default::default(),
         }
     }
 

@@ -20,6 +20,7 @@ use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
 use crate::firewall::ConnHandle;
 use crate::flow::FlowKey;
+use crate::nat::SrcNat;
 use crate::overlay::Sender;
 use crate::port::{PortId, Vni};
 use crate::slab::FlowSlab;
@@ -75,11 +76,14 @@ impl CachedAction for OutAction {
             OutAction::Local { port } => format!("local port {}", port.0),
             OutAction::Sibling { worker, mac } => format!("worker {worker} port {mac}"),
             OutAction::Encap(e) => format!(
-                "encap vni {} to {} via ifindex {}{}",
+                "encap vni {} to {} via ifindex {}{}{}",
                 e.vni,
                 e.underlay_dst,
                 e.ifindex,
-                if e.internal { "" } else { " (external)" }
+                if e.internal { "" } else { " (external)" },
+                e.nat
+                    .map(|n| format!(" nat src {} port {}", n.ip, n.port))
+                    .unwrap_or_default()
             ),
             OutAction::Unresolved(p) => format!(
                 "encap vni {} to {} (next hop unresolved)",
@@ -112,6 +116,8 @@ pub struct EncapAction {
     /// For dumps.
     pub underlay_dst: Ipv6Addr,
     pub vni: u32,
+    /// The source rewrite of a flow to the internet gateway (the NAT layer's).
+    pub nat: Option<SrcNat>,
 }
 
 /// An encapsulation short of its underlay next hop: everything of an
@@ -124,6 +130,8 @@ pub struct EncapPlan {
     pub internal: bool,
     pub udp_src_port: u16,
     pub flow_label: u32,
+    /// The source rewrite of a flow to the internet gateway (the NAT layer's).
+    pub nat: Option<SrcNat>,
 }
 
 impl EncapPlan {
@@ -143,6 +151,7 @@ impl EncapPlan {
             internal,
             udp_src_port: key.udp_src_port(),
             flow_label: key.flow_label(),
+            nat: None,
         }
     }
 }

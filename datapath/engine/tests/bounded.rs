@@ -18,7 +18,7 @@ fn sled_with_boundary() -> (Engine, engine::PortId) {
     let mut cfg = EngineConfig::new(SLED_A.parse().unwrap());
     cfg.boundary_services = Some(BOUNDARY.parse().unwrap());
     let mut e = Engine::new(cfg).unwrap();
-    let p = e.add_port(port_config(&guest(1))).unwrap();
+    let p = e.add_port(port_config_floating(&guest(1))).unwrap();
     (e, p)
 }
 

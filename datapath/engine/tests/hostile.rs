@@ -232,14 +232,15 @@ fn a_source_address_of_another_vpc_is_dropped() {
     );
 }
 
-/// Sled B with guest 2, boundary services at [`BOUNDARY`] (so default routes to the
-/// internet gateway), and guest 2's TCP connection to 8.8.8.8:443 opened.
+/// Sled B with guest 2 (and its floating IPs), boundary services at [`BOUNDARY`] (so
+/// default routes to the internet gateway), and guest 2's TCP connection to
+/// 8.8.8.8:443 opened.
 fn sled_b_with_boundary() -> (Engine, PortId) {
     let mut cfg = EngineConfig::new(SLED_B.parse().unwrap());
     cfg.boundary_services = Some(BOUNDARY.parse().unwrap());
     let mut b = Engine::new(cfg).unwrap();
     let g2 = guest(2);
-    let pb = b.add_port(port_config(&g2)).unwrap();
+    let pb = b.add_port(port_config_floating(&g2)).unwrap();
     let syn = tcp(
         &g2,
         Ipv4Addr::new(8, 8, 8, 8),
@@ -258,15 +259,17 @@ fn sled_b_with_boundary() -> (Engine, PortId) {
 fn external_frames_come_only_from_boundary_services() {
     let (mut b, _) = sled_b_with_boundary();
     let g2 = guest(2);
-    // From 8.8.8.8:443 to guest 2:40000, as the boundary switch hands it over.
+    // From 8.8.8.8:443 to guest 2's floating IP, port 40000, as the boundary switch
+    // hands it over.
     let from_internet = |seq, flags, payload: &[u8]| {
         let macs = (MacAddr([2, 0, 0, 0, 0, 0x42]), g2.mac);
-        let ips = (Ipv4Addr::new(8, 8, 8, 8), g2.v4);
+        let ips = (Ipv4Addr::new(8, 8, 8, 8), floating(&g2).0);
         tcp_between(macs, ips, (443, 40000), (seq, 1001), flags, payload)
     };
     let synack = from_internet(5000, SYN | ACK, b"");
     // From another host, with or without the option; from boundary services without
-    // it (8.8.8.8 is in no V2P table): dropped, and nothing is cached.
+    // it: dropped, and nothing is cached. Without the option, a frame to an external
+    // address is not for the guest (only External frames go through NAT).
     for (src, ext) in [
         ("fd00:99::66", true),
         ("fd00:99::66", false),
@@ -274,7 +277,8 @@ fn external_frames_come_only_from_boundary_services() {
     ] {
         assert!(receive(&mut b, &[forged(src, VNI, ext, &g2, &synack)], 2).is_empty());
     }
-    assert_eq!(drops(&b, MISMATCH), 3);
+    assert_eq!(drops(&b, MISMATCH), 1);
+    assert_eq!(drops(&b, "inbound_dst_not_guest"), 2);
     assert_eq!(b.stats().ports[0].uft_in.entries, 0);
     // From boundary services, marked External: the connection's reply is delivered.
     assert_eq!(
@@ -286,7 +290,7 @@ fn external_frames_come_only_from_boundary_services() {
     // Its cached entry admits no one else.
     let data = from_internet(5001, ACK, b"data");
     assert!(receive(&mut b, &[forged("fd00:99::66", VNI, true, &g2, &data)], 4).is_empty());
-    assert_eq!(drops(&b, MISMATCH), 4);
+    assert_eq!(drops(&b, MISMATCH), 2);
     assert_eq!(
         receive(&mut b, &[forged(BOUNDARY, VNI, true, &g2, &data)], 4).len(),
         1
@@ -314,7 +318,7 @@ fn v2b_table(any: &[&str]) -> V2b {
 fn v2b_endpoints_choose_and_admit() {
     let mut b = Engine::new(EngineConfig::new(SLED_B.parse().unwrap())).unwrap();
     let g2 = guest(2);
-    let pb = b.add_port(port_config(&g2)).unwrap();
+    let pb = b.add_port(port_config_floating(&g2)).unwrap();
     let igw = |b: &mut Engine| {
         b.add_route(
             "gb",
@@ -337,7 +341,7 @@ fn v2b_endpoints_choose_and_admit() {
     // Flows to the rest spread over both switches of 0.0.0.0/0; each flow keeps its
     // switch, and another engine with the same table picks the same one.
     let mut c = Engine::new(EngineConfig::new(SLED_B.parse().unwrap())).unwrap();
-    let pc = c.add_port(port_config(&g2)).unwrap();
+    let pc = c.add_port(port_config_floating(&g2)).unwrap();
     igw(&mut c);
     c.set_v2b(&v2b_table(&V2B_ANY)).unwrap();
     let mut used = std::collections::BTreeMap::new();
@@ -353,10 +357,11 @@ fn v2b_endpoints_choose_and_admit() {
         V2B_ANY.iter().collect::<Vec<_>>()
     );
     assert!(used.values().all(|n| *n >= 4), "{used:?}");
-    // From 1.1.1.1:443 back to guest 2:41000, External, from each candidate sender.
+    // From 1.1.1.1:443 back to guest 2's floating IP, port 41000, External, from each
+    // candidate sender.
     let mut synack = tcp_between(
         (MacAddr([2, 0, 0, 0, 0, 0x42]), g2.mac),
-        (Ipv4Addr::new(1, 1, 1, 1), g2.v4),
+        (Ipv4Addr::new(1, 1, 1, 1), floating(&g2).0),
         (443, 41000),
         (5000, 1001),
         SYN | ACK,
@@ -382,7 +387,7 @@ fn v2b_endpoints_choose_and_admit() {
     }
     synack = tcp_between(
         (MacAddr([2, 0, 0, 0, 0, 0x42]), g2.mac),
-        (Ipv4Addr::new(1, 1, 1, 1), g2.v4),
+        (Ipv4Addr::new(1, 1, 1, 1), floating(&g2).0),
         (443, 41000),
         (5000, 1001),
         ACK,
@@ -396,30 +401,39 @@ fn v2b_endpoints_choose_and_admit() {
 fn icmp_errors_from_boundary_services_still_reach_the_guest() {
     let (mut b, _) = sled_b_with_boundary();
     let g2 = guest(2);
-    // A router on the way to 8.8.8.8 reports the guest's SYN: time exceeded, quoting
-    // the SYN's IP header and the first 8 bytes of TCP.
-    let syn = tcp(
-        &g2,
-        Ipv4Addr::new(8, 8, 8, 8),
-        (40000, 443),
-        1000,
-        0,
-        SYN,
-        b"",
-    );
-    let mut err = Vec::new();
-    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 0x42], g2.mac.0)
-        .ipv4([203, 0, 113, 1], g2.v4.octets(), 64)
-        .icmpv4(etherparse::Icmpv4Type::TimeExceeded(
-            etherparse::icmpv4::TimeExceededCode::TtlExceededInTransit,
-        ))
-        .write(&mut err, &syn[14..14 + 28])
-        .unwrap();
+    // A router on the way to 8.8.8.8 reports the guest's SYN as it left (from the
+    // floating IP): time exceeded, quoting the SYN's IP header and the first 8
+    // bytes of TCP. The guest gets it about its own SYN.
+    let time_exceeded = |from: &Guest| {
+        let syn = tcp(
+            from,
+            Ipv4Addr::new(8, 8, 8, 8),
+            (40000, 443),
+            1000,
+            0,
+            SYN,
+            b"",
+        );
+        let mut err = Vec::new();
+        PacketBuilder::ethernet2([2, 0, 0, 0, 0, 0x42], g2.mac.0)
+            .ipv4([203, 0, 113, 1], from.v4.octets(), 64)
+            .icmpv4(etherparse::Icmpv4Type::TimeExceeded(
+                etherparse::icmpv4::TimeExceededCode::TtlExceededInTransit,
+            ))
+            .write(&mut err, &syn[14..14 + 28])
+            .unwrap();
+        err
+    };
+    let external = Guest {
+        v4: floating(&g2).0,
+        ..guest(2)
+    };
+    let err = time_exceeded(&external);
     assert!(receive(&mut b, &[forged("fd00:99::66", VNI, true, &g2, &err)], 2).is_empty());
     assert_eq!(drops(&b, MISMATCH), 1);
     let got = receive(&mut b, &[forged(BOUNDARY, VNI, true, &g2, &err)], 3);
     assert_eq!(got.len(), 1);
-    assert_eq!(&got[0].1[14..], &err[14..]);
+    assert_eq!(&got[0].1[14..], &time_exceeded(&g2)[14..]);
 }
 
 #[test]

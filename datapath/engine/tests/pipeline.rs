@@ -303,6 +303,23 @@ fn every_outbound_drop_reason_is_counted() {
         &Fabric,
         &mut out,
     );
+    // Through NAT first: a port without an external address may not reach the
+    // internet; with one, the overlay finds no boundary services.
+    assert_eq!(drop_count(&a, "no_external_ip"), 1);
+    let float = IpAddr::V4(floating(&g1).0);
+    let ext = engine::nat::ExternalIps {
+        floating: vec![float],
+        ..Default::default()
+    };
+    a.set_external_ips("ga", ext).unwrap();
+    a.process_guest(
+        pa,
+        VnetHdr::default(),
+        &frame(&g1, Some("9.9.9.9".parse().unwrap()), None, udp, b"x"),
+        1,
+        &Fabric,
+        &mut out,
+    );
     assert_eq!(drop_count(&a, "no_boundary_services"), 1);
     a.process_guest(
         engine::PortId(42),

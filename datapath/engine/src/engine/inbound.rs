@@ -7,6 +7,7 @@ use crate::drop::DropReason;
 use crate::firewall::TcpSegment;
 use crate::flow::FlowKey;
 use crate::input::RxFrame;
+use crate::nat;
 use crate::output::{SiblingFrame, TxBatch, TxDest};
 use crate::overlay::{InboundTrust, Sender, UnderlaySource};
 use crate::port::{PortId, Vni};
@@ -125,6 +126,51 @@ impl Engine {
         };
         // Ethernet padding after the IP packet stays behind.
         let inner = inner.sub(0..meta.ip_end);
+        if um.external {
+            // From outside the VPC: only from boundary services, and only to an
+            // external address, through NAT.
+            if let Err(r) = via.sender(p.cfg.vni, meta.src_ip) {
+                p.c.drops.inc(r);
+                return;
+            }
+            // Translated straight into the frame the guest gets (the received buffer
+            // is not written to), after the port's held segments, to keep their
+            // order; a frame that is then refused is taken back.
+            self.coalescer.flush_for(port, out);
+            let dest = TxDest::Port {
+                port,
+                vnet: VnetHdr::default(),
+            };
+            let buf = out.push_unzeroed(dest, inner.len());
+            inner.copy_into(buf);
+            let (cfg, snat) = (&p.cfg, &p.snat);
+            let verdict = match nat::inbound(&cfg.external, cfg.ipv4, cfg.ipv6, snat, meta, buf) {
+                None => Err(DropReason::NatNoMapping),
+                Some(m) => {
+                    let key = FlowKey::from_meta(um.vni, &m);
+                    let r = inbound_verdict(p, &via, &key, &m, buf, epoch, now);
+                    if r.is_ok() {
+                        let (ext, to) = (&p.cfg.external, meta.dst_ip);
+                        nat::note_inbound(ext, &mut p.snat, &p.fw, &key, to, now);
+                    }
+                    r
+                }
+            };
+            match verdict {
+                Ok(()) => {
+                    // The parser saw a whole Ethernet header: the MACs are there.
+                    buf[6..12].copy_from_slice(p.cfg.gateway_mac.as_bytes());
+                    p.c.in_packets += 1;
+                    p.c.in_bytes += inner.len() as u64;
+                    self.coalescer.count_passed();
+                }
+                Err(r) => {
+                    out.pop();
+                    p.c.drops.inc(r);
+                }
+            }
+            return;
+        }
         let key = FlowKey::from_meta(um.vni, meta);
         if let Err(r) = inbound_verdict(p, &via, &key, meta, inner.head(), epoch, now) {
             p.c.drops.inc(r);

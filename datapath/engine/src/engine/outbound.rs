@@ -20,6 +20,7 @@ use crate::flow::FlowKey;
 use crate::gateway::{self, GatewayVerdict};
 use crate::hold::Held;
 use crate::input::RxFrame;
+use crate::nat::{self, SnatTable};
 use crate::output::{FrameBytes, SiblingFrame, TxBatch, TxDest};
 use crate::overlay::V2p;
 use crate::port::{PortConfig, PortId, Vni};
@@ -107,6 +108,7 @@ impl Engine {
             router,
             uft_out,
             uft_in,
+            snat,
             c,
             ..
         } = p;
@@ -128,7 +130,8 @@ impl Engine {
                 e
             }
             found => {
-                match compile_outbound(&env, cfg, port, fw, router, uft_in, &key, meta, frame) {
+                let tables = FlowTables { fw, snat, uft_in };
+                match compile_outbound(&env, cfg, port, tables, router, &key, meta, frame) {
                     Ok(n) if matches!(n.action, OutAction::Unresolved(_)) => unresolved.insert(n),
                     Ok(n) => match found {
                         Some(e) => {
@@ -327,6 +330,7 @@ fn encap_through(plan: &EncapPlan, hop: NextHop, ecfg: &EngineConfig) -> EncapAc
         internal: plan.internal,
         underlay_dst: plan.underlay_dst,
         vni: plan.vni.get(),
+        nat: plan.nat,
     }
 }
 
@@ -359,10 +363,15 @@ fn encapsulate(
     } else {
         usize::from(vnet.gso_size)
     };
+    // The NAT layer's source rewrite happens as each frame is built (`InnerEdit`).
+    let edit = tso::InnerEdit {
+        dst_mac: e.inner_dst_mac,
+        nat: e.nat,
+    };
     let Some(mtu) = fragment_mtu else {
         let mss = u32::from(vnet.gso_size);
-        let (outer, mac) = (&e.outer, e.inner_dst_mac);
-        match tso::segment(frame, vnet, meta, seg_payload, mss, outer, mac, dest, out) {
+        let outer = &e.outer;
+        match tso::segment_with(frame, vnet, meta, seg_payload, mss, outer, edit, dest, out) {
             Ok(n) if vnet.is_gso() => c.tso_segments_out += n as u64,
             Ok(_) => {}
             Err(d) => c.drops.inc(DropReason::from(d)),
@@ -372,8 +381,9 @@ fn encapsulate(
     let drops = &mut c.drops;
     let r = fragments(meta, frame, vnet, mtu, bufs, |frag, fm| {
         let plain = VnetHdr::default();
-        let (outer, mac) = (&e.outer, e.inner_dst_mac);
-        if let Err(d) = tso::segment(frag, &plain, fm, seg_payload, 0, outer, mac, dest, out) {
+        let outer = &e.outer;
+        if let Err(d) = tso::segment_with(frag, &plain, fm, seg_payload, 0, outer, edit, dest, out)
+        {
             drops.inc(DropReason::from(d));
         }
     });
@@ -536,7 +546,7 @@ struct CompileEnv<'a> {
 }
 
 /// Runs the outbound layers for the first packet of a flow (or after its cached
-/// entry went stale): firewall -> router -> overlay. Policy outcomes (denies, no
+/// entry went stale): firewall -> router -> NAT -> overlay. Policy outcomes (denies, no
 /// route, no V2P mapping) are cached as drop entries, which the next epoch clears;
 /// a TCP segment outside its connection's window is an uncached `Err`, so the flow
 /// is decided again on its next packet. A flow whose underlay next hop is unknown
@@ -548,13 +558,13 @@ fn compile_outbound(
     env: &CompileEnv<'_>,
     cfg: &PortConfig,
     port: PortId,
-    fw: &mut Firewall,
+    tables: FlowTables<'_>,
     router: &mut Router,
-    uft_in: &mut Uft<InAction>,
     key: &FlowKey,
     m: &InnerMeta,
     frame: &[u8],
 ) -> Result<UftEntry<OutAction>, DropReason> {
+    let FlowTables { fw, snat, uft_in } = tables;
     let drop = |r| UftEntry {
         epoch: env.epoch,
         action: OutAction::Drop(r),
@@ -581,6 +591,23 @@ fn compile_outbound(
         Err(r) if r.per_packet() => return Err(r),
         Err(r) => return Ok(drop(r)),
     };
+    let route = match router.lookup(&f) {
+        Ok(r) => r,
+        Err(r) => return Ok(drop(r)),
+    };
+    // NAT (router -> NAT -> overlay): decided before the connection opens, so a
+    // flow refused here (no external address, SNAT exhausted) opens nothing.
+    let src_nat = match route.target {
+        RouteTarget::InternetGateway => {
+            match nat::outbound(&cfg.external, snat, fw, key, env.now) {
+                Ok(n) => Some(n),
+                // Exhaustion passes as flows end: decided again on the next packet.
+                Err(DropReason::SnatExhausted) => return Err(DropReason::SnatExhausted),
+                Err(r) => return Ok(drop(r)),
+            }
+        }
+        RouteTarget::VpcSubnet | RouteTarget::Drop => None,
+    };
     // The connection is opened here, for a flow the router and the overlay accepted
     // (a flow they drop opens nothing: a guest cannot fill the table with flows that
     // go nowhere).
@@ -603,10 +630,6 @@ fn compile_outbound(
             hits: 0,
             bytes: 0,
         }
-    };
-    let route = match router.lookup(&f) {
-        Ok(r) => r,
-        Err(r) => return Ok(drop(r)),
     };
     // A route's MTU can lower a flow's path MTU, never raise it above what the path
     // carries.
@@ -636,7 +659,10 @@ fn compile_outbound(
                 return Ok(drop(DropReason::NoBoundary));
             };
             let mtu = path(gateway::external_path_mtu(cfg, env.ecfg.external_jumbo));
-            let plan = EncapPlan::new(key, endpoint, env.ecfg.boundary_vni, m.dst_mac, false);
+            let plan = EncapPlan {
+                nat: src_nat,
+                ..EncapPlan::new(key, endpoint, env.ecfg.boundary_vni, m.dst_mac, false)
+            };
             (plan, mtu)
         }
         // The router reports Drop targets as errors; kept for exhaustiveness.
@@ -648,5 +674,19 @@ fn compile_outbound(
         Some(hop) => OutAction::Encap(Box::new(encap_through(&plan, hop, env.ecfg))),
         None => OutAction::Unresolved(Box::new(plan)),
     };
-    Ok(entry(action, path_mtu))
+    let e = entry(action, path_mtu);
+    if src_nat.is_some() {
+        // The SNAT port (if any) lives as long as the connection.
+        snat.bind(key, e.conn);
+    }
+    Ok(e)
+}
+
+/// The per-port tables compiling an outbound flow writes: the firewall's
+/// connections, the SNAT ports, and the inbound flow table (a new connection
+/// removes the cached entry of its reverse).
+struct FlowTables<'a> {
+    fw: &'a mut Firewall,
+    snat: &'a mut SnatTable,
+    uft_in: &'a mut Uft<InAction>,
 }

@@ -468,6 +468,20 @@ impl Coalescer {
         self.emit_single(port, &frame, head, meta, mss, gateway_mac, out);
     }
 
+    /// Writes port `port`'s held frames to `out`: the caller is about to write a
+    /// frame for it that is not coalesced (one the NAT layer translates into the
+    /// batch), which must come after them.
+    pub fn flush_for(&mut self, port: PortId, out: &mut TxBatch<'_>) {
+        self.flush_port(port, out);
+    }
+
+    /// Counts a frame the caller wrote past the coalescer (after
+    /// [`Coalescer::flush_for`]).
+    pub fn count_passed(&mut self) {
+        self.stats.frames_in += 1;
+        self.stats.frames_out += 1;
+    }
+
     /// Writes every held frame to `out` (end of a batch).
     pub fn flush(&mut self, out: &mut TxBatch<'_>) {
         for i in 0..self.slots.len() {

@@ -18,6 +18,7 @@ pub use coalesce::{CoalesceStats, Coalescer};
 
 use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
+use crate::nat::{self, SrcNat};
 use crate::output::{TxBatch, TxDest};
 use std::net::IpAddr;
 use wire::checksum;
@@ -299,8 +300,58 @@ pub fn segment(
     dest: TxDest,
     out: &mut TxBatch,
 ) -> Result<usize, TsoDrop> {
+    let edit = InnerEdit {
+        dst_mac: inner_dst_mac,
+        nat: None,
+    };
+    segment_with(
+        frame,
+        vnet,
+        meta,
+        seg_payload,
+        guest_mss,
+        outer,
+        edit,
+        dest,
+        out,
+    )
+}
+
+/// What changes in the inner frame on its way out: its destination MAC (the remote
+/// guest's) and, for a flow through NAT, its source (`crate::nat`). The source is
+/// rewritten in each frame as it is built, once its checksums are complete, so a
+/// NATed flow costs no extra copy of the guest's frame.
+#[derive(Clone, Copy, Debug)]
+pub struct InnerEdit {
+    pub dst_mac: MacAddr,
+    pub nat: Option<SrcNat>,
+}
+
+impl InnerEdit {
+    /// Rewrites the source of `inner` (a frame laid out as `meta` says) through NAT.
+    #[inline]
+    fn apply_nat(&self, inner: &mut [u8], meta: &InnerMeta) {
+        if let Some(n) = &self.nat {
+            nat::rewrite(inner, meta, nat::End::Src, n.ip, n.port);
+        }
+    }
+}
+
+/// [`segment`] with the inner frame's changes given as an [`InnerEdit`].
+#[allow(clippy::too_many_arguments)]
+pub fn segment_with(
+    frame: &[u8],
+    vnet: &VnetHdr,
+    meta: &InnerMeta,
+    seg_payload: usize,
+    guest_mss: u32,
+    outer: &OuterTemplate,
+    edit: InnerEdit,
+    dest: TxDest,
+    out: &mut TxBatch,
+) -> Result<usize, TsoDrop> {
     if !vnet.is_gso() {
-        return encapsulate_one(frame, vnet, meta, outer, inner_dst_mac, dest, out);
+        return encapsulate_one(frame, vnet, meta, outer, edit, dest, out);
     }
     check_gso(frame.len(), vnet, meta)?;
     if seg_payload == 0 {
@@ -364,7 +415,7 @@ pub fn segment(
         let buf = out.push_unzeroed(dest, hlen + inner_len);
         let inner = &mut buf[hlen..];
         inner[..hdrs].copy_from_slice(&frame[..hdrs]);
-        inner[0..6].copy_from_slice(inner_dst_mac.as_bytes());
+        inner[0..6].copy_from_slice(edit.dst_mac.as_bytes());
 
         // Checked against the 16-bit fields above.
         let ip_len = inner_len - l3;
@@ -399,6 +450,7 @@ pub fn segment(
         let c = finish(acc);
         inner[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
 
+        edit.apply_nat(&mut buf[hlen..], meta);
         outer.write_header(buf, inner_len, Some(guest_mss));
         start = end;
     }
@@ -406,14 +458,14 @@ pub fn segment(
 }
 
 /// A non-GSO guest frame: one encapsulated frame without the Mss option, with the
-/// inner destination MAC rewritten and a `NEEDS_CSUM` checksum completed during the
-/// copy.
+/// inner destination MAC (and source, through NAT) rewritten and a `NEEDS_CSUM`
+/// checksum completed during the copy.
 fn encapsulate_one(
     frame: &[u8],
     vnet: &VnetHdr,
     meta: &InnerMeta,
     outer: &OuterTemplate,
-    inner_dst_mac: MacAddr,
+    edit: InnerEdit,
     dest: TxDest,
     out: &mut TxBatch,
 ) -> Result<usize, TsoDrop> {
@@ -450,7 +502,8 @@ fn encapsulate_one(
         }
         None => inner.copy_from_slice(&frame[..inner_len]),
     }
-    inner[0..6].copy_from_slice(inner_dst_mac.as_bytes());
+    inner[0..6].copy_from_slice(edit.dst_mac.as_bytes());
+    edit.apply_nat(inner, meta);
     outer.write_header(buf, inner_len, None);
     Ok(1)
 }

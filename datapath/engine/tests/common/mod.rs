@@ -71,7 +71,26 @@ pub fn port_config(g: &Guest) -> PortConfig {
         dns_servers6: vec![],
         hostname: None,
         domain: None,
+        external: Default::default(),
     }
+}
+
+/// Guest `g`'s floating IPs (one per family), for tests of internet traffic: a port
+/// reaches the internet only from an external address.
+pub fn floating(g: &Guest) -> (Ipv4Addr, Ipv6Addr) {
+    let n = g.mac.0[5];
+    (
+        Ipv4Addr::new(192, 0, 2, n),
+        format!("2001:db8:f::{n}").parse().unwrap(),
+    )
+}
+
+/// [`port_config`] with guest `g`'s [`floating`] IPs.
+pub fn port_config_floating(g: &Guest) -> PortConfig {
+    let (f4, f6) = floating(g);
+    let mut c = port_config(g);
+    c.external.floating = vec![IpAddr::V4(f4), IpAddr::V6(f6)];
+    c
 }
 
 /// A sled with one port for guest `n`, allowing inbound traffic from the VPC (what

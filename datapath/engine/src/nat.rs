@@ -1,0 +1,636 @@
+//! The NAT layer, between router and overlay, for traffic whose route target is the
+//! internet gateway (docs/nat.md).
+//!
+//! A port reaches the internet only from one of its external addresses
+//! ([`ExternalIps`]), as in the reference: a floating IP if it has one (of the
+//! flow's family), else its ephemeral IP, else its SNAT IP with a source port (ICMP
+//! echo: identifier) allocated from the port's range. A port without one is refused
+//! (`no_external_ip`): its private address must never reach the internet.
+//!
+//! Floating and ephemeral addresses are 1:1: only the address changes, and the
+//! inbound rewrite needs no state. SNAT shares one address among several ports
+//! (disjoint ranges), so each flow owns an allocated port ([`SnatTable`]) for as long
+//! as its firewall connection lives: the expiry of NAT state is the connection's
+//! (one set of timeouts, docs/engine.md "Firewall state"), and a mapping whose
+//! connection is gone is free for the next flow.
+//!
+//! The rewrite of an established flow is compiled into its flow-table entry
+//! ([`SrcNat`] in the encapsulation) and applied with incremental checksum updates
+//! (RFC 1624), so the fast path stays a table hit plus a few stores.
+
+use crate::drop::DropReason;
+use crate::firewall::{ConnHandle, Firewall};
+use crate::flow::{
+    is_echo, quoted_packet, FlowHashBuilder, FlowKey, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP,
+    PROTO_UDP,
+};
+use core::fmt;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use wire::checksum;
+use wire::meta::{InnerMeta, L3};
+
+/// Lowest SNAT port: the reference (and opteadm) refuse the well-known ports.
+pub const SNAT_PORT_MIN: u16 = 1024;
+
+/// A SNAT address and the source ports this port may use on it (inclusive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnatRange {
+    pub ip: IpAddr,
+    pub start: u16,
+    pub end: u16,
+}
+
+impl SnatRange {
+    /// Whether two ranges share an address and at least one port.
+    pub fn overlaps(&self, other: &SnatRange) -> bool {
+        self.ip == other.ip && self.start <= other.end && other.start <= self.end
+    }
+}
+
+/// A port's external addresses (opteadm's `--snat-ip/--snat-start/--snat-end`,
+/// `--ephemeral-ip`, `--floating-ip`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExternalIps {
+    pub snat: Option<SnatRange>,
+    pub ephemeral: Option<IpAddr>,
+    pub floating: Vec<IpAddr>,
+}
+
+impl ExternalIps {
+    /// Whether the port has no external address at all.
+    pub fn is_empty(&self) -> bool {
+        self.snat.is_none() && self.ephemeral.is_none() && self.floating.is_empty()
+    }
+
+    /// Checks the addresses against the port's private ones: a port range inside
+    /// 1024-65535 with start <= end, and every address of a family the port has (a
+    /// v6 external address for a v4-only guest could never be used). Errors name
+    /// the bad value.
+    pub fn validate(&self, ipv4: Option<Ipv4Addr>, ipv6: Option<Ipv6Addr>) -> Result<(), String> {
+        let family = |what: &str, ip: &IpAddr| {
+            let ok = match ip {
+                IpAddr::V4(_) => ipv4.is_some(),
+                IpAddr::V6(_) => ipv6.is_some(),
+            };
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{what} {ip}: the port has no private address of that family"
+                ))
+            }
+        };
+        if let Some(s) = &self.snat {
+            family("SNAT IP", &s.ip)?;
+            if s.start < SNAT_PORT_MIN {
+                return Err(format!(
+                    "SNAT start port {} is below {SNAT_PORT_MIN}",
+                    s.start
+                ));
+            }
+            if s.start > s.end {
+                return Err(format!(
+                    "SNAT port range {}-{}: start is above end",
+                    s.start, s.end
+                ));
+            }
+        }
+        if let Some(ip) = &self.ephemeral {
+            family("ephemeral IP", ip)?;
+        }
+        for (i, ip) in self.floating.iter().enumerate() {
+            family("floating IP", ip)?;
+            if self.floating[..i].contains(ip) {
+                return Err(format!("floating IP {ip} is given twice"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The 1:1 address (floating first, then ephemeral) of `family`'s flows.
+    fn one_to_one(&self, v4: bool) -> Option<IpAddr> {
+        let fam = |ip: &&IpAddr| ip.is_ipv4() == v4;
+        self.floating
+            .iter()
+            .find(fam)
+            .or(self.ephemeral.as_ref().filter(fam))
+            .copied()
+    }
+
+    /// The SNAT range for `family`'s flows.
+    fn snat_for(&self, v4: bool) -> Option<&SnatRange> {
+        self.snat.as_ref().filter(|s| s.ip.is_ipv4() == v4)
+    }
+
+    /// Whether `ip` is a 1:1 (floating or ephemeral) address of the port.
+    fn is_one_to_one(&self, ip: IpAddr) -> bool {
+        self.ephemeral == Some(ip) || self.floating.contains(&ip)
+    }
+}
+
+/// `snat 198.51.100.1:1024-2047, ephemeral 198.51.100.7, floating 192.0.2.5` (what
+/// `list-ports` shows), or `-` for none.
+impl fmt::Display for ExternalIps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("-");
+        }
+        let mut sep = "";
+        if let Some(s) = &self.snat {
+            write!(f, "snat {}:{}-{}", s.ip, s.start, s.end)?;
+            sep = ", ";
+        }
+        if let Some(ip) = &self.ephemeral {
+            write!(f, "{sep}ephemeral {ip}")?;
+            sep = ", ";
+        }
+        for ip in &self.floating {
+            write!(f, "{sep}floating {ip}")?;
+            sep = ", ";
+        }
+        Ok(())
+    }
+}
+
+/// The compiled outbound rewrite of one flow: its source becomes `ip`, and its
+/// source port (echo: identifier) `port`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrcNat {
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+/// Whether a flow has ports (or an echo identifier) SNAT can allocate. A non-first
+/// fragment has none (its key's ports are 0): it keeps the ports of the datagram's
+/// first fragment, which carries the L4 header.
+fn has_ports(key: &FlowKey) -> bool {
+    let ports = key.src_port != 0 || key.dst_port != 0;
+    (matches!(key.proto, PROTO_TCP | PROTO_UDP) && ports) || is_echo(key.proto, key.icmp_type)
+}
+
+/// One allocated SNAT port: the flow it belongs to and the connection whose life
+/// it shares.
+#[derive(Clone, Copy, Debug)]
+struct Binding {
+    private_port: u16,
+    remote_ip: IpAddr,
+    remote_port: u16,
+    conn: Option<ConnHandle>,
+}
+
+/// (protocol, private source port, remote address, remote port).
+type PrivateKey = (u8, u16, IpAddr, u16);
+
+/// The [`PrivateKey`] of flow `key` (guest as source).
+fn private_key(key: &FlowKey) -> PrivateKey {
+    (key.proto, key.src_port, key.dst_ip, key.dst_port)
+}
+
+/// Most inbound connections to a port's non-default 1:1 addresses remembered at
+/// once (see [`SnatTable::reply_from`]); beyond it, replies of new ones leave from
+/// the default address until a remembered connection ends.
+pub const REPLY_FROM_MAX: usize = 4096;
+
+/// A port's SNAT state: which source ports of its range are bound to which flows.
+/// At most one mapping per port of the range and protocol, so its size is bounded
+/// by the range.
+#[derive(Debug)]
+pub struct SnatTable {
+    by_private: HashMap<PrivateKey, u16, FlowHashBuilder>,
+    by_port: HashMap<(u8, u16), Binding, FlowHashBuilder>,
+    /// Where the next allocation starts looking (round robin over the range, so a
+    /// just-freed port is not handed to the next flow at once).
+    cursor: u32,
+    /// Connections from the internet to a floating or ephemeral address that is not
+    /// the one the port's own flows of that family leave from: their replies must
+    /// leave from the address the connection came in to. Each lives as long as its
+    /// connection (handle), like a SNAT binding.
+    reply_from: HashMap<PrivateKey, (IpAddr, ConnHandle), FlowHashBuilder>,
+}
+
+impl SnatTable {
+    pub fn new(hash_seed: u64) -> Self {
+        SnatTable {
+            by_private: HashMap::with_hasher(FlowHashBuilder::new(hash_seed ^ 0x5a7)),
+            by_port: HashMap::with_hasher(FlowHashBuilder::new(hash_seed ^ 0xa75)),
+            cursor: 0,
+            reply_from: HashMap::with_hasher(FlowHashBuilder::new(hash_seed ^ 0x7e1)),
+        }
+    }
+
+    /// Forgets every mapping (the port's external addresses changed).
+    pub fn clear(&mut self) {
+        self.by_private.clear();
+        self.by_port.clear();
+        self.reply_from.clear();
+    }
+
+    /// The source port of flow `key` (guest as source) in `range`: the one it was
+    /// given before if still bound, else a port free or whose connection is gone.
+    /// `None`: the range is exhausted.
+    fn allocate(
+        &mut self,
+        range: &SnatRange,
+        key: &FlowKey,
+        fw: &Firewall,
+        now: u64,
+    ) -> Option<u16> {
+        let pk = private_key(key);
+        if let Some(&p) = self.by_private.get(&pk) {
+            return Some(p);
+        }
+        let span = u32::from(range.end - range.start) + 1;
+        for i in 0..span {
+            let p = range.start + ((self.cursor + i) % span) as u16;
+            let free = match self.by_port.get(&(key.proto, p)) {
+                None => true,
+                Some(b) => !b.conn.is_some_and(|h| fw.is_live(h, now)),
+            };
+            if free {
+                if let Some(old) = self.by_port.remove(&(key.proto, p)) {
+                    self.by_private.remove(&(
+                        key.proto,
+                        old.private_port,
+                        old.remote_ip,
+                        old.remote_port,
+                    ));
+                }
+                self.cursor = (self.cursor + i + 1) % span;
+                self.by_private.insert(pk, p);
+                self.by_port.insert(
+                    (key.proto, p),
+                    Binding {
+                        private_port: key.src_port,
+                        remote_ip: key.dst_ip,
+                        remote_port: key.dst_port,
+                        conn: None,
+                    },
+                );
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// Ties the mapping of `key`'s flow to its firewall connection once the
+    /// firewall has opened it.
+    pub fn bind(&mut self, key: &FlowKey, conn: Option<ConnHandle>) {
+        let pk = private_key(key);
+        if let Some(p) = self.by_private.get(&pk) {
+            if let Some(b) = self.by_port.get_mut(&(key.proto, *p)) {
+                b.conn = conn;
+            }
+        }
+    }
+
+    /// Forgets the mapping of a flow whose connection expired (`key`: guest as
+    /// source, the connection's key).
+    pub fn forget(&mut self, key: &FlowKey) {
+        let pk = private_key(key);
+        self.reply_from.remove(&pk);
+        if let Some(p) = self.by_private.remove(&pk) {
+            self.by_port.remove(&(key.proto, p));
+        }
+    }
+
+    /// The private port an inbound packet from `remote_ip` (and `remote_port`,
+    /// if it has ports: an echo reply has only the identifier) to SNAT port `port`
+    /// is for.
+    fn reverse(
+        &self,
+        proto: u8,
+        port: u16,
+        remote_ip: IpAddr,
+        remote_port: Option<u16>,
+    ) -> Option<u16> {
+        let b = self.by_port.get(&(proto, port))?;
+        let same_port = remote_port.is_none_or(|r| r == b.remote_port);
+        (b.remote_ip == remote_ip && same_port).then_some(b.private_port)
+    }
+}
+
+/// The outbound NAT decision for flow `key` (guest as source) to the internet
+/// gateway. `Ok(None)` never happens for a port with external addresses: a flow of
+/// a family the port has no external address of is refused like a port without any.
+pub fn outbound(
+    ext: &ExternalIps,
+    snat: &mut SnatTable,
+    fw: &Firewall,
+    key: &FlowKey,
+    now: u64,
+) -> Result<SrcNat, DropReason> {
+    let v4 = key.src_ip.is_ipv4();
+    if let Some(default) = ext.one_to_one(v4) {
+        // A reply to a connection that came in to another 1:1 address leaves from it.
+        let ip = snat
+            .reply_from
+            .get(&private_key(key))
+            .filter(|(a, h)| ext.is_one_to_one(*a) && fw.is_live(*h, now))
+            .map_or(default, |(a, _)| *a);
+        return Ok(SrcNat {
+            ip,
+            port: key.src_port,
+        });
+    }
+    let range = ext.snat_for(v4).ok_or(DropReason::NoExternalIp)?;
+    if !has_ports(key) {
+        // Without ports (ICMP other than echo, other protocols) nothing can tell
+        // the replies of two guests apart: only the address changes.
+        return Ok(SrcNat {
+            ip: range.ip,
+            port: key.src_port,
+        });
+    }
+    let port = snat
+        .allocate(range, key, fw, now)
+        .ok_or(DropReason::SnatExhausted)?;
+    Ok(SrcNat { ip: range.ip, port })
+}
+
+/// Translates an External frame for the port back to its private address, in
+/// `buf` (a copy of the IP frame `m` describes): a packet to one of the port's
+/// external addresses (SNAT: to a port a flow of that peer holds), or an ICMP error
+/// (Packet Too Big, destination unreachable, time exceeded...) quoting a packet
+/// the port sent through NAT, whose quoted source is translated too, so that path
+/// MTU discovery works through NAT. Returns the translated packet's metadata, or
+/// `None` if nothing maps (`nat_no_mapping`).
+pub fn inbound(
+    ext: &ExternalIps,
+    private4: Option<Ipv4Addr>,
+    private6: Option<Ipv6Addr>,
+    snat: &SnatTable,
+    m: &InnerMeta,
+    buf: &mut [u8],
+) -> Option<InnerMeta> {
+    let private = match m.dst_ip {
+        IpAddr::V4(_) => IpAddr::V4(private4?),
+        IpAddr::V6(_) => IpAddr::V6(private6?),
+    };
+    if is_icmp_error(m) {
+        return icmp_error(ext, snat, m, private, buf);
+    }
+    let to = if ext.is_one_to_one(m.dst_ip) {
+        local_port(m)
+    } else {
+        let port = local_port(m);
+        let echo = is_echo_reply(m);
+        let remote_port = (!echo).then_some(m.src_port);
+        if !(matches!(m.proto, PROTO_TCP | PROTO_UDP) || echo) {
+            return None;
+        }
+        snat_private_port(ext, snat, m.dst_ip, m.proto, port, m.src_ip, remote_port)?
+    };
+    rewrite(buf, m, End::Dst, private, to);
+    Some(rewritten_meta(m, End::Dst, private, to))
+}
+
+/// Remembers that the inbound connection of `key` (the translated packet's key,
+/// admitted by the firewall) came in to 1:1 address `to`, if that is not the
+/// address the port's flows leave from anyway, so that its replies leave from `to`.
+/// Costs a lookup per packet of such connections only; nothing for the others.
+pub fn note_inbound(
+    ext: &ExternalIps,
+    table: &mut SnatTable,
+    fw: &Firewall,
+    key: &FlowKey,
+    to: IpAddr,
+    now: u64,
+) {
+    if ext.one_to_one(to.is_ipv4()) == Some(to) || !ext.is_one_to_one(to) {
+        return;
+    }
+    let ck = key.reversed();
+    let pk = private_key(&ck);
+    if table.reply_from.get(&pk).is_some_and(|(a, _)| *a == to) {
+        return;
+    }
+    let Some(h) = fw.live_handle(&ck, now) else {
+        return;
+    };
+    if table.reply_from.len() >= REPLY_FROM_MAX {
+        table.reply_from.retain(|_, (_, h)| fw.is_live(*h, now));
+        if table.reply_from.len() >= REPLY_FROM_MAX {
+            return;
+        }
+    }
+    table.reply_from.insert(pk, (to, h));
+}
+
+/// The private port SNAT port `port` of external address `ext_ip` stands for, for
+/// a packet from `remote_ip` (and `remote_port`, if it has ports).
+fn snat_private_port(
+    ext: &ExternalIps,
+    snat: &SnatTable,
+    ext_ip: IpAddr,
+    proto: u8,
+    port: u16,
+    remote_ip: IpAddr,
+    remote_port: Option<u16>,
+) -> Option<u16> {
+    let s = ext.snat.as_ref().filter(|s| s.ip == ext_ip)?;
+    if port < s.start || port > s.end {
+        return None;
+    }
+    snat.reverse(proto, port, remote_ip, remote_port)
+}
+
+/// The ICMP error `m` (to external address `m.dst_ip`) translated in `buf`: its
+/// destination becomes `private`, and the packet it quotes (which the port sent,
+/// source = the external address) gets the private source address and port back,
+/// with the quoted IPv4 header checksum and, as far as the quote holds it, the
+/// quoted L4 checksum fixed. The error's own checksum is computed afresh over the
+/// changed quote.
+fn icmp_error(
+    ext: &ExternalIps,
+    snat: &SnatTable,
+    m: &InnerMeta,
+    private: IpAddr,
+    buf: &mut [u8],
+) -> Option<InnerMeta> {
+    let q_l3 = m.payload_off;
+    let (q, q_l4) = quoted_packet(0, m.proto, buf.get(q_l3..m.ip_end)?)?;
+    if q.src_ip != m.dst_ip {
+        return None;
+    }
+    let port = if ext.is_one_to_one(q.src_ip) {
+        q.src_port
+    } else if has_ports(&q) {
+        let echo = is_echo(q.proto, q.icmp_type);
+        let remote_port = (!echo).then_some(q.dst_port);
+        snat_private_port(
+            ext,
+            snat,
+            q.src_ip,
+            q.proto,
+            q.src_port,
+            q.dst_ip,
+            remote_port,
+        )?
+    } else {
+        return None;
+    };
+    rewrite(buf, m, End::Dst, private, m.dst_port);
+    let quoted = InnerMeta {
+        l3_off: q_l3,
+        l4_off: q_l3 + q_l4,
+        proto: q.proto,
+        icmp_type: q.icmp_type,
+        ..*m
+    };
+    rewrite(buf, &quoted, End::Src, private, port);
+    let icmp = buf.get_mut(m.l4_off..m.ip_end)?;
+    icmp.get_mut(2..4)?.fill(0);
+    let pseudo = match (private, m.src_ip) {
+        (IpAddr::V6(dst), IpAddr::V6(src)) => {
+            checksum::pseudo_header_v6(src, dst, m.proto, icmp.len() as u32)
+        }
+        _ => 0,
+    };
+    let c = !checksum::fold(checksum::sum(icmp, pseudo));
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    Some(rewritten_meta(m, End::Dst, private, m.dst_port))
+}
+
+fn is_icmp_error(m: &InnerMeta) -> bool {
+    match m.proto {
+        PROTO_ICMP => wire::icmpv4::msg::is_error(m.icmp_type),
+        PROTO_ICMPV6 => wire::icmpv6::msg::is_error(m.icmp_type),
+        _ => false,
+    }
+}
+
+/// The port of an inbound packet that names the local end: the destination port, or
+/// for echo the identifier (which the parser puts in `src_port`).
+fn local_port(m: &InnerMeta) -> u16 {
+    if is_echo(m.proto, m.icmp_type) {
+        m.src_port
+    } else {
+        m.dst_port
+    }
+}
+
+fn is_echo_reply(m: &InnerMeta) -> bool {
+    use wire::icmpv4::msg as v4;
+    use wire::icmpv6::msg as v6;
+    (m.proto == PROTO_ICMP && m.icmp_type == v4::ECHO_REPLY)
+        || (m.proto == PROTO_ICMPV6 && m.icmp_type == v6::ECHO_REPLY)
+}
+
+/// The metadata of packet `m` after [`rewrite`] changed its `end` to (`ip`,
+/// `port`). The parser keeps an echo identifier in `src_port`, whichever end.
+pub fn rewritten_meta(m: &InnerMeta, end: End, ip: IpAddr, port: u16) -> InnerMeta {
+    let mut r = *m;
+    match end {
+        End::Src => r.src_ip = ip,
+        End::Dst => r.dst_ip = ip,
+    }
+    if end == End::Src || is_echo(m.proto, m.icmp_type) {
+        r.src_port = port;
+    } else {
+        r.dst_port = port;
+    }
+    r
+}
+
+/// Which end of a packet a rewrite changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    Src,
+    Dst,
+}
+
+/// Rewrites one end of the IP packet `m` describes in `frame` to (`ip`, `port`)
+/// (echo: `port` is the identifier), fixing the IPv4 header checksum and the L4
+/// checksum incrementally. The checksums must be complete (outbound, the frame is
+/// rewritten as segmentation builds it, after a `NEEDS_CSUM` checksum is completed).
+/// A UDP/IPv4 checksum of 0 (none) stays 0. `ip` must be of the packet's family
+/// (the callers choose it by the packet's family).
+pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16) {
+    let (l3, l4) = (m.l3_off, m.l4_off);
+    let (addr_off, port_off) = match (end, m.l3) {
+        (End::Src, L3::Ipv4) => (l3 + 12, 0),
+        (End::Dst, L3::Ipv4) => (l3 + 16, 2),
+        (End::Src, _) => (l3 + 8, 0),
+        (End::Dst, _) => (l3 + 24, 2),
+    };
+    let new_addr: [u8; 16];
+    let new = match ip {
+        IpAddr::V4(a) => {
+            new_addr = a.to_ipv6_mapped().octets();
+            &new_addr[12..]
+        }
+        IpAddr::V6(a) => {
+            new_addr = a.octets();
+            &new_addr[..]
+        }
+    };
+    let Some(old) = frame.get(addr_off..addr_off + new.len()) else {
+        return;
+    };
+    // Each address as the one's complement sum of its words: sums are associative,
+    // so RFC 1624 then takes one step per checksum rather than one per word.
+    let (old_sum, new_sum) = (addr_sum(old), addr_sum(new));
+    let addr = |c: u16| checksum::update16(c, old_sum, new_sum);
+    if m.l3 == L3::Ipv4 {
+        update_field(frame, l3 + 10, addr);
+    }
+    let echo = is_echo(m.proto, m.icmp_type);
+    // A non-first fragment has no L4 header: only its address changes (the first
+    // fragment's L4 checksum covers the whole datagram).
+    let non_first_fragment = m.fragment && m.payload_off == m.l4_off;
+    // ICMPv4's checksum has no pseudo-header; an echo identifier is at 4, the same
+    // place for either end.
+    let (csum_off, in_pseudo, port_at) = match m.proto {
+        _ if non_first_fragment => {
+            frame[addr_off..addr_off + new.len()].copy_from_slice(new);
+            return;
+        }
+        PROTO_TCP => (l4 + 16, true, Some(l4 + port_off)),
+        PROTO_UDP => (l4 + 6, true, Some(l4 + port_off)),
+        PROTO_ICMP => (l4 + 2, false, echo.then_some(l4 + 4)),
+        PROTO_ICMPV6 => (l4 + 2, true, echo.then_some(l4 + 4)),
+        _ => {
+            frame[addr_off..addr_off + new.len()].copy_from_slice(new);
+            return;
+        }
+    };
+    let udp_none = m.proto == PROTO_UDP && m.l3 == L3::Ipv4 && read16(frame, csum_off) == Some(0);
+    if in_pseudo && !udp_none {
+        update_field(frame, csum_off, addr);
+    }
+    frame[addr_off..addr_off + new.len()].copy_from_slice(new);
+    if let Some(at) = port_at {
+        if let Some(old_port) = read16(frame, at) {
+            if !udp_none {
+                update_field(frame, csum_off, |c| checksum::update16(c, old_port, port));
+            }
+            frame[at..at + 2].copy_from_slice(&port.to_be_bytes());
+        }
+    }
+}
+
+/// The folded one's complement sum of an address's 16-bit words (4 or 16 bytes):
+/// a plain loop, cheaper for so few words than the general `checksum::sum`.
+#[inline]
+fn addr_sum(b: &[u8]) -> u16 {
+    let s: u64 = b
+        .chunks_exact(2)
+        .map(|w| u64::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    checksum::fold(s)
+}
+
+fn read16(frame: &[u8], at: usize) -> Option<u16> {
+    let b = frame.get(at..at + 2)?;
+    Some(u16::from_be_bytes([b[0], b[1]]))
+}
+
+/// Replaces the 16-bit field at `at` with `f` of its value (nothing if the frame is
+/// shorter: the parser checked the headers, so this does not happen).
+fn update_field(frame: &mut [u8], at: usize, f: impl FnOnce(u16) -> u16) {
+    if let Some(v) = read16(frame, at) {
+        frame[at..at + 2].copy_from_slice(&f(v).to_be_bytes());
+    }
+}

@@ -1,0 +1,747 @@
+//! The NAT layer (docs/nat.md): traffic to the internet gateway leaves from the
+//! port's external address, replies and ICMP errors about it come back translated,
+//! and every checksum is right. Frames are built and checked with etherparse, an
+//! implementation independent of ours.
+
+mod common;
+
+use common::*;
+use engine::encap::OuterTemplate;
+use engine::nat::{ExternalIps, SnatRange};
+use engine::{
+    Direction, Engine, EngineConfig, FwAction, MacAddr, PortId, Predicate, Rule, TxBatch, TxDest,
+    VnetHdr, Vni,
+};
+use etherparse::{NetHeaders, PacketBuilder, PacketHeaders, TransportHeader};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use wire::vnet::F_NEEDS_CSUM;
+
+const BOUNDARY: &str = "fd00:99::ff";
+const S: u64 = 1_000_000_000;
+/// The MAC boundary services' frames carry as inner source.
+const SWITCH_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0x42];
+
+fn snat4() -> Ipv4Addr {
+    Ipv4Addr::new(198, 51, 100, 1)
+}
+fn snat6() -> Ipv6Addr {
+    "2001:db8:5::1".parse().unwrap()
+}
+fn eph4() -> Ipv4Addr {
+    Ipv4Addr::new(198, 51, 100, 77)
+}
+
+fn snat(ip: IpAddr, start: u16, end: u16) -> ExternalIps {
+    ExternalIps {
+        snat: Some(SnatRange { ip, start, end }),
+        ..Default::default()
+    }
+}
+
+/// Sled A with boundary services, and guest 1 with external addresses `ext`.
+fn sled(ext: ExternalIps) -> (Engine, PortId) {
+    let mut cfg = EngineConfig::new(SLED_A.parse().unwrap());
+    cfg.boundary_services = Some(BOUNDARY.parse().unwrap());
+    let mut e = Engine::new(cfg).unwrap();
+    let mut pc = port_config(&guest(1));
+    pc.external = ext;
+    let p = e.add_port(pc).unwrap();
+    (e, p)
+}
+
+fn drops(e: &Engine, reason: &str) -> u64 {
+    e.stats().ports[0].drops.get_named(reason)
+}
+
+/// The inner frames guest 1's frame `f` became on the underlay (to boundary
+/// services).
+fn send_with(e: &mut Engine, p: PortId, vnet: VnetHdr, f: &[u8], now: u64) -> Vec<Vec<u8>> {
+    let mut out = TxBatch::new();
+    e.process_guest(p, vnet, f, now, &Fabric, &mut out);
+    frames_of(&out, &[])
+        .into_iter()
+        .filter(|(d, _)| matches!(d, TxDest::Underlay { .. }))
+        .map(|(_, f)| {
+            let d = decode_underlay(&f);
+            assert_eq!(d.dst.to_string(), BOUNDARY);
+            d.inner
+        })
+        .collect()
+}
+
+fn send(e: &mut Engine, p: PortId, f: &[u8], now: u64) -> Vec<Vec<u8>> {
+    send_with(e, p, VnetHdr::default(), f, now)
+}
+
+/// `inner` (an IP packet in Ethernet, for guest 1's MAC) as boundary services hand
+/// it to sled A: from `BOUNDARY`, with the External option; what reached the guest.
+fn from_internet(e: &mut Engine, inner: &[u8], now: u64) -> Vec<Vec<u8>> {
+    let t = OuterTemplate::new(
+        MacAddr([2, 0, 0, 0, 0x99, 9]),
+        MacAddr([2, 0, 0, 0, 0x99, 2]),
+        BOUNDARY.parse().unwrap(),
+        SLED_A.parse().unwrap(),
+        50000,
+        0,
+        Vni::new(VNI).unwrap(),
+        true,
+        false,
+    );
+    let mut out = TxBatch::new();
+    assert!(t.encapsulate(inner, None, TxDest::Underlay { ifindex: 1 }, &mut out) > 0);
+    let wire = out.frame(0).unwrap().1.to_vec();
+    receive(e, &[wire], now)
+        .into_iter()
+        .map(|(d, f)| {
+            assert!(matches!(d, TxDest::Port { .. }));
+            f
+        })
+        .collect()
+}
+
+/// The packet's (source, destination) address and (source, destination) port (echo:
+/// the identifier twice), after checking every checksum with etherparse.
+fn checked(frame: &[u8]) -> ((IpAddr, IpAddr), (u16, u16)) {
+    let h = PacketHeaders::from_ethernet_slice(frame).expect("parses");
+    let payload = h.payload.slice();
+    let mut t = h.transport.clone().expect("has L4");
+    let ips = match h.net.as_ref().expect("IP") {
+        NetHeaders::Ipv4(ip, _) => {
+            assert_eq!(ip.header_checksum, ip.calc_header_checksum(), "IPv4 header");
+            t.update_checksum_ipv4(ip, payload).unwrap();
+            (ip.source.into(), ip.destination.into())
+        }
+        NetHeaders::Ipv6(ip, _) => {
+            t.update_checksum_ipv6(ip, payload).unwrap();
+            (ip.source.into(), ip.destination.into())
+        }
+        NetHeaders::Arp(_) => panic!("not IP"),
+    };
+    assert_eq!(Some(&t), h.transport.as_ref(), "L4 checksum");
+    let ports = match t {
+        TransportHeader::Tcp(t) => (t.source_port, t.destination_port),
+        TransportHeader::Udp(u) => (u.source_port, u.destination_port),
+        TransportHeader::Icmpv4(_) | TransportHeader::Icmpv6(_) => {
+            // The echo identifier: bytes 4..6 of the 8-byte ICMP header.
+            let l4 = frame.len() - payload.len() - 8;
+            let id = u16::from_be_bytes([frame[l4 + 4], frame[l4 + 5]]);
+            (id, id)
+        }
+        TransportHeader::Igmp(_) => panic!("IGMP"),
+    };
+    (ips, ports)
+}
+
+fn udp_to(to: IpAddr, sport: u16) -> Vec<u8> {
+    let g = guest(1);
+    let l4 = L4::Udp { sport, dport: 53 };
+    match to {
+        IpAddr::V4(a) => frame(&g, Some(a), None, l4, b"query"),
+        IpAddr::V6(a) => frame(&g, None, Some(a), l4, b"query"),
+    }
+}
+
+/// A UDP reply from `from`:53 to `to`:`dport`, as it arrives from the internet.
+fn udp_reply(from: IpAddr, to: IpAddr, dport: u16) -> Vec<u8> {
+    let eth = PacketBuilder::ethernet2(SWITCH_MAC, guest(1).mac.0);
+    let mut buf = Vec::new();
+    match (from, to) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => eth
+            .ipv4(s.octets(), d.octets(), 60)
+            .udp(53, dport)
+            .write(&mut buf, b"answer")
+            .unwrap(),
+        (IpAddr::V6(s), IpAddr::V6(d)) => eth
+            .ipv6(s.octets(), d.octets(), 60)
+            .udp(53, dport)
+            .write(&mut buf, b"answer")
+            .unwrap(),
+        _ => panic!("mixed families"),
+    }
+    buf
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn the_source_is_the_floating_ip_else_the_ephemeral_else_snat() {
+    let g = guest(1);
+    let (f4, f6) = floating(&g);
+    let all = ExternalIps {
+        snat: Some(SnatRange {
+            ip: IpAddr::V4(snat4()),
+            start: 4096,
+            end: 8191,
+        }),
+        ephemeral: Some(IpAddr::V4(eph4())),
+        floating: vec![IpAddr::V4(f4), IpAddr::V6(f6)],
+    };
+    let remote4 = ip("8.8.8.8");
+    let remote6 = ip("2001:4860::8888");
+    let (mut e, p) = sled(all.clone());
+    let got = send(&mut e, p, &udp_to(remote4, 5353), 1);
+    assert_eq!(checked(&got[0]), ((IpAddr::V4(f4), remote4), (5353, 53)));
+    let got = send(&mut e, p, &udp_to(remote6, 5353), 1);
+    assert_eq!(checked(&got[0]), ((IpAddr::V6(f6), remote6), (5353, 53)));
+    let tcp = tcp_v4(&g, Ipv4Addr::new(8, 8, 8, 8), 40000, 443, true, b"");
+    let got = send(&mut e, p, &tcp, 1);
+    assert_eq!(checked(&got[0]), ((IpAddr::V4(f4), remote4), (40000, 443)));
+
+    // Without floating IPs: the ephemeral IP, port kept.
+    let (mut e, p) = sled(ExternalIps {
+        floating: vec![],
+        ..all.clone()
+    });
+    let got = send(&mut e, p, &udp_to(remote4, 5353), 1);
+    assert_eq!(
+        checked(&got[0]),
+        ((IpAddr::V4(eph4()), remote4), (5353, 53))
+    );
+
+    // SNAT only: the SNAT IP and a port of the range.
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 4096, 8191));
+    let got = send(&mut e, p, &udp_to(remote4, 5353), 1);
+    let ((src, dst), (sport, dport)) = checked(&got[0]);
+    assert_eq!((src, dst, dport), (IpAddr::V4(snat4()), remote4, 53));
+    assert!((4096..=8191).contains(&sport), "{sport}");
+    let got = send(&mut e, p, &tcp, 1);
+    let ((src, _), (sport, _)) = checked(&got[0]);
+    assert_eq!(src, IpAddr::V4(snat4()));
+    assert!((4096..=8191).contains(&sport), "{sport}");
+    // VPC-internal traffic is not NATed.
+    let g2 = guest(2);
+    let vni = Vni::new(VNI).unwrap();
+    e.set_v2p(vni, IpAddr::V4(g2.v4), SLED_B.parse().unwrap(), g2.mac)
+        .unwrap();
+    let mut out = TxBatch::new();
+    let f = frame(&g, Some(g2.v4), None, L4::Udp { sport: 7, dport: 8 }, b"x");
+    e.process_guest(p, VnetHdr::default(), &f, 1, &Fabric, &mut out);
+    let inner = decode_underlay(out.frame(0).unwrap().1).inner;
+    assert_eq!(checked(&inner).0, (IpAddr::V4(g.v4), IpAddr::V4(g2.v4)));
+}
+
+#[test]
+fn a_port_without_an_external_address_of_the_family_is_refused() {
+    let (mut e, p) = sled(ExternalIps::default());
+    assert!(send(&mut e, p, &udp_to(ip("8.8.8.8"), 1), 1).is_empty());
+    assert_eq!(drops(&e, "no_external_ip"), 1);
+    // An IPv6 SNAT address serves no IPv4 flow.
+    let (mut e, p) = sled(snat(IpAddr::V6(snat6()), 1024, 2047));
+    assert!(send(&mut e, p, &udp_to(ip("8.8.8.8"), 1), 1).is_empty());
+    assert_eq!(drops(&e, "no_external_ip"), 1);
+    assert_eq!(
+        e.stats().ports[0].firewall.flows_created,
+        0,
+        "no connection"
+    );
+    assert_eq!(send(&mut e, p, &udp_to(ip("2001:db8::53"), 1), 1).len(), 1);
+}
+
+#[test]
+fn snat_ports_are_held_per_flow_until_its_connection_ends() {
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5001));
+    let remote = ip("8.8.8.8");
+    let port_of = |got: Vec<Vec<u8>>| checked(&got[0]).1 .0;
+    let a = port_of(send(&mut e, p, &udp_to(remote, 1111), 1));
+    let b = port_of(send(&mut e, p, &udp_to(remote, 2222), 1));
+    assert_ne!(a, b);
+    assert!([a, b].iter().all(|p| (5000..=5001).contains(p)));
+    // The same flow keeps its port, also when it is compiled again.
+    assert_eq!(port_of(send(&mut e, p, &udp_to(remote, 1111), 2)), a);
+    e.clear_uft("ga").unwrap();
+    assert_eq!(port_of(send(&mut e, p, &udp_to(remote, 1111), 3)), a);
+    // A third flow finds the range taken: counted, not cached, nothing opened.
+    let created = e.stats().ports[0].firewall.flows_created;
+    assert!(send(&mut e, p, &udp_to(remote, 3333), 4).is_empty());
+    assert!(send(&mut e, p, &udp_to(remote, 3333), 4).is_empty());
+    assert_eq!(drops(&e, "snat_exhausted"), 2);
+    assert_eq!(e.stats().ports[0].firewall.flows_created, created);
+    // Once the connections have gone idle past their timeout, their ports are free.
+    let later = 3600 * S;
+    let c = port_of(send(&mut e, p, &udp_to(remote, 3333), later));
+    assert!((5000..=5001).contains(&c));
+    // The expired flow gets a port again when it comes back.
+    assert_eq!(send(&mut e, p, &udp_to(remote, 1111), later).len(), 1);
+}
+
+#[test]
+fn replies_are_translated_back_and_nothing_else_gets_in() {
+    let g = guest(1);
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5099));
+    let remote = ip("8.8.8.8");
+    let got = send(&mut e, p, &udp_to(remote, 1111), 1);
+    let sport = checked(&got[0]).1 .0;
+    let s4 = IpAddr::V4(snat4());
+    let back = from_internet(&mut e, &udp_reply(remote, s4, sport), 2);
+    assert_eq!(back.len(), 1);
+    assert_eq!(checked(&back[0]), ((remote, IpAddr::V4(g.v4)), (53, 1111)));
+    assert_eq!(&back[0][..6], &g.mac.0);
+    assert_eq!(&back[0][6..12], &g.gw_mac.0);
+    // Another peer to that port; the peer to another port of the range; an address
+    // that is not the port's; the private address itself: none maps.
+    let strangers = [
+        udp_reply(ip("9.9.9.9"), s4, sport),
+        udp_reply(remote, s4, sport + 1),
+        udp_reply(remote, ip("198.51.100.2"), sport),
+        udp_reply(remote, IpAddr::V4(g.v4), 1111),
+    ];
+    for (i, f) in strangers.iter().enumerate() {
+        assert!(from_internet(&mut e, f, 3).is_empty(), "{i}");
+    }
+    assert_eq!(drops(&e, "nat_no_mapping"), 4);
+}
+
+#[test]
+fn the_internet_connects_in_to_a_floating_ip_the_firewall_permitting() {
+    let g = guest(1);
+    let (f4, f6) = floating(&g);
+    let (mut e, _) = sled(ExternalIps {
+        floating: vec![IpAddr::V4(f4), IpAddr::V6(f6)],
+        ..Default::default()
+    });
+    let syn = |dport| {
+        let mut buf = Vec::new();
+        PacketBuilder::ethernet2(SWITCH_MAC, g.mac.0)
+            .ipv6(ip6("2001:db8:99::1").octets(), f6.octets(), 60)
+            .tcp(50000, dport, 1, 65535)
+            .syn()
+            .write(&mut buf, b"")
+            .unwrap();
+        buf
+    };
+    assert!(from_internet(&mut e, &syn(22), 1).is_empty());
+    assert_eq!(drops(&e, "fw_deny_in"), 1);
+    let rule = Rule::new(10, FwAction::Allow)
+        .matching(Predicate::Proto(6))
+        .finalize()
+        .unwrap();
+    e.add_fw_rule("ga", Direction::In, rule).unwrap();
+    let back = from_internet(&mut e, &syn(22), 2);
+    assert_eq!(back.len(), 1);
+    assert_eq!(
+        checked(&back[0]),
+        ((ip("2001:db8:99::1"), IpAddr::V6(g.v6)), (50000, 22))
+    );
+}
+
+fn ip6(s: &str) -> Ipv6Addr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn echo_through_snat_allocates_the_identifier() {
+    let g = guest(1);
+    for (ext, remote) in [
+        (IpAddr::V4(snat4()), ip("8.8.8.8")),
+        (IpAddr::V6(snat6()), ip("2001:4860::8888")),
+    ] {
+        let (mut e, p) = sled(snat(ext, 7000, 7010));
+        let ping = match remote {
+            IpAddr::V4(r) => frame(&g, Some(r), None, L4::Icmp { id: 77, seq: 1 }, b"ping"),
+            IpAddr::V6(r) => frame(&g, None, Some(r), L4::Icmp { id: 77, seq: 1 }, b"ping"),
+        };
+        let got = send(&mut e, p, &ping, 1);
+        let ((src, dst), (id, _)) = checked(&got[0]);
+        assert_eq!((src, dst), (ext, remote));
+        assert!((7000..=7010).contains(&id), "{id}");
+        let mut reply = Vec::new();
+        let eth = PacketBuilder::ethernet2(SWITCH_MAC, g.mac.0);
+        match (remote, ext) {
+            (IpAddr::V4(r), IpAddr::V4(x)) => eth
+                .ipv4(r.octets(), x.octets(), 60)
+                .icmpv4_echo_reply(id, 1)
+                .write(&mut reply, b"ping")
+                .unwrap(),
+            (IpAddr::V6(r), IpAddr::V6(x)) => eth
+                .ipv6(r.octets(), x.octets(), 60)
+                .icmpv6_echo_reply(id, 1)
+                .write(&mut reply, b"ping")
+                .unwrap(),
+            _ => unreachable!(),
+        }
+        let back = from_internet(&mut e, &reply, 2);
+        assert_eq!(back.len(), 1, "{ext}");
+        let private = if ext.is_ipv4() {
+            IpAddr::V4(g.v4)
+        } else {
+            IpAddr::V6(g.v6)
+        };
+        assert_eq!(checked(&back[0]), ((remote, private), (77, 77)));
+    }
+}
+
+/// The ICMPv6 Packet Too Big a router at `router` sends about `packet` (an IPv6
+/// packet in Ethernet, as it left the sled), quoting as much of it as fits 1280
+/// bytes, to the packet's source.
+fn packet_too_big(router: Ipv6Addr, packet: &[u8], mtu: u32) -> Vec<u8> {
+    let quoted = &packet[14..packet.len().min(14 + 1280 - 48)];
+    let to: [u8; 16] = packet[14 + 8..14 + 24].try_into().unwrap();
+    let mut buf = Vec::new();
+    PacketBuilder::ethernet2(SWITCH_MAC, guest(1).mac.0)
+        .ipv6(router.octets(), to, 60)
+        .icmpv6(etherparse::Icmpv6Type::PacketTooBig { mtu })
+        .write(&mut buf, quoted)
+        .unwrap();
+    buf
+}
+
+#[test]
+fn packet_too_big_about_a_snat_flow_reaches_the_guest_translated() {
+    let g = guest(1);
+    let (mut e, p) = sled(snat(IpAddr::V6(snat6()), 1024, 1100));
+    let remote = ip6("2001:db8:99::80");
+    let payload = vec![0x5a; 1400];
+    let f = frame(
+        &g,
+        None,
+        Some(remote),
+        L4::Udp {
+            sport: 33000,
+            dport: 9,
+        },
+        &payload,
+    );
+    let left = send(&mut e, p, &f, 1);
+    let ((_, _), (sport, _)) = checked(&left[0]);
+    let ptb = packet_too_big(ip6("2001:db8:ffff::1"), &left[0], 1400);
+    let back = from_internet(&mut e, &ptb, 2);
+    assert_eq!(back.len(), 1, "{:?}", e.stats().ports[0].drops);
+    let ptb_back = &back[0];
+    // The error itself: to the private address, its checksum right.
+    let h = PacketHeaders::from_ethernet_slice(ptb_back).unwrap();
+    let Some(NetHeaders::Ipv6(ip6h, _)) = &h.net else {
+        panic!("IPv6")
+    };
+    assert_eq!(Ipv6Addr::from(ip6h.destination), g.v6);
+    let Some(TransportHeader::Icmpv6(icmp)) = &h.transport else {
+        panic!("ICMPv6")
+    };
+    assert_eq!(
+        icmp.icmp_type,
+        etherparse::Icmpv6Type::PacketTooBig { mtu: 1400 }
+    );
+    let mut fixed = icmp.clone();
+    fixed
+        .update_checksum(ip6h.source, ip6h.destination, h.payload.slice())
+        .unwrap();
+    assert_eq!(&fixed, icmp, "ICMPv6 checksum");
+    // The quote: the guest's own packet again (source address and port), its UDP
+    // checksum right as far as the quote is whole.
+    let quote = h.payload.slice();
+    assert_eq!(&quote[8..24], &g.v6.octets());
+    assert_eq!(&quote[24..40], &remote.octets());
+    assert_eq!(u16::from_be_bytes([quote[40], quote[41]]), 33000);
+    let mut whole = f.clone();
+    whole.truncate(14 + quote.len());
+    assert_eq!(&whole[14..], quote, "exactly what the guest sent");
+    assert_ne!(sport, 33000, "the port was translated, not kept");
+
+    // A Packet Too Big quoting a port no flow holds: no mapping.
+    let mut stray = left[0].clone();
+    stray[14 + 40..14 + 42].copy_from_slice(&(sport + 1).to_be_bytes());
+    let ptb = packet_too_big(ip6("2001:db8:ffff::1"), &stray, 1400);
+    assert!(from_internet(&mut e, &ptb, 3).is_empty());
+    assert_eq!(drops(&e, "nat_no_mapping"), 1);
+}
+
+#[test]
+fn fragmentation_needed_about_a_floating_tcp_flow_is_translated() {
+    let g = guest(1);
+    let (f4, _) = floating(&g);
+    let (mut e, p) = sled(ExternalIps {
+        floating: vec![IpAddr::V4(f4)],
+        ..Default::default()
+    });
+    let syn = tcp_v4(&g, Ipv4Addr::new(8, 8, 8, 8), 40000, 443, true, b"");
+    let left = send(&mut e, p, &syn, 1);
+    // RFC 792: the IP header and the first 8 bytes of TCP.
+    let mut err = Vec::new();
+    PacketBuilder::ethernet2(SWITCH_MAC, g.mac.0)
+        .ipv4([203, 0, 113, 1], f4.octets(), 60)
+        .icmpv4(etherparse::Icmpv4Type::DestinationUnreachable(
+            etherparse::icmpv4::DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: 1400 },
+        ))
+        .write(&mut err, &left[0][14..14 + 28])
+        .unwrap();
+    let back = from_internet(&mut e, &err, 2);
+    assert_eq!(back.len(), 1);
+    let mut expected = Vec::new();
+    PacketBuilder::ethernet2(SWITCH_MAC, g.mac.0)
+        .ipv4([203, 0, 113, 1], g.v4.octets(), 60)
+        .icmpv4(etherparse::Icmpv4Type::DestinationUnreachable(
+            etherparse::icmpv4::DestUnreachableHeader::FragmentationNeeded { next_hop_mtu: 1400 },
+        ))
+        .write(&mut expected, &syn[14..14 + 28])
+        .unwrap();
+    assert_eq!(&back[0][14..], &expected[14..]);
+}
+
+#[test]
+fn partial_checksums_and_tso_buffers_leave_with_right_checksums() {
+    let g = guest(1);
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 2000, 2999));
+    let remote = Ipv4Addr::new(8, 8, 8, 8);
+    // UDP with NEEDS_CSUM: the field holds the pseudo-header sum.
+    let mut f = udp_to(IpAddr::V4(remote), 4444);
+    let udp_len = (f.len() - 34) as u32;
+    let pseudo = wire::checksum::pseudo_header_v4(g.v4, remote, 17, udp_len);
+    f[40..42].copy_from_slice(&wire::checksum::fold(pseudo).to_be_bytes());
+    let vnet = VnetHdr {
+        flags: F_NEEDS_CSUM,
+        csum_start: 34,
+        csum_offset: 6,
+        ..VnetHdr::default()
+    };
+    let got = send_with(&mut e, p, vnet, &f, 1);
+    let ((src, _), (sport, _)) = checked(&got[0]);
+    assert_eq!(src, IpAddr::V4(snat4()));
+    assert!((2000..=2999).contains(&sport));
+    // A TSO buffer to the internet: cut into the guest's MSS, every segment NATed.
+    let syn = tcp_v4(&g, remote, 40000, 443, true, b"");
+    assert_eq!(send(&mut e, p, &syn, 1).len(), 1);
+    let mut big = tcp_v4(&g, remote, 40000, 443, false, &[3u8; 3000]);
+    let tcp_len = (big.len() - 34) as u32;
+    let pseudo = wire::checksum::pseudo_header_v4(g.v4, remote, 6, tcp_len);
+    big[50..52].copy_from_slice(&wire::checksum::fold(pseudo).to_be_bytes());
+    let gso = VnetHdr {
+        flags: F_NEEDS_CSUM,
+        gso_type: wire::vnet::GSO_TCPV4,
+        hdr_len: 54,
+        gso_size: 1400,
+        csum_start: 34,
+        csum_offset: 16,
+    };
+    let segs = send_with(&mut e, p, gso, &big, 2);
+    assert_eq!(segs.len(), 3);
+    let first = checked(&segs[0]);
+    assert_eq!(first.0 .0, IpAddr::V4(snat4()));
+    for s in &segs {
+        assert_eq!(checked(s), first);
+    }
+}
+
+#[test]
+fn new_external_addresses_apply_to_established_flows() {
+    let (mut e, p) = sled(ExternalIps {
+        ephemeral: Some(IpAddr::V4(eph4())),
+        ..Default::default()
+    });
+    let remote = ip("8.8.8.8");
+    let got = send(&mut e, p, &udp_to(remote, 1), 1);
+    assert_eq!(checked(&got[0]).0 .0, IpAddr::V4(eph4()));
+    let other = Ipv4Addr::new(198, 51, 100, 78);
+    e.set_external_ips(
+        "ga",
+        ExternalIps {
+            ephemeral: Some(IpAddr::V4(other)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let got = send(&mut e, p, &udp_to(remote, 1), 2);
+    assert_eq!(checked(&got[0]).0 .0, IpAddr::V4(other));
+    // Replies to the old address find no mapping.
+    let reply = udp_reply(remote, IpAddr::V4(eph4()), 1);
+    assert!(from_internet(&mut e, &reply, 3).is_empty());
+    assert_eq!(drops(&e, "nat_no_mapping"), 1);
+    // Removed altogether: refused.
+    e.set_external_ips("ga", ExternalIps::default()).unwrap();
+    assert!(send(&mut e, p, &udp_to(remote, 1), 4).is_empty());
+    assert_eq!(drops(&e, "no_external_ip"), 1);
+}
+
+#[test]
+fn bad_external_addresses_are_refused_by_name() {
+    let (mut e, _) = sled(ExternalIps::default());
+    let v4 = IpAddr::V4(snat4());
+    let cases = [
+        (snat(v4, 80, 2000), "80"),
+        (snat(v4, 3000, 2000), "3000-2000"),
+        (
+            ExternalIps {
+                floating: vec![v4, v4],
+                ..Default::default()
+            },
+            "198.51.100.1",
+        ),
+    ];
+    for (ext, names) in cases {
+        let err = e.set_external_ips("ga", ext).unwrap_err().to_string();
+        assert!(err.contains(names), "{err}");
+    }
+    // A family the port has no address of.
+    let mut pc = port_config(&guest(2));
+    pc.ipv6 = None;
+    pc.vpc_subnet6 = None;
+    pc.external = ExternalIps {
+        ephemeral: Some(ip("2001:db8::7")),
+        ..Default::default()
+    };
+    let err = e.add_port(pc).unwrap_err().to_string();
+    assert!(err.contains("2001:db8::7"), "{err}");
+}
+
+/// IPv4 fragments the guest sent itself: the first carries the UDP header and gets
+/// the SNAT port; the others only the address; reassembled, the datagram's UDP
+/// checksum is right for the new source.
+#[test]
+fn guest_fragments_through_snat_reassemble_with_a_right_checksum() {
+    let g = guest(1);
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 3000, 3999));
+    let remote = Ipv4Addr::new(8, 8, 8, 8);
+    let payload: Vec<u8> = (0..2000u32).map(|i| (i % 251) as u8).collect();
+    let whole = frame(
+        &g,
+        Some(remote),
+        None,
+        L4::Udp {
+            sport: 6000,
+            dport: 53,
+        },
+        &payload,
+    );
+    // The IP payload (UDP header + data), cut at 1480 bytes.
+    let ip_payload = &whole[34..];
+    let fragment = |offset: usize, data: &[u8], more: bool| {
+        let mut h = etherparse::Ipv4Header::new(
+            data.len() as u16,
+            64,
+            etherparse::IpNumber::UDP,
+            g.v4.octets(),
+            remote.octets(),
+        )
+        .unwrap();
+        h.identification = 77;
+        h.more_fragments = more;
+        h.fragment_offset = etherparse::IpFragOffset::try_new((offset / 8) as u16).unwrap();
+        h.header_checksum = h.calc_header_checksum();
+        let mut f = whole[..14].to_vec();
+        h.write(&mut f).unwrap();
+        f.extend_from_slice(data);
+        f
+    };
+    let first = fragment(0, &ip_payload[..1480], true);
+    let second = fragment(1480, &ip_payload[1480..], false);
+    let out1 = send(&mut e, p, &first, 1);
+    let out2 = send(&mut e, p, &second, 1);
+    let (f1, f2) = (&out1[0], &out2[0]);
+    for f in [f1, f2] {
+        let h = etherparse::Ipv4HeaderSlice::from_slice(&f[14..])
+            .unwrap()
+            .to_header();
+        assert_eq!(h.header_checksum, h.calc_header_checksum());
+        assert_eq!(h.source, snat4().octets());
+    }
+    let sport = u16::from_be_bytes([f1[34], f1[35]]);
+    assert!((3000..=3999).contains(&sport), "{sport}");
+    assert_eq!(
+        &f2[34..],
+        &ip_payload[1480..],
+        "the second fragment's data as sent"
+    );
+    // Reassembled: UDP checksum over the pseudo-header of the new source.
+    let mut datagram = f1[34..].to_vec();
+    datagram.extend_from_slice(&f2[34..]);
+    let udp = etherparse::UdpHeaderSlice::from_slice(&datagram)
+        .unwrap()
+        .to_header();
+    let want = udp
+        .calc_checksum_ipv4_raw(snat4().octets(), remote.octets(), &datagram[8..])
+        .unwrap();
+    assert_eq!(udp.checksum, want);
+}
+
+/// A port with two floating IPs: its own flows leave from the first; a connection
+/// from the internet to the second is answered from the second.
+#[test]
+fn replies_leave_from_the_floating_ip_the_connection_came_in_to() {
+    let g = guest(1);
+    let (first, second) = (Ipv4Addr::new(192, 0, 2, 10), Ipv4Addr::new(192, 0, 2, 11));
+    let (mut e, p) = sled(ExternalIps {
+        floating: vec![IpAddr::V4(first), IpAddr::V4(second)],
+        ..Default::default()
+    });
+    let rule = Rule::new(10, FwAction::Allow)
+        .matching(Predicate::Proto(6))
+        .finalize()
+        .unwrap();
+    e.add_fw_rule("ga", Direction::In, rule).unwrap();
+    let client = Ipv4Addr::new(203, 0, 113, 50);
+    let mut syn = Vec::new();
+    PacketBuilder::ethernet2(SWITCH_MAC, g.mac.0)
+        .ipv4(client.octets(), second.octets(), 60)
+        .tcp(50000, 22, 1, 65535)
+        .syn()
+        .write(&mut syn, b"")
+        .unwrap();
+    assert_eq!(from_internet(&mut e, &syn, 1).len(), 1);
+    let synack = {
+        let mut f = Vec::new();
+        PacketBuilder::ethernet2(g.mac.0, g.gw_mac.0)
+            .ipv4(g.v4.octets(), client.octets(), 64)
+            .tcp(22, 50000, 1000, 65535)
+            .syn()
+            .ack(2)
+            .write(&mut f, b"")
+            .unwrap();
+        f
+    };
+    let got = send(&mut e, p, &synack, 2);
+    assert_eq!(checked(&got[0]).0, (IpAddr::V4(second), IpAddr::V4(client)));
+    // The port's own new flows still leave from the first.
+    let got = send(&mut e, p, &udp_to(IpAddr::V4(client), 9), 3);
+    assert_eq!(checked(&got[0]).0 .0, IpAddr::V4(first));
+    // Once the connection has expired, the memory of it goes too.
+    let got = send(&mut e, p, &synack, 10 * 24 * 3600 * S);
+    assert_eq!(checked(&got[0]).0 .0, IpAddr::V4(first));
+}
+
+/// A frame that waited for boundary services' next hop leaves through NAT too,
+/// fragmented by the engine (IPv4 without DF above the 1500-byte path) included.
+#[test]
+fn held_and_fragmented_frames_leave_from_the_external_address() {
+    let g = guest(1);
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 4000, 4999));
+    let remote = Ipv4Addr::new(8, 8, 8, 8);
+    let payload = vec![0x42u8; 3000];
+    let mut f = Vec::new();
+    PacketBuilder::ethernet2(g.mac.0, g.gw_mac.0)
+        .ipv4(g.v4.octets(), remote.octets(), 64)
+        .udp(7777, 53)
+        .write(&mut f, &payload)
+        .unwrap();
+    // Clear DF (and fix the header checksum) so the engine fragments it.
+    f[14 + 6] &= !0x40;
+    let h = etherparse::Ipv4HeaderSlice::from_slice(&f[14..])
+        .unwrap()
+        .to_header();
+    f[24..26].copy_from_slice(&h.calc_header_checksum().to_be_bytes());
+    let mut out = TxBatch::new();
+    e.process_guest(p, VnetHdr::default(), &f, 1, &NoFabric, &mut out);
+    assert!(out.is_empty(), "waits for the next hop");
+    e.retry_held(2, &Fabric, &mut out);
+    let frags: Vec<Vec<u8>> = frames_of(&out, &[])
+        .into_iter()
+        .map(|(_, f)| decode_underlay(&f).inner)
+        .collect();
+    assert!(frags.len() >= 3, "{}", frags.len());
+    let mut datagram = Vec::new();
+    for fr in &frags {
+        let h = etherparse::Ipv4HeaderSlice::from_slice(&fr[14..])
+            .unwrap()
+            .to_header();
+        assert_eq!(h.header_checksum, h.calc_header_checksum());
+        assert_eq!(h.source, snat4().octets());
+        datagram.extend_from_slice(&fr[14 + h.header_len()..]);
+    }
+    let udp = etherparse::UdpHeaderSlice::from_slice(&datagram)
+        .unwrap()
+        .to_header();
+    assert!((4000..=4999).contains(&udp.source_port));
+    let want = udp
+        .calc_checksum_ipv4_raw(snat4().octets(), remote.octets(), &datagram[8..])
+        .unwrap();
+    assert_eq!(udp.checksum, want, "the reassembled datagram's checksum");
+}
