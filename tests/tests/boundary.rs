@@ -3,10 +3,9 @@
 //! V2B table names, and the replies the switch sends back marked External reach the
 //! guest; an External frame from a host that is not a V2B endpoint is refused.
 //!
-//! Without the NAT layer the guest is reached at its private address: the internet
-//! routes the VPC subnet back to the switch, whose ingress table maps the guest's
-//! address to its sled, VNI and MAC. The NAT round trips (SNAT, ephemeral and
-//! floating IPs, Packet Too Big through NAT) build on this harness once NAT lands.
+//! The guest reaches the internet from its floating IPs (the NAT layer rewrites its
+//! private source): the internet routes them back to the switch, whose ingress
+//! table maps each to the guest's sled, VNI and MAC.
 
 use e2e::boundary::{Ingress, Internet};
 use e2e::counters::Snapshot;
@@ -22,6 +21,9 @@ use std::time::Duration;
 const BOUNDARY_SLED: usize = 2;
 const GUEST: &str = "w0";
 const XFER_BYTES: u64 = 2 * 1024 * 1024;
+/// The guest's floating IPs, its addresses on the internet.
+const FLOATING4: &str = "203.0.113.7";
+const FLOATING6: &str = "2001:db8:7::7";
 
 /// Three sleds: daemons on 0 and 1 (no `--boundary-services`: V2B alone), the
 /// switch on 2. Guest w0 on sled 0 with both default routes to the internet gateway,
@@ -32,8 +34,7 @@ fn rack() -> Result<(Rack, Internet)> {
     rack.start_daemon(0, &[])?;
     rack.start_daemon(1, &[])?;
     let spec = GuestSpec::dual(GUEST, 0, 7);
-    let (v4, v6, mac, vni) = (spec.ipv4, spec.ipv6, spec.mac.clone(), spec.vni);
-    let (subnet4, subnet6) = (spec.subnet4.clone(), spec.subnet6.clone());
+    let (mac, vni) = (spec.mac.clone(), spec.vni);
     rack.add_guest(spec)?;
     let switch = sled_underlay_addr(BOUNDARY_SLED).to_string();
     let sled0 = rack.sled(0)?;
@@ -41,6 +42,14 @@ fn rack() -> Result<(Rack, Internet)> {
         sled0.admin(&["set-v2b", net, &switch])?;
         sled0.admin(&["add-router-entry", GUEST, net, "igw"])?;
     }
+    sled0.admin(&[
+        "set-external-ips",
+        GUEST,
+        "--floating-ip",
+        FLOATING4,
+        "--floating-ip",
+        FLOATING6,
+    ])?;
     let table = sled0.admin(&["--json", "dump-v2b"])?;
     if table.matches(&switch).count() != 2 {
         return Err(Error::new(format!(
@@ -48,9 +57,12 @@ fn rack() -> Result<(Rack, Internet)> {
         )));
     }
     let mac = parse_mac(&mac)?;
-    let ingress: Vec<Ingress> = [v4.map(IpAddr::V4), v6.map(IpAddr::V6)]
+    let floating: Vec<IpAddr> = [FLOATING4, FLOATING6]
+        .iter()
+        .map(|a| a.parse().map_err(|e| Error::new(format!("{a}: {e}"))))
+        .collect::<Result<_>>()?;
+    let ingress: Vec<Ingress> = floating
         .into_iter()
-        .flatten()
         .map(|dst| Ingress {
             dst,
             ports: None,
@@ -60,7 +72,8 @@ fn rack() -> Result<(Rack, Internet)> {
         })
         .collect();
     let bin = env!("CARGO_BIN_EXE_boundary");
-    let internet = Internet::attach(&rack, BOUNDARY_SLED, bin, &ingress, &[&subnet4, &subnet6])?;
+    let back = [format!("{FLOATING4}/32"), format!("{FLOATING6}/128")];
+    let internet = Internet::attach(&rack, BOUNDARY_SLED, bin, &ingress, &[&back[0], &back[1]])?;
     Ok((rack, internet))
 }
 
