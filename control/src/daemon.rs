@@ -34,8 +34,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 /// How long the main thread waits for an API request before checking for a
-/// signal or a dead worker.
-const MAIN_POLL: Duration = Duration::from_millis(100);
+/// signal, a dead worker, underlay link notifications and retries that are due.
+/// None of them needs less; each wake-up of an idle daemon costs CPU (in a VM,
+/// 100-300 us of a core), and this thread's were most of an idle daemon's.
+const MAIN_POLL: Duration = Duration::from_millis(250);
 
 /// The running workers; stopped and joined when dropped.
 struct WorkerPool {

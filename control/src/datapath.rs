@@ -282,13 +282,14 @@ pub struct Reattacher {
 
 impl Reattacher {
     /// Starts worker `index`'s re-opener (it opens taps in the caller's network
-    /// namespace, like the worker's own ports).
-    pub fn start(index: usize) -> Result<Reattacher, String> {
+    /// namespace, like the worker's own ports). `wake` is called after a tap is
+    /// handed back, so a sleeping worker serves the port at once.
+    pub fn start(index: usize, wake: impl Fn() + Send + 'static) -> Result<Reattacher, String> {
         let (wants, wants_rx) = mpsc::channel();
         let (back_tx, back) = mpsc::channel();
         let thread = thread::Builder::new()
             .name(format!("taps{index}"))
-            .spawn(move || reattach_loop(&wants_rx, &back_tx))
+            .spawn(move || reattach_loop(&wants_rx, &back_tx, &wake))
             .map_err(|e| format!("cannot start worker {index}'s tap re-opener: {e}"))?;
         Ok(Reattacher {
             wants: Some(wants),
@@ -343,7 +344,7 @@ struct Waiting {
 
 /// The re-opener's loop: sleeps until a request or the next try, tries the ports
 /// that are due. Returns once the worker's side is dropped.
-fn reattach_loop(wants: &Receiver<Want>, back: &Sender<Reattached>) {
+fn reattach_loop(wants: &Receiver<Want>, back: &Sender<Reattached>, wake: &dyn Fn()) {
     let mut waiting: HashMap<(usize, u64), Waiting> = HashMap::new();
     loop {
         let first = match waiting.values().map(|w| w.due).min() {
@@ -362,7 +363,7 @@ fn reattach_loop(wants: &Receiver<Want>, back: &Sender<Reattached>) {
             .map(|(k, _)| *k)
             .collect();
         for key in due {
-            if !try_reattach(key, &mut waiting, wants, back) {
+            if !try_reattach(key, &mut waiting, wants, back, wake) {
                 return;
             }
         }
@@ -402,6 +403,7 @@ fn try_reattach(
     waiting: &mut HashMap<(usize, u64), Waiting>,
     wants: &Receiver<Want>,
     back: &Sender<Reattached>,
+    wake: &dyn Fn(),
 ) -> bool {
     let Some(w) = waiting.get_mut(&key) else {
         return true;
@@ -425,7 +427,9 @@ fn try_reattach(
         return true;
     }
     let (slot, gen) = key;
-    back.send(Reattached { slot, gen, tap }).is_ok()
+    let sent = back.send(Reattached { slot, gen, tap }).is_ok();
+    wake();
+    sent
 }
 
 fn engine_target(t: RouteTarget) -> engine::RouteTarget {
@@ -942,7 +946,7 @@ pub(crate) mod tests {
             config: crate::api::tests::sample_port(name, last),
             netns: Some(ns.clone()),
         };
-        let r = Reattacher::start(0).unwrap();
+        let r = Reattacher::start(0, || {}).unwrap();
         r.want(3, 1, &port("rat0", 1));
         r.want(4, 2, &port("rat1", 2));
         r.forget(4, 2);

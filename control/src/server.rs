@@ -193,11 +193,9 @@ impl ApiServer {
             fs::remove_file(path)
                 .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
         }
+        // Accept blocks: an idle daemon's API thread takes no wake-ups. Dropping the
+        // server wakes it with a connection of its own.
         let listener = bind_private(path, name)?;
-        // Non-blocking accept, so the loop notices `stop` without a wake-up connection.
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| format!("API socket {}: {e}", path.display()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(ApiCounters::default());
         let (stop2, counters2) = (stop.clone(), counters.clone());
@@ -223,10 +221,19 @@ impl ApiServer {
 }
 
 impl Drop for ApiServer {
+    /// Stops the accepting thread (woken by a connection it recognises as the
+    /// stop, after `stop` is set) and removes the socket. If the socket cannot be
+    /// reached (removed by hand), the thread is left blocked in `accept`, to end
+    /// with the process, rather than hang the shutdown.
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        let woken = UnixStream::connect(&self.path).is_ok();
         if let Some(t) = self.accept.take() {
-            let _ = t.join();
+            if woken {
+                let _ = t.join();
+            } else {
+                tracing::warn!(socket = %self.path.display(), "API socket unreachable at shutdown");
+            }
         }
         let _ = fs::remove_file(&self.path);
     }
@@ -336,12 +343,13 @@ fn accept_loop(
     limits: ApiLimits,
     counters: Arc<ApiCounters>,
 ) {
-    while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
+    loop {
+        let accepted = listener.accept();
+        if stop.load(Ordering::Relaxed) {
+            return; // the connection, if any, is the one that wakes us to stop
+        }
+        match accepted {
             Ok((stream, _)) => admit(stream, &requests, limits, &counters),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                thread::sleep(Duration::from_millis(50));
-            }
             Err(e) => {
                 tracing::warn!(error = %e, "API accept failed");
                 thread::sleep(Duration::from_millis(50));

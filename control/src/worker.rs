@@ -48,8 +48,15 @@ use std::time::{Duration, Instant, SystemTime};
 /// starve the others or the underlay.
 pub const BATCH: usize = 64;
 
-/// How often the engine's timers run (unsolicited RAs, flow expiry).
+/// How often the engine's timers run (unsolicited RAs, flow expiry, held frames)
+/// while frames flow.
 const TICK: Duration = Duration::from_millis(100);
+
+/// How often they run once the worker has seen no frame and no job for that long:
+/// an idle daemon's wake-ups are most of its CPU (each one costs 100-300 us of a
+/// core in a VM), and nothing those timers do is urgent without traffic.
+/// Traffic or a job brings the worker back to [`TICK`] at once.
+const IDLE_TICK: Duration = Duration::from_secs(1);
 
 /// How long an adaptive worker keeps polling after its last frame before it sleeps:
 /// long enough to catch the frames that follow within a burst without a wake-up,
@@ -374,6 +381,8 @@ impl WorkerIo {
             rx: queues.sockets.iter().map(|_| RxHeld::new()).collect(),
             ..Held::default()
         };
+        let bell = doorbell.clone();
+        let reattach = Reattacher::start(index, move || bell.ring())?;
         Ok(WorkerIo {
             index,
             queues,
@@ -381,7 +390,7 @@ impl WorkerIo {
             mesh,
             doorbell,
             poll,
-            reattach: Reattacher::start(index)?,
+            reattach,
             epoll,
             held,
             lent: LentSlots::default(),
@@ -487,8 +496,9 @@ impl WorkerIo {
 }
 
 /// Runs the worker until `stop` is set: rounds of frames, controller jobs between
-/// rounds, the engine's timers every [`TICK`]. In adaptive mode the worker sleeps
-/// once it has found nothing to do for [`SPIN`]; in busy mode it never sleeps.
+/// rounds, the engine's timers every [`TICK`] ([`IDLE_TICK`] once idle). In
+/// adaptive mode the worker sleeps once it has found nothing to do for [`SPIN`]; in
+/// busy mode it never sleeps.
 pub fn run_worker(dp: &mut Datapath, jobs: &JobRx<Datapath>, stop: &AtomicBool) {
     let mut last_tick = Instant::now();
     let mut idle_since: Option<Instant> = None;
@@ -496,8 +506,13 @@ pub fn run_worker(dp: &mut Datapath, jobs: &JobRx<Datapath>, stop: &AtomicBool) 
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         let mut work = serve_jobs(jobs, dp);
-        let sleep = dp.poll_mode() == PollMode::Adaptive
-            && idle_since.is_some_and(|t| now.duration_since(t) >= SPIN);
+        let idle_for = idle_since.map_or(Duration::ZERO, |t| now.duration_since(t));
+        let tick_every = if idle_for >= IDLE_TICK {
+            IDLE_TICK
+        } else {
+            TICK
+        };
+        let sleep = dp.poll_mode() == PollMode::Adaptive && idle_for >= SPIN;
         let timeout = if sleep {
             dp.announce_sleep();
             // A job or a handed-over frame published before the announcement did
@@ -505,7 +520,7 @@ pub fn run_worker(dp: &mut Datapath, jobs: &JobRx<Datapath>, stop: &AtomicBool) 
             if serve_jobs(jobs, dp) > 0 || dp.handoffs_pending() {
                 Duration::ZERO
             } else {
-                TICK.saturating_sub(now.duration_since(last_tick))
+                tick_every.saturating_sub(now.duration_since(last_tick))
             }
         } else {
             Duration::ZERO
@@ -514,10 +529,15 @@ pub fn run_worker(dp: &mut Datapath, jobs: &JobRx<Datapath>, stop: &AtomicBool) 
         // round in TAP_EVERY while spinning idle (the rings are memory).
         let taps = sleep || empty_rounds % TAP_EVERY == 0;
         work += dp.poll_once(timeout, now, taps);
+        // After a sleep the clock has moved: the tick the sleep waited for is due
+        // now, not one wake-up later.
+        let now = if sleep { Instant::now() } else { now };
         if sleep {
             dp.woke(timeout);
+            // Perhaps woken by the tap re-opener (an idle worker ticks rarely).
+            dp.taps_back();
         }
-        if now.duration_since(last_tick) >= TICK {
+        if now.duration_since(last_tick) >= tick_every {
             last_tick = now;
             dp.tick();
         }
@@ -679,7 +699,7 @@ impl Datapath {
     }
 
     /// The engine's timers: unsolicited RAs, flow expiry; their frames go out at
-    /// once. Also where re-opened taps are picked up.
+    /// once. Also where re-opened taps are picked up (and after every sleep).
     fn tick(&mut self) {
         let now = self.nanos(Instant::now());
         let mut out = std::mem::take(&mut self.batch);
@@ -691,6 +711,11 @@ impl Datapath {
         out.clear();
         self.batch = out;
         self.ports_down();
+        self.taps_back();
+    }
+
+    /// Serves the taps the re-opener got back since the last look.
+    fn taps_back(&mut self) {
         while let Some(r) = self.io.as_ref().and_then(|io| io.reattach.take()) {
             self.tap_back(r);
         }

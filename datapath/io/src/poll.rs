@@ -92,10 +92,10 @@ impl Epoll {
     /// Waits up to `timeout` (zero: just looks) and returns what is ready. An
     /// interrupted wait returns nothing.
     pub fn wait(&mut self, timeout: Duration) -> io::Result<impl Iterator<Item = Ready> + '_> {
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        // A timeout below a millisecond but above zero still sleeps a tick: the
-        // caller asked to wait, not to spin.
-        let ms = if ms == 0 && !timeout.is_zero() { 1 } else { ms };
+        // Rounded up to whole milliseconds: a wait that ends before the deadline
+        // the caller computed (999.7 ms taken as 999) finds its timer not yet due
+        // and costs a second wake-up, or a spin if the rest rounds to zero.
+        let ms = i32::try_from(timeout.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX);
         // SAFETY: `events` holds MAX_EVENTS initialized entries the kernel may write.
         let n = unsafe {
             libc::epoll_wait(
