@@ -354,8 +354,9 @@ pub fn outbound(
 /// external addresses (SNAT: to a port a flow of that peer holds), or an ICMP error
 /// (Packet Too Big, destination unreachable, time exceeded...) quoting a packet
 /// the port sent through NAT, whose quoted source is translated too, so that path
-/// MTU discovery works through NAT. Returns the translated packet's metadata, or
-/// `None` if nothing maps (`nat_no_mapping`).
+/// MTU discovery works through NAT. Returns the translated packet's metadata and
+/// whether it came in to a 1:1 address (see [`note_inbound`]), or `None` if
+/// nothing maps (`nat_no_mapping`).
 pub fn inbound(
     ext: &ExternalIps,
     private4: Option<Ipv4Addr>,
@@ -363,15 +364,16 @@ pub fn inbound(
     snat: &SnatTable,
     m: &InnerMeta,
     buf: &mut [u8],
-) -> Option<InnerMeta> {
+) -> Option<(InnerMeta, bool)> {
     let private = match m.dst_ip {
         IpAddr::V4(_) => IpAddr::V4(private4?),
         IpAddr::V6(_) => IpAddr::V6(private6?),
     };
     if is_icmp_error(m) {
-        return icmp_error(ext, snat, m, private, buf);
+        return icmp_error(ext, snat, m, private, buf).map(|t| (t, false));
     }
-    let to = if ext.is_one_to_one(m.dst_ip) {
+    let one_to_one = ext.is_one_to_one(m.dst_ip);
+    let to = if one_to_one {
         local_port(m)
     } else {
         let port = local_port(m);
@@ -383,13 +385,14 @@ pub fn inbound(
         snat_private_port(ext, snat, m.dst_ip, m.proto, port, m.src_ip, remote_port)?
     };
     rewrite(buf, m, End::Dst, private, to);
-    Some(rewritten_meta(m, End::Dst, private, to))
+    Some((rewritten_meta(m, End::Dst, private, to), one_to_one))
 }
 
 /// Remembers that the inbound connection of `key` (the translated packet's key,
 /// admitted by the firewall) came in to 1:1 address `to`, if that is not the
 /// address the port's flows leave from anyway, so that its replies leave from `to`.
-/// Costs a lookup per packet of such connections only; nothing for the others.
+/// Called for packets to 1:1 addresses only ([`inbound`] says which); costs a
+/// lookup per packet of connections to a secondary one, nothing for the others.
 pub fn note_inbound(
     ext: &ExternalIps,
     table: &mut SnatTable,
@@ -555,26 +558,27 @@ pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16)
         (End::Src, _) => (l3 + 8, 0),
         (End::Dst, _) => (l3 + 24, 2),
     };
-    let new_addr: [u8; 16];
-    let new = match ip {
+    let mut new_addr = [0u8; 16];
+    let len = match ip {
         IpAddr::V4(a) => {
-            new_addr = a.to_ipv6_mapped().octets();
-            &new_addr[12..]
+            new_addr[..4].copy_from_slice(&a.octets());
+            4
         }
         IpAddr::V6(a) => {
             new_addr = a.octets();
-            &new_addr[..]
+            16
         }
     };
-    let Some(old) = frame.get(addr_off..addr_off + new.len()) else {
+    let new = &new_addr[..len];
+    let Some(old) = frame.get(addr_off..addr_off + len) else {
         return;
     };
-    // Each address as the one's complement sum of its words: sums are associative,
-    // so RFC 1624 then takes one step per checksum rather than one per word.
-    let (old_sum, new_sum) = (addr_sum(old), addr_sum(new));
-    let addr = |c: u16| checksum::update16(c, old_sum, new_sum);
+    // RFC 1624 with every change summed first: a checksum takes `!old + new` of
+    // each changed word, and one's complement sums are associative, so each
+    // checksum is read, updated and written once, whatever changed.
+    let addr_delta = u64::from(!addr_sum(old)) + u64::from(addr_sum(new));
     if m.l3 == L3::Ipv4 {
-        update_field(frame, l3 + 10, addr);
+        adjust(frame, l3 + 10, addr_delta, false);
     }
     let echo = is_echo(m.proto, m.icmp_type);
     // A non-first fragment has no L4 header: only its address changes (the first
@@ -584,7 +588,7 @@ pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16)
     // place for either end.
     let (csum_off, in_pseudo, port_at) = match m.proto {
         _ if non_first_fragment => {
-            frame[addr_off..addr_off + new.len()].copy_from_slice(new);
+            frame[addr_off..addr_off + len].copy_from_slice(new);
             return;
         }
         PROTO_TCP => (l4 + 16, true, Some(l4 + port_off)),
@@ -592,22 +596,36 @@ pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16)
         PROTO_ICMP => (l4 + 2, false, echo.then_some(l4 + 4)),
         PROTO_ICMPV6 => (l4 + 2, true, echo.then_some(l4 + 4)),
         _ => {
-            frame[addr_off..addr_off + new.len()].copy_from_slice(new);
+            frame[addr_off..addr_off + len].copy_from_slice(new);
             return;
         }
     };
     let udp_none = m.proto == PROTO_UDP && m.l3 == L3::Ipv4 && read16(frame, csum_off) == Some(0);
-    if in_pseudo && !udp_none {
-        update_field(frame, csum_off, addr);
-    }
-    frame[addr_off..addr_off + new.len()].copy_from_slice(new);
+    let mut l4_delta = if in_pseudo { addr_delta } else { 0 };
+    frame[addr_off..addr_off + len].copy_from_slice(new);
     if let Some(at) = port_at {
         if let Some(old_port) = read16(frame, at) {
-            if !udp_none {
-                update_field(frame, csum_off, |c| checksum::update16(c, old_port, port));
-            }
+            l4_delta += u64::from(!old_port) + u64::from(port);
             frame[at..at + 2].copy_from_slice(&port.to_be_bytes());
         }
+    }
+    if !udp_none {
+        adjust(frame, csum_off, l4_delta, m.proto == PROTO_UDP);
+    }
+}
+
+/// Applies `delta` (a sum of `!old + new` words, RFC 1624) to the checksum at `at`
+/// (nothing if the frame is shorter: the parser checked the headers, so this does
+/// not happen). A UDP checksum that comes out 0 is sent as 0xffff, its other form:
+/// 0 would mean "no checksum" (RFC 768).
+#[inline]
+fn adjust(frame: &mut [u8], at: usize, delta: u64, udp: bool) {
+    if let Some(c) = read16(frame, at) {
+        let c = match !checksum::fold(u64::from(!c) + delta) {
+            0 if udp => 0xffff,
+            c => c,
+        };
+        frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
     }
 }
 
@@ -625,12 +643,4 @@ fn addr_sum(b: &[u8]) -> u16 {
 fn read16(frame: &[u8], at: usize) -> Option<u16> {
     let b = frame.get(at..at + 2)?;
     Some(u16::from_be_bytes([b[0], b[1]]))
-}
-
-/// Replaces the 16-bit field at `at` with `f` of its value (nothing if the frame is
-/// shorter: the parser checked the headers, so this does not happen).
-fn update_field(frame: &mut [u8], at: usize, f: impl FnOnce(u16) -> u16) {
-    if let Some(v) = read16(frame, at) {
-        frame[at..at + 2].copy_from_slice(&f(v).to_be_bytes());
-    }
 }

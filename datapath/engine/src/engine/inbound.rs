@@ -146,10 +146,10 @@ impl Engine {
             let (cfg, snat) = (&p.cfg, &p.snat);
             let verdict = match nat::inbound(&cfg.external, cfg.ipv4, cfg.ipv6, snat, meta, buf) {
                 None => Err(DropReason::NatNoMapping),
-                Some(m) => {
+                Some((m, one_to_one)) => {
                     let key = FlowKey::from_meta(um.vni, &m);
                     let r = inbound_verdict(p, &via, &key, &m, buf, epoch, now);
-                    if r.is_ok() {
+                    if r.is_ok() && one_to_one {
                         let (ext, to) = (&p.cfg.external, meta.dst_ip);
                         nat::note_inbound(ext, &mut p.snat, &p.fw, &key, to, now);
                     }
