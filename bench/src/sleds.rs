@@ -69,6 +69,7 @@ pub(crate) fn guest_port(n: u8) -> Result<PortConfig, String> {
         hostname: Some(format!("guest{n}")),
         domain: Some("vpc.example".into()),
         external: Default::default(),
+        limits: Default::default(),
     })
 }
 

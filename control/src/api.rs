@@ -14,6 +14,7 @@ use core::fmt;
 use core::str::FromStr;
 use engine::nat::ExternalIps;
 use engine::v2b::V2bEntry;
+use engine::PortLimits;
 use engine::{PortConfig, Vni};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -142,6 +143,12 @@ pub enum Request {
         #[serde(flatten)]
         external: ExternalIps,
     },
+    /// Replaces the port's rate limits (`set-port-limits`; none: unlimited).
+    SetPortLimits {
+        port: String,
+        #[serde(flatten)]
+        limits: PortLimits,
+    },
     DumpUft {
         port: String,
         /// Where the page starts: the `next` of the previous page (the first page
@@ -250,6 +257,7 @@ impl Request {
                 | Request::RmFwRuleId { .. }
                 | Request::SetFwRules { .. }
                 | Request::SetExternalIps { .. }
+                | Request::SetPortLimits { .. }
         )
     }
 }
@@ -776,6 +784,7 @@ pub(crate) mod tests {
             hostname: Some("web".into()),
             domain: None,
             external: Default::default(),
+            limits: Default::default(),
         }
     }
 
@@ -899,6 +908,15 @@ pub(crate) mod tests {
                     }),
                     ephemeral: None,
                     floating: vec!["192.0.2.5".parse().unwrap()],
+                },
+            },
+            Request::SetPortLimits {
+                port: "opte0".into(),
+                limits: PortLimits {
+                    egress_mbps: Some(100),
+                    ingress_mbps: None,
+                    burst_kib: Some(512),
+                    pps: Some(10_000),
                 },
             },
             Request::Stats { port: None },

@@ -16,6 +16,7 @@ use crate::opteadm;
 use clap::{Args, Parser, Subcommand};
 use engine::nat::{ExternalIps, SnatRange};
 use engine::port::DEFAULT_PORT_MTU;
+use engine::PortLimits;
 use engine::{PortConfig, Vni};
 use ipnet::IpNet;
 use std::fmt::Write as _;
@@ -180,6 +181,13 @@ pub enum Command {
         #[command(flatten)]
         external: ExternalArgs,
     },
+    /// Replace a port's rate limits (create-xde's flags; none removes them all).
+    /// Policing: frames over a limit are dropped and counted (`rate_limited`).
+    SetPortLimits {
+        port: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
     /// Counters: datapath-wide, or one port's.
     Stats {
         port: Option<String>,
@@ -277,6 +285,39 @@ pub struct CreateXde {
     pub domain: Option<String>,
     #[command(flatten)]
     pub external: ExternalArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// A port's rate limits as flags (`create-xde`, `set-port-limits`); none given is
+/// unlimited. Checked by the daemon (and here for create-xde), errors naming the
+/// bad value.
+#[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
+pub struct LimitArgs {
+    /// What the guest may send, in Mbit/s.
+    #[arg(long)]
+    pub egress_mbps: Option<u64>,
+    /// What may be delivered to the guest, in Mbit/s.
+    #[arg(long)]
+    pub ingress_mbps: Option<u64>,
+    /// Burst of the Mbit/s limits, in KiB (default: 20 ms at the limit, at least
+    /// 256 KiB: four 64 KiB TSO buffers).
+    #[arg(long)]
+    pub burst_kib: Option<u64>,
+    /// Packets per second, each direction.
+    #[arg(long)]
+    pub pps: Option<u64>,
+}
+
+impl LimitArgs {
+    pub fn to_limits(&self) -> PortLimits {
+        PortLimits {
+            egress_mbps: self.egress_mbps,
+            ingress_mbps: self.ingress_mbps,
+            burst_kib: self.burst_kib,
+            pps: self.pps,
+        }
+    }
 }
 
 /// A port's external addresses as opteadm's flags give them (`create-xde`,
@@ -552,6 +593,7 @@ impl CreateXde {
             hostname: self.hostname.clone(),
             domain: self.domain.clone(),
             external: self.external.to_external()?,
+            limits: self.limits.to_limits(),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -673,6 +715,10 @@ impl Command {
             Command::SetExternalIps { port, external } => Request::SetExternalIps {
                 port,
                 external: external.to_external()?,
+            },
+            Command::SetPortLimits { port, limits } => Request::SetPortLimits {
+                port,
+                limits: limits.to_limits(),
             },
             Command::Stats { port, format } => {
                 let show = match (format, &port) {
@@ -932,6 +978,7 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
                 c.vni.to_string(),
                 c.mtu.to_string(),
                 c.external.to_string(),
+                c.limits.describe(),
                 p.netns.clone().unwrap_or_else(|| "-".into()),
                 match &s.not_applied {
                     None => link_status(s.link.as_ref(), SystemTime::now()),
@@ -948,7 +995,7 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
     table(
         out,
         &[
-            "NAME", "MAC", "IP", "VNI", "MTU", "EXTERNAL", "NETNS", "STATUS",
+            "NAME", "MAC", "IP", "VNI", "MTU", "EXTERNAL", "LIMITS", "NETNS", "STATUS",
         ],
         rows,
     );
@@ -1270,6 +1317,30 @@ mod tests {
             assert_eq!(port, "opte0");
             assert_eq!(external.ephemeral, Some("198.51.100.8".parse().unwrap()));
             assert_eq!((external.snat, external.floating.len()), (None, 0));
+        }
+        // Rate limits: set-port-limits (also opteadm's -p form) and create-xde.
+        for line in [
+            "set-port-limits opte0 --egress-mbps 100 --burst-kib 512 --pps 5000",
+            "set-port-limits -p opte0 --egress-mbps 100 --burst-kib 512 --pps 5000",
+        ] {
+            let a = parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap();
+            let Action::Call(Request::SetPortLimits { port, limits }) = a else {
+                panic!("{a:?}")
+            };
+            assert_eq!(port, "opte0");
+            assert_eq!(
+                (
+                    limits.egress_mbps,
+                    limits.ingress_mbps,
+                    limits.burst_kib,
+                    limits.pps
+                ),
+                (Some(100), None, Some(512), Some(5000))
+            );
+            assert_eq!(
+                limits.describe(),
+                "egress 100 Mbit/s, burst 512 KiB, 5000 pps"
+            );
         }
         // Bad values are named.
         let bad = [

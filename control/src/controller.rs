@@ -24,6 +24,7 @@ use crate::server::ApiCounters;
 use crate::state::{State, StateStore};
 use engine::nat::ExternalIps;
 use engine::v2b::{V2b, V2bEntry};
+use engine::PortLimits;
 use engine::{PortConfig, Vni};
 use ipnet::IpNet;
 use serde_json::{json, Value};
@@ -131,6 +132,8 @@ pub trait Dataplane {
     fn clear_uft(&mut self, port: &str) -> Result<(), String>;
     /// Replaces the port's external addresses (its flows are decided again).
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), String>;
+    /// Replaces the port's rate limits.
+    fn set_port_limits(&mut self, port: &str, limits: &PortLimits) -> Result<(), String>;
     fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String>;
 }
 
@@ -465,6 +468,7 @@ impl<D: Dataplane> Controller<D> {
                 Ok(Reply::Done)
             }
             Request::SetExternalIps { port, external } => self.set_external_ips(&port, external),
+            Request::SetPortLimits { port, limits } => self.set_port_limits(&port, limits),
             Request::Stats { port } => self.inspect(Inspect::Stats { port }),
             Request::Mtu { port } => self.inspect(Inspect::Mtu { port }),
             Request::Ra { port } => self.inspect(Inspect::Ra { port }),
@@ -807,6 +811,25 @@ impl<D: Dataplane> Controller<D> {
         })
     }
 
+    /// `set-port-limits`: checked, applied, then saved with the port's configuration.
+    fn set_port_limits(&mut self, port: &str, limits: PortLimits) -> Result<Reply, String> {
+        self.applied_port(port)?;
+        limits.validate()?;
+        let i = self
+            .state
+            .ports
+            .iter()
+            .position(|p| p.config.name == port)
+            .ok_or_else(|| format!("no port {port:?}"))?;
+        let old = self.state.ports[i].config.limits;
+        self.dp.set_port_limits(port, &limits)?;
+        let mut next = self.state.clone();
+        next.ports[i].config.limits = limits;
+        self.commit(next, |dp| {
+            let _ = dp.set_port_limits(port, &old);
+        })
+    }
+
     fn replace_fw_rules(&mut self, port: &str, rules: Vec<FwRule>) -> Result<Reply, String> {
         let old = self.state.fw_rules.get(port).cloned().unwrap_or_default();
         self.dp.set_fw_rules(port, &rules)?;
@@ -1096,6 +1119,9 @@ pub(crate) mod tests {
         }
         fn set_external_ips(&mut self, port: &str, _: &ExternalIps) -> Result<(), String> {
             self.check("set_external_ips", port)
+        }
+        fn set_port_limits(&mut self, port: &str, _: &PortLimits) -> Result<(), String> {
+            self.check("set_port_limits", port)
         }
         fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String> {
             if let Inspect::V2b = what {

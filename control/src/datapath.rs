@@ -36,6 +36,7 @@ use dpio::tap::TapPort;
 use engine::nat::ExternalIps;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::v2b::V2b;
+use engine::PortLimits;
 use engine::{Engine, EngineConfig, TxBatch, Vni};
 use ipnet::IpNet;
 use std::collections::HashMap;
@@ -600,6 +601,12 @@ impl Dataplane for Datapath {
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), String> {
         self.engine
             .set_external_ips(port, ext.clone())
+            .map_err(|e| e.to_string())
+    }
+
+    fn set_port_limits(&mut self, port: &str, limits: &PortLimits) -> Result<(), String> {
+        self.engine
+            .set_port_limits(port, *limits)
             .map_err(|e| e.to_string())
     }
 

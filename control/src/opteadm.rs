@@ -31,6 +31,7 @@ const PORT_FLAG_VERBS: &[&str] = &[
     "rm-fw-rule",
     "set-fw-rules",
     "set-external-ips",
+    "set-port-limits",
 ];
 
 /// Rewrites an opteadm-style line (`xdeadm VERB ... -p PORT ...`) into `xdeadm`'s

@@ -22,6 +22,7 @@ use crate::handoff::Doorbell;
 use crate::stats::{WorkerInfo, WorkerReport, WorkerView};
 use engine::nat::ExternalIps;
 use engine::v2b::V2b;
+use engine::PortLimits;
 use engine::{MacAddr, Vni};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -380,6 +381,11 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
         self.on_owner(port, move |dp: &mut D| dp.set_external_ips(&n, &ext))
     }
 
+    fn set_port_limits(&mut self, port: &str, limits: &PortLimits) -> Result<(), String> {
+        let (n, limits) = (port.to_string(), *limits);
+        self.on_owner(port, move |dp: &mut D| dp.set_port_limits(&n, &limits))
+    }
+
     fn inspect(&mut self, what: &Inspect) -> Result<Value, String> {
         let port = match what {
             Inspect::Stats { port: None } => return self.merged_stats(),
@@ -472,6 +478,9 @@ mod tests {
             self.has(port)
         }
         fn set_external_ips(&mut self, port: &str, _: &ExternalIps) -> Result<(), String> {
+            self.has(port)
+        }
+        fn set_port_limits(&mut self, port: &str, _: &PortLimits) -> Result<(), String> {
             self.has(port)
         }
         fn inspect(&mut self, what: &Inspect) -> Result<Value, String> {

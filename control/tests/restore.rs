@@ -134,6 +134,7 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
         hostname: None,
         domain: None,
         external: Default::default(),
+        limits: Default::default(),
     };
     ok(
         &mut ctl,

@@ -99,6 +99,11 @@ drop_reasons! {
     /// An External frame to an address that is not one of the port's external
     /// addresses, or to a SNAT port no flow of that peer holds.
     NatNoMapping = "nat_no_mapping",
+
+    // Rate limits (ratelimit.rs).
+    /// The port's egress or ingress limit (bits or packets per second) had no
+    /// tokens left for the frame.
+    RateLimited = "rate_limited",
     /// An underlay frame from a sender the overlay does not trust for it: the outer
     /// source is not the sled V2P maps the inner source address to in the frame's
     /// VNI (or there is no mapping: e.g. an address of another VPC), the inner source

@@ -42,6 +42,7 @@ use crate::nat::{ExternalIps, SnatTable};
 use crate::output::TxBatch;
 use crate::overlay::{V2p, V2pDump, V2pEntry};
 use crate::port::{PortConfig, PortId, Vni, MIN_PORT_MTU};
+use crate::ratelimit::{PortLimits, PortPolicer};
 use crate::router::{RouteDump, RouteTarget, Router};
 use crate::rule::{Direction, Finalized, MatchFields, Rule};
 use crate::tso::Coalescer;
@@ -174,6 +175,8 @@ struct Port {
     snat: SnatTable,
     /// Table sizes from the port's share of the table budget.
     limits: PortTableLimits,
+    /// The token buckets of `cfg.limits`.
+    policer: PortPolicer,
     c: PortCounters,
     /// The MTU changed since the last `tick` (which tells the guest with an RA).
     mtu_changed: bool,
@@ -496,6 +499,7 @@ impl Engine {
             uft_in: Uft::new(lim.uft_limit, lim.other_ns, self.cfg.hash_seed),
             snat: SnatTable::new(self.cfg.hash_seed),
             limits,
+            policer: PortPolicer::new(&cfg.limits, self.now),
             c: PortCounters::default(),
             mtu_changed: false,
             cfg,
@@ -594,6 +598,17 @@ impl Engine {
         }
         p.cfg.external = ext;
         self.bump();
+        Ok(())
+    }
+
+    /// Replaces port `name`'s rate limits (checked as `add_port` checks them). The
+    /// buckets start full; flows are untouched.
+    pub fn set_port_limits(&mut self, name: &str, limits: PortLimits) -> Result<(), EngineError> {
+        limits.validate().map_err(EngineError::Invalid)?;
+        let now = self.now;
+        let p = self.port_by_name_mut(name)?;
+        p.cfg.limits = limits;
+        p.policer = PortPolicer::new(&limits, now);
         Ok(())
     }
 

@@ -1,6 +1,7 @@
 //! Guest ports: what the control plane says about one guest NIC.
 
 use crate::nat::ExternalIps;
+use crate::ratelimit::PortLimits;
 use core::fmt;
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
@@ -93,6 +94,10 @@ pub struct PortConfig {
     /// default, and absent from state saved before they existed.
     #[serde(default)]
     pub external: ExternalIps,
+    /// Rate limits (`set-port-limits`, `ratelimit.rs`); none by default, and absent
+    /// from state saved before they existed.
+    #[serde(default, skip_serializing_if = "PortLimits::is_unlimited")]
+    pub limits: PortLimits,
 }
 
 /// Smallest MTU accepted for a port: IPv6's minimum link MTU (RFC 8200).
@@ -171,7 +176,8 @@ impl PortConfig {
                 ));
             }
         }
-        self.external.validate(self.ipv4, self.ipv6)
+        self.external.validate(self.ipv4, self.ipv6)?;
+        self.limits.validate()
     }
 
     /// The gateway's IPv6 link-local address: fe80::EUI-64(gateway MAC).
@@ -226,6 +232,7 @@ pub(crate) mod tests {
             hostname: None,
             domain: None,
             external: Default::default(),
+            limits: Default::default(),
         }
     }
 

@@ -364,3 +364,78 @@ fn dump_pages_return_every_entry_exactly_once() {
     let d = b.dump_uft("ga", 0, 1000).unwrap();
     assert_eq!((d.outbound.len(), d.next), (3, None));
 }
+
+/// A port's egress limit: frames over it are dropped and counted `rate_limited`
+/// (policing: nothing queued), tokens come back with time, and the port's
+/// ingress (its own bucket) and another port are untouched. Removing the limit
+/// passes everything again.
+#[test]
+fn rate_limits_police_one_port_and_one_direction() {
+    let (mut a, pa, mut b, pb) = two_sleds();
+    let limits = engine::PortLimits {
+        egress_mbps: Some(8), // 1 MB/s
+        burst_kib: Some(64),
+        ..engine::PortLimits::default()
+    };
+    a.set_port_limits(guest(1).name, limits).unwrap();
+    let (g1, g2) = (guest(1), guest(2));
+    let payload = [0u8; 1000];
+    let send = |a: &mut Engine, n: usize, now: u64| {
+        let mut out = TxBatch::new();
+        for i in 0..n {
+            let f = frame(
+                &g1,
+                Some(g2.v4),
+                None,
+                L4::Udp {
+                    sport: 4000,
+                    dport: 53 + i as u16 % 2,
+                },
+                &payload,
+            );
+            a.process_guest(pa, VnetHdr::default(), &f, now, &Fabric, &mut out);
+        }
+        frames_of(&out, &[]).len()
+    };
+    // 64 KiB of burst holds 62 frames of 1042 bytes; the rest of 100 are dropped.
+    let passed = send(&mut a, 100, NS_PER_S);
+    assert_eq!(passed, 65536 / (payload.len() + 42), "burst");
+    let limited = a.stats().ports[0].drops.get_named("rate_limited");
+    assert_eq!(limited, 100 - passed as u64);
+    // 10 ms later, 10 KB more, with the 932 bytes the burst left: 10 frames.
+    assert_eq!(send(&mut a, 100, NS_PER_S + 10_000_000), 10);
+    // Ingress is not limited: sled B's guest reaches guest 1 at any rate.
+    let mut out = TxBatch::new();
+    for i in 0..100u16 {
+        let f = frame(
+            &g2,
+            Some(g1.v4),
+            None,
+            L4::Udp {
+                sport: 53,
+                dport: 4000 + i % 2,
+            },
+            &payload,
+        );
+        b.process_guest(pb, VnetHdr::default(), &f, NS_PER_S, &Fabric, &mut out);
+    }
+    let encapsulated: Vec<Vec<u8>> = frames_of(&out, &[]).into_iter().map(|(_, f)| f).collect();
+    assert_eq!(encapsulated.len(), 100);
+    let delivered = receive(&mut a, &encapsulated, NS_PER_S + 20_000_000);
+    assert_eq!(delivered.len(), 100, "ingress has no limit");
+    // Lifted: everything passes.
+    a.set_port_limits(g1.name, engine::PortLimits::default())
+        .unwrap();
+    assert_eq!(send(&mut a, 100, NS_PER_S + 30_000_000), 100);
+    // Bad values are refused with the value named.
+    let e = a
+        .set_port_limits(
+            g1.name,
+            engine::PortLimits {
+                egress_mbps: Some(0),
+                ..limits
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("egress limit 0"), "{e}");
+}

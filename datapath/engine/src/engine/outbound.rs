@@ -86,6 +86,11 @@ impl Engine {
             p.c.drops.inc(r);
             return;
         }
+        // A TSO buffer is charged whole (ratelimit.rs).
+        if !p.policer.egress(frame.len(), now) {
+            p.c.drops.inc(DropReason::RateLimited);
+            return;
+        }
         if vnet.is_gso() {
             p.c.tso_buffers_in += 1;
         }

@@ -72,6 +72,7 @@ pub fn port_config(g: &Guest) -> PortConfig {
         hostname: None,
         domain: None,
         external: Default::default(),
+        limits: Default::default(),
     }
 }
 
