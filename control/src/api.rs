@@ -61,7 +61,7 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub enum Request {
-    CreatePort(CreatePort),
+    CreatePort(Box<CreatePort>),
     DeletePort {
         name: String,
     },
@@ -801,10 +801,10 @@ pub(crate) mod tests {
             filters: filters.clone(),
         };
         vec![
-            Request::CreatePort(CreatePort {
+            Request::CreatePort(Box::new(CreatePort {
                 config: sample_port("opte0", 5),
                 netns: Some("guest0".into()),
-            }),
+            })),
             Request::DeletePort {
                 name: "opte0".into(),
             },

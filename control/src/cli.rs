@@ -59,7 +59,7 @@ impl Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create a guest port (a tap device) and its gateway.
-    CreateXde(CreateXde),
+    CreateXde(Box<CreateXde>),
     /// Delete a port and its routes and firewall rules.
     DeleteXde { name: String },
     /// List ports.
@@ -296,17 +296,17 @@ pub struct CreateXde {
 pub struct LimitArgs {
     /// What the guest may send, in Mbit/s.
     #[arg(long)]
-    pub egress_mbps: Option<u64>,
+    pub egress_mbps: Option<u32>,
     /// What may be delivered to the guest, in Mbit/s.
     #[arg(long)]
-    pub ingress_mbps: Option<u64>,
+    pub ingress_mbps: Option<u32>,
     /// Burst of the Mbit/s limits, in KiB (default: 20 ms at the limit, at least
     /// 256 KiB: four 64 KiB TSO buffers).
     #[arg(long)]
-    pub burst_kib: Option<u64>,
+    pub burst_kib: Option<u32>,
     /// Packets per second, each direction.
     #[arg(long)]
-    pub pps: Option<u64>,
+    pub pps: Option<u32>,
 }
 
 impl LimitArgs {
@@ -604,10 +604,10 @@ impl Command {
     /// Turns the command into what to do; errors name the bad value.
     pub fn action(self) -> Result<Action, String> {
         let req = match self {
-            Command::CreateXde(c) => Request::CreatePort(CreatePort {
+            Command::CreateXde(c) => Request::CreatePort(Box::new(CreatePort {
                 config: c.to_config()?,
                 netns: c.netns,
-            }),
+            })),
             Command::DeleteXde { name } => Request::DeletePort { name },
             Command::ListPorts => Request::ListPorts,
             Command::SetV2p {

@@ -407,7 +407,7 @@ impl<D: Dataplane> Controller<D> {
 
     fn apply(&mut self, req: Request) -> Result<Reply, String> {
         match req {
-            Request::CreatePort(c) => self.create_port(c),
+            Request::CreatePort(c) => self.create_port(*c),
             Request::DeletePort { name } => self.delete_port(&name),
             Request::ListPorts => Ok(Reply::Ports(self.port_statuses(Instant::now()))),
             Request::SetV2p(e) => self.set_v2p(e),
@@ -1143,10 +1143,10 @@ pub(crate) mod tests {
     }
 
     fn create(name: &str, last: u8) -> Request {
-        Request::CreatePort(CreatePort {
+        Request::CreatePort(Box::new(CreatePort {
             config: sample_port(name, last),
             netns: None,
-        })
+        }))
     }
 
     fn ok(c: &mut Controller<Recorder>, r: Request) -> Reply {
@@ -1230,18 +1230,18 @@ pub(crate) mod tests {
         bad.mtu = 100;
         let e = err(
             &mut c,
-            Request::CreatePort(CreatePort {
+            Request::CreatePort(Box::new(CreatePort {
                 config: bad,
                 netns: None,
-            }),
+            })),
         );
         assert!(e.contains("MTU 100"), "{e}");
         let e = err(
             &mut c,
-            Request::CreatePort(CreatePort {
+            Request::CreatePort(Box::new(CreatePort {
                 config: sample_port("opte3", 8),
                 netns: Some("../etc".into()),
-            }),
+            })),
         );
         assert!(e.contains("../etc"), "{e}");
         assert!(err(
@@ -1523,10 +1523,10 @@ pub(crate) mod tests {
         clash.external = snat(1500, 1600);
         let e = err(
             &mut c,
-            Request::CreatePort(CreatePort {
+            Request::CreatePort(Box::new(CreatePort {
                 config: clash,
                 netns: None,
-            }),
+            })),
         );
         assert!(e.contains("1500") && e.contains("opte0"), "{e}");
         ok(&mut c, set_external("opte1", snat(2048, 4095)));
@@ -1563,10 +1563,10 @@ pub(crate) mod tests {
         let mut c = Controller::new(Recorder::default(), None);
         ok(
             &mut c,
-            Request::CreatePort(CreatePort {
+            Request::CreatePort(Box::new(CreatePort {
                 config: sample_port("opte0", 5),
                 netns: Some("g0".into()),
-            }),
+            })),
         );
         ok(&mut c, create("opte1", 6));
         let igw = RouteEntry {

@@ -819,10 +819,10 @@ pub(crate) mod tests {
         let port = || "opte0".to_string();
         call(
             &mut c,
-            Request::CreatePort(crate::api::CreatePort {
+            Request::CreatePort(Box::new(crate::api::CreatePort {
                 config: crate::api::tests::sample_port("opte0", 5),
                 netns: None,
-            }),
+            })),
         );
         let rule = FwRule {
             direction: Direction::In,

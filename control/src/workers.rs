@@ -717,10 +717,10 @@ mod tests {
         assert_eq!(e, "refusing 10.0.0.7");
         assert!(c.state().v2p.is_empty());
         assert!(peek(c.dataplane(), 1, |f| f.v2p.is_empty()));
-        let r = c.handle(Request::CreatePort(CreatePort {
+        let r = c.handle(Request::CreatePort(Box::new(CreatePort {
             config: sample_port("opte0", 5),
             netns: None,
-        }));
+        })));
         assert!(matches!(r, Outcome::Ok(_)), "{r:?}");
         assert_eq!(c.dataplane().owner("opte0"), Some(0));
     }

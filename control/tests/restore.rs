@@ -138,10 +138,10 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
     };
     ok(
         &mut ctl,
-        Request::CreatePort(CreatePort {
+        Request::CreatePort(Box::new(CreatePort {
             config,
             netns: None,
-        }),
+        })),
     );
     let route = RouteEntry {
         dest: "10.0.0.0/8".parse().unwrap(),

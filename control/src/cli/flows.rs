@@ -231,10 +231,10 @@ mod tests {
     fn tables_from_the_engines_answers() {
         let engine = Engine::new(EngineConfig::new("fd00::1".parse().unwrap())).unwrap();
         let mut c = Controller::new(Datapath::without_io(engine), None);
-        let create = Request::CreatePort(CreatePort {
+        let create = Request::CreatePort(Box::new(CreatePort {
             config: crate::api::tests::sample_port("opte0", 5),
             netns: None,
-        });
+        }));
         assert_eq!(c.handle(create), Outcome::Ok(Reply::Done));
         let show = |c: &mut Controller<Datapath>, r: Request| match c.handle(r.clone()) {
             Outcome::Ok(reply) => render(&r, &reply).unwrap(),

@@ -21,13 +21,13 @@ pub const DEFAULT_BURST_MIN: u64 = 4 * 64 * 1024;
 pub const DEFAULT_BURST_NS: u64 = 20_000_000;
 
 /// The largest limit accepted: 400 Gbit/s, beyond any NIC a sled has.
-pub const MAX_MBPS: u64 = 400_000;
+pub const MAX_MBPS: u32 = 400_000;
 
 /// The largest burst accepted (1 GiB).
-pub const MAX_BURST_KIB: u64 = 1 << 20;
+pub const MAX_BURST_KIB: u32 = 1 << 20;
 
 /// The largest packet rate accepted.
-pub const MAX_PPS: u64 = 1_000_000_000;
+pub const MAX_PPS: u32 = 1_000_000_000;
 
 /// A port's limits as configured; `None` is unlimited. `burst_kib` applies to both
 /// byte buckets (default: [`DEFAULT_BURST_NS`] at the rate, at least
@@ -36,13 +36,13 @@ pub const MAX_PPS: u64 = 1_000_000_000;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress_mbps: Option<u64>,
+    pub egress_mbps: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ingress_mbps: Option<u64>,
+    pub ingress_mbps: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub burst_kib: Option<u64>,
+    pub burst_kib: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pps: Option<u64>,
+    pub pps: Option<u32>,
 }
 
 impl PortLimits {
@@ -155,16 +155,19 @@ struct Policer {
 }
 
 impl Policer {
-    fn new(mbps: Option<u64>, burst_kib: Option<u64>, pps: Option<u64>, now: u64) -> Policer {
+    fn new(mbps: Option<u32>, burst_kib: Option<u32>, pps: Option<u32>, now: u64) -> Policer {
         let bytes = mbps.map(|m| {
-            let rate = m * 1_000_000 / 8;
+            let rate = u64::from(m) * 1_000_000 / 8;
             let burst = match burst_kib {
-                Some(k) => k * 1024,
+                Some(k) => u64::from(k) * 1024,
                 None => (rate * DEFAULT_BURST_NS / 1_000_000_000).max(DEFAULT_BURST_MIN),
             };
             Bucket::new(rate, burst, now)
         });
-        let packets = pps.map(|p| Bucket::new(p, (p / 50).max(64), now));
+        let packets = pps.map(|p| {
+            let p = u64::from(p);
+            Bucket::new(p, (p / 50).max(64), now)
+        });
         Policer { bytes, packets }
     }
 
