@@ -27,6 +27,7 @@ pub mod pathcheck;
 pub mod pcapng;
 pub mod ra_listen;
 pub mod server;
+pub mod shaper;
 pub mod state;
 pub mod stats;
 pub mod tap_queue;

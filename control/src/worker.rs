@@ -32,12 +32,13 @@ use crate::config::PollMode;
 use crate::datapath::{Datapath, PortTap, Reattached, Reattacher, TapLink};
 use crate::handoff::{handoff_ring, Doorbell, Handoff, HandoffRx, HandoffTx, PushError};
 use crate::neighbours::NextHops;
+use crate::shaper::{IngressShaper, Offer};
 use crate::underlay::{LentSlots, SendError, UnderlayQueues};
 use crate::workers::{serve_jobs, JobRx};
 use dpio::poll::Epoll;
 use dpio::tap::{TapFault, TapPort, MAX_GATHER, MAX_TAP_FRAME};
 use dpio::xsk::{RxHeld, TxError};
-use engine::{FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest};
+use engine::{Engine, FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest};
 use serde::Serialize;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -352,6 +353,11 @@ pub struct WorkerIo {
     /// Taps found gone this round (by epoll, a read or a write), with why: their
     /// ports go down at the end of the round.
     gone: Vec<(u64, String)>,
+    /// Taps of ports over their egress limit (token, when they may send again):
+    /// out of the poll set until then, so their frames wait in the guest.
+    paused: Vec<(Instant, u64)>,
+    /// Frames for ports over their ingress limit, held until their tokens are back.
+    shaper: IngressShaper,
     /// The tap read buffer.
     buf: Vec<u8>,
     /// For frames of more pieces than one `writev` takes.
@@ -396,6 +402,8 @@ impl WorkerIo {
             lent: LentSlots::default(),
             ready: Vec::new(),
             gone: Vec::new(),
+            paused: Vec::new(),
+            shaper: IngressShaper::default(),
             buf: vec![0u8; MAX_TAP_FRAME],
             linear: Vec::new(),
             captures: Captures::default(),
@@ -407,6 +415,40 @@ impl WorkerIo {
         self.epoll
             .add(tap.as_raw_fd(), token)
             .map_err(|e| format!("tap {:?}: {e}", tap.name()))
+    }
+
+    /// Puts the paused taps that may send again back in the poll set (a tap with
+    /// frames is reported by the next wait). A port deleted or gone down
+    /// meanwhile is skipped; a new port in its slot is already watched.
+    fn resume_taps(&mut self, now: Instant, taps: &[Option<PortTap>]) {
+        if self.paused.is_empty() {
+            return;
+        }
+        let epoll = &self.epoll;
+        self.paused.retain(|&(until, token)| {
+            if until > now {
+                return true;
+            }
+            let port = usize::try_from(token).ok().and_then(|i| taps.get(i)?.as_ref());
+            if let Some(TapLink::Up(tap)) = port.map(|p| &p.link) {
+                if let Err(e) = epoll.add(tap.as_raw_fd(), token) {
+                    if e.raw_os_error() != Some(libc::EEXIST) {
+                        tracing::warn!(tap = tap.name(), error = %e, "paused tap not watched again");
+                    }
+                }
+            }
+            false
+        });
+    }
+
+    /// When the first paused tap may send again, or the first held frame may be
+    /// delivered.
+    fn next_resume(&self) -> Option<Instant> {
+        let paused = self.paused.iter().map(|p| p.0).min();
+        match (paused, self.shaper.next_due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Stops watching a tap (before it is closed).
@@ -520,7 +562,10 @@ pub fn run_worker(dp: &mut Datapath, jobs: &JobRx<Datapath>, stop: &AtomicBool) 
             if serve_jobs(jobs, dp) > 0 || dp.handoffs_pending() {
                 Duration::ZERO
             } else {
-                tick_every.saturating_sub(now.duration_since(last_tick))
+                // Until the next tick, or until a paused tap may send again.
+                let tick = tick_every.saturating_sub(now.duration_since(last_tick));
+                dp.next_resume()
+                    .map_or(tick, |t| t.saturating_duration_since(now).min(tick))
             }
         } else {
             Duration::ZERO
@@ -564,6 +609,13 @@ impl Datapath {
         };
         let st = &mut self.stats;
         st.rounds += 1;
+        io.resume_taps(now, &self.taps);
+        let taps_now = &self.taps;
+        let (written, failed) =
+            io.shaper
+                .release(&mut self.engine, |p| up_tap(taps_now, p), (now, nanos));
+        st.tap_tx_frames += written;
+        st.tap_tx_errors += failed;
         if taps {
             io.readiness(timeout);
         } else {
@@ -581,6 +633,17 @@ impl Datapath {
             };
             let port = engine::PortId(token as u32);
             for _ in 0..BATCH {
+                // Over its egress limit: the tap leaves the poll set until the
+                // tokens are back (a tap left there with frames would be reported
+                // by every wait and keep the worker from sleeping); the guest's
+                // frames wait in its queues.
+                if let Some(ns) = engine.egress_wait(port, nanos) {
+                    if let Err(e) = io.epoll.remove(tap.as_raw_fd()) {
+                        tracing::debug!(tap = tap.name(), error = %e, "tap not in the poll set");
+                    }
+                    io.paused.push((now + Duration::from_nanos(ns), token));
+                    break;
+                }
                 match tap.read(&mut io.buf) {
                     Ok(Some((vnet, len))) => {
                         got += 1;
@@ -648,7 +711,7 @@ impl Datapath {
         engine.retry_held(nanos, routes, &mut out);
         engine.end_of_batch(&mut out);
         let mut out = out.unlend();
-        drain(&out, io, &self.taps, st);
+        drain(&out, io, &self.taps, st, &mut self.engine, (now, nanos));
         out.clear();
         self.batch = out;
         io.release();
@@ -665,6 +728,11 @@ impl Datapath {
 
     fn poll_mode(&self) -> PollMode {
         self.io.as_ref().map_or(PollMode::Adaptive, |io| io.poll)
+    }
+
+    /// When the first tap paused for its port's egress limit may send again.
+    fn next_resume(&self) -> Option<Instant> {
+        self.io.as_ref().and_then(WorkerIo::next_resume)
     }
 
     /// Tells the other workers and the controller that this one is about to sleep.
@@ -701,11 +769,13 @@ impl Datapath {
     /// The engine's timers: unsolicited RAs, flow expiry; their frames go out at
     /// once. Also where re-opened taps are picked up (and after every sleep).
     fn tick(&mut self) {
-        let now = self.nanos(Instant::now());
+        let at = Instant::now();
+        let now = self.nanos(at);
         let mut out = std::mem::take(&mut self.batch);
         self.engine.tick(now, &mut out);
         if let Some(io) = self.io.as_mut() {
-            drain(&out, io, &self.taps, &mut self.stats);
+            let (taps, st) = (&self.taps, &mut self.stats);
+            drain(&out, io, taps, st, &mut self.engine, (at, now));
             io.release();
         }
         out.clear();
@@ -787,6 +857,13 @@ impl Datapath {
 }
 
 /// The tap of port `token` if it is up.
+fn up_tap(taps: &[Option<PortTap>], port: engine::PortId) -> Option<&TapPort> {
+    match &taps.get(port.0 as usize)?.as_ref()?.link {
+        TapLink::Up(tap) => Some(tap),
+        TapLink::Down { .. } => None,
+    }
+}
+
 fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut TapPort> {
     let port = taps.get_mut(usize::try_from(token).ok()?)?.as_mut()?;
     match &mut port.link {
@@ -796,7 +873,16 @@ fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut TapPort> 
 }
 
 /// Sends every frame of the batch where the engine said.
-fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<PortTap>], st: &mut WorkerStats) {
+/// Frames for a port over its ingress limit are held (`shaper.rs`) rather than
+/// written; `clock` is now as an instant and as the engine's nanoseconds.
+fn drain(
+    out: &TxBatch,
+    io: &mut WorkerIo,
+    taps: &[Option<PortTap>],
+    st: &mut WorkerStats,
+    engine: &mut Engine,
+    clock: (Instant, u64),
+) {
     for (index, (dest, frame)) in out.iter().enumerate() {
         match dest {
             TxDest::Underlay { ifindex } => {
@@ -820,28 +906,42 @@ fn drain(out: &TxBatch, io: &mut WorkerIo, taps: &[Option<PortTap>], st: &mut Wo
                         continue;
                     }
                 };
-                let dropped = match to_tap(tap, &vnet.to_bytes(), frame, &io.held, &mut io.linear) {
-                    Ok(linearized) => {
-                        st.tap_tx_frames += 1;
-                        st.tap_tx_linearized += u64::from(linearized);
-                        None
+                let held = &io.held;
+                let fill = |v: &mut Vec<u8>| {
+                    held.for_each_part(frame, |p| v.extend_from_slice(p));
+                };
+                let offer = io
+                    .shaper
+                    .offer(engine, port, vnet, frame.len(), fill, clock);
+                let dropped = match offer {
+                    // Captured as offered: written later, or dropped (counted).
+                    Offer::Held => None,
+                    Offer::Full => Some("rate_limited"),
+                    Offer::Now => {
+                        match to_tap(tap, &vnet.to_bytes(), frame, &io.held, &mut io.linear) {
+                            Ok(linearized) => {
+                                st.tap_tx_frames += 1;
+                                st.tap_tx_linearized += u64::from(linearized);
+                                None
+                            }
+                            Err(e) => match TapFault::of(&e) {
+                                TapFault::LinkDown => {
+                                    st.tap_tx_link_down += 1;
+                                    Some("tap_tx_link_down")
+                                }
+                                TapFault::Gone => {
+                                    st.tap_tx_port_down += 1;
+                                    io.gone.push((u64::from(port.0), format!("write: {e}")));
+                                    Some("tap_tx_port_down")
+                                }
+                                TapFault::Frame => {
+                                    st.tap_tx_errors += 1;
+                                    tracing::debug!(tap = tap.name(), error = %e, "tap write failed");
+                                    Some("tap_tx_errors")
+                                }
+                            },
+                        }
                     }
-                    Err(e) => match TapFault::of(&e) {
-                        TapFault::LinkDown => {
-                            st.tap_tx_link_down += 1;
-                            Some("tap_tx_link_down")
-                        }
-                        TapFault::Gone => {
-                            st.tap_tx_port_down += 1;
-                            io.gone.push((u64::from(port.0), format!("write: {e}")));
-                            Some("tap_tx_port_down")
-                        }
-                        TapFault::Frame => {
-                            st.tap_tx_errors += 1;
-                            tracing::debug!(tap = tap.name(), error = %e, "tap write failed");
-                            Some("tap_tx_errors")
-                        }
-                    },
                 };
                 if !io.captures.is_empty() {
                     let held = &io.held;

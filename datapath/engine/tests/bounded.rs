@@ -365,68 +365,106 @@ fn dump_pages_return_every_entry_exactly_once() {
     assert_eq!((d.outbound.len(), d.next), (3, None));
 }
 
-/// A port's egress limit: frames over it are dropped and counted `rate_limited`
-/// (policing: nothing queued), tokens come back with time, and the port's
-/// ingress (its own bucket) and another port are untouched. Removing the limit
-/// passes everything again.
+/// A port's limits shape both ways, with the caller's help: egress, it asks
+/// `egress_wait` before taking the guest's next frame; ingress, it asks
+/// `ingress_take` before delivering one (holding it meanwhile) and reports a
+/// frame it had no room to hold (`ingress_overflow`, counted `rate_limited`).
+/// The engine itself drops nothing for a limit; each direction has its own
+/// bucket, and lifting the limits lets everything through at once.
 #[test]
-fn rate_limits_police_one_port_and_one_direction() {
+fn rate_limits_shape_both_ways() {
     let (mut a, pa, mut b, pb) = two_sleds();
+    let (g1, g2) = (guest(1), guest(2));
     let limits = engine::PortLimits {
         egress_mbps: Some(8), // 1 MB/s
+        ingress_mbps: Some(8),
         burst_kib: Some(64),
         ..engine::PortLimits::default()
     };
-    a.set_port_limits(guest(1).name, limits).unwrap();
-    let (g1, g2) = (guest(1), guest(2));
+    a.set_port_limits(g1.name, limits).unwrap();
     let payload = [0u8; 1000];
-    let send = |a: &mut Engine, n: usize, now: u64| {
-        let mut out = TxBatch::new();
-        for i in 0..n {
-            let f = frame(
-                &g1,
-                Some(g2.v4),
-                None,
-                L4::Udp {
-                    sport: 4000,
-                    dport: 53 + i as u16 % 2,
-                },
-                &payload,
-            );
-            a.process_guest(pa, VnetHdr::default(), &f, now, &Fabric, &mut out);
-        }
-        frames_of(&out, &[]).len()
-    };
-    // 64 KiB of burst holds 62 frames of 1042 bytes; the rest of 100 are dropped.
-    let passed = send(&mut a, 100, NS_PER_S);
-    assert_eq!(passed, 65536 / (payload.len() + 42), "burst");
-    let limited = a.stats().ports[0].drops.get_named("rate_limited");
-    assert_eq!(limited, 100 - passed as u64);
-    // 10 ms later, 10 KB more, with the 932 bytes the burst left: 10 frames.
-    assert_eq!(send(&mut a, 100, NS_PER_S + 10_000_000), 10);
-    // Ingress is not limited: sled B's guest reaches guest 1 at any rate.
-    let mut out = TxBatch::new();
-    for i in 0..100u16 {
-        let f = frame(
-            &g2,
-            Some(g1.v4),
+    let udp = |from: &Guest, to: Ipv4Addr, i: u16| {
+        frame(
+            from,
+            Some(to),
             None,
             L4::Udp {
-                sport: 53,
-                dport: 4000 + i % 2,
+                sport: 4000,
+                dport: 53 + i % 2,
             },
             &payload,
+        )
+    };
+    // As a worker does: takes frames while the port may send.
+    let send = |a: &mut Engine, now: u64| {
+        let mut out = TxBatch::new();
+        let mut taken = 0;
+        while a.egress_wait(pa, now).is_none() {
+            a.process_guest(
+                pa,
+                VnetHdr::default(),
+                &udp(&g1, g2.v4, taken),
+                now,
+                &Fabric,
+                &mut out,
+            );
+            taken += 1;
+        }
+        assert_eq!(
+            frames_of(&out, &[]).len(),
+            taken as usize,
+            "every frame taken leaves"
         );
-        b.process_guest(pb, VnetHdr::default(), &f, NS_PER_S, &Fabric, &mut out);
+        taken
+    };
+    // 64 KiB of burst holds 62 frames of 1042 bytes, and the 63rd overdraws it.
+    let t0 = NS_PER_S;
+    assert_eq!(send(&mut a, t0), 63);
+    // It owes 110 bytes (62 frames left 932 of the 65536): 110 us at 1 MB/s
+    // before the next frame.
+    let wait = a.egress_wait(pa, t0).unwrap();
+    assert!((110_000..=110_001).contains(&wait), "{wait}");
+    // 10 ms later, 10 KB more: 10 frames (the last one overdrawing again).
+    assert_eq!(send(&mut a, t0 + 10_000_000), 10);
+    let st = &a.stats().ports[0];
+    assert!(st.egress_throttled >= 2, "{}", st.egress_throttled);
+    assert_eq!(
+        st.drops.get_named("rate_limited"),
+        0,
+        "egress drops nothing"
+    );
+
+    // Ingress: the engine delivers every frame; the caller takes the tokens.
+    let mut out = TxBatch::new();
+    for i in 0..100u16 {
+        b.process_guest(
+            pb,
+            VnetHdr::default(),
+            &udp(&g2, g1.v4, i),
+            t0,
+            &Fabric,
+            &mut out,
+        );
     }
     let encapsulated: Vec<Vec<u8>> = frames_of(&out, &[]).into_iter().map(|(_, f)| f).collect();
-    assert_eq!(encapsulated.len(), 100);
-    let delivered = receive(&mut a, &encapsulated, NS_PER_S + 20_000_000);
-    assert_eq!(delivered.len(), 100, "ingress has no limit");
-    // Lifted: everything passes.
+    let delivered = receive(&mut a, &encapsulated, t0);
+    assert_eq!(delivered.len(), 100);
+    // 1042-byte frames: 63 taken from the 64 KiB burst (the last overdrawing it),
+    // then a wait of 110 us.
+    let taken = delivered
+        .iter()
+        .take_while(|(_, f)| a.ingress_take(pa, f.len(), t0).is_ok())
+        .count();
+    assert_eq!(taken, 63);
+    assert_eq!(a.ingress_take(pa, 1042, t0), Err(110_001));
+    a.ingress_overflow(pa);
+    assert_eq!(a.stats().ports[0].drops.get_named("rate_limited"), 1);
+
+    // Lifted: everything passes, nothing waits.
     a.set_port_limits(g1.name, engine::PortLimits::default())
         .unwrap();
-    assert_eq!(send(&mut a, 100, NS_PER_S + 30_000_000), 100);
+    assert_eq!(a.egress_wait(pa, t0 + 30_000_000), None);
+    assert_eq!(a.ingress_take(pa, 65536, t0 + 30_000_000), Ok(()));
     // Bad values are refused with the value named.
     let e = a
         .set_port_limits(

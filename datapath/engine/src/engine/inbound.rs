@@ -285,9 +285,6 @@ pub(super) fn inbound_verdict(
         return Err(DropReason::InboundDstNotGuest);
     }
     let bytes = ip_bytes(m);
-    if !p.policer.ingress(bytes as usize, now) {
-        return Err(DropReason::RateLimited);
-    }
     if let Some(e) = p.uft_in.lookup(key, epoch, now, bytes) {
         if !via.admits(&e.action.sender) {
             return Err(DropReason::UnderlaySrcMismatch);

@@ -86,11 +86,9 @@ impl Engine {
             p.c.drops.inc(r);
             return;
         }
-        // A TSO buffer is charged whole (ratelimit.rs).
-        if !p.policer.egress(frame.len(), now) {
-            p.c.drops.inc(DropReason::RateLimited);
-            return;
-        }
+        // Charged whole, TSO buffers too; the caller waits before the next frame
+        // of a port over its limit (`egress_wait`, ratelimit.rs).
+        p.policer.egress(frame.len(), now);
         if vnet.is_gso() {
             p.c.tso_buffers_in += 1;
         }

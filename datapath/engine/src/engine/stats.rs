@@ -24,6 +24,10 @@ pub(super) struct PortCounters {
     pub(super) tso_buffers_in: u64,
     pub(super) tso_segments_out: u64,
     pub(super) local_delivered: u64,
+    /// Times the guest had to wait for its egress limit's tokens.
+    pub(super) egress_throttled: u64,
+    /// Times a frame for the guest had to wait for its ingress limit's tokens.
+    pub(super) ingress_throttled: u64,
     pub(super) drops: DropCounters,
 }
 
@@ -43,6 +47,12 @@ pub struct PortStats {
     pub tso_segments_out: u64,
     /// Frames delivered to another port of this sled without encapsulation.
     pub local_delivered: u64,
+    /// Times the guest had to wait before its next frame was taken: its egress
+    /// limit's tokens were spent (`set-port-limits`).
+    pub egress_throttled: u64,
+    /// Times a frame for the guest was held because its ingress limit's tokens
+    /// were spent.
+    pub ingress_throttled: u64,
     pub uft_in: UftStats,
     pub uft_out: UftStats,
     pub firewall: FirewallStats,
@@ -134,6 +144,8 @@ impl PortStats {
             tso_buffers_in: p.c.tso_buffers_in,
             tso_segments_out: p.c.tso_segments_out,
             local_delivered: p.c.local_delivered,
+            egress_throttled: p.c.egress_throttled,
+            ingress_throttled: p.c.ingress_throttled,
             uft_in: p.uft_in.stats(),
             uft_out: p.uft_out.stats(),
             firewall: p.fw.stats(),
