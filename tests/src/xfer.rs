@@ -2,6 +2,7 @@
 //! the receiver compares every byte with the sender's seeded stream.
 
 use crate::guest::Guest;
+use crate::netns::Netns;
 use crate::{Context, Error, Result};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -48,6 +49,21 @@ pub fn transfer(
     xfer_bin: &Path,
     from: &Guest,
     to: &Guest,
+    to_ip: IpAddr,
+    port: u16,
+    bytes: u64,
+    timeout: Duration,
+) -> Result<Report> {
+    transfer_between(xfer_bin, &from.ns, &to.ns, to_ip, port, bytes, timeout)
+}
+
+/// [`transfer`] between any two namespaces (a guest's, the internet server's, ...):
+/// the receiver listens in `to` on every address of `to_ip`'s family, the sender
+/// in `from` connects to `to_ip:port` (an address that reaches `to`, NAT or not).
+pub fn transfer_between(
+    xfer_bin: &Path,
+    from: &Netns,
+    to: &Netns,
     to_ip: IpAddr,
     port: u16,
     bytes: u64,
