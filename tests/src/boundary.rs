@@ -413,8 +413,9 @@ pub fn nat_rack(
 
 /// The tun device of the switch.
 const TUN: &str = "bnd0";
-/// The router's link to the server has this MTU: smaller than what guests send, so
-/// path MTU discovery has work to do.
+/// The router's link to the server has this MTU: smaller than what guests send.
+/// The server's own MSS (1360) already keeps TCP segments within it; a test that
+/// wants path MTU discovery to work raises the server's `advmss`.
 pub const INTERNET_MTU: u16 = 1400;
 
 impl Internet {
