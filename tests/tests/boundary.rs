@@ -123,21 +123,77 @@ fn guest_reaches_the_internet_through_the_v2b_endpoint_and_back() -> Result<()> 
 
 /// The internet connects in to the guest's floating IPs, IPv4 and IPv6: a client
 /// on the internet server sends a checked 2 MiB stream to a receiver in the guest,
-/// at the floating address. Proves the inbound translation of 1:1 addresses (the
-/// switch delivers to the floating IP, the guest's socket listens on its private
-/// one) and that the replies leave from the floating IP: the client's kernel
-/// accepts only a SYN|ACK from the address it connected to.
+/// at the floating address; then, on a second connection in, the guest sends 1 MiB
+/// back, checked byte by byte. Proves the inbound translation of 1:1 addresses (the
+/// switch delivers to the floating IP, the guest's socket is on its private one and
+/// sees the server's own address) and that the replies leave from the floating IP:
+/// the client's kernel accepts only a SYN|ACK from the address it connected to.
 #[test]
 fn the_internet_connects_in_to_floating_ips() -> Result<()> {
     let (rack, internet) = floating_rack()?;
     let g = rack.guest(GUEST)?;
-    for (floating, port) in [(FLOATING4, 5211), (FLOATING6, 5212)] {
-        let got = xfer(&internet.server, &g.ns, ip(floating), port, XFER_BYTES)?;
+    for (floating, private, port) in [
+        (ip(FLOATING4), g.ipv4()?, 5211),
+        (ip(FLOATING6), g.ipv6()?, 5212),
+    ] {
+        let got = xfer(&internet.server, &g.ns, floating, port, XFER_BYTES)?;
         assert_eq!(got.bytes, XFER_BYTES);
+
+        let to = SocketAddr::new(floating, port + 10);
+        let any = SocketAddr::new(unspecified(floating), to.port());
+        let listener = g.ns.within(|| Ok(TcpListener::bind(any)?))?;
+        let client = connect(&internet.server, to, Duration::from_secs(20))?;
+        // Connected: the connection waits in the backlog, accept returns at once.
+        let (inside, peer) = listener.accept()?;
+        assert_eq!(peer.ip(), server(floating), "the guest sees the server");
+        assert_eq!(inside.local_addr()?.ip(), private, "on its private address");
+        assert_eq!(client.peer_addr()?, to);
+        stream(inside, client, 1 << 20)?;
     }
     assert_eq!(port_drops(&rack, GUEST, "nat_no_mapping")?, 0);
     assert_eq!(internet.counters()?.no_ingress, 0);
     Ok(())
+}
+
+/// The unspecified address of `like`'s family.
+fn unspecified(like: IpAddr) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+/// Byte `i` of the checked streams: a position-dependent pattern, so a lost,
+/// repeated or reordered segment shows.
+fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8
+}
+
+/// Sends `bytes` of [`pattern`] from `from` and closes; requires that `to` reads
+/// exactly them.
+fn stream(mut from: TcpStream, mut to: TcpStream, bytes: u64) -> Result<()> {
+    // Neither side may wait forever (the scope joins the sender).
+    from.set_write_timeout(Some(Duration::from_secs(20)))?;
+    to.set_read_timeout(Some(Duration::from_secs(20)))?;
+    std::thread::scope(|s| {
+        let sender = s.spawn(move || -> std::io::Result<()> {
+            let data: Vec<u8> = (0..bytes).map(pattern).collect();
+            from.write_all(&data)?;
+            from.shutdown(std::net::Shutdown::Write)
+        });
+        let mut got = Vec::new();
+        let read = to.read_to_end(&mut got);
+        let sent = sender.join().expect("the sender thread");
+        sent.map_err(|e| Error::new(format!("sending: {e}")))?;
+        read.map_err(|e| Error::new(format!("after {} bytes: {e}", got.len())))?;
+        if let Some(bad) = (0..bytes).zip(&got).position(|(i, b)| pattern(i) != *b) {
+            return Err(Error::new(format!("byte {bad} of the stream differs")));
+        }
+        if got.len() as u64 != bytes {
+            return Err(Error::new(format!("{} of {bytes} bytes", got.len())));
+        }
+        Ok(())
+    })
 }
 
 /// A guest with only an ephemeral IP reaches the internet: pings and a checked
