@@ -315,6 +315,7 @@ fn an_exhausted_snat_range_is_counted_and_frees_up() -> Result<()> {
     }
 
     let before = port_drops(&rack, "x0", "snat_exhausted")?;
+    assert_eq!(before, 0, "two connections fit a 2-port range");
     let third = connect(&g.ns, to, Duration::from_secs(4));
     match &third {
         Err(e) if e.0.contains("timed out") => {}
