@@ -5,7 +5,7 @@
 # MTU 8500), shows `xdeadm mtu`, `xdeadm ra` and `xdeadm ra listen` from a guest,
 # pings and runs iperf3 across sleds, prints `xdeadm stats`, then shows a guest
 # reaching an internet server through the boundary switch (V2B, SNAT and a floating
-# IP: `dump-v2b`, `list-ports`, ping, a checked TCP transfer, `dump-uft`, the NAT
+# IP: `dump-v2b`, `list-ports`, ping, checked TCP both ways, `dump-uft`, the NAT
 # counters), and tears down.
 #
 # The topology code is the e2e test harness itself (tests/src), so the demo shows

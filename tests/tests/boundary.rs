@@ -19,7 +19,7 @@ use e2e::guest::GuestSpec;
 use e2e::inject::{mac_of, parse_mac, Rogue};
 use e2e::poll::poll_until;
 use e2e::rack::{sled_underlay_addr, UNDERLAY_IF};
-use e2e::xfer::{transfer_between, Report};
+use e2e::xfer::{connect, fetch, stream, transfer_between, Report};
 use e2e::{Error, Guest, Netns, Rack, Result};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -171,43 +171,10 @@ fn unspecified(like: IpAddr) -> IpAddr {
     }
 }
 
-/// Byte `i` of the checked streams: a position-dependent pattern, so a lost,
-/// repeated or reordered segment shows.
-fn pattern(i: u64) -> u8 {
-    (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8
-}
-
-/// Sends `bytes` of [`pattern`] from `from` and closes; requires that `to` reads
-/// exactly them.
-fn stream(mut from: TcpStream, mut to: TcpStream, bytes: u64) -> Result<()> {
-    // Neither side may wait forever (the scope joins the sender).
-    from.set_write_timeout(Some(Duration::from_secs(20)))?;
-    to.set_read_timeout(Some(Duration::from_secs(20)))?;
-    std::thread::scope(|s| {
-        let sender = s.spawn(move || -> std::io::Result<()> {
-            let data: Vec<u8> = (0..bytes).map(pattern).collect();
-            from.write_all(&data)?;
-            from.shutdown(std::net::Shutdown::Write)
-        });
-        let mut got = Vec::new();
-        let read = to.read_to_end(&mut got);
-        let sent = sender.join().expect("the sender thread");
-        sent.map_err(|e| Error::new(format!("sending: {e}")))?;
-        read.map_err(|e| Error::new(format!("after {} bytes: {e}", got.len())))?;
-        if let Some(bad) = (0..bytes).zip(&got).position(|(i, b)| pattern(i) != *b) {
-            return Err(Error::new(format!("byte {bad} of the stream differs")));
-        }
-        if got.len() as u64 != bytes {
-            return Err(Error::new(format!("{} of {bytes} bytes", got.len())));
-        }
-        Ok(())
-    })
-}
-
-/// A guest with only an ephemeral IP reaches the internet: pings and a checked
-/// 1 MiB upload, IPv4 (guest e4) and IPv6 (guest e6: a port has one ephemeral IP,
-/// of either family, so one guest per family), and the flows' cached entries show
-/// the ephemeral source.
+/// A guest with only an ephemeral IP reaches the internet: pings, a checked 1 MiB
+/// upload and a checked 1 MiB download, IPv4 (guest e4) and IPv6 (guest e6: a port
+/// has one ephemeral IP, of either family, so one guest per family), and the flows'
+/// cached entries show the ephemeral source.
 #[test]
 fn ephemeral_ips_reach_the_internet() -> Result<()> {
     let guests = [
@@ -224,22 +191,20 @@ fn ephemeral_ips_reach_the_internet() -> Result<()> {
         let g = rack.guest(name)?;
         let eph = ip(eph);
         g.ping(server(eph), 56, Duration::from_secs(10))?;
-        upload(&internet, g, eph, 5221 + i as u16, 1024 * 1024)?;
+        upload(&internet, g, eph, 5221 + i as u16, 1 << 20)?;
+        fetch(
+            &g.ns,
+            &internet.server,
+            server(eph),
+            5225 + i as u16,
+            1 << 20,
+        )?;
         let uft = rack.sled(0)?.admin(&["dump-uft", name])?;
         assert!(uft.contains(&eph.to_string()), "{name}: {uft}");
         assert_eq!(port_drops(&rack, name, "no_external_ip")?, 0);
     }
     assert_eq!(internet.counters()?.no_ingress, 0);
     Ok(())
-}
-
-/// Opens a TCP connection from namespace `ns` to `to`, trying for `within`.
-fn connect(ns: &Netns, to: SocketAddr, within: Duration) -> Result<TcpStream> {
-    ns.within(|| {
-        let s = TcpStream::connect_timeout(&to, within)?;
-        s.set_read_timeout(Some(Duration::from_secs(20)))?;
-        Ok(s)
-    })
 }
 
 /// Sends a line each way on an established pair and checks it arrived.
@@ -365,7 +330,8 @@ fn cached_mtu(g: &Guest, dst: IpAddr) -> Result<Option<u32>> {
 
 /// Path MTU discovery through SNAT, IPv4 (guest p4) and IPv6 (guest p6, through an
 /// IPv6 SNAT address): each pings the server and uploads 10 MB through the MTU-1400
-/// router link, and afterwards its kernel has cached `mtu 1400` for the server.
+/// router link, and afterwards its kernel has cached `mtu 1400` for the server;
+/// then it downloads a checked 2 MiB (data segments in through SNAT).
 ///
 /// The server advertises a large MSS (its routes' `advmss`, as a server behind a
 /// bigger link would), so the guests (MTU 8500) send segments the router cannot
@@ -409,6 +375,7 @@ fn path_mtu_discovery_works_through_snat() -> Result<()> {
             cached.is_some_and(|m| m <= u32::from(INTERNET_MTU)),
             "{name}: the guest did not learn the path MTU: {cached:?}"
         );
+        fetch(&g.ns, &internet.server, dst, 5245 + i as u16, XFER_BYTES)?;
         assert_eq!(port_drops(&rack, name, "nat_no_mapping")?, 0, "{name}");
     }
     assert_eq!(internet.counters()?.no_ingress, 0);
