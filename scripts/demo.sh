@@ -3,7 +3,10 @@
 # workspace in release mode, then runs the `demo` binary of the e2e crate, which
 # builds the test rack (2 sleds on a 9000-byte IPv6 underlay, 2 guests per sled at
 # MTU 8500), shows `xdeadm mtu`, `xdeadm ra` and `xdeadm ra listen` from a guest,
-# pings and runs iperf3 across sleds, prints `xdeadm stats`, and tears down.
+# pings and runs iperf3 across sleds, prints `xdeadm stats`, then shows a guest
+# reaching an internet server through the boundary switch (V2B, SNAT and a floating
+# IP: `dump-v2b`, `list-ports`, ping, checked TCP both ways, `dump-uft`, the NAT
+# counters), and tears down.
 #
 # The topology code is the e2e test harness itself (tests/src), so the demo shows
 # exactly what the tests check. The demo removes everything it built when it exits;

@@ -14,11 +14,12 @@
 
 use crate::cmd::{terminate, Cmd};
 use crate::frames::{
-    geneve_option, ETHERTYPE_IPV4, ETHERTYPE_IPV6, OXIDE_CLASS, OXIDE_EXTERNAL, PROTO_TCP,
-    PROTO_UDP, TRANSPARENT_ETHERNET,
+    geneve_option, ETHERTYPE_IPV4, ETHERTYPE_IPV6, OXIDE_CLASS, OXIDE_EXTERNAL, PROTO_ICMP,
+    PROTO_ICMPV6, PROTO_TCP, PROTO_UDP, TRANSPARENT_ETHERNET,
 };
+use crate::guest::GuestSpec;
 use crate::inject::{mac_string, parse_mac};
-use crate::netns::{unique_id, Netns};
+use crate::netns::Netns;
 use crate::rack::Rack;
 use crate::{Context, Error, Result};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -180,30 +181,56 @@ pub fn encapsulate(ip: &[u8], to: &Ingress) -> Vec<u8> {
     g
 }
 
-/// Destination address and TCP/UDP destination port of an IP packet.
+/// Destination address of an IP packet from the internet and the port a NAT
+/// binding would hold for it, as a switch's NAT ingress looks them up: the TCP/UDP
+/// destination port; the identifier of an ICMP echo reply; for an ICMP error
+/// (destination unreachable, packet too big, time exceeded, parameter problem), the
+/// quoted packet's *source* port or echo identifier — the quote is the packet as it
+/// left, from the external address and port. No port for anything else.
 pub fn destination(ip: &[u8]) -> Option<(IpAddr, Option<u16>)> {
-    let (dst, proto, l4): (IpAddr, u8, usize) = match ip.first()? >> 4 {
+    let (dst, proto, l4) = addresses(ip)?;
+    Some((dst, nat_port(ip, proto, l4, false)))
+}
+
+/// Destination, protocol and L4 offset of an IPv4 or IPv6 packet (IPv6 without
+/// extension headers).
+fn addresses(ip: &[u8]) -> Option<(IpAddr, u8, usize)> {
+    match ip.first()? >> 4 {
         4 => {
             let a: [u8; 4] = ip.get(16..20)?.try_into().ok()?;
-            (
+            Some((
                 Ipv4Addr::from(a).into(),
                 *ip.get(9)?,
                 usize::from(ip[0] & 0x0f) * 4,
-            )
+            ))
         }
         6 => {
             let a: [u8; 16] = ip.get(24..40)?.try_into().ok()?;
-            (Ipv6Addr::from(a).into(), *ip.get(6)?, 40)
+            Some((Ipv6Addr::from(a).into(), *ip.get(6)?, 40))
         }
-        _ => return None,
-    };
-    let port = match proto {
-        PROTO_TCP | PROTO_UDP => ip
-            .get(l4 + 2..l4 + 4)
-            .map(|p| u16::from_be_bytes([p[0], p[1]])),
         _ => None,
-    };
-    Some((dst, port))
+    }
+}
+
+/// The NAT port of the packet `ip` whose L4 header of protocol `proto` is at `l4`:
+/// its destination port (`quoted`: its source port, the packet being the quote of an
+/// ICMP error), or its echo identifier, or for an ICMP error the quote's.
+fn nat_port(ip: &[u8], proto: u8, l4: usize, quoted: bool) -> Option<u16> {
+    let be16 = |at: usize| ip.get(at..at + 2).map(|p| u16::from_be_bytes([p[0], p[1]]));
+    let icmp_type = ip.get(l4).copied();
+    match (proto, icmp_type) {
+        (PROTO_TCP | PROTO_UDP, _) => be16(if quoted { l4 } else { l4 + 2 }),
+        // An echo reply, or (quoted) the echo request that left: the identifier.
+        (PROTO_ICMP, Some(0)) | (PROTO_ICMPV6, Some(129)) if !quoted => be16(l4 + 4),
+        (PROTO_ICMP, Some(8)) | (PROTO_ICMPV6, Some(128)) if quoted => be16(l4 + 4),
+        // An error (not itself quoted: errors are never sent about errors).
+        (PROTO_ICMP, Some(3 | 11 | 12)) | (PROTO_ICMPV6, Some(1..=4)) if !quoted => {
+            let quote = ip.get(l4 + 8..)?;
+            let (_, qproto, ql4) = addresses(quote)?;
+            nat_port(quote, qproto, ql4, true)
+        }
+        _ => None,
+    }
 }
 
 /// The switch's state: its table, its boundary VNI and its counters.
@@ -278,10 +305,117 @@ pub struct Internet {
     boundary_ns: String,
 }
 
+/// A guest that reaches the internet through the switch: its spec, its external
+/// addresses (`set-external-ips` flags), and the switch's ingress entries that
+/// bring its traffic back (address, SNAT port range).
+#[derive(Clone, Debug)]
+pub struct Outside {
+    pub spec: GuestSpec,
+    pub external: Vec<String>,
+    pub ingress: Vec<(IpAddr, Option<(u16, u16)>)>,
+}
+
+impl Outside {
+    /// Reached at its floating IPs (any family mix).
+    pub fn floating(spec: GuestSpec, addrs: &[IpAddr]) -> Outside {
+        Outside {
+            spec,
+            external: addrs
+                .iter()
+                .flat_map(|a| ["--floating-ip".to_string(), a.to_string()])
+                .collect(),
+            ingress: addrs.iter().map(|a| (*a, None)).collect(),
+        }
+    }
+
+    /// Leaving from its ephemeral IP.
+    pub fn ephemeral(spec: GuestSpec, addr: IpAddr) -> Outside {
+        Outside {
+            spec,
+            external: vec!["--ephemeral-ip".into(), addr.to_string()],
+            ingress: vec![(addr, None)],
+        }
+    }
+
+    /// Leaving from SNAT address `addr`, ports `range` (inclusive).
+    pub fn snat(spec: GuestSpec, addr: IpAddr, range: (u16, u16)) -> Outside {
+        Outside {
+            spec,
+            external: vec![
+                "--snat-ip".into(),
+                addr.to_string(),
+                "--snat-start".into(),
+                range.0.to_string(),
+                "--snat-end".into(),
+                range.1.to_string(),
+            ],
+            ingress: vec![(addr, Some(range))],
+        }
+    }
+}
+
+/// A rack whose guests reach the internet through the switch: sleds 0..`daemons`
+/// run daemons (no `--boundary-services`: V2B alone), the switch runs on sled
+/// `daemons`. The guests go on sled 0, each with both default routes to the
+/// internet gateway and its external addresses, and the V2B table sends everything
+/// to the switch; the internet routes every guest's external addresses back to the
+/// switch, whose ingress table sends them to sled 0. `bin` is the switch's binary.
+pub fn nat_rack(
+    prefix: &str,
+    daemons: usize,
+    guests: Vec<Outside>,
+    bin: &str,
+) -> Result<(Rack, Internet)> {
+    let mut rack = Rack::build(&crate::RackSpec::new(prefix, daemons + 1))?;
+    // No daemon on the switch's sled: its XDP program would take the Geneve.
+    for i in 0..daemons {
+        rack.start_daemon(i, &[])?;
+    }
+    let switch = crate::rack::sled_underlay_addr(daemons).to_string();
+    for net in ["0.0.0.0/0", "::/0"] {
+        rack.sled(0)?.admin(&["set-v2b", net, &switch])?;
+    }
+    let (mut ingress, mut back) = (Vec::new(), Vec::new());
+    for g in guests {
+        let (name, mac, vni) = (g.spec.name.clone(), parse_mac(&g.spec.mac)?, g.spec.vni);
+        rack.add_guest(g.spec)?;
+        let sled0 = rack.sled(0)?;
+        for net in ["0.0.0.0/0", "::/0"] {
+            sled0.admin(&["add-router-entry", &name, net, "igw"])?;
+        }
+        let mut args = vec!["set-external-ips", name.as_str()];
+        args.extend(g.external.iter().map(String::as_str));
+        sled0.admin(&args)?;
+        for (dst, ports) in g.ingress {
+            let host = format!("{dst}/{}", if dst.is_ipv4() { 32 } else { 128 });
+            if !back.contains(&host) {
+                back.push(host);
+            }
+            ingress.push(Ingress {
+                dst,
+                ports,
+                sled: sled0.addr,
+                vni,
+                mac,
+            });
+        }
+    }
+    let table = rack.sled(0)?.admin(&["--json", "dump-v2b"])?;
+    if table.matches(&switch).count() != 2 {
+        return Err(Error::new(format!(
+            "dump-v2b does not show the switch twice: {table}"
+        )));
+    }
+    let back: Vec<&str> = back.iter().map(String::as_str).collect();
+    let internet = Internet::attach(&rack, daemons, bin, &ingress, &back)?;
+    Ok((rack, internet))
+}
+
 /// The tun device of the switch.
 const TUN: &str = "bnd0";
-/// The router's link to the server has this MTU: smaller than what guests send, so
-/// path MTU discovery has work to do.
+/// The router's link to the server has this MTU: smaller than what guests send.
+/// The server's own MSS (1360) already keeps TCP segments within it; a test that
+/// wants path MTU discovery to work raises the server's `advmss`.
 pub const INTERNET_MTU: u16 = 1400;
 
 impl Internet {
@@ -300,15 +434,17 @@ impl Internet {
         back: &[&str],
     ) -> Result<Internet> {
         let s = rack.sled(sled)?;
-        let id = unique_id("e2e");
+        // Named after the rack, so whoever removes the rack's namespaces by prefix
+        // (the demo's exit trap, the stale sweep) removes these too.
+        let id = format!("{}-", rack.id);
         let fwd = [
             ("net.ipv4.ip_forward", "1"),
             ("net.ipv6.conf.all.forwarding", "1"),
             ("net.ipv4.conf.all.rp_filter", "0"),
             ("net.ipv4.conf.default.rp_filter", "0"),
         ];
-        let router = Netns::create(&format!("{id}-inr"), &fwd)?;
-        let server = Netns::create(&format!("{id}-ins"), &[])?;
+        let router = Netns::create(&format!("{id}inr"), &fwd)?;
+        let server = Netns::create(&format!("{id}ins"), &[])?;
         for (k, v) in fwd {
             s.ns.sysctl(k, v)?;
         }
@@ -376,8 +512,8 @@ impl Internet {
             ns_ip(&router, &[fam, "route", "add", prefix, "via", via])?;
             ns_ip(&s.ns, &[fam, "route", "add", prefix, "dev", TUN])?;
         }
-        let stats = rack.dir().join(format!("{id}-switch.json"));
-        let log = rack.dir().join(format!("{id}-switch.log"));
+        let stats = rack.dir().join("switch.json");
+        let log = rack.dir().join("switch.log");
         let mut cmd =
             s.ns.cmd(bin)
                 .args(["--listen", &s.addr.to_string(), "--tun", TUN])
@@ -491,5 +627,52 @@ mod tests {
         assert!(sw.from_sled(&g[..20]).is_none());
         let c = &sw.counters;
         assert_eq!((c.encap, c.no_ingress, c.decap, c.bad_geneve), (1, 1, 1, 1));
+    }
+
+    #[test]
+    fn icmp_is_routed_by_echo_identifier_and_by_the_quoted_source_port() {
+        let v4 = |proto: u8, l4: &[u8]| {
+            let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, proto, 0, 0];
+            ip.extend_from_slice(&[198, 51, 100, 1, 203, 0, 113, 9]);
+            ip.extend_from_slice(l4);
+            ip
+        };
+        let nat = IpAddr::from([203, 0, 113, 9]);
+        // Echo reply, identifier 2001.
+        let reply = v4(PROTO_ICMP, &[0, 0, 0, 0, 0x07, 0xd1, 0, 1]);
+        assert_eq!(destination(&reply), Some((nat, Some(2001))));
+        // Fragmentation needed quoting TCP from 203.0.113.9:2002 to port 5201.
+        let quote = v4(PROTO_TCP, &[0x07, 0xd2, 0x14, 0x51, 0, 0, 0, 1]);
+        let mut error = vec![3, 4, 0, 0, 0, 0, 0x05, 0x78];
+        error.extend_from_slice(&quote);
+        assert_eq!(
+            destination(&v4(PROTO_ICMP, &error)),
+            Some((nat, Some(2002)))
+        );
+        // Packet Too Big (IPv6) quoting an echo request with identifier 2003.
+        let v6 = |next: u8, l4: &[u8]| {
+            let mut ip = vec![0x60, 0, 0, 0, 0, 0, next, 64];
+            ip.extend_from_slice(&[
+                0x20, 0x01, 0x0d, 0xb8, 0, 0x51, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+            ]);
+            ip.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9]);
+            ip.extend_from_slice(l4);
+            ip
+        };
+        let quote = v6(PROTO_ICMPV6, &[128, 0, 0, 0, 0x07, 0xd3, 0, 1]);
+        let mut ptb = vec![2, 0, 0, 0, 0, 0, 0x05, 0x78];
+        ptb.extend_from_slice(&quote);
+        let (dst, port) = destination(&v6(PROTO_ICMPV6, &ptb)).unwrap();
+        assert_eq!(
+            (dst.to_string().as_str(), port),
+            ("2001:db8:9::9", Some(2003))
+        );
+        // Other ICMP: no port.
+        assert_eq!(
+            destination(&v4(PROTO_ICMP, &[8, 0, 0, 0, 0, 1, 0, 1]))
+                .unwrap()
+                .1,
+            None
+        );
     }
 }

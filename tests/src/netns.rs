@@ -138,6 +138,29 @@ impl Netns {
     pub fn read_sysctl(&self, key: &str) -> Result<String> {
         Ok(self.run("sysctl", &["-n", key])?.trim().to_string())
     }
+
+    /// Runs `f` on a thread that has entered this namespace (`setns`), and returns
+    /// what it returns: sockets it creates belong to the namespace for their whole
+    /// life, wherever they are used afterwards. The calling thread is not moved.
+    pub fn within<T: Send>(&self, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+        use std::os::fd::AsRawFd;
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let ns = std::fs::File::open(&path)
+                    .map_err(|e| crate::Error::new(format!("{path}: {e}")))?;
+                // SAFETY: setns(2) on a valid descriptor of a network namespace
+                // changes only this (scoped, short-lived) thread's namespace.
+                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    let e = std::io::Error::last_os_error();
+                    return Err(crate::Error::new(format!("entering {path}: {e}")));
+                }
+                f()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(crate::Error::new(format!("a thread in {path} panicked"))))
+        })
+    }
 }
 
 impl Drop for Netns {

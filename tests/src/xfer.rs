@@ -2,8 +2,10 @@
 //! the receiver compares every byte with the sender's seeded stream.
 
 use crate::guest::Guest;
+use crate::netns::Netns;
 use crate::{Context, Error, Result};
-use std::net::{IpAddr, SocketAddr};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -48,6 +50,21 @@ pub fn transfer(
     xfer_bin: &Path,
     from: &Guest,
     to: &Guest,
+    to_ip: IpAddr,
+    port: u16,
+    bytes: u64,
+    timeout: Duration,
+) -> Result<Report> {
+    transfer_between(xfer_bin, &from.ns, &to.ns, to_ip, port, bytes, timeout)
+}
+
+/// [`transfer`] between any two namespaces (a guest's, the internet server's, ...):
+/// the receiver listens in `to` on every address of `to_ip`'s family, the sender
+/// in `from` connects to `to_ip:port` (an address that reaches `to`, NAT or not).
+pub fn transfer_between(
+    xfer_bin: &Path,
+    from: &Netns,
+    to: &Netns,
     to_ip: IpAddr,
     port: u16,
     bytes: u64,
@@ -107,6 +124,85 @@ pub fn transfer(
         )));
     }
     Ok(got)
+}
+
+/// Opens a TCP connection from namespace `ns` to `to`, trying for `within`; reads
+/// time out after 20 s.
+pub fn connect(ns: &Netns, to: SocketAddr, within: Duration) -> Result<TcpStream> {
+    ns.within(|| {
+        let s = TcpStream::connect_timeout(&to, within)?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
+        Ok(s)
+    })
+}
+
+/// Byte `i` of [`stream`]: a position-dependent pattern, so a lost, repeated or
+/// reordered segment shows.
+pub fn pattern(i: u64) -> u8 {
+    (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8
+}
+
+/// Sends `bytes` of [`pattern`] from `from` and closes its sending side; requires
+/// that `to` reads exactly them. Neither side waits more than 20 s for the other.
+pub fn stream(mut from: TcpStream, mut to: TcpStream, bytes: u64) -> Result<()> {
+    from.set_write_timeout(Some(Duration::from_secs(20)))?;
+    to.set_read_timeout(Some(Duration::from_secs(20)))?;
+    std::thread::scope(|s| {
+        let sender = s.spawn(move || -> std::io::Result<()> {
+            let data: Vec<u8> = (0..bytes).map(pattern).collect();
+            from.write_all(&data)?;
+            from.shutdown(Shutdown::Write)
+        });
+        let mut got = Vec::new();
+        let read = to.read_to_end(&mut got);
+        let sent = sender
+            .join()
+            .map_err(|_| Error::new("the sending thread panicked"))?;
+        sent.map_err(|e| Error::new(format!("sending: {e}")))?;
+        read.map_err(|e| Error::new(format!("receiving, after {} bytes: {e}", got.len())))?;
+        if let Some(bad) = (0..bytes).zip(&got).position(|(i, b)| pattern(i) != *b) {
+            return Err(Error::new(format!("byte {bad} of the stream differs")));
+        }
+        if got.len() as u64 != bytes {
+            return Err(Error::new(format!(
+                "received {} of {bytes} bytes",
+                got.len()
+            )));
+        }
+        Ok(())
+    })
+}
+
+/// A checked download: a client in `client` connects to `server_ip:port` (an
+/// address that reaches namespace `server`, through NAT or not), where a listener
+/// in `server` accepts it and sends `bytes` that the client checks ([`stream`]).
+pub fn fetch(
+    client: &Netns,
+    server: &Netns,
+    server_ip: IpAddr,
+    port: u16,
+    bytes: u64,
+) -> Result<()> {
+    let any = SocketAddr::new(
+        if server_ip.is_ipv4() {
+            IpAddr::from([0u8; 4])
+        } else {
+            IpAddr::from([0u16; 8])
+        },
+        port,
+    );
+    let listener = server.within(|| Ok(TcpListener::bind(any)?))?;
+    // The first SYN may wait for neighbours on the way: a generous connect.
+    let inside = connect(
+        client,
+        SocketAddr::new(server_ip, port),
+        Duration::from_secs(20),
+    )
+    .map_err(|e| e.context(format!("connecting to {server_ip} port {port}")))?;
+    // Connected: the connection waits in the backlog, accept returns at once.
+    let (outside, _) = listener.accept()?;
+    stream(outside, inside, bytes)
+        .map_err(|e| e.context(format!("{bytes} bytes from {server_ip} port {port}")))
 }
 
 #[cfg(test)]

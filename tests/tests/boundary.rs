@@ -1,22 +1,30 @@
-//! V2B end to end: a guest whose default routes go to the internet gateway reaches a
-//! server on the "internet" through the boundary switch (`e2e::boundary`) that the
-//! V2B table names, and the replies the switch sends back marked External reach the
-//! guest; an External frame from a host that is not a V2B endpoint is refused.
+//! V2B and NAT end to end: guests whose default routes go to the internet gateway
+//! reach a server on the "internet" through the boundary switch (`e2e::boundary`)
+//! that the V2B table names, from their external addresses (floating, ephemeral,
+//! SNAT: the NAT layer rewrites their private sources), and what the switch sends
+//! back marked External reaches them; the internet connects in to floating IPs; an
+//! exhausted SNAT range is counted; ICMP errors from the internet (the MTU-1400
+//! router's Packet Too Big) are translated back so path MTU discovery works; an
+//! External frame from a host that is not a V2B endpoint is refused.
 //!
-//! The guest reaches the internet from its floating IPs (the NAT layer rewrites its
-//! private source): the internet routes them back to the switch, whose ingress
-//! table maps each to the guest's sled, VNI and MAC.
+//! The internet routes every guest's external addresses back to the switch, whose
+//! ingress table maps each (with its SNAT port range) to the guest's sled, VNI and
+//! MAC; ICMP is mapped by echo identifier, or for an error by the quoted packet's
+//! source port.
 
-use e2e::boundary::{Ingress, Internet};
+use e2e::boundary::{nat_rack, Internet, Outside, INTERNET_MTU};
 use e2e::counters::Snapshot;
 use e2e::frames::{self, geneve_option, Host, Outer, L4, OXIDE_CLASS, OXIDE_EXTERNAL};
 use e2e::guest::GuestSpec;
 use e2e::inject::{mac_of, parse_mac, Rogue};
+use e2e::poll::poll_until;
 use e2e::rack::{sled_underlay_addr, UNDERLAY_IF};
-use e2e::{Error, Rack, RackSpec, Result};
-use std::net::IpAddr;
-use std::process::Stdio;
-use std::time::Duration;
+use e2e::xfer::{connect, fetch, stream, transfer_between, Report};
+use e2e::{Error, Guest, Netns, Rack, Result};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 const BOUNDARY_SLED: usize = 2;
 const GUEST: &str = "w0";
@@ -24,135 +32,72 @@ const XFER_BYTES: u64 = 2 * 1024 * 1024;
 /// The guest's floating IPs, its addresses on the internet.
 const FLOATING4: &str = "203.0.113.7";
 const FLOATING6: &str = "2001:db8:7::7";
-/// The SNAT address two guests share.
+/// SNAT addresses (shared by guests, each with its own port range).
 const SNAT4: &str = "203.0.113.9";
+const SNAT6: &str = "2001:db8:9::9";
+/// The internet, as the guests' firewalls name it when they let it in.
+const INTERNET_NETS: [&str; 2] = ["198.51.100.0/24", "2001:db8:51::/64"];
 
-/// A guest of the rack: its spec, its external addresses (`set-external-ips`
-/// flags), and the switch's ingress entries that bring its traffic back
-/// (address, SNAT port range).
-struct Outside {
-    spec: GuestSpec,
-    external: Vec<String>,
-    ingress: Vec<(&'static str, Option<(u16, u16)>)>,
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("a constant address")
+}
+
+/// The internet server's address of the family of `like`.
+fn server(like: IpAddr) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => IpAddr::V4(Internet::SERVER4),
+        IpAddr::V6(_) => IpAddr::V6(Internet::SERVER6),
+    }
+}
+
+const SERVERS: [IpAddr; 2] = [IpAddr::V4(Internet::SERVER4), IpAddr::V6(Internet::SERVER6)];
+
+/// Three sleds: daemons on 0 and 1, the switch on 2; `guests` on sled 0.
+fn rack(guests: Vec<Outside>) -> Result<(Rack, Internet)> {
+    nat_rack("e2e", BOUNDARY_SLED, guests, env!("CARGO_BIN_EXE_boundary"))
 }
 
 /// Guest w0, dual-stack, reached from the internet at its floating IPs.
 fn floating_guest() -> Outside {
-    Outside {
-        spec: GuestSpec::dual(GUEST, 0, 7),
-        external: ["--floating-ip", FLOATING4, "--floating-ip", FLOATING6]
-            .map(String::from)
-            .to_vec(),
-        ingress: vec![(FLOATING4, None), (FLOATING6, None)],
-    }
-}
-
-/// Three sleds: daemons on 0 and 1 (no `--boundary-services`: V2B alone), the
-/// switch on 2. The guests on sled 0, each with both default routes to the internet
-/// gateway and its external addresses, and the V2B table sending everything to the
-/// switch; the internet routes `back` to the switch.
-fn rack(guests: Vec<Outside>, back: &[&str]) -> Result<(Rack, Internet)> {
-    let mut rack = Rack::build(&RackSpec::new("e2e", 3))?;
-    // No daemon on the switch's sled: its XDP program would take the Geneve.
-    rack.start_daemon(0, &[])?;
-    rack.start_daemon(1, &[])?;
-    let switch = sled_underlay_addr(BOUNDARY_SLED).to_string();
-    for net in ["0.0.0.0/0", "::/0"] {
-        rack.sled(0)?.admin(&["set-v2b", net, &switch])?;
-    }
-    let mut ingress = Vec::new();
-    for g in guests {
-        let (name, mac, vni) = (g.spec.name.clone(), parse_mac(&g.spec.mac)?, g.spec.vni);
-        rack.add_guest(g.spec)?;
-        let sled0 = rack.sled(0)?;
-        for net in ["0.0.0.0/0", "::/0"] {
-            sled0.admin(&["add-router-entry", &name, net, "igw"])?;
-        }
-        let mut args = vec!["set-external-ips", name.as_str()];
-        args.extend(g.external.iter().map(String::as_str));
-        sled0.admin(&args)?;
-        for (addr, ports) in g.ingress {
-            ingress.push(Ingress {
-                dst: addr
-                    .parse()
-                    .map_err(|e| Error::new(format!("{addr}: {e}")))?,
-                ports,
-                sled: sled0.addr,
-                vni,
-                mac,
-            });
-        }
-    }
-    let table = rack.sled(0)?.admin(&["--json", "dump-v2b"])?;
-    if table.matches(&switch).count() != 2 {
-        return Err(Error::new(format!(
-            "dump-v2b does not show the switch twice: {table}"
-        )));
-    }
-    let bin = env!("CARGO_BIN_EXE_boundary");
-    let internet = Internet::attach(&rack, BOUNDARY_SLED, bin, &ingress, back)?;
-    Ok((rack, internet))
+    Outside::floating(
+        GuestSpec::dual(GUEST, 0, 7),
+        &[ip(FLOATING4), ip(FLOATING6)],
+    )
 }
 
 /// The rack of the floating-IP tests.
 fn floating_rack() -> Result<(Rack, Internet)> {
-    rack(
-        vec![floating_guest()],
-        &[&format!("{FLOATING4}/32"), &format!("{FLOATING6}/128")],
-    )
+    rack(vec![floating_guest()])
 }
 
-/// A checked TCP transfer of [`XFER_BYTES`] from guest `g` to the internet server
-/// on `port`, through the MTU-1400 link.
-fn upload(internet: &Internet, g: &e2e::Guest, port: u16) -> Result<()> {
-    let xfer = env!("CARGO_BIN_EXE_e2e-xfer");
-    let seed = u64::from(std::process::id()).to_string();
-    let bytes = XFER_BYTES.to_string();
-    let mut receiver = internet
-        .server
-        .cmd(xfer)
-        .args(["recv", &format!("0.0.0.0:{port}"), &bytes, &seed])
-        .spawn_with(Stdio::piped(), Stdio::piped())?;
-    let dest = format!("{}:{port}", Internet::SERVER4);
-    let sent = g
-        .cmd(xfer)
-        .args(["send", &dest, &bytes, &seed])
-        .timeout(Duration::from_secs(60))
-        .run();
-    if sent.is_err() {
-        // The receiver would wait for the bytes forever.
-        let _ = receiver.kill();
-    }
-    let out = receiver.wait_with_output()?;
-    let received = String::from_utf8_lossy(&out.stdout).into_owned();
-    let sent = sent.map_err(|e| Error::new(format!("upload to port {port}: {e}")))?;
-    assert!(
-        out.status.success(),
-        "receiver: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        received.contains(&format!("bytes={XFER_BYTES} ")),
-        "{received}"
-    );
-    let hash = |s: &str| {
-        s.split_whitespace()
-            .find(|w| w.starts_with("fnv64="))
-            .map(str::to_string)
-    };
-    assert_eq!(
-        hash(&sent),
-        hash(&received),
-        "sent {sent} received {received}"
-    );
-    Ok(())
+/// A checked TCP transfer of `bytes` from namespace `from` to `to`, reached at
+/// `to_ip:port` (for a guest: its external address).
+fn xfer(from: &Netns, to: &Netns, to_ip: IpAddr, port: u16, bytes: u64) -> Result<Report> {
+    let bin = Path::new(env!("CARGO_BIN_EXE_e2e-xfer"));
+    transfer_between(bin, from, to, to_ip, port, bytes, Duration::from_secs(60))
+        .map_err(|e| e.context(format!("{bytes} bytes to {to_ip} port {port}")))
 }
 
+/// A checked upload of `bytes` from guest `g` to the internet server's address of
+/// the family of `like`, through the MTU-1400 link.
+fn upload(internet: &Internet, g: &Guest, like: IpAddr, port: u16, bytes: u64) -> Result<()> {
+    xfer(&g.ns, &internet.server, server(like), port, bytes).map(drop)
+}
+
+/// The port's drop counter `reason` on sled 0.
+fn port_drops(rack: &Rack, port: &str, reason: &str) -> Result<u64> {
+    Ok(Snapshot::take(rack.sled(0)?)?.get(&format!("engine.ports.{port}.drops.{reason}")))
+}
+
+/// A guest with floating IPs pings the internet server over IPv4 and IPv6 and
+/// uploads a checked 2 MiB over TCP: its frames reach the switch in the boundary
+/// VNI (the V2B endpoint), the answers come back External and are accepted; the
+/// V2B table survives a daemon restart and the guest reaches the server again.
 #[test]
 fn guest_reaches_the_internet_through_the_v2b_endpoint_and_back() -> Result<()> {
     let (mut rack, internet) = floating_rack()?;
     let g = rack.guest(GUEST)?;
-    for server in [IpAddr::V4(Internet::SERVER4), IpAddr::V6(Internet::SERVER6)] {
+    for server in SERVERS {
         g.ping(server, 56, Duration::from_secs(10))?;
     }
     let c = internet.counters()?;
@@ -165,10 +110,8 @@ fn guest_reaches_the_internet_through_the_v2b_endpoint_and_back() -> Result<()> 
     );
 
     // A checked TCP transfer to the server, whose link is MTU 1400.
-    upload(&internet, g, 5201)?;
-
-    let after = Snapshot::take(rack.sled(0)?)?;
-    let mismatch = after.get(&format!("engine.ports.{GUEST}.drops.underlay_src_mismatch"));
+    upload(&internet, g, SERVERS[0], 5201, XFER_BYTES)?;
+    let mismatch = port_drops(&rack, GUEST, "underlay_src_mismatch")?;
     assert_eq!(mismatch, 0, "the switch's frames were refused");
 
     // The table is saved: after a restart the guest reaches the server again.
@@ -177,23 +120,284 @@ fn guest_reaches_the_internet_through_the_v2b_endpoint_and_back() -> Result<()> 
     let switch = sled_underlay_addr(BOUNDARY_SLED).to_string();
     assert_eq!(table.matches(&switch).count(), 2, "{table}");
     let g = rack.guest(GUEST)?;
-    g.ping(IpAddr::V4(Internet::SERVER4), 56, Duration::from_secs(10))?;
+    g.ping(SERVERS[0], 56, Duration::from_secs(10))?;
     Ok(())
 }
 
+/// The internet connects in to the guest's floating IPs, IPv4 and IPv6: a client
+/// on the internet server sends a checked 2 MiB stream to a receiver in the guest,
+/// at the floating address; then, on a second connection in, the guest sends 1 MiB
+/// back, checked byte by byte. Proves the inbound translation of 1:1 addresses (the
+/// switch delivers to the floating IP, the guest's socket is on its private one and
+/// sees the server's own address) and that the replies leave from the floating IP:
+/// the client's kernel accepts only a SYN|ACK from the address it connected to.
+#[test]
+fn the_internet_connects_in_to_floating_ips() -> Result<()> {
+    let mut guest = floating_guest();
+    guest
+        .spec
+        .allow_inbound_from
+        .extend(INTERNET_NETS.map(String::from));
+    let (rack, internet) = rack(vec![guest])?;
+    let g = rack.guest(GUEST)?;
+    for (floating, private, port) in [
+        (ip(FLOATING4), g.ipv4()?, 5211),
+        (ip(FLOATING6), g.ipv6()?, 5212),
+    ] {
+        let got = xfer(&internet.server, &g.ns, floating, port, XFER_BYTES)?;
+        assert_eq!(got.bytes, XFER_BYTES);
+
+        let to = SocketAddr::new(floating, port + 10);
+        let any = SocketAddr::new(unspecified(floating), to.port());
+        let listener = g.ns.within(|| Ok(TcpListener::bind(any)?))?;
+        let client = connect(&internet.server, to, Duration::from_secs(20))?;
+        // Connected: the connection waits in the backlog, accept returns at once.
+        let (inside, peer) = listener.accept()?;
+        assert_eq!(peer.ip(), server(floating), "the guest sees the server");
+        assert_eq!(inside.local_addr()?.ip(), private, "on its private address");
+        assert_eq!(client.peer_addr()?, to);
+        stream(inside, client, 1 << 20)?;
+    }
+    assert_eq!(port_drops(&rack, GUEST, "nat_no_mapping")?, 0);
+    assert_eq!(internet.counters()?.no_ingress, 0);
+    Ok(())
+}
+
+/// The unspecified address of `like`'s family.
+fn unspecified(like: IpAddr) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+/// A guest with only an ephemeral IP reaches the internet: pings, a checked 1 MiB
+/// upload and a checked 1 MiB download, IPv4 (guest e4) and IPv6 (guest e6: a port
+/// has one ephemeral IP, of either family, so one guest per family), and the flows'
+/// cached entries show the ephemeral source.
+#[test]
+fn ephemeral_ips_reach_the_internet() -> Result<()> {
+    let guests = [
+        ("e4", GuestSpec::v4("e4", 0, 20), "203.0.113.20"),
+        ("e6", GuestSpec::v6("e6", 0, 21), "2001:db8:7::21"),
+    ];
+    let (rack, internet) = rack(
+        guests
+            .iter()
+            .map(|(_, spec, eph)| Outside::ephemeral(spec.clone(), ip(eph)))
+            .collect(),
+    )?;
+    for (i, (name, _, eph)) in guests.iter().enumerate() {
+        let g = rack.guest(name)?;
+        let eph = ip(eph);
+        g.ping(server(eph), 56, Duration::from_secs(10))?;
+        upload(&internet, g, eph, 5221 + i as u16, 1 << 20)?;
+        fetch(
+            &g.ns,
+            &internet.server,
+            server(eph),
+            5225 + i as u16,
+            1 << 20,
+        )?;
+        let uft = rack.sled(0)?.admin(&["dump-uft", name])?;
+        assert!(uft.contains(&eph.to_string()), "{name}: {uft}");
+        assert_eq!(port_drops(&rack, name, "no_external_ip")?, 0);
+    }
+    assert_eq!(internet.counters()?.no_ingress, 0);
+    Ok(())
+}
+
+/// Sends a line each way on an established pair and checks it arrived.
+fn exchange(client: &mut TcpStream, server: &mut TcpStream, what: &str) -> Result<()> {
+    let one_way = |from: &mut TcpStream, to: &mut TcpStream, msg: String| -> Result<()> {
+        from.write_all(msg.as_bytes())?;
+        let mut got = vec![0; msg.len()];
+        to.read_exact(&mut got)
+            .map_err(|e| Error::new(format!("{}: {e}", msg.trim())))?;
+        assert_eq!(got, msg.as_bytes());
+        Ok(())
+    };
+    one_way(client, server, format!("{what} out\n"))?;
+    one_way(server, client, format!("{what} in\n"))
+}
+
+/// Closes `s` with an RST (SO_LINGER 0) rather than a FIN.
+fn reset(s: TcpStream) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on the stream's open descriptor with a correctly sized
+    // `linger` value.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    drop(s);
+    Ok(())
+}
+
+/// A SNAT range of two ports holds two connections: the guest opens two TCP
+/// connections to the internet server (both carry data each way, from ports 3000
+/// and 3001 of the range), a third one's SYNs are dropped and counted
+/// `snat_exhausted` (its connect times out); once the first connection is reset
+/// (its firewall connection closed, free after the 5 s incipient timeout) a new one
+/// gets through, and the second still carries data.
+#[test]
+fn an_exhausted_snat_range_is_counted_and_frees_up() -> Result<()> {
+    const RANGE: (u16, u16) = (3000, 3001);
+    let (rack, internet) = rack(vec![Outside::snat(
+        GuestSpec::v4("x0", 0, 30),
+        ip(SNAT4),
+        RANGE,
+    )])?;
+    let g = rack.guest("x0")?;
+    let to = SocketAddr::new(SERVERS[0], 5231);
+    let listener = internet.server.within(|| {
+        let l = TcpListener::bind(("0.0.0.0", to.port()))?;
+        l.set_nonblocking(true)?;
+        Ok(l)
+    })?;
+    let accept = || {
+        poll_until("the server to accept", Duration::from_secs(20), || {
+            let (s, _) = listener.accept()?;
+            s.set_nonblocking(false)?;
+            s.set_read_timeout(Some(Duration::from_secs(20)))?;
+            Ok(s)
+        })
+    };
+    // The first SYN may wait for the underlay neighbour: a generous connect.
+    let mut c1 = connect(&g.ns, to, Duration::from_secs(20))?;
+    let mut s1 = accept()?;
+    let mut c2 = connect(&g.ns, to, Duration::from_secs(20))?;
+    let mut s2 = accept()?;
+    exchange(&mut c1, &mut s1, "first")?;
+    exchange(&mut c2, &mut s2, "second")?;
+    let uft = rack.sled(0)?.admin(&["dump-uft", "x0"])?;
+    for port in [RANGE.0, RANGE.1] {
+        assert!(uft.contains(&format!("port {port}")), "{uft}");
+    }
+
+    let before = port_drops(&rack, "x0", "snat_exhausted")?;
+    assert_eq!(before, 0, "two connections fit a 2-port range");
+    let third = connect(&g.ns, to, Duration::from_secs(4));
+    match &third {
+        Err(e) if e.0.contains("timed out") => {}
+        other => panic!("a third connection through a 2-port range: {other:?}"),
+    }
+    let after = port_drops(&rack, "x0", "snat_exhausted")?;
+    assert!(after > before, "snat_exhausted {before} -> {after}");
+
+    // An RST ends the first connection; its port is free once the closed
+    // connection's incipient timeout (5 s) has passed, and the guest's SYN
+    // retransmissions find it.
+    reset(c1)?;
+    let started = Instant::now();
+    let mut c4 = connect(&g.ns, to, Duration::from_secs(40))?;
+    let mut s4 = accept()?;
+    eprintln!("a freed port took {:.1?}", started.elapsed());
+    exchange(&mut c4, &mut s4, "fourth")?;
+    exchange(&mut c2, &mut s2, "second again")?;
+    assert_eq!(internet.counters()?.no_ingress, 0);
+    Ok(())
+}
+
+/// The `mtu N` the guest's kernel has cached for its route to `dst`, if any.
+fn cached_mtu(g: &Guest, dst: IpAddr) -> Result<Option<u32>> {
+    let fam = if dst.is_ipv4() { "-4" } else { "-6" };
+    let out = g.ns.ip(&[fam, "route", "get", &dst.to_string()])?;
+    let mut words = out.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "mtu" {
+            let n = words.next().unwrap_or_default();
+            return n
+                .parse()
+                .map(Some)
+                .map_err(|_| Error::new(format!("`mtu {n}` in {out}")));
+        }
+    }
+    Ok(None)
+}
+
+/// Path MTU discovery through SNAT, IPv4 (guest p4) and IPv6 (guest p6, through an
+/// IPv6 SNAT address): each pings the server and uploads 10 MB through the MTU-1400
+/// router link, and afterwards its kernel has cached `mtu 1400` for the server;
+/// then it downloads a checked 2 MiB (data segments in through SNAT).
+///
+/// The server advertises a large MSS (its routes' `advmss`, as a server behind a
+/// bigger link would), so the guests (MTU 8500) send segments the router cannot
+/// forward and it answers with Packet Too Big (ICMPv4 fragmentation needed) to the
+/// SNAT address, quoting the segment as it left. Only that error can teach the guest
+/// 1400: the datapath's own PTB for traffic to the internet says 1500, and the
+/// guest's kernel takes a PTB only when its quote matches one of its own connections
+/// (private address and port, sequence in flight), so the cached value proves the
+/// error came through the switch and NAT with its quoted packet translated. Were it
+/// dropped or left untranslated, the upload would stall (no PLPMTUD) and the cached
+/// MTU would not be 1400: the test would fail either way.
+#[test]
+fn path_mtu_discovery_works_through_snat() -> Result<()> {
+    let guests = [
+        ("p4", GuestSpec::v4("p4", 0, 40), SNAT4),
+        ("p6", GuestSpec::v6("p6", 0, 41), SNAT6),
+    ];
+    let (rack, internet) = rack(
+        guests
+            .iter()
+            .map(|(_, spec, nat)| Outside::snat(spec.clone(), ip(nat), (3100, 3199)))
+            .collect(),
+    )?;
+    for (fam, via) in [("-4", "198.51.100.1"), ("-6", "2001:db8:51::1")] {
+        internet.server.ip(&[
+            fam, "route", "replace", "default", "via", via, "advmss", "8400",
+        ])?;
+    }
+    for (i, (name, _, nat)) in guests.iter().enumerate() {
+        let g = rack.guest(name)?;
+        let dst = server(ip(nat));
+        g.ping(dst, 56, Duration::from_secs(10))?;
+        let cached = cached_mtu(g, dst)?;
+        assert!(
+            cached.is_none_or(|m| m > u32::from(INTERNET_MTU)),
+            "{name}: {cached:?}"
+        );
+        upload(&internet, g, dst, 5241 + i as u16, 10_000_000)?;
+        let cached = cached_mtu(g, dst)?;
+        assert!(
+            cached.is_some_and(|m| m <= u32::from(INTERNET_MTU)),
+            "{name}: the guest did not learn the path MTU: {cached:?}"
+        );
+        fetch(&g.ns, &internet.server, dst, 5245 + i as u16, XFER_BYTES)?;
+        assert_eq!(port_drops(&rack, name, "nat_no_mapping")?, 0, "{name}");
+    }
+    assert_eq!(internet.counters()?.no_ingress, 0);
+    Ok(())
+}
+
+/// A frame marked External from a host on the underlay that is not a V2B endpoint
+/// is refused (`underlay_src_mismatch`), even as a reply to a flow the guest
+/// opened; the switch's own frames still get through.
 #[test]
 fn external_frames_from_a_host_not_in_v2b_are_refused() -> Result<()> {
     let (rack, internet) = floating_rack()?;
     let g = rack.guest(GUEST)?;
     // A flow the guest opened, so that only the sender check can refuse the reply.
-    g.ping(IpAddr::V4(Internet::SERVER4), 56, Duration::from_secs(10))?;
+    g.ping(SERVERS[0], 56, Duration::from_secs(10))?;
     let rogue = Rogue::join(&rack)?;
     let sled0 = rack.sled(0)?;
     let guest_mac = parse_mac(&g.spec.mac)?;
     let udp = frames::inner(
         Host {
             mac: [0x02, 0xb0, 0, 0, 0, 1],
-            ip: IpAddr::V4(Internet::SERVER4),
+            ip: SERVERS[0],
         },
         Host {
             mac: guest_mac,
@@ -217,13 +421,13 @@ fn external_frames_from_a_host_not_in_v2b_are_refused() -> Result<()> {
         &geneve_option(OXIDE_CLASS, OXIDE_EXTERNAL, &[]),
         &udp,
     );
-    let count = |s: &Snapshot| s.get(&format!("engine.ports.{GUEST}.drops.underlay_src_mismatch"));
-    let before = count(&Snapshot::take(sled0)?);
+    let count = || port_drops(&rack, GUEST, "underlay_src_mismatch");
+    let before = count()?;
     for _ in 0..5 {
         rogue.send(&frame)?;
     }
-    e2e::poll::poll_until("5 refused External frames", Duration::from_secs(10), || {
-        let n = count(&Snapshot::take(sled0)?);
+    poll_until("5 refused External frames", Duration::from_secs(10), || {
+        let n = count()?;
         if n >= before + 5 {
             Ok(())
         } else {
@@ -231,7 +435,7 @@ fn external_frames_from_a_host_not_in_v2b_are_refused() -> Result<()> {
         }
     })?;
     // The switch itself is still trusted.
-    g.ping(IpAddr::V4(Internet::SERVER4), 56, Duration::from_secs(10))?;
+    g.ping(SERVERS[0], 56, Duration::from_secs(10))?;
     assert_eq!(internet.counters()?.no_ingress, 0);
     Ok(())
 }
@@ -242,25 +446,15 @@ fn external_frames_from_a_host_not_in_v2b_are_refused() -> Result<()> {
 /// the transfer), and both transfers arrive intact.
 #[test]
 fn two_guests_share_a_snat_address_with_disjoint_ranges() -> Result<()> {
-    let shared = |name: &str, n: u8, range: (u16, u16)| Outside {
-        spec: GuestSpec::v4(name, 0, n),
-        external: vec![
-            "--snat-ip".into(),
-            SNAT4.into(),
-            "--snat-start".into(),
-            range.0.to_string(),
-            "--snat-end".into(),
-            range.1.to_string(),
-        ],
-        ingress: vec![(SNAT4, Some(range))],
-    };
-    let (rack, internet) = rack(
-        vec![shared("s0", 8, (2000, 2099)), shared("s1", 9, (2100, 2199))],
-        &[&format!("{SNAT4}/32")],
-    )?;
+    let shared =
+        |name: &str, n: u8, range| Outside::snat(GuestSpec::v4(name, 0, n), ip(SNAT4), range);
+    let (rack, internet) = rack(vec![
+        shared("s0", 8, (2000, 2099)),
+        shared("s1", 9, (2100, 2199)),
+    ])?;
     let (s0, s1) = (rack.guest("s0")?, rack.guest("s1")?);
-    upload(&internet, s0, 5301)?;
-    upload(&internet, s1, 5302)?;
+    upload(&internet, s0, SERVERS[0], 5301, XFER_BYTES)?;
+    upload(&internet, s1, SERVERS[0], 5302, XFER_BYTES)?;
     let c = internet.counters()?;
     assert_eq!(
         c.no_ingress, 0,

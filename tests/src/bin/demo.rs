@@ -1,12 +1,19 @@
 //! demo: builds the standard rack (two sleds, two guests each, ports at MTU 8500),
 //! shows what the guests learn about their MTU, pings and measures throughput across
-//! sleds, shows the datapath's counters, and tears everything down on exit.
+//! sleds, shows the datapath's counters; then a guest reaching the internet through
+//! the boundary switch (V2B, SNAT and a floating IP); and tears everything down on
+//! exit.
 //!
 //! Run through `scripts/demo.sh`, which installs the tools and builds in release mode.
 //! Every command is printed before its output, so the run reads as a walkthrough.
 
+use e2e::boundary::{nat_rack, Internet, Outside};
+use e2e::counters::Snapshot;
 use e2e::standard::{self, A1, B1, B2};
-use e2e::{poll_until, Cmd, Guest, Rack, Result};
+use e2e::xfer::{fetch, transfer_between};
+use e2e::{poll_until, Cmd, Guest, GuestSpec, Rack, Result};
+use std::net::IpAddr;
+use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
@@ -154,6 +161,83 @@ fn run() -> Result<()> {
     section("tearing down");
     rack.teardown_quietly();
     println!("done: all namespaces, ports and daemons removed");
+
+    internet(&prefix)?;
+    Ok(())
+}
+
+fn addr(s: &str) -> Result<IpAddr> {
+    s.parse()
+        .map_err(|e| e2e::Error::new(format!("address {s:?}: {e}")))
+}
+
+/// A binary built next to this one (`scripts/demo.sh` builds them all).
+fn sibling(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    Ok(exe.with_file_name(name))
+}
+
+/// The way out of the rack: a sled with one guest, the boundary switch on a second
+/// sled (V2B sends everything to it), and the internet behind it (a server behind an
+/// MTU-1400 router link). The guest leaves from SNAT 203.0.113.9 (ports 2000-2099)
+/// over IPv4 and from its floating IP 2001:db8:7::7 over IPv6.
+fn internet(prefix: &str) -> Result<()> {
+    section("reaching the internet through the boundary switch (V2B and NAT)");
+    let spec = GuestSpec::dual("g0", 0, 7);
+    let mut guest = Outside::snat(spec, addr("203.0.113.9")?, (2000, 2099));
+    let floating = Outside::floating(guest.spec.clone(), &[addr("2001:db8:7::7")?]);
+    guest.external.extend(floating.external);
+    guest.ingress.extend(floating.ingress);
+    println!(
+        "guest g0 on sled 0: xdeadm set-external-ips g0 {}",
+        guest.external.join(" ")
+    );
+    let switch_bin = sibling("boundary")?.display().to_string();
+    let (rack, internet) = nat_rack(prefix, 1, vec![guest], &switch_bin)?;
+    println!(
+        "boundary switch on sled 1 ({}); internet server {} / {}",
+        rack.sled(1)?.addr,
+        Internet::SERVER4,
+        Internet::SERVER6
+    );
+    xdeadm(&rack, 0, &["dump-v2b"])?;
+    xdeadm(&rack, 0, &["list-ports"])?;
+    let g = rack.guest("g0")?;
+    let servers = [IpAddr::V4(Internet::SERVER4), IpAddr::V6(Internet::SERVER6)];
+    for server in servers {
+        // The first packets may wait for the underlay neighbour.
+        g.ping(server, 56, Duration::from_secs(10))?;
+        in_guest(g, "ping", &["-c", "2", "-i", "0.2", &server.to_string()])?;
+    }
+    for (server, port) in servers.into_iter().zip([5201, 5202]) {
+        fetch(&g.ns, &internet.server, server, port, 1 << 20)?;
+        let sent = transfer_between(
+            &sibling("e2e-xfer")?,
+            &g.ns,
+            &internet.server,
+            server,
+            port + 10,
+            1 << 20,
+            Duration::from_secs(60),
+        )?;
+        println!(
+            "checked TCP with {server}: 1 MiB fetched intact, {} bytes sent intact",
+            sent.bytes
+        );
+    }
+    xdeadm(&rack, 0, &["dump-uft", "g0"])?;
+    let stats = Snapshot::take(rack.sled(0)?)?;
+    println!("NAT drop counters of g0 (xdeadm --json stats):");
+    for reason in ["no_external_ip", "snat_exhausted", "nat_no_mapping"] {
+        println!(
+            "  {reason}: {}",
+            stats.get(&format!("engine.ports.g0.drops.{reason}"))
+        );
+    }
+    println!("the switch's counters: {:?}", internet.counters()?);
+    drop(internet);
+    rack.teardown_quietly();
+    println!("done: the second rack and the internet removed");
     Ok(())
 }
 
