@@ -241,6 +241,15 @@ fn port_metrics(e: &mut Exposition, port: &str, p: &Value) {
         &l,
         &p["local_delivered"],
     );
+    for (dir, key) in [("out", "egress_throttled"), ("in", "ingress_throttled")] {
+        e.counter(
+            "overlayd_port_rate_limit_waits",
+            "Times the port's rate limit made a frame wait (out: the guest's tap was \
+             not read; in: a frame for the guest was held).",
+            &[("port", port), ("direction", dir)],
+            &p[key],
+        );
+    }
     e.counters_by("overlayd_drops", DROPS, &l, "reason", &p["drops"]);
     for (dir, uft) in [("in", &p["uft_in"]), ("out", &p["uft_out"])] {
         let l = [("port", port), ("direction", dir)];
