@@ -8,8 +8,8 @@ mod flows;
 
 use crate::api::{
     CaptureEnd, CaptureSpec, Check, CheckStatus, CreatePort, Direction, FwAction, FwFilters,
-    FwHost, FwProto, FwRule, PeerPath, PortLink, PortStatus, Reply, Request, RouteEntry, V2pEntry,
-    V2pTarget, DEFAULT_API_SOCKET,
+    FwHost, FwPorts, FwProto, FwProtoSpec, FwRule, PeerPath, PortLink, PortStatus, Reply, Request,
+    RouteEntry, V2pEntry, V2pTarget, DEFAULT_API_SOCKET,
 };
 use crate::config::parse_vni;
 use crate::opteadm;
@@ -129,15 +129,25 @@ pub enum Command {
         #[arg(long, default_value = "allow")]
         action: FwAction,
     },
-    /// Remove a firewall rule: the one with ID (as dump-layer PORT firewall shows
-    /// it; opteadm's form), or the one with this direction, priority and filters.
+    /// Remove a firewall rule: the one with ID (as list-fw-rules and dump-layer
+    /// PORT firewall show it; opteadm's form, checking --direction), or the one
+    /// with this direction, priority and filters.
     RmFwRule {
         port: String,
-        /// The rule's id in `dump-layer PORT firewall`.
+        /// The rule's id (list-fw-rules PORT).
         id: Option<u64>,
         #[command(flatten)]
         rule: RuleArgs,
     },
+    /// Remove the firewall rule with ID (as list-fw-rules and dump-layer PORT
+    /// firewall show it), whichever way it looks.
+    RemoveFwRule {
+        port: String,
+        /// The rule's id (list-fw-rules PORT).
+        id: u64,
+    },
+    /// A port's firewall rules as configured, with their ids.
+    ListFwRules { port: String },
     /// Replace all of a port's firewall rules. Each --rule is
     /// "direction=in priority=10 action=allow host=any proto=tcp ports=22,443"
     /// (opteadm's "dir=in action=allow priority=10 hosts=any protocol=TCP port=22"
@@ -330,29 +340,32 @@ pub struct RuleArgs {
     /// Needed, except by `rm-fw-rule ID`.
     #[arg(long)]
     pub priority: Option<u16>,
-    /// any, an address or a prefix (opteadm's ip=ADDR, subnet=CIDR).
+    /// any, an address or a prefix (opteadm's ip=ADDR, subnet=CIDR), or vni=N
+    /// (traffic of that VPC).
     #[arg(long, alias = "hosts", default_value = "any")]
     pub host: FwHost,
+    /// any, tcp, udp, icmp[:TYPE[/CODE]], icmp6[:TYPE[/CODE]] or proto=N.
     #[arg(long, alias = "protocol", default_value = "any")]
-    pub proto: FwProto,
-    /// Destination ports, comma separated (TCP/UDP only), or any.
+    pub proto: FwProtoSpec,
+    /// Destination ports and ranges, comma separated (TCP/UDP only:
+    /// 80,443,8000-8080), or any.
     #[arg(long, value_parser = parse_ports)]
     pub ports: Option<Ports>,
 }
 
 /// A port list as `--ports` takes it (`any`: none given).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ports(Vec<u16>);
+pub struct Ports(Vec<FwPorts>);
 
-/// `22,443` or `any` (opteadm's spelling of no port filter).
+/// `22,443,8000-8080` or `any` (opteadm's spelling of no port filter).
 pub fn parse_ports(s: &str) -> Result<Ports, String> {
     if s.eq_ignore_ascii_case("any") {
         return Ok(Ports(Vec::new()));
     }
     s.split(',')
         .map(|p| {
-            p.parse::<u16>()
-                .map_err(|_| format!("invalid port {p:?} in {s:?}"))
+            p.parse::<FwPorts>()
+                .map_err(|e| format!("{e} (ports: {s:?})"))
         })
         .collect::<Result<_, _>>()
         .map(Ports)
@@ -362,8 +375,9 @@ impl RuleArgs {
     fn filters(&self) -> FwFilters {
         FwFilters {
             host: self.host,
-            proto: self.proto,
+            proto: self.proto.proto,
             ports: self.ports.clone().map(|p| p.0).unwrap_or_default(),
+            icmp: self.proto.icmp,
         }
     }
 
@@ -450,7 +464,11 @@ pub fn parse_mtu(s: &str) -> Result<u16, String> {
 /// Parses "direction=in priority=10 action=allow host=any proto=tcp ports=22,443".
 pub fn parse_rule(s: &str) -> Result<FwRule, String> {
     let (mut direction, mut priority, mut action) = (None, None, FwAction::Allow);
-    let (mut host, mut proto, mut ports) = (FwHost::Any, FwProto::Any, Vec::new());
+    let (mut host, mut ports) = (FwHost::Any, Vec::new());
+    let mut proto = FwProtoSpec {
+        proto: FwProto::Any,
+        icmp: None,
+    };
     for word in s.split_whitespace() {
         let (k, v) = word
             .split_once('=')
@@ -471,10 +489,16 @@ pub fn parse_rule(s: &str) -> Result<FwRule, String> {
         }
     }
     let rule = FwRule {
+        id: 0,
         direction: direction.ok_or_else(|| format!("rule {s:?}: needs direction=in|out"))?,
         priority: priority.ok_or_else(|| format!("rule {s:?}: needs priority=N"))?,
         action,
-        filters: FwFilters { host, proto, ports },
+        filters: FwFilters {
+            host,
+            proto: proto.proto,
+            ports,
+            icmp: proto.icmp,
+        },
     };
     rule.filters
         .validate()
@@ -617,6 +641,7 @@ impl Command {
                 Request::AddFwRule {
                     port,
                     rule: FwRule {
+                        id: 0,
                         direction: rule.direction,
                         priority: rule.priority("add-fw-rule")?,
                         action,
@@ -636,10 +661,16 @@ impl Command {
                 }
                 Request::RmFwRuleId {
                     port,
-                    direction: rule.direction,
+                    direction: Some(rule.direction),
                     id,
                 }
             }
+            Command::RemoveFwRule { port, id } => Request::RmFwRuleId {
+                port,
+                direction: None,
+                id,
+            },
+            Command::ListFwRules { port } => Request::ListFwRules { port },
             Command::RmFwRule {
                 port,
                 id: None,
@@ -1197,7 +1228,7 @@ mod tests {
         let Action::Call(Request::AddFwRule { rule, .. }) = a else {
             panic!("{a:?}")
         };
-        assert_eq!(rule.filters.ports, [22, 443]);
+        assert_eq!(rule.filters.ports, [FwPorts::One(22), FwPorts::One(443)]);
         assert_eq!(rule.action, FwAction::Allow);
         let e = parse(&[
             "add-fw-rule",
@@ -1390,13 +1421,15 @@ mod tests {
             Request::AddFwRule {
                 port: port(),
                 rule: FwRule {
+                    id: 0,
                     direction: Direction::In,
                     priority: 10,
                     action: FwAction::Allow,
                     filters: FwFilters {
                         host: FwHost::Subnet("10.0.0.0/8".parse().unwrap()),
                         proto: FwProto::Tcp,
-                        ports: vec![22]
+                        ports: vec![FwPorts::One(22)],
+                        icmp: None,
                     }
                 }
             }
@@ -1411,10 +1444,88 @@ mod tests {
             call("rm-fw-rule -p opte0 --dir in 3"),
             Request::RmFwRuleId {
                 port: port(),
-                direction: Direction::In,
+                direction: Some(Direction::In),
                 id: 3
             }
         );
+        // opteadm's VPC hosts, ICMP types, protocol numbers and port ranges.
+        let Request::AddFwRule { rule, .. } = call(
+            "add-fw-rule -p opte0 --direction in --priority 5 --action deny --hosts vni=10 --protocol icmp6:128",
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            rule.to_string(),
+            "in prio=5 deny host=vni=10 proto=icmp6:128"
+        );
+        let Request::AddFwRule { rule, .. } =
+            call("add-fw-rule -p opte0 --direction in --priority 6 --protocol icmp:3/4")
+        else {
+            panic!()
+        };
+        assert_eq!(rule.to_string(), "in prio=6 allow host=any proto=icmp:3/4");
+        let Request::AddFwRule { rule, .. } =
+            call("add-fw-rule -p opte0 --direction out --priority 7 --protocol proto=47")
+        else {
+            panic!()
+        };
+        assert_eq!(rule.filters.proto, FwProto::Number(47));
+        let Request::AddFwRule { rule, .. } = call(
+            "add-fw-rule -p opte0 --direction in --priority 8 --protocol udp --ports 53,5000-5010",
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            rule.to_string(),
+            "in prio=8 allow host=any proto=udp ports=53,5000-5010"
+        );
+        assert_eq!(
+            call("remove-fw-rule -p opte0 12"),
+            Request::RmFwRuleId {
+                port: port(),
+                direction: None,
+                id: 12
+            }
+        );
+        assert_eq!(
+            call("remove-fw-rule opte0 12"),
+            call("remove-fw-rule -p opte0 12")
+        );
+        assert_eq!(
+            call("list-fw-rules -p opte0"),
+            Request::ListFwRules { port: port() }
+        );
+        for (bad, named) in [
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --hosts vni=16777216",
+                "vni=16777216",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol proto=300",
+                "300",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol icmp:8/256",
+                "256",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol tcp --ports 90-80",
+                "90-80",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol tcp:1",
+                "tcp:1",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol udp:1",
+                "udp:1",
+            ),
+            ("remove-fw-rule -p opte0 x", "x"),
+        ] {
+            let words: Vec<&str> = bad.split_whitespace().collect();
+            let e = parse(&words).unwrap_err();
+            assert!(e.contains(named), "{bad}: {e}");
+        }
         let eps = |a: &[&str]| a.iter().map(|e| e.parse().unwrap()).collect::<Vec<_>>();
         assert_eq!(
             call("set-v2b 0.0.0.0/0 fd00:99::b1 fd00:99::b2"),
@@ -1466,9 +1577,9 @@ mod tests {
         for (line, named) in [
             ("add-router-entry -p opte0 10.0.0.0/24 ip4=10.0.0.1 system", "ip4=10.0.0.1"),
             ("add-router-entry -p opte0 10.0.0.0/24 sub4=10.0.0.0/24 custom", "custom"),
-            ("add-fw-rule -p opte0 --dir in --hosts vni=7 --protocol any --ports any --action allow --priority 1", "vni=7"),
+            ("add-fw-rule -p opte0 --dir in --hosts vni=x --protocol any --ports any --action allow --priority 1", "vni=x"),
             ("add-fw-rule -p opte0 --dir in --hosts any --protocol arp --ports any --action allow --priority 1", "arp"),
-            ("add-fw-rule -p opte0 --dir in --hosts any --protocol icmp:8 --ports any --action allow --priority 1", "icmp:8"),
+            ("add-fw-rule -p opte0 --dir in --hosts any --protocol icmp:8 --ports 80 --action allow --priority 1", "has no ports"),
             ("add-fw-rule -p opte0 --dir in --hosts any --protocol tcp --ports 22,x --action allow --priority 1", "\"x\""),
             ("add-fw-rule -p opte0 --dir in --hosts any --protocol tcp --ports 22 --action allow", "--priority"),
             ("rm-fw-rule -p opte0 --dir in 3 --priority 4", "not both"),

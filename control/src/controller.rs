@@ -178,6 +178,7 @@ fn default_vpc_rules(cfg: &PortConfig) -> Vec<FwRule> {
         .into_iter()
         .flatten()
         .map(|net| FwRule {
+            id: 0,
             direction: Direction::In,
             priority: DEFAULT_VPC_RULE_PRIORITY,
             action: FwAction::Allow,
@@ -185,6 +186,7 @@ fn default_vpc_rules(cfg: &PortConfig) -> Vec<FwRule> {
                 host: FwHost::Subnet(net),
                 proto: FwProto::Any,
                 ports: vec![],
+                icmp: None,
             },
         })
         .collect()
@@ -264,6 +266,9 @@ impl<D: Dataplane> Controller<D> {
     /// dataplane keeps running.
     pub fn restore(&mut self, saved: State, now: Instant) {
         self.state = saved;
+        // Rules saved before rules had ids get them: their positions, the ids
+        // rm-fw-rule took then.
+        self.state.assign_missing_fw_rule_ids();
         let names: Vec<String> = self
             .state
             .ports
@@ -447,6 +452,12 @@ impl<D: Dataplane> Controller<D> {
                 id,
             } => self.rm_fw_rule_id(&port, direction, id),
             Request::SetFwRules { port, rules } => self.set_fw_rules(&port, rules),
+            Request::ListFwRules { port } => {
+                self.port(&port)?;
+                Ok(Reply::FwRules(
+                    self.state.fw_rules.get(&port).cloned().unwrap_or_default(),
+                ))
+            }
             Request::DumpLayer { port, layer } => self.inspect(Inspect::Layer { port, layer }),
             Request::ListLayers { port } => self.inspect(Inspect::Layers { port }),
             Request::DumpTcpFlows { port } => self.inspect(Inspect::TcpFlows { port }),
@@ -619,7 +630,10 @@ impl<D: Dataplane> Controller<D> {
         };
         check_port(&self.state.ports, &info)?;
         let name = info.config.name.clone();
-        let rules = default_vpc_rules(&info.config);
+        let mut rules = default_vpc_rules(&info.config);
+        let mut next = self.state.clone();
+        next.fw_next_id.remove(&name);
+        next.assign_fw_rule_ids(&name, &mut rules);
         let tables = PortTables {
             routes: None,
             fw_rules: rules.clone(),
@@ -632,7 +646,6 @@ impl<D: Dataplane> Controller<D> {
                 return Err(e);
             }
         };
-        let mut next = self.state.clone();
         next.ports.push(info);
         put_table(&mut next.routes, &name, routes);
         put_table(&mut next.fw_rules, &name, rules);
@@ -653,6 +666,7 @@ impl<D: Dataplane> Controller<D> {
         next.ports.retain(|p| p.config.name != name);
         next.routes.remove(name);
         next.fw_rules.remove(name);
+        next.fw_next_id.remove(name);
         let done = self.commit(next, |dp| {
             if applied {
                 let _ = dp.add_port(&info, &tables);
@@ -807,28 +821,39 @@ impl<D: Dataplane> Controller<D> {
         })
     }
 
-    fn replace_fw_rules(&mut self, port: &str, rules: Vec<FwRule>) -> Result<Reply, String> {
+    /// Makes `rules` the port's firewall (their ids assigned already) in the
+    /// dataplane and the state `next` (the current state with the port's next id
+    /// moved on).
+    fn replace_fw_rules(
+        &mut self,
+        port: &str,
+        rules: Vec<FwRule>,
+        mut next: State,
+    ) -> Result<Reply, String> {
         let old = self.state.fw_rules.get(port).cloned().unwrap_or_default();
         self.dp.set_fw_rules(port, &rules)?;
-        let mut next = self.state.clone();
         put_table(&mut next.fw_rules, port, rules);
         self.commit(next, |dp| {
             let _ = dp.set_fw_rules(port, &old);
         })
     }
 
-    fn add_fw_rule(&mut self, port: &str, rule: FwRule) -> Result<Reply, String> {
+    /// Adds a rule under the port's next id (an id the request gives is not used).
+    fn add_fw_rule(&mut self, port: &str, mut rule: FwRule) -> Result<Reply, String> {
         self.applied_port(port)?;
         rule.filters.validate()?;
         let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
-        if rules
+        if let Some(r) = rules
             .iter()
-            .any(|r| r.same_identity(rule.direction, rule.priority, &rule.filters))
+            .find(|r| r.same_identity(rule.direction, rule.priority, &rule.filters))
         {
-            return Err(format!("port {port:?} already has the rule \"{rule}\""));
+            return Err(format!("port {port:?} already has the rule \"{r}\""));
         }
+        let mut next = self.state.clone();
+        rule.id = 0;
         rules.push(rule);
-        self.replace_fw_rules(port, rules)
+        next.assign_fw_rule_ids(port, &mut rules);
+        self.replace_fw_rules(port, rules, next)
     }
 
     fn rm_fw_rule(
@@ -845,44 +870,50 @@ impl<D: Dataplane> Controller<D> {
         if rules.len() == before {
             return Err(format!(
                 "port {port:?} has no {direction} rule at priority {priority} with host={} proto={}",
-                filters.host, filters.proto
+                filters.host,
+                filters.proto_text()
             ));
         }
-        self.replace_fw_rules(port, rules)
+        let next = self.state.clone();
+        self.replace_fw_rules(port, rules, next)
     }
 
-    /// Removes the rule with id `id` (its position, from 1, in the port's list, as
-    /// `dump-layer PORT firewall` shows it), which must look `direction` (as
-    /// opteadm's `rm-fw-rule --dir DIR ID` says).
+    /// Removes the rule with id `id` (as `list-fw-rules` and `dump-layer PORT
+    /// firewall` show it); with `direction` (opteadm's `rm-fw-rule --dir DIR ID`),
+    /// only if the rule looks that way.
     fn rm_fw_rule_id(
         &mut self,
         port: &str,
-        direction: Direction,
+        direction: Option<Direction>,
         id: u64,
     ) -> Result<Reply, String> {
         self.applied_port(port)?;
         let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
-        let at = usize::try_from(id)
-            .ok()
-            .and_then(|i| i.checked_sub(1))
-            .filter(|&i| i < rules.len())
-            .ok_or_else(|| {
-                format!(
-                    "port {port:?} has no firewall rule {id} (ids 1 to {}: dump-layer {port} firewall)",
-                    rules.len()
-                )
-            })?;
-        if rules[at].direction != direction {
+        let at = rules.iter().position(|r| r.id == id).ok_or_else(|| {
+            let ids: Vec<String> = rules.iter().map(|r| r.id.to_string()).collect();
+            format!(
+                "port {port:?} has no firewall rule {id} (its rules: {}; list-fw-rules {port})",
+                if ids.is_empty() {
+                    "none".to_string()
+                } else {
+                    ids.join(", ")
+                }
+            )
+        })?;
+        if let Some(d) = direction.filter(|d| *d != rules[at].direction) {
             return Err(format!(
-                "firewall rule {id} of port {port:?} is \"{}\", not a {direction} rule",
+                "firewall rule {id} of port {port:?} is \"{}\", not a {d} rule",
                 rules[at]
             ));
         }
         rules.remove(at);
-        self.replace_fw_rules(port, rules)
+        let next = self.state.clone();
+        self.replace_fw_rules(port, rules, next)
     }
 
-    fn set_fw_rules(&mut self, port: &str, rules: Vec<FwRule>) -> Result<Reply, String> {
+    /// Replaces the port's rules; each gets a new id (ids the request gives are not
+    /// used).
+    fn set_fw_rules(&mut self, port: &str, mut rules: Vec<FwRule>) -> Result<Reply, String> {
         self.applied_port(port)?;
         for (i, r) in rules.iter().enumerate() {
             r.filters
@@ -895,7 +926,12 @@ impl<D: Dataplane> Controller<D> {
                 return Err(format!("rule {i} (\"{r}\") appears twice"));
             }
         }
-        self.replace_fw_rules(port, rules)
+        let mut next = self.state.clone();
+        for r in &mut rules {
+            r.id = 0;
+        }
+        next.assign_fw_rule_ids(port, &mut rules);
+        self.replace_fw_rules(port, rules, next)
     }
 }
 
@@ -1000,7 +1036,7 @@ fn validate_v2p(e: &V2pEntry) -> Result<(), String> {
 pub(crate) mod tests {
     use super::*;
     use crate::api::tests::sample_port;
-    use crate::api::{FwAction, FwHost, FwProto, NotApplied, RouteTarget};
+    use crate::api::{FwAction, FwHost, FwPorts, FwProto, NotApplied, RouteTarget};
     use std::sync::Mutex;
     use std::time::Duration;
 
@@ -1340,13 +1376,15 @@ pub(crate) mod tests {
         let mut c = Controller::new(Recorder::default(), None);
         ok(&mut c, create("opte0", 5));
         let rule = FwRule {
+            id: 0,
             direction: Direction::In,
             priority: 10,
             action: FwAction::Allow,
             filters: FwFilters {
                 host: FwHost::Any,
                 proto: FwProto::Tcp,
-                ports: vec![22],
+                ports: vec![FwPorts::One(22)],
+                icmp: None,
             },
         };
         ok(
@@ -1390,11 +1428,53 @@ pub(crate) mod tests {
                 filters: rule.filters.clone(),
             },
         );
-        // What is left is what the port started with.
-        assert_eq!(
-            c.state().fw_rules["opte0"],
-            default_vpc_rules(&c.state().ports[0].config)
+        // What is left is what the port started with, under the ids it got then;
+        // the rule added had 3, so the next one gets 4.
+        let mut defaults = default_vpc_rules(&c.state().ports[0].config);
+        defaults[0].id = 1;
+        defaults[1].id = 2;
+        assert_eq!(c.state().fw_rules["opte0"], defaults);
+        assert_eq!(c.state().fw_next_id["opte0"], 4);
+        ok(
+            &mut c,
+            Request::AddFwRule {
+                port: "opte0".into(),
+                rule: rule.clone(),
+            },
         );
+        assert_eq!(c.state().fw_rules["opte0"][2].id, 4);
+        // Removing by id, with or without a direction.
+        let e = err(
+            &mut c,
+            Request::RmFwRuleId {
+                port: "opte0".into(),
+                direction: None,
+                id: 3,
+            },
+        );
+        assert!(
+            e.contains("no firewall rule 3") && e.contains("1, 2, 4"),
+            "{e}"
+        );
+        ok(
+            &mut c,
+            Request::RmFwRuleId {
+                port: "opte0".into(),
+                direction: None,
+                id: 4,
+            },
+        );
+        // A new port of the same name starts again from 1.
+        ok(
+            &mut c,
+            Request::DeletePort {
+                name: "opte0".into(),
+            },
+        );
+        assert!(!c.state().fw_next_id.contains_key("opte0"));
+        ok(&mut c, create("opte0", 5));
+        let ids: Vec<u64> = c.state().fw_rules["opte0"].iter().map(|r| r.id).collect();
+        assert_eq!(ids, [1, 2]);
     }
 
     #[test]
@@ -1519,13 +1599,15 @@ pub(crate) mod tests {
 
     fn fw_rule(priority: u16, proto: FwProto, ports: Vec<u16>) -> FwRule {
         FwRule {
+            id: 0,
             direction: Direction::In,
             priority,
             action: FwAction::Allow,
             filters: FwFilters {
                 host: FwHost::Any,
                 proto,
-                ports,
+                ports: ports.into_iter().map(FwPorts::One).collect(),
+                icmp: None,
             },
         }
     }
@@ -1593,7 +1675,12 @@ pub(crate) mod tests {
         );
         let dp = c.dataplane();
         assert_eq!(dp.routes["opte0"], saved.routes["opte0"]);
-        assert_eq!(dp.rules["opte0"], [fw_rule(10, FwProto::Tcp, vec![22])]);
+        // Under the id it got when it was set (the defaults had 1 and 2).
+        let rule = FwRule {
+            id: 3,
+            ..fw_rule(10, FwProto::Tcp, vec![22])
+        };
+        assert_eq!(dp.rules["opte0"], [rule]);
         assert_eq!(dp.rules["opte1"], saved.fw_rules["opte1"]);
         assert_eq!(c.state(), &saved);
     }

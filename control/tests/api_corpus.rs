@@ -60,9 +60,10 @@ fn kind(r: &Request) -> usize {
         Request::ClearV2b { .. } => 26,
         Request::DumpV2b => 27,
         Request::SetExternalIps { .. } => 28,
+        Request::ListFwRules { .. } => 29,
     }
 }
-const KINDS: usize = 29;
+const KINDS: usize = 30;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach

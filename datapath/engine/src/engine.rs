@@ -893,6 +893,7 @@ fn match_fields(key: &FlowKey, m: &InnerMeta) -> MatchFields {
     MatchFields {
         key: *key,
         icmp_type: (m.proto == PROTO_ICMP || m.proto == PROTO_ICMPV6).then_some(m.icmp_type),
+        vpc_vni: None,
     }
 }
 

@@ -28,6 +28,9 @@ struct Table<A> {
     misses: u64,
     /// Flows this layer denied (by rule or by default), counted by the caller's verdict.
     denied: u64,
+    /// Rules with a `Vni` predicate: while there are none, nobody works out a
+    /// packet's VPC for this table.
+    vni_rules: usize,
 }
 
 impl<A> Default for Table<A> {
@@ -36,7 +39,14 @@ impl<A> Default for Table<A> {
             rules: Vec::new(),
             misses: 0,
             denied: 0,
+            vni_rules: 0,
         }
+    }
+}
+
+impl<A> Table<A> {
+    fn recount(&mut self) {
+        self.vni_rules = self.rules.iter().filter(|r| r.rule.uses_vni()).count();
     }
 }
 
@@ -86,6 +96,7 @@ impl<A: Clone + Display> Layer<A> {
         let at = t
             .rules
             .partition_point(|r| r.rule.priority() <= rule.priority());
+        t.vni_rules += usize::from(rule.uses_vni());
         t.rules.insert(at, Installed { id, rule, hits: 0 });
         id
     }
@@ -95,6 +106,7 @@ impl<A: Clone + Display> Layer<A> {
         let t = self.table_mut(dir);
         let before = t.rules.len();
         t.rules.retain(|r| r.id != id);
+        t.recount();
         t.rules.len() != before
     }
 
@@ -102,6 +114,25 @@ impl<A: Clone + Display> Layer<A> {
     pub fn clear(&mut self) {
         self.inbound.rules.clear();
         self.outbound.rules.clear();
+        self.inbound.recount();
+        self.outbound.recount();
+    }
+
+    /// Whether a rule of direction `dir` matches on the packet's VPC
+    /// ([`crate::rule::Predicate::Vni`]): the caller then fills in
+    /// [`MatchFields::vpc_vni`].
+    #[inline]
+    pub fn uses_vni(&self, dir: Direction) -> bool {
+        self.table(dir).vni_rules != 0
+    }
+
+    /// The action of the first matching rule, counting nothing (a look ahead).
+    pub fn peek(&self, dir: Direction, f: &MatchFields) -> Option<&A> {
+        self.table(dir)
+            .rules
+            .iter()
+            .find(|r| r.rule.matches(f))
+            .map(|r| r.rule.action())
     }
 
     /// Removes the rules for which `f` is true; returns how many.
@@ -113,6 +144,7 @@ impl<A: Clone + Display> Layer<A> {
         let t = self.table_mut(dir);
         let before = t.rules.len();
         t.rules.retain(|r| !f(&r.rule));
+        t.recount();
         before - t.rules.len()
     }
 
@@ -222,6 +254,7 @@ mod tests {
                 icmp_code: 0,
             },
             icmp_type: None,
+            vpc_vni: None,
         }
     }
 

@@ -43,6 +43,14 @@ impl Via<'_> {
         }
     }
 
+    /// Whether the frame comes from outside the VPC (the Geneve External option).
+    fn external(&self) -> bool {
+        match self {
+            Via::Underlay { from, .. } => from.external,
+            Via::Local => false,
+        }
+    }
+
     /// The sender to compile into a new flow's entry, if the tables trust this frame
     /// to be it.
     fn sender(&self, vni: Vni, src_ip: IpAddr) -> Result<Sender, DropReason> {
@@ -318,7 +326,12 @@ fn compile_inbound(
 ) -> Result<(), DropReason> {
     let sender = via.sender(p.cfg.vni, m.src_ip)?;
     let seg = TcpSegment::read(m, head);
-    let f = match_fields(key, m);
+    let mut f = match_fields(key, m);
+    // The frame's VPC: the VNI it came in (the port's, which found it), unless it
+    // comes from outside the VPC.
+    if !via.external() {
+        f.vpc_vni = Some(key.vni);
+    }
     let q = quoted(key, m, head);
     let (v, admitted) = match p
         .fw

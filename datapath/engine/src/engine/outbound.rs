@@ -576,7 +576,14 @@ fn compile_outbound(
         hits: 0,
         bytes: 0,
     };
-    let f = match_fields(key, m);
+    let mut f = match_fields(key, m);
+    // A VPC filter needs to know whether the flow stays in the VPC (a route to the
+    // subnet, encapsulated with the port's VNI): looked up ahead of the router,
+    // only when the port's outbound rules ask.
+    if fw.layer().uses_vni(Direction::Out) && router.peek_target(&f) == Some(RouteTarget::VpcSubnet)
+    {
+        f.vpc_vni = Some(cfg.vni.get());
+    }
     let seg = TcpSegment::read(m, frame);
     let decision = match fw.decide(
         Direction::Out,
