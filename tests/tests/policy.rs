@@ -1,0 +1,202 @@
+//! VPC policy through the daemons (docs/operating.md, "Firewall rules"): a `vni=`
+//! host admits its VPC's traffic and nothing else; ICMP rules by type let Packet Too
+//! Big through where echo is denied; a rule removed by its id (`remove-fw-rule PORT
+//! ID`, as `list-fw-rules` shows it) stops applying at once.
+
+use e2e::capture::Capture;
+use e2e::counters::Snapshot;
+use e2e::frames::{ethernet, fill_l4_checksum, ipv6_header};
+use e2e::inject::{parse_mac, RawSocket};
+use e2e::rack::Sled;
+use e2e::standard::{self, A1, B1};
+use e2e::{Error, Guest, Result};
+use serde_json::Value;
+use std::net::{IpAddr, Ipv6Addr};
+use std::path::Path;
+use std::time::Duration;
+
+fn xfer_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_e2e-xfer"))
+}
+
+const WAIT: Duration = Duration::from_secs(20);
+const DENY_IN: &str = "engine.ports.a1.drops.fw_deny_in";
+
+/// `xdeadm --json ARGS` on `sled`: the reply's data.
+fn json(sled: &Sled, args: &[&str]) -> Result<Value> {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = sled.admin(&all)?;
+    let v: Value =
+        serde_json::from_str(&out).map_err(|e| Error::new(format!("{args:?}: {e}: {out}")))?;
+    Ok(v["data"].clone())
+}
+
+/// Replaces a1's firewall rules with `rules` (opteadm's rule lines).
+fn set_rules(sled: &Sled, rules: &[&str]) -> Result<()> {
+    sled.xdeadm(&["set-fw-rules", "-p", A1])?
+        .stdin(rules.join("\n"))
+        .run()?;
+    Ok(())
+}
+
+/// Pings `to` from `from` a few times; true if any reply came back.
+fn reaches(from: &Guest, to: IpAddr) -> Result<bool> {
+    for _ in 0..3 {
+        if from.ping_once(to, 56)?.status.success() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn ipv6_of(g: &Guest) -> Result<Ipv6Addr> {
+    match g.ipv6()? {
+        IpAddr::V6(a) => Ok(a),
+        IpAddr::V4(a) => Err(Error::new(format!("{a} is not IPv6"))),
+    }
+}
+
+/// An ICMPv6 Packet Too Big (MTU 1400) from `from` to `to`, as `from`'s kernel
+/// would hand it to its tap, quoting a UDP datagram `to` sent `from` (no such flow
+/// exists: the firewall decides it by its rules, not as a related packet).
+fn packet_too_big(from: &Guest, to: &Guest) -> Result<Vec<u8>> {
+    let (src, dst) = (ipv6_of(from)?, ipv6_of(to)?);
+    let mut quoted = ipv6_header(dst, src, 17, 16);
+    quoted.extend_from_slice(&[0x9c, 0x40, 0, 9, 0, 16, 0, 0]);
+    quoted.extend_from_slice(&[0x5a; 8]);
+    let mut icmp = vec![2, 0, 0, 0];
+    icmp.extend_from_slice(&1400u32.to_be_bytes());
+    icmp.extend_from_slice(&quoted);
+    let mut f = ethernet(
+        parse_mac(&from.spec.gateway_mac)?,
+        parse_mac(&from.spec.mac)?,
+        0x86dd,
+    );
+    let mut ip = ipv6_header(src, dst, 58, icmp.len());
+    ip[7] = 255;
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&icmp);
+    fill_l4_checksum(&mut f, 14);
+    Ok(f)
+}
+
+#[test]
+fn vpc_hosts_icmp_types_and_rule_ids() -> Result<()> {
+    let rack = standard::rack("e2e", &[])?;
+    let sled = rack.sled(0)?;
+    let (a1, b1) = (rack.guest(A1)?, rack.guest(B1)?);
+    let (a1_v4, a1_v6) = (a1.ipv4()?, a1.ipv6()?);
+    b1.ping(a1_v4, 56, WAIT)?;
+
+    // 1. A VPC filter: only VPC 20's traffic may come in; b1 (VPC 10) is denied,
+    // and counted. Then VPC 10's filter admits it.
+    let vpc = b1.spec.vni;
+    set_rules(sled, &["dir=in action=allow priority=10 hosts=vni=20"])?;
+    let before = Snapshot::take(sled)?;
+    assert!(!reaches(b1, a1_v4)?, "vni=20 admitted VPC {vpc}");
+    let after = Snapshot::take(sled)?;
+    assert!(
+        after.get(DENY_IN) > before.get(DENY_IN),
+        "fw_deny_in did not grow"
+    );
+    set_rules(
+        sled,
+        &[&format!("dir=in action=allow priority=10 hosts=vni={vpc}")],
+    )?;
+    assert!(reaches(b1, a1_v4)?, "vni={vpc} did not admit its own VPC");
+    assert!(reaches(b1, a1_v6)?, "vni={vpc} did not admit its own VPC");
+
+    // 2. ICMP by type: the VPC may come in, but no echo request (ICMP 8, ICMPv6
+    // 128), and of ICMPv6 nothing but Packet Too Big (2).
+    set_rules(
+        sled,
+        &[
+            "dir=in action=allow priority=65534 hosts=subnet=10.0.0.0/24 protocol=any",
+            "dir=in action=allow priority=65534 hosts=subnet=fd00:1::/64 protocol=any",
+            "dir=in action=deny priority=20 hosts=any protocol=icmp:8",
+            "dir=in action=allow priority=10 hosts=any protocol=icmp6:2/0",
+            "dir=in action=deny priority=20 hosts=any protocol=icmp6",
+        ],
+    )?;
+    let rules = json(sled, &["list-fw-rules", "-p", A1])?;
+    let id_of = |proto: &str| -> Result<u64> {
+        rules
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| {
+                let f = &r["filters"];
+                let text = match (&f["proto"], &f["icmp"]) {
+                    (Value::String(p), Value::Object(i)) => format!("{p}:{}", i["type"]),
+                    (Value::String(p), _) => p.clone(),
+                    _ => String::new(),
+                };
+                text == proto && r["action"] == "deny"
+            })
+            .and_then(|r| r["id"].as_u64())
+            .ok_or_else(|| Error::new(format!("no deny rule for {proto} in {rules}")))
+    };
+    let (echo4, icmp6) = (id_of("icmp:8")?, id_of("icmp6")?);
+    assert_ne!(echo4, icmp6);
+    // The ids are in the table too.
+    let shown = sled.admin(&["list-fw-rules", A1])?;
+    assert!(
+        shown.contains(&format!("id={echo4} in prio=20 deny host=any proto=icmp:8")),
+        "{shown}"
+    );
+    let before = Snapshot::take(sled)?;
+    assert!(!reaches(b1, a1_v4)?, "echo admitted");
+    assert!(!reaches(b1, a1_v6)?, "ICMPv6 echo admitted");
+    let after = Snapshot::take(sled)?;
+    assert!(
+        after.get(DENY_IN) >= before.get(DENY_IN) + 2,
+        "fw_deny_in grew by {}",
+        after.get(DENY_IN) - before.get(DENY_IN)
+    );
+    // TCP still passes (the rules are about ICMP only).
+    e2e::xfer::transfer(xfer_bin(), b1, a1, a1_v4, 5001, 64 << 10, WAIT)?;
+    // A Packet Too Big from b1 reaches a1.
+    let seen = Capture::start(
+        &a1.ns,
+        a1.ifname(),
+        &rack.dir().join("ptb.pcap"),
+        "icmp6 and ip6[40] == 2",
+    )?;
+    let ptb = packet_too_big(b1, a1)?;
+    let tap = RawSocket::open(&b1.ns, b1.ifname())?;
+    let b1_v6 = b1.ipv6()?;
+    e2e::poll_until("a Packet Too Big from b1 to reach a1", WAIT, || {
+        tap.send(&ptb)?;
+        let frames = seen.frames_so_far()?;
+        if frames.iter().any(|f| f.has_src(b1_v6)) {
+            Ok(())
+        } else {
+            Err(Error::new("no Packet Too Big from b1 reached a1"))
+        }
+    })?;
+    drop(seen);
+
+    // 3. Removing the echo denies by id restores ping at once.
+    sled.admin(&["remove-fw-rule", A1, &echo4.to_string()])?;
+    sled.admin(&["remove-fw-rule", "-p", A1, &icmp6.to_string()])?;
+    assert!(
+        reaches(b1, a1_v4)?,
+        "echo still denied after remove-fw-rule"
+    );
+    assert!(
+        reaches(b1, a1_v6)?,
+        "echo6 still denied after remove-fw-rule"
+    );
+    // An id is not reused: removing it again names it.
+    let o = sled
+        .xdeadm(&["remove-fw-rule", A1, &echo4.to_string()])?
+        .output()?;
+    assert!(!o.status.success(), "removed twice");
+    assert!(
+        o.stderr.contains(&format!("no firewall rule {echo4}")),
+        "{}",
+        o.stderr
+    );
+    Ok(())
+}
