@@ -14,7 +14,7 @@ use core::fmt;
 use core::str::FromStr;
 use engine::nat::ExternalIps;
 use engine::v2b::V2bEntry;
-use engine::{PortConfig, Vni};
+use engine::{PortConfig, PortState, Vni};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, Ipv6Addr};
@@ -123,6 +123,16 @@ pub enum Request {
     },
     /// The port's firewall rules as configured, with their ids.
     ListFwRules {
+        port: String,
+    },
+    /// `pause-port`: the port drops every frame, both ways (counted
+    /// `port_paused`), keeping its flows, connections and rules; saved.
+    PausePort {
+        port: String,
+    },
+    /// `resume-port`: a paused port carries traffic again, its connections where
+    /// they were.
+    ResumePort {
         port: String,
     },
     SetFwRules {
@@ -256,6 +266,8 @@ impl Request {
                 | Request::RmFwRuleId { .. }
                 | Request::SetFwRules { .. }
                 | Request::SetExternalIps { .. }
+                | Request::PausePort { .. }
+                | Request::ResumePort { .. }
         )
     }
 }
@@ -794,6 +806,10 @@ pub struct PortStatus {
     /// for a port not applied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<PortLink>,
+    /// `ready` (no frame yet since created or restored), `running` or `paused`;
+    /// absent for a port not applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<PortState>,
 }
 
 /// Whether a port's tap is served.
@@ -1099,6 +1115,12 @@ pub(crate) mod tests {
             Request::ListFwRules {
                 port: "opte0".into(),
             },
+            Request::PausePort {
+                port: "opte0".into(),
+            },
+            Request::ResumePort {
+                port: "opte0".into(),
+            },
             Request::SetFwRules {
                 port: "opte0".into(),
                 rules: vec![FwRule {
@@ -1206,6 +1228,7 @@ pub(crate) mod tests {
                         since_unix_ms: 1_700_000_000_000,
                         reason: "read: File descriptor in bad state".into(),
                     }),
+                    state: Some(PortState::Running),
                 },
                 PortStatus {
                     port: PortInfo {
@@ -1218,6 +1241,7 @@ pub(crate) mod tests {
                         retry_in_ms: 4000,
                     }),
                     link: None,
+                    state: None,
                 },
             ])),
             Outcome::Ok(Reply::Inspect(serde_json::json!({"drops": {"bad_vni": 3}}))),

@@ -61,8 +61,13 @@ pub enum Command {
     CreateXde(CreateXde),
     /// Delete a port and its routes and firewall rules.
     DeleteXde { name: String },
-    /// List ports.
+    /// List ports, with their state (ready: no frame yet; running; paused).
     ListPorts,
+    /// Pause a port: every frame from and to its guest is dropped (counted as
+    /// port_paused) until resume-port; its flows, connections and rules are kept.
+    PausePort { port: String },
+    /// Resume a paused port: its connections continue where they were.
+    ResumePort { port: String },
     /// Map a guest's VPC address to its MAC and the sled hosting it.
     SetV2p {
         vpc_ip: IpAddr,
@@ -592,6 +597,8 @@ impl Command {
             }),
             Command::DeleteXde { name } => Request::DeletePort { name },
             Command::ListPorts => Request::ListPorts,
+            Command::PausePort { port } => Request::PausePort { port },
+            Command::ResumePort { port } => Request::ResumePort { port },
             Command::SetV2p {
                 vpc_ip,
                 vpc_mac,
@@ -964,6 +971,7 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
                 c.mtu.to_string(),
                 c.external.to_string(),
                 p.netns.clone().unwrap_or_else(|| "-".into()),
+                s.state.map_or("-".into(), |st| st.to_string()),
                 match &s.not_applied {
                     None => link_status(s.link.as_ref(), SystemTime::now()),
                     Some(n) => format!(
@@ -979,7 +987,7 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
     table(
         out,
         &[
-            "NAME", "MAC", "IP", "VNI", "MTU", "EXTERNAL", "NETNS", "STATUS",
+            "NAME", "MAC", "IP", "VNI", "MTU", "EXTERNAL", "NETNS", "STATE", "STATUS",
         ],
         rows,
     );
@@ -1283,6 +1291,7 @@ mod tests {
             },
             not_applied: None,
             link: None,
+            state: None,
         }]));
         assert!(
             listed.lines().next().unwrap().contains("EXTERNAL"),
@@ -1494,6 +1503,14 @@ mod tests {
         assert_eq!(
             call("list-fw-rules -p opte0"),
             Request::ListFwRules { port: port() }
+        );
+        assert_eq!(
+            call("pause-port -p opte0"),
+            Request::PausePort { port: port() }
+        );
+        assert_eq!(
+            call("resume-port opte0"),
+            Request::ResumePort { port: port() }
         );
         for (bad, named) in [
             (
@@ -1745,6 +1762,7 @@ mod tests {
                 port: port("opte0", 5, None),
                 not_applied: None,
                 link: None,
+                state: Some(engine::PortState::Paused),
             },
             PortStatus {
                 port: port("opte1", 6, Some("g1")),
@@ -1754,18 +1772,19 @@ mod tests {
                     retry_in_ms: 1500,
                 }),
                 link: None,
+                state: None,
             },
         ]));
         let lines: Vec<&str> = s.lines().collect();
-        assert!(lines[0].ends_with("NETNS  STATUS"), "{s}");
+        assert!(lines[0].ends_with("NETNS  STATE   STATUS"), "{s}");
         assert!(
-            lines[1].starts_with("opte0") && lines[1].ends_with("-      applied"),
+            lines[1].starts_with("opte0") && lines[1].ends_with("-      paused  applied"),
             "{s}"
         );
         assert!(
             lines[2].starts_with("opte1")
                 && lines[2].ends_with(
-                    "g1     NOT APPLIED (try 2, next in 2 s): network namespace \"g1\" not found"
+                    "g1     -       NOT APPLIED (try 2, next in 2 s): network namespace \"g1\" not found"
                 ),
             "{s}"
         );

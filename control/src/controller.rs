@@ -24,7 +24,7 @@ use crate::server::ApiCounters;
 use crate::state::{State, StateStore};
 use engine::nat::ExternalIps;
 use engine::v2b::{V2b, V2bEntry};
-use engine::{PortConfig, Vni};
+use engine::{PortConfig, PortState, Vni};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -91,6 +91,8 @@ pub struct PortTables {
     /// The whole routing table; `None` keeps the routes the engine gives a new port.
     pub routes: Option<Vec<RouteEntry>>,
     pub fw_rules: Vec<FwRule>,
+    /// Paused from the start (a port saved paused is restored paused).
+    pub paused: bool,
 }
 
 /// What the controller needs from the running datapath (engine, and taps when I/O is
@@ -128,6 +130,11 @@ pub trait Dataplane {
     /// The port's routing table, including the routes a new port starts with.
     fn routes(&self, port: &str) -> Result<Vec<RouteEntry>, String>;
     fn set_fw_rules(&mut self, port: &str, rules: &[FwRule]) -> Result<(), String>;
+    /// Pauses (every frame of the port dropped, its flows and rules kept) or
+    /// resumes the port.
+    fn set_port_paused(&mut self, port: &str, paused: bool) -> Result<(), String>;
+    /// Whether the port is ready, running or paused.
+    fn port_state(&self, port: &str) -> Result<PortState, String>;
     fn clear_uft(&mut self, port: &str) -> Result<(), String>;
     /// Replaces the port's external addresses (its flows are decided again).
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), String>;
@@ -201,6 +208,7 @@ fn saved_tables(state: &State, port: &str) -> PortTables {
     PortTables {
         routes: Some(state.routes.get(port).cloned().unwrap_or_default()),
         fw_rules: state.fw_rules.get(port).cloned().unwrap_or_default(),
+        paused: state.paused.contains(port),
     }
 }
 
@@ -452,6 +460,8 @@ impl<D: Dataplane> Controller<D> {
                 id,
             } => self.rm_fw_rule_id(&port, direction, id),
             Request::SetFwRules { port, rules } => self.set_fw_rules(&port, rules),
+            Request::PausePort { port } => self.set_port_paused(&port, true),
+            Request::ResumePort { port } => self.set_port_paused(&port, false),
             Request::ListFwRules { port } => {
                 self.port(&port)?;
                 Ok(Reply::FwRules(
@@ -500,6 +510,11 @@ impl<D: Dataplane> Controller<D> {
                     .map(|r| r.view(now)),
                 // Filled in by the daemon, which asks the workers serving the taps.
                 link: None,
+                state: if self.unapplied_ports.contains_key(&p.config.name) {
+                    None
+                } else {
+                    self.dp.port_state(&p.config.name).ok()
+                },
             })
             .collect()
     }
@@ -633,10 +648,12 @@ impl<D: Dataplane> Controller<D> {
         let mut rules = default_vpc_rules(&info.config);
         let mut next = self.state.clone();
         next.fw_next_id.remove(&name);
+        next.paused.remove(&name);
         next.assign_fw_rule_ids(&name, &mut rules);
         let tables = PortTables {
             routes: None,
             fw_rules: rules.clone(),
+            paused: false,
         };
         self.dp.add_port(&info, &tables)?;
         let routes = match self.dp.routes(&name) {
@@ -667,6 +684,7 @@ impl<D: Dataplane> Controller<D> {
         next.routes.remove(name);
         next.fw_rules.remove(name);
         next.fw_next_id.remove(name);
+        next.paused.remove(name);
         let done = self.commit(next, |dp| {
             if applied {
                 let _ = dp.add_port(&info, &tables);
@@ -818,6 +836,25 @@ impl<D: Dataplane> Controller<D> {
         next.ports[i].config.external = ext;
         self.commit(next, |dp| {
             let _ = dp.set_external_ips(port, &old);
+        })
+    }
+
+    /// `pause-port` / `resume-port`: the port's frames are dropped (or carried
+    /// again), its flows, connections and rules kept; saved, so a restart brings
+    /// the port back paused. Pausing a paused port (resuming a running one) changes
+    /// nothing and is not an error.
+    fn set_port_paused(&mut self, port: &str, paused: bool) -> Result<Reply, String> {
+        self.applied_port(port)?;
+        let was = self.state.paused.contains(port);
+        self.dp.set_port_paused(port, paused)?;
+        let mut next = self.state.clone();
+        if paused {
+            next.paused.insert(port.to_string());
+        } else {
+            next.paused.remove(port);
+        }
+        self.commit(next, |dp| {
+            let _ = dp.set_port_paused(port, was);
         })
     }
 
@@ -1052,6 +1089,7 @@ pub(crate) mod tests {
         v2b: V2b,
         routes: BTreeMap<String, Vec<RouteEntry>>,
         rules: BTreeMap<String, Vec<FwRule>>,
+        paused: BTreeSet<String>,
         /// Every change asked for, in order ("op port").
         log: Vec<String>,
         refuse: Option<&'static str>,
@@ -1087,7 +1125,10 @@ pub(crate) mod tests {
             };
             let routes = tables.routes.clone().unwrap_or_else(|| vec![subnet]);
             self.routes.insert(name.clone(), routes);
-            self.rules.insert(name, tables.fw_rules.clone());
+            self.rules.insert(name.clone(), tables.fw_rules.clone());
+            if tables.paused {
+                self.paused.insert(name);
+            }
             Ok(())
         }
         fn remove_port(&mut self, name: &str) -> Result<(), String> {
@@ -1095,6 +1136,7 @@ pub(crate) mod tests {
             self.ports.retain(|n| n != name);
             self.routes.remove(name);
             self.rules.remove(name);
+            self.paused.remove(name);
             Ok(())
         }
         fn set_v2p(&mut self, e: &V2pEntry) -> Result<(), String> {
@@ -1126,6 +1168,25 @@ pub(crate) mod tests {
             self.check("set_fw_rules", port)?;
             self.rules.insert(port.into(), rules.to_vec());
             Ok(())
+        }
+        fn set_port_paused(&mut self, port: &str, paused: bool) -> Result<(), String> {
+            self.check(if paused { "pause" } else { "resume" }, port)?;
+            if paused {
+                self.paused.insert(port.into());
+            } else {
+                self.paused.remove(port);
+            }
+            Ok(())
+        }
+        fn port_state(&self, port: &str) -> Result<PortState, String> {
+            if !self.ports.iter().any(|p| p == port) {
+                return Err(format!("no port named {port:?}"));
+            }
+            Ok(if self.paused.contains(port) {
+                PortState::Paused
+            } else {
+                PortState::Ready
+            })
         }
         fn clear_uft(&mut self, port: &str) -> Result<(), String> {
             self.check("clear_uft", port)
@@ -1475,6 +1536,87 @@ pub(crate) mod tests {
         ok(&mut c, create("opte0", 5));
         let ids: Vec<u64> = c.state().fw_rules["opte0"].iter().map(|r| r.id).collect();
         assert_eq!(ids, [1, 2]);
+    }
+
+    /// `pause-port` is saved and a restored port comes back paused (paused before
+    /// it carries a frame); `resume-port` and `delete-xde` forget it; both name an
+    /// unknown port.
+    #[test]
+    fn paused_ports_are_saved_and_restored_paused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        let mut c = Controller::new(Recorder::default(), Some(store.clone()));
+        ok(&mut c, create("opte0", 5));
+        ok(&mut c, create("opte1", 6));
+        let state_of = |c: &mut Controller<Recorder>, name: &str| {
+            let Reply::Ports(ports) = ok(c, Request::ListPorts) else {
+                panic!("no port list")
+            };
+            ports
+                .into_iter()
+                .find(|p| p.port.config.name == name)
+                .and_then(|p| p.state)
+        };
+        assert_eq!(state_of(&mut c, "opte0"), Some(PortState::Ready));
+        ok(
+            &mut c,
+            Request::PausePort {
+                port: "opte0".into(),
+            },
+        );
+        // Pausing again changes nothing and is no error.
+        ok(
+            &mut c,
+            Request::PausePort {
+                port: "opte0".into(),
+            },
+        );
+        assert_eq!(state_of(&mut c, "opte0"), Some(PortState::Paused));
+        assert_eq!(state_of(&mut c, "opte1"), Some(PortState::Ready));
+        let e = err(
+            &mut c,
+            Request::PausePort {
+                port: "nope".into(),
+            },
+        );
+        assert!(e.contains("nope"), "{e}");
+        let saved = store.load().unwrap();
+        assert!(saved.paused.contains("opte0") && !saved.paused.contains("opte1"));
+
+        let mut fresh = Controller::new(Recorder::default(), Some(store.clone()));
+        fresh.restore(saved.clone(), Instant::now());
+        assert!(fresh.dataplane().paused.contains("opte0"));
+        assert_eq!(state_of(&mut fresh, "opte0"), Some(PortState::Paused));
+        ok(
+            &mut fresh,
+            Request::ResumePort {
+                port: "opte0".into(),
+            },
+        );
+        assert_eq!(state_of(&mut fresh, "opte0"), Some(PortState::Ready));
+        assert!(store.load().unwrap().paused.is_empty());
+        ok(
+            &mut fresh,
+            Request::PausePort {
+                port: "opte1".into(),
+            },
+        );
+        ok(
+            &mut fresh,
+            Request::DeletePort {
+                name: "opte1".into(),
+            },
+        );
+        assert!(fresh.state().paused.is_empty());
+        // A dataplane that refuses leaves the state as it was.
+        fresh.dataplane_mut().refuse = Some("pause");
+        err(
+            &mut fresh,
+            Request::PausePort {
+                port: "opte0".into(),
+            },
+        );
+        assert!(fresh.state().paused.is_empty());
     }
 
     #[test]

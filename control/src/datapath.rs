@@ -36,7 +36,7 @@ use dpio::tap::TapPort;
 use engine::nat::ExternalIps;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::v2b::V2b;
-use engine::{Engine, EngineConfig, TxBatch, Vni};
+use engine::{Engine, EngineConfig, PortState, TxBatch, Vni};
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -472,7 +472,8 @@ impl Datapath {
         if let Some(routes) = &tables.routes {
             self.sync_routes(port, routes)?;
         }
-        self.set_fw_rules(port, &tables.fw_rules)
+        self.set_fw_rules(port, &tables.fw_rules)?;
+        self.set_port_paused(port, tables.paused)
     }
 }
 
@@ -591,6 +592,16 @@ impl Dataplane for Datapath {
         self.fw_rule_ids
             .insert(port.to_string(), ids.into_iter().zip(origin).collect());
         Ok(())
+    }
+
+    fn set_port_paused(&mut self, port: &str, paused: bool) -> Result<(), String> {
+        self.engine
+            .set_port_paused(port, paused)
+            .map_err(|e| e.to_string())
+    }
+
+    fn port_state(&self, port: &str) -> Result<PortState, String> {
+        self.engine.port_state(port).map_err(|e| e.to_string())
     }
 
     fn clear_uft(&mut self, port: &str) -> Result<(), String> {

@@ -32,6 +32,8 @@ const PORT_FLAG_VERBS: &[&str] = &[
     "remove-fw-rule",
     "list-fw-rules",
     "set-fw-rules",
+    "pause-port",
+    "resume-port",
     "set-external-ips",
 ];
 

@@ -11,7 +11,7 @@
 use crate::api::{FwRule, PortInfo, RouteEntry, V2pEntry};
 use engine::v2b::V2bEntry;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -45,6 +45,10 @@ pub struct State {
     /// see [`State::assign_missing_fw_rule_ids`].
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub fw_next_id: BTreeMap<String, u64>,
+    /// Ports paused by `pause-port` (restored paused). Absent from files written
+    /// before port states.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub paused: BTreeSet<String>,
 }
 
 impl State {

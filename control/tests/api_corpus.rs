@@ -61,9 +61,11 @@ fn kind(r: &Request) -> usize {
         Request::DumpV2b => 27,
         Request::SetExternalIps { .. } => 28,
         Request::ListFwRules { .. } => 29,
+        Request::PausePort { .. } => 30,
+        Request::ResumePort { .. } => 31,
     }
 }
-const KINDS: usize = 30;
+const KINDS: usize = 32;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach

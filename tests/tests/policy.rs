@@ -200,3 +200,82 @@ fn vpc_hosts_icmp_types_and_rule_ids() -> Result<()> {
     );
     Ok(())
 }
+
+/// The state `list-ports --json` shows for `port`.
+fn port_state(sled: &Sled, port: &str) -> Result<String> {
+    let ports = json(sled, &["list-ports"])?;
+    ports
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["config"]["name"] == port)
+        .and_then(|p| p["state"].as_str())
+        .map(str::to_string)
+        .ok_or_else(|| Error::new(format!("no state for {port} in {ports}")))
+}
+
+/// A port paused for 2 s in the middle of a TCP transfer drops both ways (counted
+/// `port_paused`), keeps the connection, and once resumed the transfer completes
+/// with every byte intact.
+#[test]
+fn a_paused_port_resumes_its_tcp_connections() -> Result<()> {
+    const BYTES: u64 = 300 << 20;
+    const PAUSED: &str = "engine.ports.a1.drops.port_paused";
+    let rack = standard::rack("e2e", &[])?;
+    let sled = rack.sled(0)?;
+    let (a1, b1) = (rack.guest(A1)?, rack.guest(B1)?);
+    let a1_v4 = a1.ipv4()?;
+    b1.ping(a1_v4, 56, WAIT)?;
+    assert_eq!(port_state(sled, A1)?, "running");
+    let start = Snapshot::take(sled)?.get("engine.ports.a1.in_bytes");
+    std::thread::scope(|s| -> Result<()> {
+        let xfer = s.spawn(|| {
+            e2e::xfer::transfer(
+                xfer_bin(),
+                b1,
+                a1,
+                a1_v4,
+                5002,
+                BYTES,
+                Duration::from_secs(180),
+            )
+        });
+        // Mid-way: once 10 MB have reached a1.
+        e2e::poll_until("10 MB of the transfer to reach a1", WAIT, || {
+            let got = Snapshot::take(sled)?.get("engine.ports.a1.in_bytes") - start;
+            if got >= 10 << 20 {
+                Ok(())
+            } else {
+                Err(Error::new(format!("{got} bytes so far")))
+            }
+        })?;
+        sled.admin(&["pause-port", A1])?;
+        let paused_at = Snapshot::take(sled)?;
+        assert_eq!(port_state(sled, A1)?, "paused");
+        std::thread::sleep(Duration::from_secs(2));
+        let before_resume = Snapshot::take(sled)?;
+        assert!(
+            !xfer.is_finished(),
+            "the transfer ended while its receiver's port was paused"
+        );
+        let dropped = before_resume.get(PAUSED) - paused_at.get(PAUSED);
+        assert!(dropped > 0, "nothing counted as port_paused");
+        // Nothing was delivered to a1 while paused.
+        assert_eq!(
+            before_resume.get("engine.ports.a1.in_bytes"),
+            paused_at.get("engine.ports.a1.in_bytes"),
+        );
+        sled.admin(&["resume-port", "-p", A1])?;
+        assert_eq!(port_state(sled, A1)?, "running");
+        let report = xfer
+            .join()
+            .map_err(|_| Error::new("the transfer thread panicked"))??;
+        assert_eq!(report.bytes, BYTES);
+        Ok(())
+    })?;
+    // The paused port's frames were dropped as paused, not by the firewall.
+    let end = Snapshot::take(sled)?;
+    assert_eq!(end.get("engine.ports.a1.drops.fw_deny_in"), 0);
+    assert_eq!(end.get("engine.ports.a1.drops.tcp_out_of_window"), 0);
+    Ok(())
+}

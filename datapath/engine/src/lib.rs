@@ -38,7 +38,7 @@ pub use firewall::{FlowLimits, FwAction};
 pub use flow::FlowKey;
 pub use input::RxFrame;
 pub use output::{FrameBytes, FrameSpace, InputRef, LentFrame, SiblingFrame, TxBatch, TxDest};
-pub use port::{PortConfig, PortId, Vni};
+pub use port::{PortConfig, PortId, PortState, Vni};
 pub use router::RouteTarget;
 pub use rule::{Direction, PortRange, Predicate, Rule};
 pub use wire::vnet::VnetHdr;

@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
-use engine::{Direction, Engine, FwAction, PortId, Predicate, Rule, TxBatch, TxDest, VnetHdr};
+use engine::{
+    Direction, Engine, FwAction, PortId, PortState, Predicate, Rule, TxBatch, TxDest, VnetHdr,
+};
 use etherparse::{icmpv4::DestUnreachableHeader, Icmpv4Type, Icmpv6Type, PacketBuilder};
 
 fn drops(e: &Engine, reason: &str) -> u64 {
@@ -187,4 +189,48 @@ fn protocol_numbers_match_alone() {
     let tcp = tcp_v4(&guest(1), guest(2).v4, 2001, 80, true, b"");
     assert_eq!(a_to_b(&mut a, pa, &mut b, &tcp, 1).len(), 1);
     assert_eq!(drops(&b, "fw_deny_in"), 1);
+}
+
+fn udp_between(from: u8, to: u8, sport: u16, dport: u16) -> Vec<u8> {
+    frame(
+        &guest(from),
+        Some(guest(to).v4),
+        None,
+        L4::Udp { sport, dport },
+        b"x",
+    )
+}
+
+#[test]
+fn a_paused_port_drops_both_ways_and_resumes_its_connections() {
+    let (mut a, pa, mut b, pb) = two_sleds();
+    assert_eq!(a.port_state("ga").unwrap(), PortState::Ready);
+    // Guest 1 admits nothing inbound but replies to what it opened.
+    a.set_fw_rules("ga", vec![]).unwrap();
+    let out = udp_between(1, 2, 1000, 53);
+    let back = udp_between(2, 1, 53, 1000);
+    assert_eq!(a_to_b(&mut a, pa, &mut b, &out, 1).len(), 1);
+    assert_eq!(a_to_b(&mut b, pb, &mut a, &back, 1).len(), 1);
+    assert_eq!(a.port_state("ga").unwrap(), PortState::Running);
+
+    a.set_port_paused("ga", true).unwrap();
+    assert_eq!(a.port_state("ga").unwrap(), PortState::Paused);
+    assert!(a_to_b(&mut a, pa, &mut b, &out, 2).is_empty());
+    assert!(a_to_b(&mut b, pb, &mut a, &back, 2).is_empty());
+    assert_eq!(drops(&a, "port_paused"), 2);
+    assert_eq!(drops(&a, "fw_deny_in"), 0, "dropped as paused, not denied");
+    let flows = a.dump_tcp_flows("ga").unwrap();
+    assert_eq!(flows.len(), 1, "the connection is kept");
+
+    // Resumed: the connection still admits the reply; nothing else was dropped.
+    a.set_port_paused("ga", false).unwrap();
+    assert_eq!(a.port_state("ga").unwrap(), PortState::Running);
+    assert_eq!(a_to_b(&mut b, pb, &mut a, &back, 3).len(), 1);
+    assert_eq!(a_to_b(&mut a, pa, &mut b, &out, 3).len(), 1);
+    assert_eq!(drops(&a, "port_paused"), 2);
+    assert_eq!(a.dump_tcp_flows("ga").unwrap().len(), 1);
+    // Unknown ports are refused by name.
+    let e = a.set_port_paused("nope", true).unwrap_err().to_string();
+    assert!(e.contains("nope"), "{e}");
+    assert!(a.port_state("nope").is_err());
 }

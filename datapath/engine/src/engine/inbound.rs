@@ -283,6 +283,10 @@ pub(super) fn inbound_verdict(
     epoch: u64,
     now: u64,
 ) -> Result<(), DropReason> {
+    // One predictable branch for a port that is not paused.
+    if p.paused {
+        return Err(DropReason::PortPaused);
+    }
     let own = match (m.l3, m.dst_ip) {
         (L3::Ipv4, IpAddr::V4(a)) => p.cfg.ipv4 == Some(a),
         (L3::Ipv6, IpAddr::V6(a)) => p.cfg.ipv6 == Some(a),

@@ -67,6 +67,11 @@ impl Engine {
         };
         p.c.out_packets += 1;
         p.c.out_bytes += frame.len() as u64;
+        // One predictable branch for a port that is not paused.
+        if p.paused {
+            p.c.drops.inc(DropReason::PortPaused);
+            return;
+        }
         // Borrowed from the result rather than moved out of it: the metadata is
         // ~100 bytes, and the move was a copy per packet.
         let parsed = wire::meta::parse_inner(frame);
@@ -300,6 +305,11 @@ fn send_held(
         drops.inc(DropReason::UnknownPort);
         return;
     };
+    // Paused since the frame was held: it does not leave either.
+    if p.paused {
+        p.c.drops.inc(DropReason::PortPaused);
+        return;
+    }
     let Ok(meta) = wire::meta::parse_inner(&h.frame) else {
         p.c.drops.inc(DropReason::GuestParse);
         return;
