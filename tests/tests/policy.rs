@@ -279,3 +279,31 @@ fn a_paused_port_resumes_its_tcp_connections() -> Result<()> {
     assert_eq!(end.get("engine.ports.a1.drops.tcp_out_of_window"), 0);
     Ok(())
 }
+
+/// A port paused when its daemon restarts comes back paused (its pings dropped as
+/// `port_paused`) until resumed.
+#[test]
+fn a_paused_port_stays_paused_across_a_restart() -> Result<()> {
+    let mut rack = standard::rack("e2e", &[])?;
+    let b1_to_a1 = |rack: &e2e::Rack| -> Result<bool> {
+        let (a1, b1) = (rack.guest(A1)?, rack.guest(B1)?);
+        reaches(b1, a1.ipv4()?)
+    };
+    {
+        let (a1, b1) = (rack.guest(A1)?, rack.guest(B1)?);
+        b1.ping(a1.ipv4()?, 56, WAIT)?;
+    }
+    rack.sled(0)?.admin(&["pause-port", A1])?;
+    assert!(!b1_to_a1(&rack)?, "a paused port answered");
+    rack.restart_daemon(0, &[])?;
+    let sled = rack.sled(0)?;
+    assert_eq!(port_state(sled, A1)?, "paused");
+    assert!(!b1_to_a1(&rack)?, "the restored port is not paused");
+    let dropped = Snapshot::take(rack.sled(0)?)?.get("engine.ports.a1.drops.port_paused");
+    assert!(dropped > 0, "no port_paused drop after the restart");
+    rack.sled(0)?.admin(&["resume-port", A1])?;
+    let (a1, b1) = (rack.guest(A1)?, rack.guest(B1)?);
+    b1.ping(a1.ipv4()?, 56, WAIT)?;
+    assert_eq!(port_state(rack.sled(0)?, A1)?, "running");
+    Ok(())
+}
