@@ -307,3 +307,79 @@ fn a_paused_port_stays_paused_across_a_restart() -> Result<()> {
     assert_eq!(port_state(rack.sled(0)?, A1)?, "running");
     Ok(())
 }
+
+/// Traffic from outside the VPC (boundary services' frames, with the Geneve
+/// External option, to a floating IP) is of no VPC: a `vni=` rule of the port's own
+/// VPC does not admit it, a rule for any host does. Boundary services are a rogue
+/// host on the switch that the daemons take for them (`--boundary-services`).
+#[test]
+fn vpc_hosts_do_not_admit_traffic_from_outside_the_vpc() -> Result<()> {
+    use e2e::frames::{geneve, geneve_option, inner, Host, Outer, OXIDE_CLASS, OXIDE_EXTERNAL};
+    use e2e::inject::{mac_of, Rogue, ROGUE_ADDR, ROGUE_MAC};
+    const FLOATING: &str = "203.0.113.10";
+    const IN_PACKETS: &str = "engine.ports.a1.in_packets";
+    let boundary = ROGUE_ADDR.to_string();
+    let rack = standard::rack("e2e", &["--boundary-services", &boundary])?;
+    let sled = rack.sled(0)?;
+    let a1 = rack.guest(A1)?;
+    sled.admin(&["set-external-ips", A1, "--floating-ip", FLOATING])?;
+    let rogue = Rogue::join(&rack)?;
+    let from_internet = inner(
+        Host {
+            mac: [2, 0, 0, 0, 0, 0x42],
+            ip: "198.51.100.7".parse().map_err(|_| Error::new("address"))?,
+        },
+        Host {
+            mac: parse_mac(&a1.spec.mac)?,
+            ip: FLOATING.parse().map_err(|_| Error::new("address"))?,
+        },
+        e2e::frames::L4::Udp {
+            sport: 40000,
+            dport: 7777,
+        },
+        b"from the internet",
+    );
+    let frame = geneve(
+        &Outer {
+            src_mac: ROGUE_MAC,
+            dst_mac: parse_mac(&mac_of(&sled.ns, e2e::rack::UNDERLAY_IF)?)?,
+            src: ROGUE_ADDR,
+            dst: sled.addr,
+            vni: a1.spec.vni,
+        },
+        &geneve_option(OXIDE_CLASS, OXIDE_EXTERNAL, &[]),
+        &from_internet,
+    );
+    // Sends the frame until `counter` of a1 grows.
+    let send_until = |counter: &str| -> Result<()> {
+        let before = Snapshot::take(sled)?.get(counter);
+        e2e::poll_until(&format!("{counter} to grow"), WAIT, || {
+            rogue.send(&frame)?;
+            let now = Snapshot::take(sled)?.get(counter);
+            if now > before {
+                Ok(())
+            } else {
+                Err(Error::new(format!("{counter} still {now}")))
+            }
+        })
+    };
+    let vpc = a1.spec.vni;
+    set_rules(
+        sled,
+        &[&format!(
+            "dir=in action=allow priority=10 hosts=vni={vpc} protocol=UDP port=7777"
+        )],
+    )?;
+    let delivered = Snapshot::take(sled)?.get(IN_PACKETS);
+    send_until(DENY_IN)?;
+    let after = Snapshot::take(sled)?;
+    assert_eq!(after.get(IN_PACKETS), delivered, "vni={vpc} admitted it");
+    assert_eq!(after.get("engine.ports.a1.drops.nat_no_mapping"), 0);
+    // The same frame, admitted by a rule for any host: it is well formed.
+    set_rules(
+        sled,
+        &["dir=in action=allow priority=10 hosts=any protocol=UDP port=7777"],
+    )?;
+    send_until(IN_PACKETS)?;
+    Ok(())
+}
