@@ -1,7 +1,10 @@
-//! VPC policy through the daemons (docs/operating.md, "Firewall rules"): a `vni=`
-//! host admits its VPC's traffic and nothing else; ICMP rules by type let Packet Too
-//! Big through where echo is denied; a rule removed by its id (`remove-fw-rule PORT
-//! ID`, as `list-fw-rules` shows it) stops applying at once.
+//! VPC policy through the daemons (docs/operating.md, "Firewall rules" and "Port
+//! states"): a `vni=` host admits its VPC's traffic and nothing else (neither
+//! another VPC's filter nor traffic from outside the VPC); ICMP rules by type let
+//! Packet Too Big through where echo is denied; a rule removed by its id
+//! (`remove-fw-rule PORT ID`, as `list-fw-rules` shows it) stops applying at once;
+//! a paused port drops both ways, keeps its connections for `resume-port`, and stays
+//! paused across a daemon restart.
 
 use e2e::capture::Capture;
 use e2e::counters::Snapshot;
