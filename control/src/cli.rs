@@ -31,8 +31,9 @@ use wire::MacAddr;
     about = "Administer the overlayd datapath",
     after_help = "opteadm's command lines work too: -p/--port PORT wherever opteadm takes it \
                   (list-layers, dump-layer, dump-uft, clear-uft, dump-tcp-flows, \
-                  add/del-router-entry, add/rm-fw-rule, set-fw-rules, which then reads its \
-                  rules from standard input)."
+                  add/del-router-entry, add/rm-fw-rule, remove-fw-rule, list-fw-rules, \
+                  set-fw-rules, which then reads its rules from standard input, \
+                  set-external-ips, pause-port, resume-port)."
 )]
 pub struct Cli {
     /// The daemon's API socket.
