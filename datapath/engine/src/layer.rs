@@ -293,4 +293,44 @@ mod tests {
             &"second"
         );
     }
+
+    /// `uses_vni` follows the rules as they come and go (the outbound path works a
+    /// packet's VPC out only while it is true).
+    #[test]
+    fn vni_rules_are_counted_per_direction() {
+        let vni = |prio| {
+            Rule::new(prio, "vpc")
+                .matching(Predicate::Vni(10))
+                .finalize()
+                .unwrap()
+        };
+        let mut l = Layer::new("test");
+        assert!(!l.uses_vni(Direction::Out));
+        let a = l.add(Direction::Out, vni(1));
+        let b = l.add(Direction::Out, vni(2));
+        l.add(Direction::Out, rule(3, "10.0.0.0/8", "plain"));
+        assert!(l.uses_vni(Direction::Out) && !l.uses_vni(Direction::In));
+        assert!(l.remove(Direction::Out, a));
+        assert!(l.uses_vni(Direction::Out), "one is left");
+        assert!(l.remove(Direction::Out, b));
+        assert!(!l.uses_vni(Direction::Out));
+        l.add(Direction::In, vni(1));
+        assert!(l.uses_vni(Direction::In));
+        assert_eq!(
+            l.remove_where(Direction::In, |r| r.uses_vni()),
+            1,
+            "removed by predicate"
+        );
+        assert!(!l.uses_vni(Direction::In));
+        l.add(Direction::In, vni(1));
+        l.clear();
+        assert!(!l.uses_vni(Direction::In));
+        // A look ahead counts nothing.
+        let mut f = f("10.1.1.1");
+        f.vpc_vni = Some(10);
+        l.add(Direction::Out, vni(1));
+        assert_eq!(l.peek(Direction::Out, &f), Some(&"vpc"));
+        let d = l.dump(("deny", "allow"));
+        assert_eq!((d.outbound.rules[0].hits, d.outbound.no_match), (0, 0));
+    }
 }
