@@ -14,8 +14,7 @@ use core::fmt;
 use core::str::FromStr;
 use engine::nat::ExternalIps;
 use engine::v2b::V2bEntry;
-use engine::PortLimits;
-use engine::{PortConfig, Vni};
+use engine::{PortConfig, PortLimits, PortState, Vni};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, Ipv6Addr};
@@ -113,12 +112,28 @@ pub enum Request {
         priority: u16,
         filters: FwFilters,
     },
-    /// Removes the rule `dump-layer PORT firewall` shows with this id (its
-    /// position, from 1, in the port's rule list), which must look `direction`.
+    /// Removes the rule with this id (as `list-fw-rules` and `dump-layer PORT
+    /// firewall` show it); with `direction`, only if the rule looks that way
+    /// (opteadm's `rm-fw-rule --dir DIR ID`). `remove-fw-rule PORT ID` gives none.
     RmFwRuleId {
         port: String,
-        direction: Direction,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        direction: Option<Direction>,
         id: u64,
+    },
+    /// The port's firewall rules as configured, with their ids.
+    ListFwRules {
+        port: String,
+    },
+    /// `pause-port`: the port drops every frame, both ways (counted
+    /// `port_paused`), keeping its flows, connections and rules; saved.
+    PausePort {
+        port: String,
+    },
+    /// `resume-port`: a paused port carries traffic again, its connections where
+    /// they were.
+    ResumePort {
+        port: String,
     },
     SetFwRules {
         port: String,
@@ -258,6 +273,8 @@ impl Request {
                 | Request::SetFwRules { .. }
                 | Request::SetExternalIps { .. }
                 | Request::SetPortLimits { .. }
+                | Request::PausePort { .. }
+                | Request::ResumePort { .. }
         )
     }
 }
@@ -398,20 +415,24 @@ impl fmt::Display for FwAction {
 }
 
 /// The remote end a firewall rule matches: the source for inbound rules, the
-/// destination for outbound ones.
+/// destination for outbound ones; or, with `vni`, the VPC the traffic travels in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FwHost {
     Any,
     Ip(IpAddr),
     Subnet(IpNet),
+    /// Traffic of VPC `vni`: inbound, the Geneve VNI a frame came in with;
+    /// outbound, the VNI it leaves with (the port's own for a destination in the
+    /// VPC). Traffic from or to outside the VPC (the internet, through boundary
+    /// services) matches no `vni` host.
+    Vni(Vni),
 }
 
 impl FromStr for FwHost {
     type Err = String;
-    /// `any`, an address or a prefix; also opteadm's `ip=ADDR` and `subnet=CIDR`.
-    /// opteadm's `vni=N` (traffic of another VPC) is refused: the engine's rules
-    /// match addresses, protocols and ports only.
+    /// `any`, an address or a prefix; also opteadm's `ip=ADDR`, `subnet=CIDR` and
+    /// `vni=N`.
     fn from_str(s: &str) -> Result<Self, String> {
         if s.eq_ignore_ascii_case("any") {
             return Ok(FwHost::Any);
@@ -429,14 +450,19 @@ impl FromStr for FwHost {
                     .map(FwHost::Subnet)
                     .map_err(|_| format!("invalid firewall host {s:?}: {v:?} is not a prefix"))
             }
-            Some(("vni", _)) => {
-                return Err(format!(
-                    "firewall host {s:?}: matching by VNI is not supported yet (use any, ip=ADDR or subnet=CIDR)"
-                ))
+            Some(("vni", v)) => {
+                return v
+                    .parse::<u32>()
+                    .ok()
+                    .and_then(|n| Vni::new(n).ok())
+                    .map(FwHost::Vni)
+                    .ok_or_else(|| {
+                        format!("invalid firewall host {s:?}: {v:?} is not a VNI (0 to 16777215)")
+                    })
             }
             Some((k, _)) => {
                 return Err(format!(
-                    "invalid firewall host {s:?}: unknown kind {k:?} (expected any, ip=ADDR or subnet=CIDR)"
+                    "invalid firewall host {s:?}: unknown kind {k:?} (expected any, ip=ADDR, subnet=CIDR or vni=N)"
                 ))
             }
             None => {}
@@ -448,7 +474,7 @@ impl FromStr for FwHost {
                 .map_err(|_| format!("invalid subnet {s:?}"));
         }
         s.parse().map(FwHost::Ip).map_err(|_| {
-            format!("invalid firewall host {s:?}: expected any, an IP address or a prefix")
+            format!("invalid firewall host {s:?}: expected any, an IP address, a prefix or vni=N")
         })
     }
 }
@@ -459,6 +485,7 @@ impl fmt::Display for FwHost {
             FwHost::Any => f.write_str("any"),
             FwHost::Ip(ip) => write!(f, "{ip}"),
             FwHost::Subnet(net) => write!(f, "{net}"),
+            FwHost::Vni(v) => write!(f, "vni={v}"),
         }
     }
 }
@@ -472,6 +499,9 @@ pub enum FwProto {
     Udp,
     Icmp,
     Icmp6,
+    /// Any other IP protocol, by number (`proto=N`; the four above are written by
+    /// name).
+    Number(u8),
 }
 
 impl FwProto {
@@ -479,14 +509,44 @@ impl FwProto {
     pub fn has_ports(self) -> bool {
         matches!(self, FwProto::Tcp | FwProto::Udp)
     }
+
+    /// Only ICMP and ICMPv6 have message types.
+    pub fn has_icmp_types(self) -> bool {
+        matches!(self, FwProto::Icmp | FwProto::Icmp6)
+    }
+
+    /// The IP protocol number, `None` for any.
+    pub fn number(self) -> Option<u8> {
+        match self {
+            FwProto::Any => None,
+            FwProto::Tcp => Some(6),
+            FwProto::Udp => Some(17),
+            FwProto::Icmp => Some(1),
+            FwProto::Icmp6 => Some(58),
+            FwProto::Number(n) => Some(n),
+        }
+    }
+
+    /// The protocol numbered `n`, by name when it has one.
+    pub fn from_number(n: u8) -> FwProto {
+        match n {
+            6 => FwProto::Tcp,
+            17 => FwProto::Udp,
+            1 => FwProto::Icmp,
+            58 => FwProto::Icmp6,
+            n => FwProto::Number(n),
+        }
+    }
 }
 
 impl FromStr for FwProto {
     type Err = String;
-    /// Case-insensitive, as opteadm's `--protocol TCP` is; opteadm's `arp` and ICMP
-    /// type filters (`icmp:8`) are refused by name, the engine's rules have neither.
+    /// Case-insensitive, as opteadm's `--protocol TCP` is; `proto=N` for any IP
+    /// protocol number. opteadm's `arp` is refused by name (ARP never reaches the
+    /// firewall); ICMP types (`icmp:8`) are [`FwProtoSpec`]'s.
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
+        let l = s.to_ascii_lowercase();
+        match l.as_str() {
             "any" => Ok(FwProto::Any),
             "tcp" => Ok(FwProto::Tcp),
             "udp" => Ok(FwProto::Udp),
@@ -495,25 +555,135 @@ impl FromStr for FwProto {
             "arp" => Err(format!(
                 "protocol {s:?} is not supported yet: ARP never reaches the firewall (the gateway answers or denies it)"
             )),
-            l if l.starts_with("icmp:") || l.starts_with("icmp6:") => Err(format!(
-                "protocol {s:?}: ICMP type filters are not supported yet (use icmp or icmp6)"
-            )),
-            _ => Err(format!(
-                "invalid protocol {s:?}: expected any, tcp, udp, icmp or icmp6"
-            )),
+            _ => match l.strip_prefix("proto=") {
+                Some(n) => n.parse::<u8>().map(FwProto::from_number).map_err(|_| {
+                    format!("invalid protocol {s:?}: {n:?} is not a protocol number (0 to 255)")
+                }),
+                None => Err(format!(
+                    "invalid protocol {s:?}: expected any, tcp, udp, icmp[:TYPE[/CODE]], icmp6[:TYPE[/CODE]] or proto=N"
+                )),
+            },
         }
     }
 }
 
 impl fmt::Display for FwProto {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            FwProto::Any => "any",
-            FwProto::Tcp => "tcp",
-            FwProto::Udp => "udp",
-            FwProto::Icmp => "icmp",
-            FwProto::Icmp6 => "icmp6",
+        match self {
+            FwProto::Any => f.write_str("any"),
+            FwProto::Tcp => f.write_str("tcp"),
+            FwProto::Udp => f.write_str("udp"),
+            FwProto::Icmp => f.write_str("icmp"),
+            FwProto::Icmp6 => f.write_str("icmp6"),
+            FwProto::Number(n) => write!(f, "proto={n}"),
+        }
+    }
+}
+
+/// An ICMP or ICMPv6 message type, and optionally code, a rule matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct IcmpMatch {
+    #[serde(rename = "type")]
+    pub icmp_type: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<u8>,
+}
+
+impl fmt::Display for IcmpMatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.icmp_type)?;
+        if let Some(c) = self.code {
+            write!(f, "/{c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A protocol as opteadm's `--protocol` writes it: [`FwProto`], or
+/// `icmp:TYPE[/CODE]` / `icmp6:TYPE[/CODE]` (e.g. `icmp6:2` Packet Too Big,
+/// `icmp:3/4` fragmentation needed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FwProtoSpec {
+    pub proto: FwProto,
+    pub icmp: Option<IcmpMatch>,
+}
+
+impl FromStr for FwProtoSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let Some((p, ty)) = s.split_once(':') else {
+            return Ok(FwProtoSpec {
+                proto: s.parse()?,
+                icmp: None,
+            });
+        };
+        let proto = match p.to_ascii_lowercase().as_str() {
+            "icmp" => FwProto::Icmp,
+            "icmp6" => FwProto::Icmp6,
+            _ => {
+                return Err(format!(
+                    "invalid protocol {s:?}: only icmp and icmp6 take a message type"
+                ))
+            }
+        };
+        let num = |v: &str, what: &str| {
+            v.parse::<u8>().map_err(|_| {
+                format!("invalid protocol {s:?}: {v:?} is not an ICMP {what} (0 to 255)")
+            })
+        };
+        let (t, code) = match ty.split_once('/') {
+            Some((t, c)) => (num(t, "type")?, Some(num(c, "code")?)),
+            None => (num(ty, "type")?, None),
+        };
+        Ok(FwProtoSpec {
+            proto,
+            icmp: Some(IcmpMatch { icmp_type: t, code }),
         })
+    }
+}
+
+/// Destination ports of a rule: one port, or an inclusive range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FwPorts {
+    One(u16),
+    Range { start: u16, end: u16 },
+}
+
+impl FwPorts {
+    /// (first, last), inclusive.
+    pub fn bounds(self) -> (u16, u16) {
+        match self {
+            FwPorts::One(p) => (p, p),
+            FwPorts::Range { start, end } => (start, end),
+        }
+    }
+}
+
+impl FromStr for FwPorts {
+    type Err = String;
+    /// `80` or `8000-8080`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let port = |p: &str| {
+            p.parse::<u16>()
+                .map_err(|_| format!("invalid port {p:?} in {s:?}"))
+        };
+        match s.split_once('-') {
+            Some((a, b)) => Ok(FwPorts::Range {
+                start: port(a)?,
+                end: port(b)?,
+            }),
+            None => port(s).map(FwPorts::One),
+        }
+    }
+}
+
+impl fmt::Display for FwPorts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FwPorts::One(p) => write!(f, "{p}"),
+            FwPorts::Range { start, end } => write!(f, "{start}-{end}"),
+        }
     }
 }
 
@@ -522,10 +692,13 @@ impl fmt::Display for FwProto {
 pub struct FwFilters {
     pub host: FwHost,
     pub proto: FwProto,
-    /// Destination ports (inbound: the guest's service; outbound: the remote's);
-    /// empty means any. Only for TCP/UDP.
+    /// Destination ports and port ranges (inbound: the guest's service; outbound:
+    /// the remote's); empty means any. Only for TCP/UDP.
     #[serde(default)]
-    pub ports: Vec<u16>,
+    pub ports: Vec<FwPorts>,
+    /// The ICMP/ICMPv6 message type (and code); only for icmp and icmp6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icmp: Option<IcmpMatch>,
 }
 
 impl FwFilters {
@@ -533,25 +706,64 @@ impl FwFilters {
     pub fn validate(&self) -> Result<(), String> {
         if !self.ports.is_empty() && !self.proto.has_ports() {
             return Err(format!(
-                "ports {:?} given for protocol {}, which has no ports",
-                self.ports, self.proto
+                "ports {} given for protocol {}, which has no ports",
+                self.ports_text(),
+                self.proto
             ));
         }
-        if self.ports.contains(&0) {
-            return Err("port 0 cannot be matched".into());
+        for p in &self.ports {
+            let (start, end) = p.bounds();
+            if start == 0 {
+                return Err(format!("port {p}: port 0 cannot be matched"));
+            }
+            if start > end {
+                return Err(format!("port range {p} starts after it ends"));
+            }
+        }
+        if let Some(i) = self.icmp {
+            if !self.proto.has_icmp_types() {
+                return Err(format!(
+                    "ICMP type {i} given for protocol {}, which has no ICMP types",
+                    self.proto
+                ));
+            }
         }
         Ok(())
+    }
+
+    /// The ports as `--ports` takes them (`80,8000-8080`).
+    pub fn ports_text(&self) -> String {
+        let v: Vec<String> = self.ports.iter().map(ToString::to_string).collect();
+        v.join(",")
+    }
+
+    /// The protocol as `--protocol` takes it (`tcp`, `icmp6:2`, `icmp:3/4`).
+    pub fn proto_text(&self) -> String {
+        match self.icmp {
+            Some(i) => format!("{}:{i}", self.proto),
+            None => self.proto.to_string(),
+        }
     }
 }
 
 /// One firewall rule. Rules are evaluated in ascending priority; the first match
-/// decides. A rule is identified by (direction, priority, filters).
+/// decides. A rule is identified by its `id`, which the daemon assigns when the rule
+/// is added (unique within the port, never reused, kept across restarts), or by
+/// (direction, priority, filters).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct FwRule {
+    /// Assigned by the daemon; what a request gives here is not used (0: not
+    /// assigned yet).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub id: u64,
     pub direction: Direction,
     pub priority: u16,
     pub action: FwAction,
     pub filters: FwFilters,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl FwRule {
@@ -562,14 +774,20 @@ impl FwRule {
 
 impl fmt::Display for FwRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.id != 0 {
+            write!(f, "id={} ", self.id)?;
+        }
         write!(
             f,
             "{} prio={} {} host={} proto={}",
-            self.direction, self.priority, self.action, self.filters.host, self.filters.proto
+            self.direction,
+            self.priority,
+            self.action,
+            self.filters.host,
+            self.filters.proto_text()
         )?;
         if !self.filters.ports.is_empty() {
-            let ports: Vec<String> = self.filters.ports.iter().map(|p| p.to_string()).collect();
-            write!(f, " ports={}", ports.join(","))?;
+            write!(f, " ports={}", self.filters.ports_text())?;
         }
         Ok(())
     }
@@ -595,6 +813,10 @@ pub struct PortStatus {
     /// for a port not applied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<PortLink>,
+    /// `ready` (no frame yet since created or restored), `running` or `paused`;
+    /// absent for a port not applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<PortState>,
 }
 
 /// Whether a port's tap is served.
@@ -792,9 +1014,17 @@ pub(crate) mod tests {
         let filters = FwFilters {
             host: FwHost::Subnet("10.0.0.0/8".parse().unwrap()),
             proto: FwProto::Tcp,
-            ports: vec![22, 443],
+            ports: vec![
+                FwPorts::One(22),
+                FwPorts::Range {
+                    start: 8000,
+                    end: 8080,
+                },
+            ],
+            icmp: None,
         };
         let rule = FwRule {
+            id: 0,
             direction: Direction::In,
             priority: 100,
             action: FwAction::Allow,
@@ -882,8 +1112,40 @@ pub(crate) mod tests {
             },
             Request::RmFwRuleId {
                 port: "opte0".into(),
-                direction: Direction::Out,
+                direction: Some(Direction::Out),
                 id: 2,
+            },
+            Request::RmFwRuleId {
+                port: "opte0".into(),
+                direction: None,
+                id: 7,
+            },
+            Request::ListFwRules {
+                port: "opte0".into(),
+            },
+            Request::PausePort {
+                port: "opte0".into(),
+            },
+            Request::ResumePort {
+                port: "opte0".into(),
+            },
+            Request::SetFwRules {
+                port: "opte0".into(),
+                rules: vec![FwRule {
+                    id: 4,
+                    direction: Direction::In,
+                    priority: 10,
+                    action: FwAction::Deny,
+                    filters: FwFilters {
+                        host: FwHost::Vni(Vni::new(10).unwrap()),
+                        proto: FwProto::Icmp6,
+                        ports: vec![],
+                        icmp: Some(IcmpMatch {
+                            icmp_type: 128,
+                            code: Some(0),
+                        }),
+                    },
+                }],
             },
             Request::DumpUft {
                 port: "opte0".into(),
@@ -983,6 +1245,7 @@ pub(crate) mod tests {
                         since_unix_ms: 1_700_000_000_000,
                         reason: "read: File descriptor in bad state".into(),
                     }),
+                    state: Some(PortState::Running),
                 },
                 PortStatus {
                     port: PortInfo {
@@ -995,6 +1258,7 @@ pub(crate) mod tests {
                         retry_in_ms: 4000,
                     }),
                     link: None,
+                    state: None,
                 },
             ])),
             Outcome::Ok(Reply::Inspect(serde_json::json!({"drops": {"bad_vni": 3}}))),
@@ -1055,15 +1319,77 @@ pub(crate) mod tests {
         for s in ["subnet", "igw", "drop"] {
             assert_eq!(s.parse::<RouteTarget>().unwrap().to_string(), s);
         }
-        for s in ["any", "10.1.2.3", "fd00::/64"] {
+        for s in ["any", "10.1.2.3", "fd00::/64", "vni=7"] {
             assert_eq!(s.parse::<FwHost>().unwrap().to_string(), s);
         }
         assert!("router"
             .parse::<RouteTarget>()
             .unwrap_err()
             .contains("router"));
-        assert!("vni=7".parse::<FwHost>().unwrap_err().contains("vni=7"));
+        for bad in ["vni=16777216", "vni=x", "vni=-1"] {
+            let e = bad.parse::<FwHost>().unwrap_err();
+            assert!(e.contains(bad), "{e}");
+        }
         assert!("sctp".parse::<FwProto>().unwrap_err().contains("sctp"));
+        // Protocol numbers: named when they have a name, 0-255 only.
+        assert_eq!("proto=47".parse::<FwProto>(), Ok(FwProto::Number(47)));
+        assert_eq!("PROTO=6".parse::<FwProto>(), Ok(FwProto::Tcp));
+        assert_eq!(FwProto::Number(47).to_string(), "proto=47");
+        let e = "proto=256".parse::<FwProto>().unwrap_err();
+        assert!(e.contains("\"256\""), "{e}");
+        // ICMP types and codes.
+        for (s, proto, t, c) in [
+            ("icmp6:2", FwProto::Icmp6, 2, None),
+            ("ICMP:3/4", FwProto::Icmp, 3, Some(4)),
+            ("icmp:8", FwProto::Icmp, 8, None),
+        ] {
+            let p: FwProtoSpec = s.parse().unwrap();
+            assert_eq!(p.proto, proto, "{s}");
+            assert_eq!(
+                p.icmp,
+                Some(IcmpMatch {
+                    icmp_type: t,
+                    code: c
+                }),
+                "{s}"
+            );
+        }
+        for (bad, named) in [
+            ("tcp:80", "only icmp and icmp6"),
+            ("icmp:300", "\"300\""),
+            ("icmp6:1/x", "\"x\""),
+            ("icmp:", "\"\""),
+        ] {
+            let e = bad.parse::<FwProtoSpec>().unwrap_err();
+            assert!(e.contains(bad) && e.contains(named), "{bad}: {e}");
+        }
+        // Ports and ranges.
+        assert_eq!("80".parse::<FwPorts>(), Ok(FwPorts::One(80)));
+        assert_eq!(
+            "8000-8080".parse::<FwPorts>().unwrap().to_string(),
+            "8000-8080"
+        );
+        assert!("80-x".parse::<FwPorts>().unwrap_err().contains("\"x\""));
+    }
+
+    #[test]
+    fn saved_rules_without_ids_ranges_or_icmp_types_still_read() {
+        let old = r#"{"direction":"in","priority":100,"action":"allow","filters":{"host":{"subnet":"10.0.0.0/8"},"proto":"tcp","ports":[22,443]}}"#;
+        let r: FwRule = serde_json::from_str(old).unwrap();
+        assert_eq!(r.id, 0);
+        assert_eq!(r.filters.ports, [FwPorts::One(22), FwPorts::One(443)]);
+        assert_eq!(r.filters.icmp, None);
+        // Written back unchanged (no id, no icmp).
+        assert_eq!(serde_json::to_string(&r).unwrap(), old);
+        let new = r#"{"id":9,"direction":"out","priority":5,"action":"deny","filters":{"host":{"vni":10},"proto":{"number":47},"ports":[]}}"#;
+        let r: FwRule = serde_json::from_str(new).unwrap();
+        assert_eq!(
+            r.to_string(),
+            "id=9 out prio=5 deny host=vni=10 proto=proto=47"
+        );
+        let ranged = r#"{"direction":"in","priority":1,"action":"allow","filters":{"host":"any","proto":"udp","ports":[{"start":5000,"end":5010}]}}"#;
+        let r: FwRule = serde_json::from_str(ranged).unwrap();
+        assert_eq!(r.filters.ports_text(), "5000-5010");
     }
 
     #[test]
@@ -1071,8 +1397,29 @@ pub(crate) mod tests {
         let f = FwFilters {
             host: FwHost::Any,
             proto: FwProto::Icmp,
-            ports: vec![80],
+            ports: vec![FwPorts::One(80)],
+            icmp: None,
         };
         assert!(f.validate().unwrap_err().contains("80"));
+        let tcp = |ports, icmp| FwFilters {
+            host: FwHost::Any,
+            proto: FwProto::Tcp,
+            ports,
+            icmp,
+        };
+        let e = tcp(vec![FwPorts::Range { start: 90, end: 80 }], None)
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("90-80"), "{e}");
+        let e = tcp(vec![FwPorts::Range { start: 0, end: 80 }], None)
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("0-80"), "{e}");
+        let i = IcmpMatch {
+            icmp_type: 8,
+            code: None,
+        };
+        let e = tcp(vec![], Some(i)).validate().unwrap_err();
+        assert!(e.contains("ICMP type 8") && e.contains("tcp"), "{e}");
     }
 }

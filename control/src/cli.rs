@@ -8,8 +8,8 @@ mod flows;
 
 use crate::api::{
     CaptureEnd, CaptureSpec, Check, CheckStatus, CreatePort, Direction, FwAction, FwFilters,
-    FwHost, FwProto, FwRule, PeerPath, PortLink, PortStatus, Reply, Request, RouteEntry, V2pEntry,
-    V2pTarget, DEFAULT_API_SOCKET,
+    FwHost, FwPorts, FwProto, FwProtoSpec, FwRule, PeerPath, PortLink, PortStatus, Reply, Request,
+    RouteEntry, V2pEntry, V2pTarget, DEFAULT_API_SOCKET,
 };
 use crate::config::parse_vni;
 use crate::opteadm;
@@ -32,8 +32,9 @@ use wire::MacAddr;
     about = "Administer the overlayd datapath",
     after_help = "opteadm's command lines work too: -p/--port PORT wherever opteadm takes it \
                   (list-layers, dump-layer, dump-uft, clear-uft, dump-tcp-flows, \
-                  add/del-router-entry, add/rm-fw-rule, set-fw-rules, which then reads its \
-                  rules from standard input)."
+                  add/del-router-entry, add/rm-fw-rule, remove-fw-rule, list-fw-rules, \
+                  set-fw-rules, which then reads its rules from standard input, \
+                  set-external-ips, pause-port, resume-port)."
 )]
 pub struct Cli {
     /// The daemon's API socket.
@@ -62,8 +63,13 @@ pub enum Command {
     CreateXde(Box<CreateXde>),
     /// Delete a port and its routes and firewall rules.
     DeleteXde { name: String },
-    /// List ports.
+    /// List ports, with their state (ready: no frame yet; running; paused).
     ListPorts,
+    /// Pause a port: every frame from and to its guest is dropped (counted as
+    /// port_paused) until resume-port; its flows, connections and rules are kept.
+    PausePort { port: String },
+    /// Resume a paused port: its connections continue where they were.
+    ResumePort { port: String },
     /// Map a guest's VPC address to its MAC and the sled hosting it.
     SetV2p {
         vpc_ip: IpAddr,
@@ -130,15 +136,25 @@ pub enum Command {
         #[arg(long, default_value = "allow")]
         action: FwAction,
     },
-    /// Remove a firewall rule: the one with ID (as dump-layer PORT firewall shows
-    /// it; opteadm's form), or the one with this direction, priority and filters.
+    /// Remove a firewall rule: the one with ID (as list-fw-rules and dump-layer
+    /// PORT firewall show it; opteadm's form, checking --direction), or the one
+    /// with this direction, priority and filters.
     RmFwRule {
         port: String,
-        /// The rule's id in `dump-layer PORT firewall`.
+        /// The rule's id (list-fw-rules PORT).
         id: Option<u64>,
         #[command(flatten)]
         rule: RuleArgs,
     },
+    /// Remove the firewall rule with ID (as list-fw-rules and dump-layer PORT
+    /// firewall show it), whichever way it looks.
+    RemoveFwRule {
+        port: String,
+        /// The rule's id (list-fw-rules PORT).
+        id: u64,
+    },
+    /// A port's firewall rules as configured, with their ids.
+    ListFwRules { port: String },
     /// Replace all of a port's firewall rules. Each --rule is
     /// "direction=in priority=10 action=allow host=any proto=tcp ports=22,443"
     /// (opteadm's "dir=in action=allow priority=10 hosts=any protocol=TCP port=22"
@@ -371,29 +387,32 @@ pub struct RuleArgs {
     /// Needed, except by `rm-fw-rule ID`.
     #[arg(long)]
     pub priority: Option<u16>,
-    /// any, an address or a prefix (opteadm's ip=ADDR, subnet=CIDR).
+    /// any, an address or a prefix (opteadm's ip=ADDR, subnet=CIDR), or vni=N
+    /// (traffic of that VPC).
     #[arg(long, alias = "hosts", default_value = "any")]
     pub host: FwHost,
+    /// any, tcp, udp, icmp[:TYPE[/CODE]], icmp6[:TYPE[/CODE]] or proto=N.
     #[arg(long, alias = "protocol", default_value = "any")]
-    pub proto: FwProto,
-    /// Destination ports, comma separated (TCP/UDP only), or any.
+    pub proto: FwProtoSpec,
+    /// Destination ports and ranges, comma separated (TCP/UDP only:
+    /// 80,443,8000-8080), or any.
     #[arg(long, value_parser = parse_ports)]
     pub ports: Option<Ports>,
 }
 
 /// A port list as `--ports` takes it (`any`: none given).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ports(Vec<u16>);
+pub struct Ports(Vec<FwPorts>);
 
-/// `22,443` or `any` (opteadm's spelling of no port filter).
+/// `22,443,8000-8080` or `any` (opteadm's spelling of no port filter).
 pub fn parse_ports(s: &str) -> Result<Ports, String> {
     if s.eq_ignore_ascii_case("any") {
         return Ok(Ports(Vec::new()));
     }
     s.split(',')
         .map(|p| {
-            p.parse::<u16>()
-                .map_err(|_| format!("invalid port {p:?} in {s:?}"))
+            p.parse::<FwPorts>()
+                .map_err(|e| format!("{e} (ports: {s:?})"))
         })
         .collect::<Result<_, _>>()
         .map(Ports)
@@ -403,8 +422,9 @@ impl RuleArgs {
     fn filters(&self) -> FwFilters {
         FwFilters {
             host: self.host,
-            proto: self.proto,
+            proto: self.proto.proto,
             ports: self.ports.clone().map(|p| p.0).unwrap_or_default(),
+            icmp: self.proto.icmp,
         }
     }
 
@@ -491,7 +511,11 @@ pub fn parse_mtu(s: &str) -> Result<u16, String> {
 /// Parses "direction=in priority=10 action=allow host=any proto=tcp ports=22,443".
 pub fn parse_rule(s: &str) -> Result<FwRule, String> {
     let (mut direction, mut priority, mut action) = (None, None, FwAction::Allow);
-    let (mut host, mut proto, mut ports) = (FwHost::Any, FwProto::Any, Vec::new());
+    let (mut host, mut ports) = (FwHost::Any, Vec::new());
+    let mut proto = FwProtoSpec {
+        proto: FwProto::Any,
+        icmp: None,
+    };
     for word in s.split_whitespace() {
         let (k, v) = word
             .split_once('=')
@@ -512,10 +536,16 @@ pub fn parse_rule(s: &str) -> Result<FwRule, String> {
         }
     }
     let rule = FwRule {
+        id: 0,
         direction: direction.ok_or_else(|| format!("rule {s:?}: needs direction=in|out"))?,
         priority: priority.ok_or_else(|| format!("rule {s:?}: needs priority=N"))?,
         action,
-        filters: FwFilters { host, proto, ports },
+        filters: FwFilters {
+            host,
+            proto: proto.proto,
+            ports,
+            icmp: proto.icmp,
+        },
     };
     rule.filters
         .validate()
@@ -610,6 +640,8 @@ impl Command {
             })),
             Command::DeleteXde { name } => Request::DeletePort { name },
             Command::ListPorts => Request::ListPorts,
+            Command::PausePort { port } => Request::PausePort { port },
+            Command::ResumePort { port } => Request::ResumePort { port },
             Command::SetV2p {
                 vpc_ip,
                 vpc_mac,
@@ -659,6 +691,7 @@ impl Command {
                 Request::AddFwRule {
                     port,
                     rule: FwRule {
+                        id: 0,
                         direction: rule.direction,
                         priority: rule.priority("add-fw-rule")?,
                         action,
@@ -678,10 +711,16 @@ impl Command {
                 }
                 Request::RmFwRuleId {
                     port,
-                    direction: rule.direction,
+                    direction: Some(rule.direction),
                     id,
                 }
             }
+            Command::RemoveFwRule { port, id } => Request::RmFwRuleId {
+                port,
+                direction: None,
+                id,
+            },
+            Command::ListFwRules { port } => Request::ListFwRules { port },
             Command::RmFwRule {
                 port,
                 id: None,
@@ -980,6 +1019,7 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
                 c.external.to_string(),
                 c.limits.describe(),
                 p.netns.clone().unwrap_or_else(|| "-".into()),
+                s.state.map_or("-".into(), |st| st.to_string()),
                 match &s.not_applied {
                     None => link_status(s.link.as_ref(), SystemTime::now()),
                     Some(n) => format!(
@@ -995,7 +1035,7 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
     table(
         out,
         &[
-            "NAME", "MAC", "IP", "VNI", "MTU", "EXTERNAL", "LIMITS", "NETNS", "STATUS",
+            "NAME", "MAC", "IP", "VNI", "MTU", "EXTERNAL", "LIMITS", "NETNS", "STATE", "STATUS",
         ],
         rows,
     );
@@ -1244,7 +1284,7 @@ mod tests {
         let Action::Call(Request::AddFwRule { rule, .. }) = a else {
             panic!("{a:?}")
         };
-        assert_eq!(rule.filters.ports, [22, 443]);
+        assert_eq!(rule.filters.ports, [FwPorts::One(22), FwPorts::One(443)]);
         assert_eq!(rule.action, FwAction::Allow);
         let e = parse(&[
             "add-fw-rule",
@@ -1299,6 +1339,7 @@ mod tests {
             },
             not_applied: None,
             link: None,
+            state: None,
         }]));
         assert!(
             listed.lines().next().unwrap().contains("EXTERNAL"),
@@ -1461,13 +1502,15 @@ mod tests {
             Request::AddFwRule {
                 port: port(),
                 rule: FwRule {
+                    id: 0,
                     direction: Direction::In,
                     priority: 10,
                     action: FwAction::Allow,
                     filters: FwFilters {
                         host: FwHost::Subnet("10.0.0.0/8".parse().unwrap()),
                         proto: FwProto::Tcp,
-                        ports: vec![22]
+                        ports: vec![FwPorts::One(22)],
+                        icmp: None,
                     }
                 }
             }
@@ -1482,10 +1525,96 @@ mod tests {
             call("rm-fw-rule -p opte0 --dir in 3"),
             Request::RmFwRuleId {
                 port: port(),
-                direction: Direction::In,
+                direction: Some(Direction::In),
                 id: 3
             }
         );
+        // opteadm's VPC hosts, ICMP types, protocol numbers and port ranges.
+        let Request::AddFwRule { rule, .. } = call(
+            "add-fw-rule -p opte0 --direction in --priority 5 --action deny --hosts vni=10 --protocol icmp6:128",
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            rule.to_string(),
+            "in prio=5 deny host=vni=10 proto=icmp6:128"
+        );
+        let Request::AddFwRule { rule, .. } =
+            call("add-fw-rule -p opte0 --direction in --priority 6 --protocol icmp:3/4")
+        else {
+            panic!()
+        };
+        assert_eq!(rule.to_string(), "in prio=6 allow host=any proto=icmp:3/4");
+        let Request::AddFwRule { rule, .. } =
+            call("add-fw-rule -p opte0 --direction out --priority 7 --protocol proto=47")
+        else {
+            panic!()
+        };
+        assert_eq!(rule.filters.proto, FwProto::Number(47));
+        let Request::AddFwRule { rule, .. } = call(
+            "add-fw-rule -p opte0 --direction in --priority 8 --protocol udp --ports 53,5000-5010",
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            rule.to_string(),
+            "in prio=8 allow host=any proto=udp ports=53,5000-5010"
+        );
+        assert_eq!(
+            call("remove-fw-rule -p opte0 12"),
+            Request::RmFwRuleId {
+                port: port(),
+                direction: None,
+                id: 12
+            }
+        );
+        assert_eq!(
+            call("remove-fw-rule opte0 12"),
+            call("remove-fw-rule -p opte0 12")
+        );
+        assert_eq!(
+            call("list-fw-rules -p opte0"),
+            Request::ListFwRules { port: port() }
+        );
+        assert_eq!(
+            call("pause-port -p opte0"),
+            Request::PausePort { port: port() }
+        );
+        assert_eq!(
+            call("resume-port opte0"),
+            Request::ResumePort { port: port() }
+        );
+        for (bad, named) in [
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --hosts vni=16777216",
+                "vni=16777216",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol proto=300",
+                "300",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol icmp:8/256",
+                "256",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol tcp --ports 90-80",
+                "90-80",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol tcp:1",
+                "tcp:1",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol udp:1",
+                "udp:1",
+            ),
+            ("remove-fw-rule -p opte0 x", "x"),
+        ] {
+            let words: Vec<&str> = bad.split_whitespace().collect();
+            let e = parse(&words).unwrap_err();
+            assert!(e.contains(named), "{bad}: {e}");
+        }
         let eps = |a: &[&str]| a.iter().map(|e| e.parse().unwrap()).collect::<Vec<_>>();
         assert_eq!(
             call("set-v2b 0.0.0.0/0 fd00:99::b1 fd00:99::b2"),
@@ -1537,9 +1666,9 @@ mod tests {
         for (line, named) in [
             ("add-router-entry -p opte0 10.0.0.0/24 ip4=10.0.0.1 system", "ip4=10.0.0.1"),
             ("add-router-entry -p opte0 10.0.0.0/24 sub4=10.0.0.0/24 custom", "custom"),
-            ("add-fw-rule -p opte0 --dir in --hosts vni=7 --protocol any --ports any --action allow --priority 1", "vni=7"),
+            ("add-fw-rule -p opte0 --dir in --hosts vni=x --protocol any --ports any --action allow --priority 1", "vni=x"),
             ("add-fw-rule -p opte0 --dir in --hosts any --protocol arp --ports any --action allow --priority 1", "arp"),
-            ("add-fw-rule -p opte0 --dir in --hosts any --protocol icmp:8 --ports any --action allow --priority 1", "icmp:8"),
+            ("add-fw-rule -p opte0 --dir in --hosts any --protocol icmp:8 --ports 80 --action allow --priority 1", "has no ports"),
             ("add-fw-rule -p opte0 --dir in --hosts any --protocol tcp --ports 22,x --action allow --priority 1", "\"x\""),
             ("add-fw-rule -p opte0 --dir in --hosts any --protocol tcp --ports 22 --action allow", "--priority"),
             ("rm-fw-rule -p opte0 --dir in 3 --priority 4", "not both"),
@@ -1705,6 +1834,7 @@ mod tests {
                 port: port("opte0", 5, None),
                 not_applied: None,
                 link: None,
+                state: Some(engine::PortState::Paused),
             },
             PortStatus {
                 port: port("opte1", 6, Some("g1")),
@@ -1714,18 +1844,19 @@ mod tests {
                     retry_in_ms: 1500,
                 }),
                 link: None,
+                state: None,
             },
         ]));
         let lines: Vec<&str> = s.lines().collect();
-        assert!(lines[0].ends_with("NETNS  STATUS"), "{s}");
+        assert!(lines[0].ends_with("NETNS  STATE   STATUS"), "{s}");
         assert!(
-            lines[1].starts_with("opte0") && lines[1].ends_with("-      applied"),
+            lines[1].starts_with("opte0") && lines[1].ends_with("-      paused  applied"),
             "{s}"
         );
         assert!(
             lines[2].starts_with("opte1")
                 && lines[2].ends_with(
-                    "g1     NOT APPLIED (try 2, next in 2 s): network namespace \"g1\" not found"
+                    "g1     -       NOT APPLIED (try 2, next in 2 s): network namespace \"g1\" not found"
                 ),
             "{s}"
         );

@@ -24,8 +24,7 @@ use crate::server::ApiCounters;
 use crate::state::{State, StateStore};
 use engine::nat::ExternalIps;
 use engine::v2b::{V2b, V2bEntry};
-use engine::PortLimits;
-use engine::{PortConfig, Vni};
+use engine::{PortConfig, PortLimits, PortState, Vni};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -92,6 +91,8 @@ pub struct PortTables {
     /// The whole routing table; `None` keeps the routes the engine gives a new port.
     pub routes: Option<Vec<RouteEntry>>,
     pub fw_rules: Vec<FwRule>,
+    /// Paused from the start (a port saved paused is restored paused).
+    pub paused: bool,
 }
 
 /// What the controller needs from the running datapath (engine, and taps when I/O is
@@ -129,6 +130,11 @@ pub trait Dataplane {
     /// The port's routing table, including the routes a new port starts with.
     fn routes(&self, port: &str) -> Result<Vec<RouteEntry>, String>;
     fn set_fw_rules(&mut self, port: &str, rules: &[FwRule]) -> Result<(), String>;
+    /// Pauses (every frame of the port dropped, its flows and rules kept) or
+    /// resumes the port.
+    fn set_port_paused(&mut self, port: &str, paused: bool) -> Result<(), String>;
+    /// Whether the port is ready, running or paused.
+    fn port_state(&self, port: &str) -> Result<PortState, String>;
     fn clear_uft(&mut self, port: &str) -> Result<(), String>;
     /// Replaces the port's external addresses (its flows are decided again).
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), String>;
@@ -181,6 +187,7 @@ fn default_vpc_rules(cfg: &PortConfig) -> Vec<FwRule> {
         .into_iter()
         .flatten()
         .map(|net| FwRule {
+            id: 0,
             direction: Direction::In,
             priority: DEFAULT_VPC_RULE_PRIORITY,
             action: FwAction::Allow,
@@ -188,6 +195,7 @@ fn default_vpc_rules(cfg: &PortConfig) -> Vec<FwRule> {
                 host: FwHost::Subnet(net),
                 proto: FwProto::Any,
                 ports: vec![],
+                icmp: None,
             },
         })
         .collect()
@@ -202,6 +210,7 @@ fn saved_tables(state: &State, port: &str) -> PortTables {
     PortTables {
         routes: Some(state.routes.get(port).cloned().unwrap_or_default()),
         fw_rules: state.fw_rules.get(port).cloned().unwrap_or_default(),
+        paused: state.paused.contains(port),
     }
 }
 
@@ -267,6 +276,9 @@ impl<D: Dataplane> Controller<D> {
     /// dataplane keeps running.
     pub fn restore(&mut self, saved: State, now: Instant) {
         self.state = saved;
+        // Rules saved before rules had ids get them: their positions, the ids
+        // rm-fw-rule took then.
+        self.state.assign_missing_fw_rule_ids();
         let names: Vec<String> = self
             .state
             .ports
@@ -450,6 +462,14 @@ impl<D: Dataplane> Controller<D> {
                 id,
             } => self.rm_fw_rule_id(&port, direction, id),
             Request::SetFwRules { port, rules } => self.set_fw_rules(&port, rules),
+            Request::PausePort { port } => self.set_port_paused(&port, true),
+            Request::ResumePort { port } => self.set_port_paused(&port, false),
+            Request::ListFwRules { port } => {
+                self.port(&port)?;
+                Ok(Reply::FwRules(
+                    self.state.fw_rules.get(&port).cloned().unwrap_or_default(),
+                ))
+            }
             Request::DumpLayer { port, layer } => self.inspect(Inspect::Layer { port, layer }),
             Request::ListLayers { port } => self.inspect(Inspect::Layers { port }),
             Request::DumpTcpFlows { port } => self.inspect(Inspect::TcpFlows { port }),
@@ -493,6 +513,11 @@ impl<D: Dataplane> Controller<D> {
                     .map(|r| r.view(now)),
                 // Filled in by the daemon, which asks the workers serving the taps.
                 link: None,
+                state: if self.unapplied_ports.contains_key(&p.config.name) {
+                    None
+                } else {
+                    self.dp.port_state(&p.config.name).ok()
+                },
             })
             .collect()
     }
@@ -623,10 +648,15 @@ impl<D: Dataplane> Controller<D> {
         };
         check_port(&self.state.ports, &info)?;
         let name = info.config.name.clone();
-        let rules = default_vpc_rules(&info.config);
+        let mut rules = default_vpc_rules(&info.config);
+        let mut next = self.state.clone();
+        next.fw_next_id.remove(&name);
+        next.paused.remove(&name);
+        next.assign_fw_rule_ids(&name, &mut rules);
         let tables = PortTables {
             routes: None,
             fw_rules: rules.clone(),
+            paused: false,
         };
         self.dp.add_port(&info, &tables)?;
         let routes = match self.dp.routes(&name) {
@@ -636,7 +666,6 @@ impl<D: Dataplane> Controller<D> {
                 return Err(e);
             }
         };
-        let mut next = self.state.clone();
         next.ports.push(info);
         put_table(&mut next.routes, &name, routes);
         put_table(&mut next.fw_rules, &name, rules);
@@ -657,6 +686,8 @@ impl<D: Dataplane> Controller<D> {
         next.ports.retain(|p| p.config.name != name);
         next.routes.remove(name);
         next.fw_rules.remove(name);
+        next.fw_next_id.remove(name);
+        next.paused.remove(name);
         let done = self.commit(next, |dp| {
             if applied {
                 let _ = dp.add_port(&info, &tables);
@@ -830,28 +861,58 @@ impl<D: Dataplane> Controller<D> {
         })
     }
 
-    fn replace_fw_rules(&mut self, port: &str, rules: Vec<FwRule>) -> Result<Reply, String> {
+    /// `pause-port` / `resume-port`: the port's frames are dropped (or carried
+    /// again), its flows, connections and rules kept; saved, so a restart brings
+    /// the port back paused. Pausing a paused port (resuming a running one) changes
+    /// nothing and is not an error.
+    fn set_port_paused(&mut self, port: &str, paused: bool) -> Result<Reply, String> {
+        self.applied_port(port)?;
+        let was = self.state.paused.contains(port);
+        self.dp.set_port_paused(port, paused)?;
+        let mut next = self.state.clone();
+        if paused {
+            next.paused.insert(port.to_string());
+        } else {
+            next.paused.remove(port);
+        }
+        self.commit(next, |dp| {
+            let _ = dp.set_port_paused(port, was);
+        })
+    }
+
+    /// Makes `rules` the port's firewall (their ids assigned already) in the
+    /// dataplane and the state `next` (the current state with the port's next id
+    /// moved on).
+    fn replace_fw_rules(
+        &mut self,
+        port: &str,
+        rules: Vec<FwRule>,
+        mut next: State,
+    ) -> Result<Reply, String> {
         let old = self.state.fw_rules.get(port).cloned().unwrap_or_default();
         self.dp.set_fw_rules(port, &rules)?;
-        let mut next = self.state.clone();
         put_table(&mut next.fw_rules, port, rules);
         self.commit(next, |dp| {
             let _ = dp.set_fw_rules(port, &old);
         })
     }
 
-    fn add_fw_rule(&mut self, port: &str, rule: FwRule) -> Result<Reply, String> {
+    /// Adds a rule under the port's next id (an id the request gives is not used).
+    fn add_fw_rule(&mut self, port: &str, mut rule: FwRule) -> Result<Reply, String> {
         self.applied_port(port)?;
         rule.filters.validate()?;
         let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
-        if rules
+        if let Some(r) = rules
             .iter()
-            .any(|r| r.same_identity(rule.direction, rule.priority, &rule.filters))
+            .find(|r| r.same_identity(rule.direction, rule.priority, &rule.filters))
         {
-            return Err(format!("port {port:?} already has the rule \"{rule}\""));
+            return Err(format!("port {port:?} already has the rule \"{r}\""));
         }
+        let mut next = self.state.clone();
+        rule.id = 0;
         rules.push(rule);
-        self.replace_fw_rules(port, rules)
+        next.assign_fw_rule_ids(port, &mut rules);
+        self.replace_fw_rules(port, rules, next)
     }
 
     fn rm_fw_rule(
@@ -868,44 +929,50 @@ impl<D: Dataplane> Controller<D> {
         if rules.len() == before {
             return Err(format!(
                 "port {port:?} has no {direction} rule at priority {priority} with host={} proto={}",
-                filters.host, filters.proto
+                filters.host,
+                filters.proto_text()
             ));
         }
-        self.replace_fw_rules(port, rules)
+        let next = self.state.clone();
+        self.replace_fw_rules(port, rules, next)
     }
 
-    /// Removes the rule with id `id` (its position, from 1, in the port's list, as
-    /// `dump-layer PORT firewall` shows it), which must look `direction` (as
-    /// opteadm's `rm-fw-rule --dir DIR ID` says).
+    /// Removes the rule with id `id` (as `list-fw-rules` and `dump-layer PORT
+    /// firewall` show it); with `direction` (opteadm's `rm-fw-rule --dir DIR ID`),
+    /// only if the rule looks that way.
     fn rm_fw_rule_id(
         &mut self,
         port: &str,
-        direction: Direction,
+        direction: Option<Direction>,
         id: u64,
     ) -> Result<Reply, String> {
         self.applied_port(port)?;
         let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
-        let at = usize::try_from(id)
-            .ok()
-            .and_then(|i| i.checked_sub(1))
-            .filter(|&i| i < rules.len())
-            .ok_or_else(|| {
-                format!(
-                    "port {port:?} has no firewall rule {id} (ids 1 to {}: dump-layer {port} firewall)",
-                    rules.len()
-                )
-            })?;
-        if rules[at].direction != direction {
+        let at = rules.iter().position(|r| r.id == id).ok_or_else(|| {
+            let ids: Vec<String> = rules.iter().map(|r| r.id.to_string()).collect();
+            format!(
+                "port {port:?} has no firewall rule {id} (its rules: {}; list-fw-rules {port})",
+                if ids.is_empty() {
+                    "none".to_string()
+                } else {
+                    ids.join(", ")
+                }
+            )
+        })?;
+        if let Some(d) = direction.filter(|d| *d != rules[at].direction) {
             return Err(format!(
-                "firewall rule {id} of port {port:?} is \"{}\", not a {direction} rule",
+                "firewall rule {id} of port {port:?} is \"{}\", not a {d} rule",
                 rules[at]
             ));
         }
         rules.remove(at);
-        self.replace_fw_rules(port, rules)
+        let next = self.state.clone();
+        self.replace_fw_rules(port, rules, next)
     }
 
-    fn set_fw_rules(&mut self, port: &str, rules: Vec<FwRule>) -> Result<Reply, String> {
+    /// Replaces the port's rules; each gets a new id (ids the request gives are not
+    /// used).
+    fn set_fw_rules(&mut self, port: &str, mut rules: Vec<FwRule>) -> Result<Reply, String> {
         self.applied_port(port)?;
         for (i, r) in rules.iter().enumerate() {
             r.filters
@@ -918,7 +985,12 @@ impl<D: Dataplane> Controller<D> {
                 return Err(format!("rule {i} (\"{r}\") appears twice"));
             }
         }
-        self.replace_fw_rules(port, rules)
+        let mut next = self.state.clone();
+        for r in &mut rules {
+            r.id = 0;
+        }
+        next.assign_fw_rule_ids(port, &mut rules);
+        self.replace_fw_rules(port, rules, next)
     }
 }
 
@@ -1023,7 +1095,7 @@ fn validate_v2p(e: &V2pEntry) -> Result<(), String> {
 pub(crate) mod tests {
     use super::*;
     use crate::api::tests::sample_port;
-    use crate::api::{FwAction, FwHost, FwProto, NotApplied, RouteTarget};
+    use crate::api::{FwAction, FwHost, FwPorts, FwProto, NotApplied, RouteTarget};
     use std::sync::Mutex;
     use std::time::Duration;
 
@@ -1039,6 +1111,7 @@ pub(crate) mod tests {
         v2b: V2b,
         routes: BTreeMap<String, Vec<RouteEntry>>,
         rules: BTreeMap<String, Vec<FwRule>>,
+        paused: BTreeSet<String>,
         /// Every change asked for, in order ("op port").
         log: Vec<String>,
         refuse: Option<&'static str>,
@@ -1074,7 +1147,10 @@ pub(crate) mod tests {
             };
             let routes = tables.routes.clone().unwrap_or_else(|| vec![subnet]);
             self.routes.insert(name.clone(), routes);
-            self.rules.insert(name, tables.fw_rules.clone());
+            self.rules.insert(name.clone(), tables.fw_rules.clone());
+            if tables.paused {
+                self.paused.insert(name);
+            }
             Ok(())
         }
         fn remove_port(&mut self, name: &str) -> Result<(), String> {
@@ -1082,6 +1158,7 @@ pub(crate) mod tests {
             self.ports.retain(|n| n != name);
             self.routes.remove(name);
             self.rules.remove(name);
+            self.paused.remove(name);
             Ok(())
         }
         fn set_v2p(&mut self, e: &V2pEntry) -> Result<(), String> {
@@ -1113,6 +1190,25 @@ pub(crate) mod tests {
             self.check("set_fw_rules", port)?;
             self.rules.insert(port.into(), rules.to_vec());
             Ok(())
+        }
+        fn set_port_paused(&mut self, port: &str, paused: bool) -> Result<(), String> {
+            self.check(if paused { "pause" } else { "resume" }, port)?;
+            if paused {
+                self.paused.insert(port.into());
+            } else {
+                self.paused.remove(port);
+            }
+            Ok(())
+        }
+        fn port_state(&self, port: &str) -> Result<PortState, String> {
+            if !self.ports.iter().any(|p| p == port) {
+                return Err(format!("no port named {port:?}"));
+            }
+            Ok(if self.paused.contains(port) {
+                PortState::Paused
+            } else {
+                PortState::Ready
+            })
         }
         fn clear_uft(&mut self, port: &str) -> Result<(), String> {
             self.check("clear_uft", port)
@@ -1366,13 +1462,15 @@ pub(crate) mod tests {
         let mut c = Controller::new(Recorder::default(), None);
         ok(&mut c, create("opte0", 5));
         let rule = FwRule {
+            id: 0,
             direction: Direction::In,
             priority: 10,
             action: FwAction::Allow,
             filters: FwFilters {
                 host: FwHost::Any,
                 proto: FwProto::Tcp,
-                ports: vec![22],
+                ports: vec![FwPorts::One(22)],
+                icmp: None,
             },
         };
         ok(
@@ -1416,11 +1514,134 @@ pub(crate) mod tests {
                 filters: rule.filters.clone(),
             },
         );
-        // What is left is what the port started with.
-        assert_eq!(
-            c.state().fw_rules["opte0"],
-            default_vpc_rules(&c.state().ports[0].config)
+        // What is left is what the port started with, under the ids it got then;
+        // the rule added had 3, so the next one gets 4.
+        let mut defaults = default_vpc_rules(&c.state().ports[0].config);
+        defaults[0].id = 1;
+        defaults[1].id = 2;
+        assert_eq!(c.state().fw_rules["opte0"], defaults);
+        assert_eq!(c.state().fw_next_id["opte0"], 4);
+        ok(
+            &mut c,
+            Request::AddFwRule {
+                port: "opte0".into(),
+                rule: rule.clone(),
+            },
         );
+        assert_eq!(c.state().fw_rules["opte0"][2].id, 4);
+        // Removing by id, with or without a direction.
+        let e = err(
+            &mut c,
+            Request::RmFwRuleId {
+                port: "opte0".into(),
+                direction: None,
+                id: 3,
+            },
+        );
+        assert!(
+            e.contains("no firewall rule 3") && e.contains("1, 2, 4"),
+            "{e}"
+        );
+        ok(
+            &mut c,
+            Request::RmFwRuleId {
+                port: "opte0".into(),
+                direction: None,
+                id: 4,
+            },
+        );
+        // A new port of the same name starts again from 1.
+        ok(
+            &mut c,
+            Request::DeletePort {
+                name: "opte0".into(),
+            },
+        );
+        assert!(!c.state().fw_next_id.contains_key("opte0"));
+        ok(&mut c, create("opte0", 5));
+        let ids: Vec<u64> = c.state().fw_rules["opte0"].iter().map(|r| r.id).collect();
+        assert_eq!(ids, [1, 2]);
+    }
+
+    /// `pause-port` is saved and a restored port comes back paused (paused before
+    /// it carries a frame); `resume-port` and `delete-xde` forget it; both name an
+    /// unknown port.
+    #[test]
+    fn paused_ports_are_saved_and_restored_paused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        let mut c = Controller::new(Recorder::default(), Some(store.clone()));
+        ok(&mut c, create("opte0", 5));
+        ok(&mut c, create("opte1", 6));
+        let state_of = |c: &mut Controller<Recorder>, name: &str| {
+            let Reply::Ports(ports) = ok(c, Request::ListPorts) else {
+                panic!("no port list")
+            };
+            ports
+                .into_iter()
+                .find(|p| p.port.config.name == name)
+                .and_then(|p| p.state)
+        };
+        assert_eq!(state_of(&mut c, "opte0"), Some(PortState::Ready));
+        ok(
+            &mut c,
+            Request::PausePort {
+                port: "opte0".into(),
+            },
+        );
+        // Pausing again changes nothing and is no error.
+        ok(
+            &mut c,
+            Request::PausePort {
+                port: "opte0".into(),
+            },
+        );
+        assert_eq!(state_of(&mut c, "opte0"), Some(PortState::Paused));
+        assert_eq!(state_of(&mut c, "opte1"), Some(PortState::Ready));
+        let e = err(
+            &mut c,
+            Request::PausePort {
+                port: "nope".into(),
+            },
+        );
+        assert!(e.contains("nope"), "{e}");
+        let saved = store.load().unwrap();
+        assert!(saved.paused.contains("opte0") && !saved.paused.contains("opte1"));
+
+        let mut fresh = Controller::new(Recorder::default(), Some(store.clone()));
+        fresh.restore(saved.clone(), Instant::now());
+        assert!(fresh.dataplane().paused.contains("opte0"));
+        assert_eq!(state_of(&mut fresh, "opte0"), Some(PortState::Paused));
+        ok(
+            &mut fresh,
+            Request::ResumePort {
+                port: "opte0".into(),
+            },
+        );
+        assert_eq!(state_of(&mut fresh, "opte0"), Some(PortState::Ready));
+        assert!(store.load().unwrap().paused.is_empty());
+        ok(
+            &mut fresh,
+            Request::PausePort {
+                port: "opte1".into(),
+            },
+        );
+        ok(
+            &mut fresh,
+            Request::DeletePort {
+                name: "opte1".into(),
+            },
+        );
+        assert!(fresh.state().paused.is_empty());
+        // A dataplane that refuses leaves the state as it was.
+        fresh.dataplane_mut().refuse = Some("pause");
+        err(
+            &mut fresh,
+            Request::PausePort {
+                port: "opte0".into(),
+            },
+        );
+        assert!(fresh.state().paused.is_empty());
     }
 
     #[test]
@@ -1545,13 +1766,15 @@ pub(crate) mod tests {
 
     fn fw_rule(priority: u16, proto: FwProto, ports: Vec<u16>) -> FwRule {
         FwRule {
+            id: 0,
             direction: Direction::In,
             priority,
             action: FwAction::Allow,
             filters: FwFilters {
                 host: FwHost::Any,
                 proto,
-                ports,
+                ports: ports.into_iter().map(FwPorts::One).collect(),
+                icmp: None,
             },
         }
     }
@@ -1619,7 +1842,12 @@ pub(crate) mod tests {
         );
         let dp = c.dataplane();
         assert_eq!(dp.routes["opte0"], saved.routes["opte0"]);
-        assert_eq!(dp.rules["opte0"], [fw_rule(10, FwProto::Tcp, vec![22])]);
+        // Under the id it got when it was set (the defaults had 1 and 2).
+        let rule = FwRule {
+            id: 3,
+            ..fw_rule(10, FwProto::Tcp, vec![22])
+        };
+        assert_eq!(dp.rules["opte0"], [rule]);
         assert_eq!(dp.rules["opte1"], saved.fw_rules["opte1"]);
         assert_eq!(c.state(), &saved);
     }

@@ -24,7 +24,7 @@
 //! taps and no underlay: requests are applied to the engine alone.
 
 use crate::api::{
-    Direction, FwAction, FwHost, FwProto, FwRule, Outcome, PortInfo, PortLink, Reply, RouteEntry,
+    Direction, FwAction, FwHost, FwRule, Outcome, PortInfo, PortLink, Reply, RouteEntry,
     RouteTarget, V2pEntry,
 };
 use crate::config::DaemonConfig;
@@ -36,8 +36,7 @@ use dpio::tap::TapPort;
 use engine::nat::ExternalIps;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::v2b::V2b;
-use engine::PortLimits;
-use engine::{Engine, EngineConfig, TxBatch, Vni};
+use engine::{Engine, EngineConfig, PortLimits, PortState, TxBatch, Vni};
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -473,7 +472,8 @@ impl Datapath {
         if let Some(routes) = &tables.routes {
             self.sync_routes(port, routes)?;
         }
-        self.set_fw_rules(port, &tables.fw_rules)
+        self.set_fw_rules(port, &tables.fw_rules)?;
+        self.set_port_paused(port, tables.paused)
     }
 }
 
@@ -580,9 +580,9 @@ impl Dataplane for Datapath {
 
     fn set_fw_rules(&mut self, port: &str, rules: &[FwRule]) -> Result<(), String> {
         let (mut compiled, mut origin) = (Vec::new(), Vec::new());
-        for (id, r) in (1..).zip(rules) {
+        for r in rules {
             let c = engine_fw_rules(r)?;
-            origin.extend(std::iter::repeat_n(id, c.len()));
+            origin.extend(std::iter::repeat_n(r.id, c.len()));
             compiled.extend(c);
         }
         let ids = self
@@ -592,6 +592,16 @@ impl Dataplane for Datapath {
         self.fw_rule_ids
             .insert(port.to_string(), ids.into_iter().zip(origin).collect());
         Ok(())
+    }
+
+    fn set_port_paused(&mut self, port: &str, paused: bool) -> Result<(), String> {
+        self.engine
+            .set_port_paused(port, paused)
+            .map_err(|e| e.to_string())
+    }
+
+    fn port_state(&self, port: &str) -> Result<PortState, String> {
+        self.engine.port_state(port).map_err(|e| e.to_string())
     }
 
     fn clear_uft(&mut self, port: &str) -> Result<(), String> {
@@ -754,28 +764,31 @@ fn engine_fw_rules(r: &FwRule) -> Result<Vec<EngineFwRule>, String> {
         FwAction::Allow => engine::FwAction::Allow,
         FwAction::Deny => engine::FwAction::Deny,
     };
+    // The remote end: the source of inbound traffic, the destination of outbound.
+    let remote = |n: IpNet| match dir {
+        engine::Direction::In => Predicate::SrcIp(n),
+        engine::Direction::Out => Predicate::DstIp(n),
+    };
     let host = match r.filters.host {
         FwHost::Any => None,
-        FwHost::Ip(ip) => Some(IpNet::from(ip)),
-        FwHost::Subnet(n) => Some(n),
+        FwHost::Ip(ip) => Some(remote(IpNet::from(ip))),
+        FwHost::Subnet(n) => Some(remote(n)),
+        FwHost::Vni(v) => Some(Predicate::Vni(v.get())),
     };
-    let proto = match r.filters.proto {
-        FwProto::Any => None,
-        FwProto::Tcp => Some(6),
-        FwProto::Udp => Some(17),
-        FwProto::Icmp => Some(1),
-        FwProto::Icmp6 => Some(58),
-    };
+    let proto = r.filters.proto.number();
     let base = || {
         let mut rule = Rule::new(r.priority, action);
         if let Some(h) = host {
-            rule = rule.matching(match dir {
-                engine::Direction::In => Predicate::SrcIp(h),
-                engine::Direction::Out => Predicate::DstIp(h),
-            });
+            rule = rule.matching(h);
         }
         if let Some(p) = proto {
             rule = rule.matching(Predicate::Proto(p));
+        }
+        if let Some(i) = r.filters.icmp {
+            rule = rule.matching(Predicate::IcmpType(i.icmp_type));
+            if let Some(c) = i.code {
+                rule = rule.matching(Predicate::IcmpCode(c));
+            }
         }
         rule
     };
@@ -785,7 +798,10 @@ fn engine_fw_rules(r: &FwRule) -> Result<Vec<EngineFwRule>, String> {
         r.filters
             .ports
             .iter()
-            .map(|p| base().matching(Predicate::DstPort(PortRange::single(*p))))
+            .map(|p| {
+                let (start, end) = p.bounds();
+                base().matching(Predicate::DstPort(PortRange { start, end }))
+            })
             .collect()
     };
     unfinished
@@ -801,7 +817,7 @@ fn engine_fw_rules(r: &FwRule) -> Result<Vec<EngineFwRule>, String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::api::{FwFilters, Request};
+    use crate::api::{FwFilters, FwPorts, FwProto, Request};
     use crate::controller::Controller;
 
     /// `dump-layer PORT firewall` labels each engine rule with the id of the rule it
@@ -825,13 +841,21 @@ pub(crate) mod tests {
             })),
         );
         let rule = FwRule {
+            id: 0,
             direction: Direction::In,
             priority: 10,
             action: FwAction::Allow,
             filters: FwFilters {
                 host: FwHost::Any,
                 proto: FwProto::Tcp,
-                ports: vec![22, 443],
+                ports: vec![
+                    FwPorts::One(22),
+                    FwPorts::Range {
+                        start: 8000,
+                        end: 8080,
+                    },
+                ],
+                icmp: None,
             },
         };
         call(&mut c, Request::AddFwRule { port: port(), rule });
@@ -865,19 +889,73 @@ pub(crate) mod tests {
                 id,
             })
         };
-        let Outcome::Error(e) = rm(&mut c, Direction::Out, 3) else {
+        let Outcome::Error(e) = rm(&mut c, Some(Direction::Out), 3) else {
             panic!("removed through the wrong direction")
         };
         assert!(e.contains("not a out rule") && e.contains("prio=10"), "{e}");
-        let Outcome::Error(e) = rm(&mut c, Direction::In, 4) else {
+        let Outcome::Error(e) = rm(&mut c, Some(Direction::In), 4) else {
             panic!("removed a rule that is not there")
         };
         assert!(
-            e.contains("no firewall rule 4") && e.contains("1 to 3"),
+            e.contains("no firewall rule 4") && e.contains("1, 2, 3"),
             "{e}"
         );
-        assert_eq!(rm(&mut c, Direction::In, 1), Outcome::Ok(Reply::Done));
-        assert_eq!(dump(&mut c), [(2, 10), (2, 10), (1, 65534)]);
+        assert_eq!(rm(&mut c, Some(Direction::In), 1), Outcome::Ok(Reply::Done));
+        // Ids are stable: the others keep theirs.
+        assert_eq!(dump(&mut c), [(3, 10), (3, 10), (2, 65534)]);
+        // A VPC, ICMP type and code rule compiles to the engine's predicates; it
+        // gets the next id (never one removed), and goes by id alone.
+        let ptb = FwRule {
+            id: 77,
+            direction: Direction::In,
+            priority: 5,
+            action: FwAction::Allow,
+            filters: FwFilters {
+                host: FwHost::Vni(engine::Vni::new(1701).unwrap()),
+                proto: FwProto::Icmp6,
+                ports: vec![],
+                icmp: Some(crate::api::IcmpMatch {
+                    icmp_type: 2,
+                    code: Some(0),
+                }),
+            },
+        };
+        call(
+            &mut c,
+            Request::AddFwRule {
+                port: port(),
+                rule: ptb,
+            },
+        );
+        let v = call(
+            &mut c,
+            Request::DumpLayer {
+                port: port(),
+                layer: "firewall".into(),
+            },
+        );
+        let first = &v["inbound"]["rules"][0];
+        assert_eq!(first["fw_rule"], 4);
+        assert_eq!(
+            first["predicates"],
+            serde_json::json!([{"vni": 1701}, {"proto": 58}, {"icmp_type": 2}, {"icmp_code": 0}])
+        );
+        assert_eq!(
+            v["inbound"]["rules"][2]["predicates"][1]["dst_port"]["end"],
+            8080
+        );
+        let Outcome::Ok(Reply::FwRules(listed)) = c.handle(Request::ListFwRules { port: port() })
+        else {
+            panic!("no rule list")
+        };
+        let ids: Vec<u64> = listed.iter().map(|r| r.id).collect();
+        assert_eq!(ids, [2, 3, 4]);
+        assert_eq!(
+            listed[2].to_string(),
+            "id=4 in prio=5 allow host=vni=1701 proto=icmp6:2/0"
+        );
+        assert_eq!(rm(&mut c, None, 4), Outcome::Ok(Reply::Done));
+        assert_eq!(dump(&mut c), [(3, 10), (3, 10), (2, 65534)]);
     }
 
     /// Every daemon draws its own seed: never the engine's fixed test default, and

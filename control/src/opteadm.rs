@@ -9,8 +9,8 @@
 //! there before clap sees the line (and makes `set-fw-rules -p PORT` read its rules
 //! from standard input, as opteadm's does); and the values whose meaning differs
 //! ([`route_target`], [`route_class`]) or that come from a stream ([`read_rules`]).
-//! What the engine cannot do (next-hop IP targets, custom router classes, VNI
-//! hosts, ARP and ICMP type filters) is refused, naming the value, never approximated.
+//! What the engine cannot do (next-hop IP targets, custom router classes, ARP
+//! filters) is refused, naming the value, never approximated.
 
 use crate::api::{FwRule, RouteTarget};
 use crate::cli::parse_rule;
@@ -29,7 +29,11 @@ const PORT_FLAG_VERBS: &[&str] = &[
     "del-router-entry",
     "add-fw-rule",
     "rm-fw-rule",
+    "remove-fw-rule",
+    "list-fw-rules",
     "set-fw-rules",
+    "pause-port",
+    "resume-port",
     "set-external-ips",
     "set-port-limits",
 ];
@@ -252,10 +256,29 @@ mod tests {
             ]
         );
         let e = read_rules(
-            "dir=in action=allow priority=1\ndir=in priority=2 hosts=vni=7\n".as_bytes(),
+            "dir=in action=allow priority=1\ndir=in priority=2 hosts=vni=16777216\n".as_bytes(),
         )
         .unwrap_err();
-        assert!(e.starts_with("line 2:") && e.contains("vni=7"), "{e}");
+        assert!(
+            e.starts_with("line 2:") && e.contains("vni=16777216"),
+            "{e}"
+        );
+        let rules = read_rules(
+            "dir=in action=deny priority=1 hosts=vni=7 protocol=icmp6:128/0\n\
+             dir=in priority=2 protocol=proto=47\n\
+             dir=in priority=3 protocol=TCP ports=80,8000-8080\n"
+                .as_bytes(),
+        )
+        .unwrap();
+        let shown: Vec<String> = rules.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "in prio=1 deny host=vni=7 proto=icmp6:128/0",
+                "in prio=2 allow host=any proto=proto=47",
+                "in prio=3 allow host=any proto=tcp ports=80,8000-8080",
+            ]
+        );
         assert_eq!(read_rules("".as_bytes()), Ok(vec![]));
     }
 }

@@ -11,7 +11,7 @@
 use crate::api::{FwRule, PortInfo, RouteEntry, V2pEntry};
 use engine::v2b::V2bEntry;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -40,6 +40,52 @@ pub struct State {
     pub routes: BTreeMap<String, Vec<RouteEntry>>,
     /// Firewall rules by port name.
     pub fw_rules: BTreeMap<String, Vec<FwRule>>,
+    /// By port name, the id the port's next firewall rule gets (ids are never
+    /// reused while the port exists). Absent from files written before rule ids:
+    /// see [`State::assign_missing_fw_rule_ids`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fw_next_id: BTreeMap<String, u64>,
+    /// Ports paused by `pause-port` (restored paused). Absent from files written
+    /// before port states.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub paused: BTreeSet<String>,
+}
+
+impl State {
+    /// Gives each rule of `rules` (port `port`'s) without an id (0) the port's
+    /// next id, and moves the port's next id on.
+    pub fn assign_fw_rule_ids(&mut self, port: &str, rules: &mut [FwRule]) {
+        let highest = rules.iter().map(|r| r.id).max().unwrap_or(0);
+        let next = self.fw_next_id.entry(port.to_string()).or_insert(1);
+        // Never below an id in use (a hand-edited file).
+        *next = (*next).max(highest.saturating_add(1));
+        for r in rules.iter_mut().filter(|r| r.id == 0) {
+            r.id = *next;
+            *next = next.saturating_add(1);
+        }
+    }
+
+    /// Gives ids to saved rules that have none (a file from before rule ids): a
+    /// rule's position in its port's list, from 1, as `rm-fw-rule ID` took it then.
+    pub fn assign_missing_fw_rule_ids(&mut self) {
+        let ports: Vec<String> = self.fw_rules.keys().cloned().collect();
+        for port in ports {
+            let Some(mut rules) = self.fw_rules.remove(&port) else {
+                continue;
+            };
+            if rules.iter().any(|r| r.id == 0) {
+                let mut used: std::collections::BTreeSet<u64> =
+                    rules.iter().map(|r| r.id).collect();
+                for (pos, r) in (1u64..).zip(rules.iter_mut()) {
+                    if r.id == 0 && used.insert(pos) {
+                        r.id = pos;
+                    }
+                }
+            }
+            self.assign_fw_rule_ids(&port, &mut rules);
+            self.fw_rules.insert(port, rules);
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -128,7 +174,7 @@ impl StateStore {
 mod tests {
     use super::*;
     use crate::api::tests::sample_port;
-    use crate::api::{Direction, FwAction, FwFilters, FwHost, FwProto, RouteTarget};
+    use crate::api::{Direction, FwAction, FwFilters, FwHost, FwPorts, FwProto, RouteTarget};
     use engine::Vni;
 
     fn sample_state() -> State {
@@ -162,17 +208,49 @@ mod tests {
         s.fw_rules.insert(
             "opte0".into(),
             vec![FwRule {
+                id: 4,
                 direction: Direction::In,
                 priority: 10,
                 action: FwAction::Allow,
                 filters: FwFilters {
                     host: FwHost::Any,
                     proto: FwProto::Tcp,
-                    ports: vec![22],
+                    ports: vec![FwPorts::One(22)],
+                    icmp: None,
                 },
             }],
         );
+        s.fw_next_id.insert("opte0".into(), 5);
         s
+    }
+
+    /// A file from before rule ids: each rule gets its position, the port's next
+    /// id follows the highest; ids then survive a save and load, and are never
+    /// reused.
+    #[test]
+    fn rules_saved_without_ids_get_their_positions() {
+        let old = br#"{"format":1,"ports":[],"v2p":[],"routes":{},"fw_rules":{"opte0":[
+            {"direction":"in","priority":65534,"action":"allow","filters":{"host":{"subnet":"10.0.0.0/8"},"proto":"any","ports":[]}},
+            {"direction":"in","priority":10,"action":"allow","filters":{"host":"any","proto":"tcp","ports":[22]}}]}}"#;
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        fs::write(store.path(), old).unwrap();
+        let mut s = store.load().unwrap();
+        s.assign_missing_fw_rule_ids();
+        let ids: Vec<u64> = s.fw_rules["opte0"].iter().map(|r| r.id).collect();
+        assert_eq!(ids, [1, 2]);
+        assert_eq!(s.fw_next_id["opte0"], 3);
+        store.save(&s).unwrap();
+        let mut back = store.load().unwrap();
+        assert_eq!(back, s);
+        // Removing the last rule and adding another: a new id, not 2 again.
+        let mut rules = back.fw_rules.remove("opte0").unwrap();
+        rules.pop();
+        rules.push(sample_state().fw_rules["opte0"][0].clone());
+        rules[1].id = 0;
+        back.assign_fw_rule_ids("opte0", &mut rules);
+        assert_eq!(rules.iter().map(|r| r.id).collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(back.fw_next_id["opte0"], 4);
     }
 
     #[test]

@@ -22,8 +22,7 @@ use crate::handoff::Doorbell;
 use crate::stats::{WorkerInfo, WorkerReport, WorkerView};
 use engine::nat::ExternalIps;
 use engine::v2b::V2b;
-use engine::PortLimits;
-use engine::{MacAddr, Vni};
+use engine::{MacAddr, PortLimits, PortState, Vni};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -371,6 +370,16 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
         self.on_owner(port, move |dp: &mut D| dp.set_fw_rules(&n, &r))
     }
 
+    fn set_port_paused(&mut self, port: &str, paused: bool) -> Result<(), String> {
+        let n = port.to_string();
+        self.on_owner(port, move |dp: &mut D| dp.set_port_paused(&n, paused))
+    }
+
+    fn port_state(&self, port: &str) -> Result<PortState, String> {
+        let n = port.to_string();
+        self.on_owner(port, move |dp: &mut D| dp.port_state(&n))
+    }
+
     fn clear_uft(&mut self, port: &str) -> Result<(), String> {
         let n = port.to_string();
         self.on_owner(port, move |dp: &mut D| dp.clear_uft(&n))
@@ -473,6 +482,12 @@ mod tests {
         }
         fn set_fw_rules(&mut self, port: &str, _: &[FwRule]) -> Result<(), String> {
             self.has(port)
+        }
+        fn set_port_paused(&mut self, port: &str, _: bool) -> Result<(), String> {
+            self.has(port)
+        }
+        fn port_state(&self, port: &str) -> Result<PortState, String> {
+            self.has(port).map(|()| PortState::Ready)
         }
         fn clear_uft(&mut self, port: &str) -> Result<(), String> {
             self.has(port)

@@ -60,10 +60,13 @@ fn kind(r: &Request) -> usize {
         Request::ClearV2b { .. } => 26,
         Request::DumpV2b => 27,
         Request::SetExternalIps { .. } => 28,
-        Request::SetPortLimits { .. } => 29,
+        Request::ListFwRules { .. } => 29,
+        Request::PausePort { .. } => 30,
+        Request::ResumePort { .. } => 31,
+        Request::SetPortLimits { .. } => 32,
     }
 }
-const KINDS: usize = 30;
+const KINDS: usize = 33;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach

@@ -3,8 +3,8 @@
 //! must refuse before it touches anything.
 
 use control::api::{
-    CreatePort, Direction, FwAction, FwFilters, FwHost, FwProto, FwRule, Outcome, Reply, Request,
-    RouteEntry, RouteTarget, V2pEntry,
+    CreatePort, Direction, FwAction, FwFilters, FwHost, FwPorts, FwProto, FwRule, Outcome, Reply,
+    Request, RouteEntry, RouteTarget, V2pEntry,
 };
 use control::controller::{Controller, Dataplane};
 use control::daemon::Headless;
@@ -163,13 +163,15 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
         },
     );
     let rule = FwRule {
+        id: 0,
         direction: Direction::In,
         priority: 10,
         action: FwAction::Allow,
         filters: FwFilters {
             host: FwHost::Any,
             proto: FwProto::Tcp,
-            ports: vec![22],
+            ports: vec![FwPorts::One(22)],
+            icmp: None,
         },
     };
     ok(

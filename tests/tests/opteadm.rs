@@ -124,8 +124,8 @@ fn opteadm_lines_and_flow_dumps_work_against_the_daemon() -> Result<()> {
         (format!("add-router-entry -p {A1} 10.8.0.0/16 ip4=10.0.0.5 system"), "ip4=10.0.0.5"),
         (format!("add-router-entry -p {A1} 10.8.0.0/16 sub4=10.8.0.0/16 custom"), "custom"),
         (
-            format!("add-fw-rule -p {A1} --dir in --hosts vni=7 --protocol any --ports any --action allow --priority 5"),
-            "vni=7",
+            format!("add-fw-rule -p {A1} --dir in --hosts vni=7 --protocol arp --ports any --action allow --priority 5"),
+            "arp",
         ),
     ] {
         let e = refused(sled, &line)?;

@@ -58,6 +58,9 @@ drop_reasons! {
     LinkLocalOnly = "link_local_only",
     /// The flow is addressed to the sending guest itself.
     Hairpin = "hairpin",
+    /// The port is paused (`pause-port`): frames from and to its guest are dropped
+    /// until it is resumed.
+    PortPaused = "port_paused",
     /// A frame waiting for its underlay next hop was dropped because the hold queue
     /// was full (see `hold`): the oldest frame of a destination that already had
     /// `HOLD_PER_DST` waiting, or a new one when no more destinations or bytes fit.

@@ -41,7 +41,7 @@ use crate::layer::RuleId;
 use crate::nat::{ExternalIps, SnatTable};
 use crate::output::TxBatch;
 use crate::overlay::{V2p, V2pDump, V2pEntry};
-use crate::port::{PortConfig, PortId, Vni, MIN_PORT_MTU};
+use crate::port::{PortConfig, PortId, PortState, Vni, MIN_PORT_MTU};
 use crate::ratelimit::{PortLimits, PortPolicer};
 use crate::router::{RouteDump, RouteTarget, Router};
 use crate::rule::{Direction, Finalized, MatchFields, Rule};
@@ -180,6 +180,9 @@ struct Port {
     c: PortCounters,
     /// The MTU changed since the last `tick` (which tells the guest with an RA).
     mtu_changed: bool,
+    /// Paused by the operator: every frame, both ways, is dropped (`port_paused`);
+    /// everything else is kept.
+    paused: bool,
 }
 
 /// Who holds a port of this sled: this engine, or another worker's engine. Every
@@ -502,6 +505,7 @@ impl Engine {
             policer: PortPolicer::new(&cfg.limits, self.now),
             c: PortCounters::default(),
             mtu_changed: false,
+            paused: false,
             cfg,
         };
         for ip in ips {
@@ -543,6 +547,27 @@ impl Engine {
         self.hold.purge(|h| h.port == id);
         self.bump();
         Ok(id)
+    }
+
+    /// Pauses or resumes a port. Pausing keeps the port's flows, connections, rules
+    /// and held frames; its frames are dropped (`port_paused`) until it is resumed.
+    /// Connections age meanwhile: one idle past its timeout when the port resumes
+    /// is gone, as after any silence.
+    pub fn set_port_paused(&mut self, name: &str, paused: bool) -> Result<(), EngineError> {
+        self.port_by_name_mut(name)?.paused = paused;
+        Ok(())
+    }
+
+    /// Whether the port is paused, or has carried a frame yet.
+    pub fn port_state(&self, name: &str) -> Result<PortState, EngineError> {
+        let p = self.port_by_name(name)?;
+        Ok(if p.paused {
+            PortState::Paused
+        } else if p.c.in_packets == 0 && p.c.out_packets == 0 {
+            PortState::Ready
+        } else {
+            PortState::Running
+        })
     }
 
     pub fn port_id(&self, name: &str) -> Option<PortId> {
@@ -950,6 +975,7 @@ fn match_fields(key: &FlowKey, m: &InnerMeta) -> MatchFields {
     MatchFields {
         key: *key,
         icmp_type: (m.proto == PROTO_ICMP || m.proto == PROTO_ICMPV6).then_some(m.icmp_type),
+        vpc_vni: None,
     }
 }
 

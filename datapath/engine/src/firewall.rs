@@ -745,6 +745,7 @@ mod tests {
                 icmp_code: 0,
             },
             icmp_type: None,
+            vpc_vni: None,
         }
     }
 
@@ -752,6 +753,7 @@ mod tests {
         MatchFields {
             key: f.key.reversed(),
             icmp_type: None,
+            vpc_vni: f.vpc_vni,
         }
     }
 

@@ -28,6 +28,9 @@ struct Table<A> {
     misses: u64,
     /// Flows this layer denied (by rule or by default), counted by the caller's verdict.
     denied: u64,
+    /// Rules with a `Vni` predicate: while there are none, nobody works out a
+    /// packet's VPC for this table.
+    vni_rules: usize,
 }
 
 impl<A> Default for Table<A> {
@@ -36,7 +39,14 @@ impl<A> Default for Table<A> {
             rules: Vec::new(),
             misses: 0,
             denied: 0,
+            vni_rules: 0,
         }
+    }
+}
+
+impl<A> Table<A> {
+    fn recount(&mut self) {
+        self.vni_rules = self.rules.iter().filter(|r| r.rule.uses_vni()).count();
     }
 }
 
@@ -86,6 +96,7 @@ impl<A: Clone + Display> Layer<A> {
         let at = t
             .rules
             .partition_point(|r| r.rule.priority() <= rule.priority());
+        t.vni_rules += usize::from(rule.uses_vni());
         t.rules.insert(at, Installed { id, rule, hits: 0 });
         id
     }
@@ -95,6 +106,7 @@ impl<A: Clone + Display> Layer<A> {
         let t = self.table_mut(dir);
         let before = t.rules.len();
         t.rules.retain(|r| r.id != id);
+        t.recount();
         t.rules.len() != before
     }
 
@@ -102,6 +114,25 @@ impl<A: Clone + Display> Layer<A> {
     pub fn clear(&mut self) {
         self.inbound.rules.clear();
         self.outbound.rules.clear();
+        self.inbound.recount();
+        self.outbound.recount();
+    }
+
+    /// Whether a rule of direction `dir` matches on the packet's VPC
+    /// ([`crate::rule::Predicate::Vni`]): the caller then fills in
+    /// [`MatchFields::vpc_vni`].
+    #[inline]
+    pub fn uses_vni(&self, dir: Direction) -> bool {
+        self.table(dir).vni_rules != 0
+    }
+
+    /// The action of the first matching rule, counting nothing (a look ahead).
+    pub fn peek(&self, dir: Direction, f: &MatchFields) -> Option<&A> {
+        self.table(dir)
+            .rules
+            .iter()
+            .find(|r| r.rule.matches(f))
+            .map(|r| r.rule.action())
     }
 
     /// Removes the rules for which `f` is true; returns how many.
@@ -113,6 +144,7 @@ impl<A: Clone + Display> Layer<A> {
         let t = self.table_mut(dir);
         let before = t.rules.len();
         t.rules.retain(|r| !f(&r.rule));
+        t.recount();
         before - t.rules.len()
     }
 
@@ -222,6 +254,7 @@ mod tests {
                 icmp_code: 0,
             },
             icmp_type: None,
+            vpc_vni: None,
         }
     }
 
@@ -259,5 +292,45 @@ mod tests {
             l.evaluate(Direction::Out, &f("10.9.9.9")).unwrap().1,
             &"second"
         );
+    }
+
+    /// `uses_vni` follows the rules as they come and go (the outbound path works a
+    /// packet's VPC out only while it is true).
+    #[test]
+    fn vni_rules_are_counted_per_direction() {
+        let vni = |prio| {
+            Rule::new(prio, "vpc")
+                .matching(Predicate::Vni(10))
+                .finalize()
+                .unwrap()
+        };
+        let mut l = Layer::new("test");
+        assert!(!l.uses_vni(Direction::Out));
+        let a = l.add(Direction::Out, vni(1));
+        let b = l.add(Direction::Out, vni(2));
+        l.add(Direction::Out, rule(3, "10.0.0.0/8", "plain"));
+        assert!(l.uses_vni(Direction::Out) && !l.uses_vni(Direction::In));
+        assert!(l.remove(Direction::Out, a));
+        assert!(l.uses_vni(Direction::Out), "one is left");
+        assert!(l.remove(Direction::Out, b));
+        assert!(!l.uses_vni(Direction::Out));
+        l.add(Direction::In, vni(1));
+        assert!(l.uses_vni(Direction::In));
+        assert_eq!(
+            l.remove_where(Direction::In, |r| r.uses_vni()),
+            1,
+            "removed by predicate"
+        );
+        assert!(!l.uses_vni(Direction::In));
+        l.add(Direction::In, vni(1));
+        l.clear();
+        assert!(!l.uses_vni(Direction::In));
+        // A look ahead counts nothing.
+        let mut f = f("10.1.1.1");
+        f.vpc_vni = Some(10);
+        l.add(Direction::Out, vni(1));
+        assert_eq!(l.peek(Direction::Out, &f), Some(&"vpc"));
+        let d = l.dump(("deny", "allow"));
+        assert_eq!((d.outbound.rules[0].hits, d.outbound.no_match), (0, 0));
     }
 }

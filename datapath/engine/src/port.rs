@@ -58,6 +58,31 @@ impl fmt::Display for Vni {
     }
 }
 
+/// Whether a port carries traffic (`list-ports`), as OPTE names its port states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PortState {
+    /// Created (or restored) and carrying traffic, but no frame has passed it yet
+    /// in either direction.
+    Ready,
+    /// A frame has passed it since it was created or restored.
+    Running,
+    /// Paused by the operator (`pause-port`): every frame, both ways, is dropped
+    /// and counted as `port_paused`; its flows, connections and rules are kept, so
+    /// `resume-port` resumes its connections where they were.
+    Paused,
+}
+
+impl fmt::Display for PortState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PortState::Ready => "ready",
+            PortState::Running => "running",
+            PortState::Paused => "paused",
+        })
+    }
+}
+
 /// The MTU a port gets when creation does not name one (the reference's default).
 pub const DEFAULT_PORT_MTU: u16 = 1500;
 

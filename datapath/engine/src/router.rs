@@ -138,6 +138,12 @@ impl Router {
         }
     }
 
+    /// The target [`Router::lookup`] would give, counting nothing (the firewall
+    /// looks ahead to learn whether a flow stays in the VPC).
+    pub fn peek_target(&self, f: &MatchFields) -> Option<RouteTarget> {
+        self.layer.peek(Direction::Out, f).map(|a| a.target)
+    }
+
     pub fn dump_routes(&self) -> Vec<RouteDump> {
         let d = self.layer.dump(("", ""));
         self.layer
@@ -184,6 +190,7 @@ mod tests {
                 icmp_code: 0,
             },
             icmp_type: None,
+            vpc_vni: None,
         }
     }
 

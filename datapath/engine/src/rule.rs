@@ -68,6 +68,13 @@ pub enum Predicate {
     DstPort(PortRange),
     /// ICMP or ICMPv6 message type.
     IcmpType(u8),
+    /// ICMP or ICMPv6 message code (with an [`Predicate::IcmpType`]).
+    IcmpCode(u8),
+    /// The VPC the packet travels in: its Geneve VNI inbound, the VNI it is
+    /// encapsulated with outbound (the port's own, for a destination in the VPC).
+    /// Traffic from or to outside the VPC (the Geneve External option, the internet
+    /// gateway) has no VPC and matches no `Vni`.
+    Vni(u32),
 }
 
 /// The fields of a packet that predicates look at.
@@ -76,6 +83,10 @@ pub struct MatchFields {
     pub key: FlowKey,
     /// The ICMP/ICMPv6 type, for ICMP packets.
     pub icmp_type: Option<u8>,
+    /// The VPC the packet travels in (see [`Predicate::Vni`]); `None` for traffic
+    /// from or to outside the VPC, and where nobody asked (the engine works it out
+    /// only for a layer with `Vni` predicates, see `Layer::uses_vni`).
+    pub vpc_vni: Option<u32>,
 }
 
 impl Predicate {
@@ -89,6 +100,8 @@ impl Predicate {
             Predicate::SrcPort(r) => has_ports && r.contains(k.src_port),
             Predicate::DstPort(r) => has_ports && r.contains(k.dst_port),
             Predicate::IcmpType(t) => f.icmp_type == Some(*t),
+            Predicate::IcmpCode(c) => f.icmp_type.is_some() && k.icmp_code == *c,
+            Predicate::Vni(v) => f.vpc_vni == Some(*v),
         }
     }
 }
@@ -102,6 +115,8 @@ impl fmt::Display for Predicate {
             Predicate::SrcPort(r) => write!(f, "sport={}-{}", r.start, r.end),
             Predicate::DstPort(r) => write!(f, "dport={}-{}", r.start, r.end),
             Predicate::IcmpType(t) => write!(f, "icmp_type={t}"),
+            Predicate::IcmpCode(c) => write!(f, "icmp_code={c}"),
+            Predicate::Vni(v) => write!(f, "vni={v}"),
         }
     }
 }
@@ -164,6 +179,26 @@ impl<A> Rule<Building, A> {
                 _ => {}
             }
         }
+        let has_type = self
+            .predicates
+            .iter()
+            .any(|p| matches!(p, Predicate::IcmpType(_)));
+        if let Some(p) = self
+            .predicates
+            .iter()
+            .find(|p| matches!(p, Predicate::IcmpCode(_)))
+        {
+            if !has_type {
+                return Err(format!("{p} needs an ICMP type too"));
+            }
+        }
+        if let Some(p) = self
+            .predicates
+            .iter()
+            .find(|p| matches!(p, Predicate::Vni(v) if *v >= 1 << 24))
+        {
+            return Err(format!("{p} is not a VNI (24 bits)"));
+        }
         if v4 && v6 {
             return Err(format!(
                 "rule mixes IPv4 and IPv6 prefixes ({}): it can never match",
@@ -181,7 +216,9 @@ impl<A> Rule<Building, A> {
                 {
                     return Err(format!("{p} needs protocol TCP or UDP, not {x}"));
                 }
-                (Predicate::IcmpType(_), Some(x)) if x != PROTO_ICMP && x != PROTO_ICMPV6 => {
+                (Predicate::IcmpType(_) | Predicate::IcmpCode(_), Some(x))
+                    if x != PROTO_ICMP && x != PROTO_ICMPV6 =>
+                {
                     return Err(format!("{p} needs protocol ICMP or ICMPv6, not {x}"));
                 }
                 _ => {}
@@ -204,6 +241,14 @@ impl<A> Rule<Finalized, A> {
 }
 
 impl<S, A> Rule<S, A> {
+    /// Whether the rule has a [`Predicate::Vni`] (its layer then needs
+    /// [`MatchFields::vpc_vni`] worked out).
+    pub fn uses_vni(&self) -> bool {
+        self.predicates
+            .iter()
+            .any(|p| matches!(p, Predicate::Vni(_)))
+    }
+
     pub fn priority(&self) -> Priority {
         self.priority
     }
@@ -234,6 +279,7 @@ mod tests {
                 icmp_code: 0,
             },
             icmp_type: None,
+            vpc_vni: None,
         }
     }
 
@@ -273,6 +319,45 @@ mod tests {
     }
 
     #[test]
+    fn icmp_codes_and_vnis() {
+        // Packet Too Big (ICMPv6 2/0) and frag-needed (ICMP 3/4), code included.
+        let ptb = Rule::new(1, ())
+            .matching(Predicate::Proto(PROTO_ICMPV6))
+            .matching(Predicate::IcmpType(2))
+            .matching(Predicate::IcmpCode(0))
+            .finalize()
+            .unwrap();
+        let mut f = fields("fd00::1", "fd00::2", PROTO_ICMPV6, 0, 0);
+        f.icmp_type = Some(2);
+        assert!(ptb.matches(&f));
+        f.key.icmp_code = 1;
+        assert!(!ptb.matches(&f));
+        f.icmp_type = Some(128);
+        f.key.icmp_code = 0;
+        assert!(!ptb.matches(&f));
+        // ICMPv4 type 2 is not ICMPv6 type 2.
+        let mut v4 = fields("1.1.1.1", "2.2.2.2", PROTO_ICMP, 0, 0);
+        v4.icmp_type = Some(2);
+        assert!(!ptb.matches(&v4));
+        // A VNI predicate matches the packet's VPC, and nothing outside a VPC.
+        let vni = Rule::new(1, ())
+            .matching(Predicate::Vni(10))
+            .finalize()
+            .unwrap();
+        assert!(vni.uses_vni() && !ptb.uses_vni());
+        let mut g = fields("10.0.0.1", "10.0.0.2", PROTO_TCP, 1, 2);
+        assert!(!vni.matches(&g), "outside any VPC");
+        g.vpc_vni = Some(10);
+        assert!(vni.matches(&g));
+        g.vpc_vni = Some(11);
+        assert!(!vni.matches(&g));
+        // The flow key's own VNI is not what is matched.
+        g.vpc_vni = None;
+        g.key.vni = 10;
+        assert!(!vni.matches(&g));
+    }
+
+    #[test]
     fn finalize_refuses_contradictions_naming_them() {
         let e = Rule::new(1, ())
             .matching(Predicate::DstPort(PortRange { start: 9, end: 3 }))
@@ -297,5 +382,22 @@ mod tests {
             .finalize()
             .unwrap_err();
         assert!(e.contains("6 and 17"), "{e}");
+        let e = Rule::new(1, ())
+            .matching(Predicate::IcmpCode(4))
+            .finalize()
+            .unwrap_err();
+        assert!(e.contains("icmp_code=4"), "{e}");
+        let e = Rule::new(1, ())
+            .matching(Predicate::Proto(PROTO_UDP))
+            .matching(Predicate::IcmpType(3))
+            .matching(Predicate::IcmpCode(4))
+            .finalize()
+            .unwrap_err();
+        assert!(e.contains("icmp_type=3") && e.contains("17"), "{e}");
+        let e = Rule::new(1, ())
+            .matching(Predicate::Vni(1 << 24))
+            .finalize()
+            .unwrap_err();
+        assert!(e.contains("vni=16777216"), "{e}");
     }
 }

@@ -745,3 +745,42 @@ fn held_and_fragmented_frames_leave_from_the_external_address() {
         .unwrap();
     assert_eq!(udp.checksum, want, "the reassembled datagram's checksum");
 }
+
+/// Traffic from and to outside the VPC (the External option; the internet gateway)
+/// has no VPC: no `Vni` rule matches it, whatever the VNI of its Geneve header.
+#[test]
+fn vni_rules_never_match_traffic_outside_the_vpc() {
+    let g = guest(1);
+    let (_, f6) = floating(&g);
+    let (mut e, p) = sled(ExternalIps {
+        floating: vec![IpAddr::V6(f6)],
+        ..Default::default()
+    });
+    let syn = |sport| {
+        let mut buf = Vec::new();
+        PacketBuilder::ethernet2(SWITCH_MAC, g.mac.0)
+            .ipv6(ip6("2001:db8:99::1").octets(), f6.octets(), 60)
+            .tcp(sport, 22, 1, 65535)
+            .syn()
+            .write(&mut buf, b"")
+            .unwrap();
+        buf
+    };
+    // The frame comes in with the port's VNI, yet is not of the VPC.
+    let vni = Rule::new(10, FwAction::Allow)
+        .matching(Predicate::Vni(VNI))
+        .finalize()
+        .unwrap();
+    e.add_fw_rule("ga", Direction::In, vni).unwrap();
+    assert!(from_internet(&mut e, &syn(50000), 1).is_empty());
+    assert_eq!(drops(&e, "fw_deny_in"), 1);
+    // Outbound to the internet: a deny of the VPC does not stop it.
+    let deny = Rule::new(10, FwAction::Deny)
+        .matching(Predicate::Vni(VNI))
+        .finalize()
+        .unwrap();
+    e.add_fw_rule("ga", Direction::Out, deny).unwrap();
+    let remote = IpAddr::V6(ip6("2001:db8:99::53"));
+    assert_eq!(send(&mut e, p, &udp_to(remote, 40000), 2).len(), 1);
+    assert_eq!(drops(&e, "fw_deny_out"), 0);
+}

@@ -43,6 +43,14 @@ impl Via<'_> {
         }
     }
 
+    /// Whether the frame comes from outside the VPC (the Geneve External option).
+    fn external(&self) -> bool {
+        match self {
+            Via::Underlay { from, .. } => from.external,
+            Via::Local => false,
+        }
+    }
+
     /// The sender to compile into a new flow's entry, if the tables trust this frame
     /// to be it.
     fn sender(&self, vni: Vni, src_ip: IpAddr) -> Result<Sender, DropReason> {
@@ -275,6 +283,10 @@ pub(super) fn inbound_verdict(
     epoch: u64,
     now: u64,
 ) -> Result<(), DropReason> {
+    // One predictable branch for a port that is not paused.
+    if p.paused {
+        return Err(DropReason::PortPaused);
+    }
     let own = match (m.l3, m.dst_ip) {
         (L3::Ipv4, IpAddr::V4(a)) => p.cfg.ipv4 == Some(a),
         (L3::Ipv6, IpAddr::V6(a)) => p.cfg.ipv6 == Some(a),
@@ -318,7 +330,12 @@ fn compile_inbound(
 ) -> Result<(), DropReason> {
     let sender = via.sender(p.cfg.vni, m.src_ip)?;
     let seg = TcpSegment::read(m, head);
-    let f = match_fields(key, m);
+    let mut f = match_fields(key, m);
+    // The frame's VPC: the VNI it came in (the port's, which found it), unless it
+    // comes from outside the VPC.
+    if !via.external() {
+        f.vpc_vni = Some(key.vni);
+    }
     let q = quoted(key, m, head);
     let (v, admitted) = match p
         .fw

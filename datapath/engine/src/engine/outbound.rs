@@ -67,6 +67,11 @@ impl Engine {
         };
         p.c.out_packets += 1;
         p.c.out_bytes += frame.len() as u64;
+        // One predictable branch for a port that is not paused.
+        if p.paused {
+            p.c.drops.inc(DropReason::PortPaused);
+            return;
+        }
         // Borrowed from the result rather than moved out of it: the metadata is
         // ~100 bytes, and the move was a copy per packet.
         let parsed = wire::meta::parse_inner(frame);
@@ -303,6 +308,11 @@ fn send_held(
         drops.inc(DropReason::UnknownPort);
         return;
     };
+    // Paused since the frame was held: it does not leave either.
+    if p.paused {
+        p.c.drops.inc(DropReason::PortPaused);
+        return;
+    }
     let Ok(meta) = wire::meta::parse_inner(&h.frame) else {
         p.c.drops.inc(DropReason::GuestParse);
         return;
@@ -579,7 +589,14 @@ fn compile_outbound(
         hits: 0,
         bytes: 0,
     };
-    let f = match_fields(key, m);
+    let mut f = match_fields(key, m);
+    // A VPC filter needs to know whether the flow stays in the VPC (a route to the
+    // subnet, encapsulated with the port's VNI): looked up ahead of the router,
+    // only when the port's outbound rules ask.
+    if fw.layer().uses_vni(Direction::Out) && router.peek_target(&f) == Some(RouteTarget::VpcSubnet)
+    {
+        f.vpc_vni = Some(cfg.vni.get());
+    }
     let seg = TcpSegment::read(m, frame);
     let decision = match fw.decide(
         Direction::Out,
