@@ -36,7 +36,7 @@ use dpio::tap::TapPort;
 use engine::nat::ExternalIps;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::v2b::V2b;
-use engine::{Engine, EngineConfig, PortLimits, PortState, TxBatch, Vni};
+use engine::{Engine, EngineConfig, MacAddr, PortLimits, PortState, TxBatch, Vni};
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -167,7 +167,11 @@ fn open_tap(p: &PortInfo) -> Result<TapPort, String> {
             Err(e) => return Err(ctx(e)),
         }
     }
-    let tap = TapPort::create(name, p.config.guest_mac).map_err(ctx)?;
+    let mac = match p.netns {
+        Some(_) => p.config.guest_mac,
+        None => bridge_port_mac(p.config.guest_mac),
+    };
+    let tap = TapPort::create(name, mac).map_err(ctx)?;
     tap.set_mtu(u32::from(p.config.mtu)).map_err(ctx)?;
     if let Some(ns) = &p.netns {
         if let Err(e) = tap.move_to_netns(ns) {
@@ -176,6 +180,19 @@ fn open_tap(p: &PortInfo) -> Result<TapPort, String> {
         }
     }
     Ok(tap)
+}
+
+/// The MAC of a tap left in the daemon's namespace (no `--netns`): there it is not
+/// the guest's interface but the datapath's end of a link to it, to be bridged to
+/// a VM's own tap (as libvirt attaches VMs). Were it the guest's MAC, a bridge would
+/// take every frame for the guest as addressed to the bridge itself and never
+/// forward it: the VM would get no DHCP offer, RA or traffic. libvirt's rule: the
+/// guest's MAC with the first octet 0xfe (locally administered, and high, so a
+/// bridge does not take it for its own address).
+fn bridge_port_mac(guest: MacAddr) -> MacAddr {
+    let mut m = guest.0;
+    m[0] = 0xfe;
+    MacAddr(m)
 }
 
 /// One port's tap as its worker serves it.
@@ -819,6 +836,19 @@ pub(crate) mod tests {
     use super::*;
     use crate::api::{FwFilters, FwPorts, FwProto, Request};
     use crate::controller::Controller;
+
+    /// A tap left for a bridge gets a MAC that is locally administered, unicast,
+    /// not the guest's, and the same for the same guest (a restart re-creates it
+    /// alike).
+    #[test]
+    fn bridge_port_mac_is_local_unicast_and_not_the_guests() {
+        let guest = MacAddr([0xa8, 0x40, 0x25, 0xf0, 0x00, 0x01]);
+        let m = bridge_port_mac(guest);
+        assert_eq!(m, MacAddr([0xfe, 0x40, 0x25, 0xf0, 0x00, 0x01]));
+        assert_ne!(m, guest);
+        assert!(m.is_unicast());
+        assert_eq!(m.0[0] & 0x02, 0x02, "locally administered");
+    }
 
     /// `dump-layer PORT firewall` labels each engine rule with the id of the rule it
     /// came from (several ports: several engine rules, one id), and `rm-fw-rule`
