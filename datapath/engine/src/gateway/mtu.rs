@@ -26,6 +26,11 @@ pub struct MtuBudget {
     /// Ethernet 14.
     pub encap_overhead: u16,
     pub port_mtu: u16,
+    /// The link MTU a VM's virtio-net device must advertise (QEMU
+    /// `virtio-net-pci,host_mtu=N`): the port MTU. Linux never raises a link MTU
+    /// from an RA, so a device that advertises less keeps the VM's IPv6 below the
+    /// port's MTU whatever the RA says.
+    pub virtio_host_mtu: u16,
     /// underlay_mtu - encap_overhead - port_mtu; negative means a full-size guest
     /// packet cannot cross the underlay.
     pub headroom: i32,
@@ -88,6 +93,7 @@ pub fn mtu_budget(cfg: &PortConfig, underlay_mtu: u16, sled_external_jumbo: bool
         underlay_mtu,
         encap_overhead: ENCAP_BUDGET,
         port_mtu: cfg.mtu,
+        virtio_host_mtu: cfg.mtu,
         headroom,
         max_internal_tcp_segment_v4: u - enc - i32::from(IPV4_HDR + TCP_HDR),
         max_internal_tcp_segment_v4_timestamps: u
