@@ -169,3 +169,77 @@ fn a_local_flow_meets_the_receivers_changes() {
         .iter()
         .any(|e| e.key.src_port == 1000 && e.path_mtu == 1500));
 }
+
+#[test]
+fn each_change_moves_the_epochs_it_should() {
+    let (mut a, _, _) = sled_a_with_two_ports();
+    // (engine, ga, gc) epochs.
+    let epochs = |a: &Engine| {
+        (
+            a.epoch(),
+            a.port_epoch("ga").unwrap(),
+            a.port_epoch("gc").unwrap(),
+        )
+    };
+    let mut last = epochs(&a);
+    let mut moved = |a: &Engine, want: (u64, u64, u64), what: &str| {
+        let now = epochs(a);
+        let d = (now.0 - last.0, now.1 - last.1, now.2 - last.2);
+        assert_eq!(d, want, "{what}");
+        last = now;
+    };
+    let allow = || {
+        Rule::new(50, FwAction::Allow)
+            .matching(Predicate::Proto(17))
+            .finalize()
+            .unwrap()
+    };
+    // The port's own changes.
+    let id = a.add_fw_rule("gc", Direction::In, allow()).unwrap();
+    moved(&a, (0, 0, 1), "add_fw_rule");
+    a.rm_fw_rule("gc", Direction::In, id).unwrap();
+    moved(&a, (0, 0, 1), "rm_fw_rule");
+    a.set_fw_rules("ga", vec![(Direction::Out, allow())])
+        .unwrap();
+    moved(&a, (0, 1, 0), "set_fw_rules");
+    let net = "10.9.0.0/16".parse().unwrap();
+    a.add_route("ga", net, engine::RouteTarget::VpcSubnet, None)
+        .unwrap();
+    moved(&a, (0, 1, 0), "add_route");
+    a.del_route("ga", net).unwrap();
+    moved(&a, (0, 1, 0), "del_route");
+    a.set_external_ips("gc", Default::default()).unwrap();
+    moved(&a, (0, 0, 1), "set_external_ips");
+    // Refused changes move nothing; nor do limits and pauses.
+    assert!(a.del_route("ga", net).is_err());
+    assert!(a.rm_fw_rule("gc", Direction::In, id).is_err());
+    a.set_port_limits("ga", Default::default()).unwrap();
+    a.set_port_paused("ga", true).unwrap();
+    moved(&a, (0, 0, 0), "refused, limits, pause");
+    // The VPC's: a port MTU.
+    a.set_port_mtu("gc", 1500).unwrap();
+    moved(&a, (0, 1, 1), "set_port_mtu");
+    // Everyone's.
+    let vni = Vni::new(VNI).unwrap();
+    let ip: IpAddr = "172.30.0.99".parse().unwrap();
+    a.set_v2p(vni, ip, SLED_B.parse().unwrap(), guest(2).mac)
+        .unwrap();
+    moved(&a, (1, 1, 1), "set_v2p");
+    a.clear_v2p(vni, ip).unwrap();
+    moved(&a, (1, 1, 1), "clear_v2p");
+    a.set_v2b(&Default::default()).unwrap();
+    moved(&a, (1, 1, 1), "set_v2b");
+    a.invalidate_next_hops();
+    moved(&a, (1, 1, 1), "invalidate_next_hops");
+    a.set_underlay_mtu(9000).unwrap();
+    moved(&a, (1, 1, 1), "set_underlay_mtu");
+    let mac = "a8:40:25:ff:00:09".parse().unwrap();
+    a.set_sibling_port(vni, mac, &[ip], 1500, 1).unwrap();
+    moved(&a, (1, 1, 1), "set_sibling_port");
+    a.clear_sibling_port(vni, mac, &[ip]);
+    moved(&a, (1, 1, 1), "clear_sibling_port");
+    a.add_port(port_config(&guest(2))).unwrap();
+    moved(&a, (1, 1, 1), "add_port");
+    a.remove_port("gb").unwrap();
+    moved(&a, (1, 1, 1), "remove_port");
+}
