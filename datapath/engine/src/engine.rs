@@ -14,9 +14,13 @@
 //! frame is handed to it) -> anti-spoofing -> unified flow table / inbound firewall ->
 //! coalescer (which rewrites the inner source MAC to the gateway's) -> [`TxBatch`].
 //!
-//! Every change to ports, rules, routes, V2P or V2B bumps the epoch, which invalidates
-//! every cached flow at once (see `uft`); so does [`Engine::invalidate_next_hops`],
-//! which the daemon calls when an underlay neighbour changes. Every drop is counted
+//! Every port has a flow epoch, which its cached flows are checked against (see
+//! `uft`). A change to one port's own rules, routes or external addresses moves that
+//! port's epoch only ([`Engine::bump_port`]); a port MTU change moves the epochs of
+//! the ports of its VPC ([`Engine::bump_vni`]); a change to what every port may use
+//! (ports coming and going, sibling ports, V2P, V2B, the underlay MTU, and
+//! [`Engine::invalidate_next_hops`], which the daemon calls when an underlay
+//! neighbour changes) moves the engine epoch and every port's ([`Engine::bump`]). Every drop is counted
 //! under one [`DropReason`] (the counter name); docs/engine.md lists them all.
 
 mod inbound;
@@ -171,6 +175,10 @@ struct Port {
     router: Router,
     uft_out: Uft<OutAction>,
     uft_in: Uft<InAction>,
+    /// The epoch both flow tables' entries are checked against: moved by a change
+    /// to this port's own configuration, and by every engine-wide change (which
+    /// moves every port's), so a hit costs one compare whatever moved it.
+    epoch: u64,
     /// SNAT ports held by the port's flows to the internet.
     snat: SnatTable,
     /// Table sizes from the port's share of the table budget.
@@ -218,6 +226,7 @@ pub struct Engine {
     v2p: V2p,
     /// The daemon's V2B table merged with the `--boundary-services` shorthand.
     v2b: V2b,
+    /// Engine-wide invalidations so far (each one also moved every port's epoch).
     epoch: u64,
     /// Latest `now` seen; used by management calls, which get no clock.
     now: u64,
@@ -336,13 +345,37 @@ impl Engine {
         &self.cfg
     }
 
-    /// The epoch cached flows are checked against.
+    /// The engine-wide epoch: how many changes so far invalidated every port's
+    /// cached flows.
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
 
+    /// The epoch port `name`'s cached flows are checked against (see
+    /// [`Engine::bump_port`]).
+    pub fn port_epoch(&self, name: &str) -> Result<u64, EngineError> {
+        self.port_by_name(name).map(|p| p.epoch)
+    }
+
+    /// Invalidates every port's cached flows: for changes to what any port's flows
+    /// may have used (ports, sibling ports, V2P, V2B, the underlay). Walks the
+    /// ports (tens), so that a hit still compares one epoch.
     fn bump(&mut self) {
         self.epoch += 1;
+        for p in self.ports.iter_mut().flatten() {
+            p.epoch += 1;
+        }
+    }
+
+    /// Invalidates the cached flows of the ports of VPC `vni` only: for a change to
+    /// a port that other ports' flows know of only through its VPC's local delivery
+    /// (`by_ip`, keyed by VNI), such as its MTU.
+    fn bump_vni(&mut self, vni: Vni) {
+        for p in self.ports.iter_mut().flatten() {
+            if p.cfg.vni == vni {
+                p.epoch += 1;
+            }
+        }
     }
 
     /// Makes every cached flow recompile on its next packet, which asks
@@ -351,6 +384,7 @@ impl Engine {
     /// changes or drops an entry: a busy flow never goes idle long enough to be
     /// recompiled otherwise. Connections are kept; only cached decisions go.
     pub fn invalidate_next_hops(&mut self) {
+        // Engine-wide: every port's encapsulated flows hold an outer header.
         self.bump();
     }
 
@@ -369,6 +403,7 @@ impl Engine {
             )));
         }
         self.cfg.underlay_mtu = mtu;
+        // Engine-wide: every port's path MTUs and segment sizes derive from it.
         self.bump();
         let max = self.max_inner_mtu();
         Ok(self
@@ -504,6 +539,8 @@ impl Engine {
             limits,
             policer: PortPolicer::new(&cfg.limits, self.now),
             c: PortCounters::default(),
+            // Any start will do: the tables are new. The bump below moves it.
+            epoch: 1,
             mtu_changed: false,
             paused: false,
             cfg,
@@ -524,6 +561,7 @@ impl Engine {
             Some(slot) => *slot = Some(port),
             None => self.ports.push(Some(port)),
         }
+        // Engine-wide: other ports' flows to its addresses were encapsulated or dropped.
         self.bump();
         Ok(id)
     }
@@ -545,6 +583,7 @@ impl Engine {
         }
         // Its id may be reused: nothing it sent may leave as another port's.
         self.hold.purge(|h| h.port == id);
+        // Engine-wide: other ports' flows were delivered to it (its id may be reused).
         self.bump();
         Ok(id)
     }
@@ -596,7 +635,8 @@ impl Engine {
         }
         p.cfg.mtu = mtu;
         p.mtu_changed = true;
-        let vni = p.cfg.vni.get();
+        let port_vni = p.cfg.vni;
+        let vni = port_vni.get();
         for ip in [p.cfg.ipv4.map(IpAddr::V4), p.cfg.ipv6.map(IpAddr::V6)]
             .into_iter()
             .flatten()
@@ -605,13 +645,16 @@ impl Engine {
                 d.mtu = mtu;
             }
         }
-        self.bump();
+        // The port's own flows, and the flows of its VPC's other ports delivered to
+        // it here (their path MTU is the smaller of the two ports'): no other port
+        // can reach it without encapsulation.
+        self.bump_vni(port_vni);
         Ok(())
     }
 
     /// Replaces port `name`'s external addresses (checked as `add_port` checks
-    /// them). Every flow is decided again (the epoch moves): a flow keeps no
-    /// address the port no longer has. A changed SNAT range forgets the SNAT ports
+    /// them). Every flow of the port is decided again (its epoch moves): a flow
+    /// keeps no address the port no longer has. A changed SNAT range forgets the SNAT ports
     /// (they may lie outside it); the connections stay, and their next packets get
     /// new ports.
     pub fn set_external_ips(&mut self, name: &str, ext: ExternalIps) -> Result<(), EngineError> {
@@ -622,7 +665,7 @@ impl Engine {
             p.snat.clear();
         }
         p.cfg.external = ext;
-        self.bump();
+        p.epoch += 1;
         Ok(())
     }
 
@@ -717,6 +760,7 @@ impl Engine {
         for ip in ips {
             self.by_ip.insert((v, *ip), LocalDest { owner, mac, mtu });
         }
+        // Engine-wide: other ports' flows to its addresses change delivery.
         self.bump();
         Ok(())
     }
@@ -737,6 +781,7 @@ impl Engine {
                 self.by_ip.remove(&(v, *ip));
             }
         }
+        // Engine-wide, as `set_sibling_port`.
         self.bump();
     }
 
@@ -753,12 +798,14 @@ impl Engine {
         self.v2p
             .set(vni, ip, V2pEntry { underlay, mac })
             .map_err(EngineError::Invalid)?;
+        // Engine-wide: outbound encapsulation and inbound sender checks use V2P.
         self.bump();
         Ok(())
     }
 
     pub fn clear_v2p(&mut self, vni: Vni, ip: IpAddr) -> Result<(), EngineError> {
         self.v2p.clear(vni, ip).map_err(EngineError::NotFound)?;
+        // Engine-wide, as `set_v2p`.
         self.bump();
         Ok(())
     }
@@ -776,6 +823,7 @@ impl Engine {
         let mut v2b = shorthand_v2b(self.cfg.boundary_services)?;
         v2b.merge(table);
         self.v2b = v2b;
+        // Engine-wide: every flow to the internet gateway chose its endpoint here.
         self.bump();
         Ok(())
     }
@@ -813,17 +861,12 @@ impl Engine {
                 EngineError::Invalid(e)
             }
         })?;
-        self.bump();
+        p.epoch += 1;
         Ok(())
     }
 
     pub fn del_route(&mut self, port: &str, dst: IpNet) -> Result<(), EngineError> {
-        self.port_by_name_mut(port)?
-            .router
-            .del(dst)
-            .map_err(EngineError::NotFound)?;
-        self.bump();
-        Ok(())
+        self.bump_port(port, |p| p.router.del(dst).map_err(EngineError::NotFound))
     }
 
     pub fn dump_routes(&self, port: &str) -> Result<Vec<RouteDump>, EngineError> {
@@ -832,15 +875,29 @@ impl Engine {
 
     // ---- Firewall ----
 
+    /// Applies `change` to port `name` and, if it succeeds, invalidates that port's
+    /// cached flows only: for changes to what no other port's flows use (its rules,
+    /// routes, external addresses). Another port's flow delivered to this one here
+    /// is decided again by this port's inbound table, checked against this port's
+    /// epoch, so it meets the change too.
+    fn bump_port<T>(
+        &mut self,
+        name: &str,
+        change: impl FnOnce(&mut Port) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let p = self.port_by_name_mut(name)?;
+        let r = change(p)?;
+        p.epoch += 1;
+        Ok(r)
+    }
+
     pub fn add_fw_rule(
         &mut self,
         port: &str,
         dir: Direction,
         rule: Rule<Finalized, FwAction>,
     ) -> Result<RuleId, EngineError> {
-        let id = self.port_by_name_mut(port)?.fw.layer_mut().add(dir, rule);
-        self.bump();
-        Ok(id)
+        self.bump_port(port, |p| Ok(p.fw.layer_mut().add(dir, rule)))
     }
 
     pub fn rm_fw_rule(
@@ -849,13 +906,12 @@ impl Engine {
         dir: Direction,
         id: RuleId,
     ) -> Result<(), EngineError> {
-        if !self.port_by_name_mut(port)?.fw.layer_mut().remove(dir, id) {
-            return Err(EngineError::NotFound(format!(
+        self.bump_port(port, |p| match p.fw.layer_mut().remove(dir, id) {
+            true => Ok(()),
+            false => Err(EngineError::NotFound(format!(
                 "port {port:?} has no {dir} firewall rule {id}"
-            )));
-        }
-        self.bump();
-        Ok(())
+            ))),
+        })
     }
 
     /// Replaces every firewall rule of the port. Established connections stay (the
@@ -865,11 +921,11 @@ impl Engine {
         port: &str,
         rules: Vec<(Direction, Rule<Finalized, FwAction>)>,
     ) -> Result<Vec<RuleId>, EngineError> {
-        let layer = self.port_by_name_mut(port)?.fw.layer_mut();
-        layer.clear();
-        let ids = rules.into_iter().map(|(d, r)| layer.add(d, r)).collect();
-        self.bump();
-        Ok(ids)
+        self.bump_port(port, |p| {
+            let layer = p.fw.layer_mut();
+            layer.clear();
+            Ok(rules.into_iter().map(|(d, r)| layer.add(d, r)).collect())
+        })
     }
 
     // ---- Inspection ----
@@ -910,15 +966,14 @@ impl Engine {
     pub fn tick(&mut self, now: u64, out: &mut TxBatch) {
         self.now = self.now.max(now);
         let sweep = now.saturating_sub(self.last_sweep) >= SWEEP_INTERVAL_NS;
-        let epoch = self.epoch;
         self.expire_held(now);
         // Each table's share of the step is its share of the slots, so every table
         // is swept in the same number of ticks.
         let slots: usize = self.ports.iter().flatten().map(Port::uft_slots).sum();
         let step = |t: usize| (UFT_EXPIRE_PER_TICK * t).div_ceil(slots.max(1));
         for p in self.ports.iter_mut().flatten() {
-            p.uft_out.expire_step(epoch, now, step(p.uft_out.slots()));
-            p.uft_in.expire_step(epoch, now, step(p.uft_in.slots()));
+            p.uft_out.expire_step(p.epoch, now, step(p.uft_out.slots()));
+            p.uft_in.expire_step(p.epoch, now, step(p.uft_in.slots()));
             if p.mtu_changed {
                 gateway::on_mtu_change(&p.cfg, &mut p.gw, p.id, now, out);
                 p.mtu_changed = false;

@@ -1,10 +1,11 @@
 //! The unified flow table (UFT): per port and direction, the compiled result of all
 //! layers for one flow, so that every packet after a flow's first skips the layers.
 //!
-//! Each entry carries the engine epoch it was computed in. Any change to rules,
-//! routes, V2P mappings or ports bumps the epoch, which makes every older entry stale
-//! at once without walking the tables: a stale entry is a miss, recomputed and
-//! overwritten. Entries idle longer than the TTL are misses too. `Engine::tick`
+//! Each entry carries its port's epoch when it was computed. A change to the port's
+//! rules, routes or external addresses, or an engine-wide change (V2P, V2B, ports,
+//! the underlay), moves the epoch (see `engine`), which makes every older entry of
+//! the port stale at once without walking the tables: a stale entry is a miss
+//! (counted as `stale`), recomputed and overwritten. Entries idle longer than the TTL are misses too. `Engine::tick`
 //! removes stale and idle entries a bounded number at a time ([`Uft::expire_step`],
 //! resuming where the last step stopped), so no tick walks a whole table. The table
 //! has a size limit (from the sled's table budget); a full table evicts (counted) a
@@ -185,7 +186,8 @@ pub struct UftStats {
     pub entries: u64,
     pub hits: u64,
     pub misses: u64,
-    /// Misses on an entry from an older epoch.
+    /// Misses on an entry from an older epoch of its port: flows recompiled because
+    /// the port's configuration or an engine-wide table changed.
     pub stale: u64,
     /// Entries that went idle past the TTL (swept or found on lookup).
     pub expired: u64,

@@ -114,7 +114,6 @@ impl Engine {
                 return;
             }
         };
-        let epoch = self.epoch;
         let trust = InboundTrust {
             v2p: &self.v2p,
             boundary: self.v2b.endpoints(),
@@ -156,7 +155,7 @@ impl Engine {
                 None => Err(DropReason::NatNoMapping),
                 Some((m, one_to_one)) => {
                     let key = FlowKey::from_meta(um.vni, &m);
-                    let r = inbound_verdict(p, &via, &key, &m, buf, epoch, now);
+                    let r = inbound_verdict(p, &via, &key, &m, buf, now);
                     if r.is_ok() && one_to_one {
                         let (ext, to) = (&p.cfg.external, meta.dst_ip);
                         nat::note_inbound(ext, &mut p.snat, &p.fw, &key, to, now);
@@ -180,7 +179,7 @@ impl Engine {
             return;
         }
         let key = FlowKey::from_meta(um.vni, meta);
-        if let Err(r) = inbound_verdict(p, &via, &key, meta, inner.head(), epoch, now) {
+        if let Err(r) = inbound_verdict(p, &via, &key, meta, inner.head(), now) {
             p.c.drops.inc(r);
             return;
         }
@@ -254,7 +253,7 @@ impl Engine {
             return;
         };
         let frame = frame.sub(0..m.ip_end);
-        deliver_local(&mut self.ports, self.epoch, dst, vnet, frame, m, now, out);
+        deliver_local(&mut self.ports, dst, vnet, frame, m, now, out);
     }
 
     /// Flushes frames held for coalescing; call after each receive batch.
@@ -280,7 +279,6 @@ pub(super) fn inbound_verdict(
     key: &FlowKey,
     m: &InnerMeta,
     head: &[u8],
-    epoch: u64,
     now: u64,
 ) -> Result<(), DropReason> {
     // One predictable branch for a port that is not paused.
@@ -297,7 +295,7 @@ pub(super) fn inbound_verdict(
         return Err(DropReason::InboundDstNotGuest);
     }
     let bytes = ip_bytes(m);
-    if let Some(e) = p.uft_in.lookup(key, epoch, now, bytes) {
+    if let Some(e) = p.uft_in.lookup(key, p.epoch, now, bytes) {
         if !via.admits(&e.action.sender) {
             return Err(DropReason::UnderlaySrcMismatch);
         }
@@ -312,7 +310,7 @@ pub(super) fn inbound_verdict(
             return verdict(e.action.verdict);
         }
     }
-    compile_inbound(p, via, key, m, head, epoch, now)
+    compile_inbound(p, via, key, m, head, now)
 }
 
 /// The inbound flow-table miss (or an entry that no longer holds): the overlay's
@@ -325,7 +323,6 @@ fn compile_inbound(
     key: &FlowKey,
     m: &InnerMeta,
     head: &[u8],
-    epoch: u64,
     now: u64,
 ) -> Result<(), DropReason> {
     let sender = via.sender(p.cfg.vni, m.src_ip)?;
@@ -353,7 +350,7 @@ fn compile_inbound(
     p.uft_in.insert(
         *key,
         UftEntry {
-            epoch,
+            epoch: p.epoch,
             action: InAction { sender, verdict: v },
             path_mtu: 0,
             needs_conn: admitted.is_some_and(|a| a.needs_conn),
@@ -384,7 +381,6 @@ fn verdict(v: InVerdict) -> Result<(), DropReason> {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn deliver_local(
     ports: &mut [Option<Port>],
-    epoch: u64,
     dst: PortId,
     vnet: VnetHdr,
     frame: RxFrame<'_>,
@@ -400,7 +396,7 @@ pub(super) fn deliver_local(
         return;
     }
     let key = FlowKey::from_meta(p.cfg.vni.get(), m);
-    if let Err(r) = inbound_verdict(p, &Via::Local, &key, m, frame.head(), epoch, now) {
+    if let Err(r) = inbound_verdict(p, &Via::Local, &key, m, frame.head(), now) {
         p.c.drops.inc(r);
         return;
     }

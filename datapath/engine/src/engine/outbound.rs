@@ -48,7 +48,6 @@ impl Engine {
         out: &mut TxBatch,
     ) {
         self.now = self.now.max(now);
-        let epoch = self.epoch;
         let Engine {
             cfg: ecfg,
             ports,
@@ -100,6 +99,8 @@ impl Engine {
         // The parser guarantees ip_end <= frame.len(); Ethernet padding stays behind.
         let frame = frame.get(..meta.ip_end).unwrap_or(frame);
         let key = FlowKey::from_meta(p.cfg.vni.get(), meta);
+        // The port's epoch: moved by its own changes and by every engine-wide one.
+        let epoch = p.epoch;
         let env = CompileEnv {
             ecfg,
             by_ip,
@@ -201,12 +202,12 @@ impl Engine {
                 }
             }
             Next::Here(here) if !fragment => {
-                deliver_here(ports, epoch, here, vnet, frame, meta, now, out);
+                deliver_here(ports, here, vnet, frame, meta, now, out);
             }
             Next::Here(here) => {
                 let bufs = FragmentBufs { scratch, csum_buf };
                 let r = fragments(meta, frame, &vnet, path_mtu, bufs, |frag, fm| {
-                    deliver_here(ports, epoch, here, VnetHdr::default(), frag, fm, now, out)
+                    deliver_here(ports, here, VnetHdr::default(), frag, fm, now, out)
                 });
                 if let Some(p) = slot_mut(ports, port) {
                     count_fragmenting(r, &mut p.c);
@@ -466,7 +467,6 @@ enum Here {
 #[allow(clippy::too_many_arguments)]
 fn deliver_here(
     ports: &mut [Option<Port>],
-    epoch: u64,
     here: Here,
     vnet: VnetHdr,
     frame: &[u8],
@@ -478,7 +478,7 @@ fn deliver_here(
         Here::Port(dst) => {
             let pieces = [frame];
             let frame = RxFrame::new(&pieces, RxFrame::TRANSIENT);
-            deliver_local(ports, epoch, dst, vnet, frame, m, now, out);
+            deliver_local(ports, dst, vnet, frame, m, now, out);
         }
         Here::Sibling { worker, vni, mac } => {
             let dest = TxDest::Sibling {

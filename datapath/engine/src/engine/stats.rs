@@ -53,6 +53,11 @@ pub struct PortStats {
     /// Times a frame for the guest was held because its ingress limit's tokens
     /// were spent.
     pub ingress_throttled: u64,
+    /// The epoch the port's cached flows are checked against: moved by changes to
+    /// the port's own rules, routes and external addresses, by an MTU change in its
+    /// VPC, and by every engine-wide change. A lookup that finds an entry of an
+    /// older epoch counts as `stale` in `uft_in`/`uft_out` and is recompiled.
+    pub epoch: u64,
     pub uft_in: UftStats,
     pub uft_out: UftStats,
     pub firewall: FirewallStats,
@@ -66,6 +71,8 @@ pub struct PortStats {
 /// `stats` output.
 #[derive(Clone, Debug, Serialize)]
 pub struct EngineStats {
+    /// Engine-wide invalidations of the cached flows (V2P, V2B, ports, the
+    /// underlay); each also moves every port's `epoch`.
     pub epoch: u64,
     pub ports: Vec<PortStats>,
     /// Underlay frames refused by `parse_underlay`, by `UnderlayDrop` name.
@@ -146,6 +153,7 @@ impl PortStats {
             local_delivered: p.c.local_delivered,
             egress_throttled: p.c.egress_throttled,
             ingress_throttled: p.c.ingress_throttled,
+            epoch: p.epoch,
             uft_in: p.uft_in.stats(),
             uft_out: p.uft_out.stats(),
             firewall: p.fw.stats(),
@@ -159,6 +167,7 @@ impl PortStats {
 /// `dump-uft` output: one page of a port's cached flows, inbound table first.
 #[derive(Clone, Debug, Serialize)]
 pub struct UftPortDump {
+    /// The port's epoch (an entry of an older one is `stale`).
     pub epoch: u64,
     pub inbound: Vec<UftDump>,
     pub outbound: Vec<UftDump>,
@@ -195,7 +204,7 @@ impl Engine {
                 "dump-uft cursor {cursor} is not one a page returned"
             )));
         }
-        let (epoch, now) = (self.epoch, self.now);
+        let (epoch, now) = (p.epoch, self.now);
         let limit = limit.clamp(1, UFT_PAGE_MAX);
         let mut d = UftPortDump {
             epoch,
