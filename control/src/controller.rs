@@ -824,40 +824,51 @@ impl<D: Dataplane> Controller<D> {
     /// then saved with the port's configuration.
     fn set_external_ips(&mut self, port: &str, ext: ExternalIps) -> Result<Reply, String> {
         self.applied_port(port)?;
-        let i = self
-            .state
-            .ports
-            .iter()
-            .position(|p| p.config.name == port)
-            .ok_or_else(|| format!("no port {port:?}"))?;
-        let cfg = &self.state.ports[i].config;
+        let cfg = &self.port(port)?.config;
         ext.validate(cfg.ipv4, cfg.ipv6)?;
         check_external_against(&self.state.ports, port, &ext)?;
-        let old = self.state.ports[i].config.external.clone();
-        self.dp.set_external_ips(port, &ext)?;
-        let mut next = self.state.clone();
-        next.ports[i].config.external = ext;
-        self.commit(next, |dp| {
-            let _ = dp.set_external_ips(port, &old);
-        })
+        self.replace_port_setting(
+            port,
+            ext,
+            |c| &mut c.external,
+            |dp, p, e| dp.set_external_ips(p, e),
+        )
     }
 
     /// `set-port-limits`: checked, applied, then saved with the port's configuration.
     fn set_port_limits(&mut self, port: &str, limits: PortLimits) -> Result<Reply, String> {
         self.applied_port(port)?;
         limits.validate()?;
+        self.replace_port_setting(
+            port,
+            limits,
+            |c| &mut c.limits,
+            |dp, p, l| dp.set_port_limits(p, l),
+        )
+    }
+
+    /// Makes `value` the setting `field` of saved port `port`'s configuration:
+    /// applied to the dataplane (`apply`), then saved; if saving fails, the old
+    /// value is applied again.
+    fn replace_port_setting<T: Clone>(
+        &mut self,
+        port: &str,
+        value: T,
+        field: fn(&mut PortConfig) -> &mut T,
+        apply: fn(&mut D, &str, &T) -> Result<(), String>,
+    ) -> Result<Reply, String> {
         let i = self
             .state
             .ports
             .iter()
             .position(|p| p.config.name == port)
             .ok_or_else(|| format!("no port {port:?}"))?;
-        let old = self.state.ports[i].config.limits;
-        self.dp.set_port_limits(port, &limits)?;
+        let old = field(&mut self.state.ports[i].config).clone();
+        apply(&mut self.dp, port, &value)?;
         let mut next = self.state.clone();
-        next.ports[i].config.limits = limits;
+        *field(&mut next.ports[i].config) = value;
         self.commit(next, |dp| {
-            let _ = dp.set_port_limits(port, &old);
+            let _ = apply(dp, port, &old);
         })
     }
 
