@@ -48,9 +48,10 @@ pub enum Offer {
 impl IngressShaper {
     /// A frame of `len` bytes for `port`: delivered now if nothing of the port's
     /// waits and its tokens allow, else held in order (`fill` copies it) or
-    /// dropped when the queue is full. An unlimited port's frame is `Now` after
-    /// one lookup of an empty map. `clock`: now, as an instant and as the
-    /// engine's nanoseconds.
+    /// dropped when the queue is full. While nothing is held anywhere (always,
+    /// on a worker without limited ports) that costs a length check and the
+    /// engine's one branch for an unlimited port. `clock`: now, as an instant and
+    /// as the engine's nanoseconds.
     pub fn offer(
         &mut self,
         engine: &mut Engine,
@@ -61,7 +62,8 @@ impl IngressShaper {
         clock: (Instant, u64),
     ) -> Offer {
         let (now, nanos) = clock;
-        let waiting = self.queues.get(&port).is_some_and(|q| !q.frames.is_empty());
+        let waiting =
+            !self.queues.is_empty() && self.queues.get(&port).is_some_and(|q| !q.frames.is_empty());
         let wait = if waiting {
             None
         } else {
