@@ -316,18 +316,37 @@ pub enum RouteTarget {
     Igw,
     /// Discarded (counted).
     Drop,
+    /// To the VPC guest with this address (`ip4=ADDR`, `ip6=ADDR`): the packet goes,
+    /// unchanged, to that guest (an appliance whose port admits the destination).
+    Ip(IpAddr),
 }
 
 impl FromStr for RouteTarget {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "subnet" => Ok(RouteTarget::Subnet),
-            "igw" => Ok(RouteTarget::Igw),
-            "drop" => Ok(RouteTarget::Drop),
-            _ => Err(format!(
-                "invalid route target {s:?}: expected subnet, igw or drop"
-            )),
+        let ip = |v4: bool, a: &str| -> Result<RouteTarget, String> {
+            let addr: IpAddr = a
+                .parse()
+                .map_err(|_| format!("invalid route target {s:?}: {a:?} is not an address"))?;
+            if addr.is_ipv4() != v4 {
+                return Err(format!(
+                    "invalid route target {s:?}: {a:?} is not an IPv{} address",
+                    if v4 { 4 } else { 6 }
+                ));
+            }
+            Ok(RouteTarget::Ip(addr))
+        };
+        match s.split_once('=') {
+            Some(("ip4", a)) => ip(true, a),
+            Some(("ip6", a)) => ip(false, a),
+            _ => match s {
+                "subnet" => Ok(RouteTarget::Subnet),
+                "igw" => Ok(RouteTarget::Igw),
+                "drop" => Ok(RouteTarget::Drop),
+                _ => Err(format!(
+                    "invalid route target {s:?}: expected subnet, igw, drop, ip4=ADDR or ip6=ADDR"
+                )),
+            },
         }
     }
 }
@@ -338,6 +357,8 @@ impl fmt::Display for RouteTarget {
             RouteTarget::Subnet => "subnet",
             RouteTarget::Igw => "igw",
             RouteTarget::Drop => "drop",
+            RouteTarget::Ip(IpAddr::V4(a)) => return write!(f, "ip4={a}"),
+            RouteTarget::Ip(IpAddr::V6(a)) => return write!(f, "ip6={a}"),
         })
     }
 }

@@ -1664,7 +1664,7 @@ mod tests {
         );
         // Refused by name.
         for (line, named) in [
-            ("add-router-entry -p opte0 10.0.0.0/24 ip4=10.0.0.1 system", "ip4=10.0.0.1"),
+            ("add-router-entry -p opte0 fd00::/64 ip4=10.0.0.1 system", "ip4=10.0.0.1"),
             ("add-router-entry -p opte0 10.0.0.0/24 sub4=10.0.0.0/24 custom", "custom"),
             ("add-fw-rule -p opte0 --dir in --hosts vni=x --protocol any --ports any --action allow --priority 1", "vni=x"),
             ("add-fw-rule -p opte0 --dir in --hosts any --protocol arp --ports any --action allow --priority 1", "arp"),
@@ -1678,6 +1678,18 @@ mod tests {
             let e = parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap_err();
             assert!(e.contains(named), "{line}: {e}");
         }
+        let line = "add-router-entry -p opte0 192.168.50.0/24 ip4=10.0.0.5 system";
+        assert_eq!(
+            parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap(),
+            Action::Call(Request::AddRouterEntry {
+                port: "opte0".into(),
+                entry: RouteEntry {
+                    dest: "192.168.50.0/24".parse().unwrap(),
+                    target: RouteTarget::Ip("10.0.0.5".parse().unwrap()),
+                    mtu: None,
+                },
+            })
+        );
     }
 
     #[test]

@@ -437,6 +437,7 @@ fn engine_target(t: RouteTarget) -> engine::RouteTarget {
         RouteTarget::Subnet => engine::RouteTarget::VpcSubnet,
         RouteTarget::Igw => engine::RouteTarget::InternetGateway,
         RouteTarget::Drop => engine::RouteTarget::Drop,
+        RouteTarget::Ip(a) => engine::RouteTarget::Ip(a),
     }
 }
 
@@ -445,6 +446,7 @@ fn api_target(t: engine::RouteTarget) -> RouteTarget {
         engine::RouteTarget::VpcSubnet => RouteTarget::Subnet,
         engine::RouteTarget::InternetGateway => RouteTarget::Igw,
         engine::RouteTarget::Drop => RouteTarget::Drop,
+        engine::RouteTarget::Ip(a) => RouteTarget::Ip(a),
     }
 }
 

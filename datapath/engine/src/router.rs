@@ -13,6 +13,7 @@ use crate::rule::{Direction, MatchFields, Predicate, Rule};
 use core::fmt;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
 
 /// Where a route sends traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -24,6 +25,19 @@ pub enum RouteTarget {
     InternetGateway,
     /// Discard (counted as `route_drop`).
     Drop,
+    /// To the VPC guest with this address (opteadm's `ip4=`/`ip6=`): an appliance
+    /// such as a VPN or firewall instance. The overlay sends the packet, unchanged,
+    /// to where V2P says that guest lives (the outer destination and the inner
+    /// destination MAC are the appliance's), or delivers it to the guest when it is
+    /// on this sled. No mapping is a drop (`no_v2p`).
+    Ip(IpAddr),
+}
+
+impl RouteTarget {
+    /// Whether the packet stays in the VPC (encapsulated with the port's VNI).
+    pub fn in_vpc(&self) -> bool {
+        matches!(self, RouteTarget::VpcSubnet | RouteTarget::Ip(_))
+    }
 }
 
 impl fmt::Display for RouteTarget {
@@ -32,6 +46,8 @@ impl fmt::Display for RouteTarget {
             RouteTarget::VpcSubnet => "vpc_subnet",
             RouteTarget::InternetGateway => "internet_gateway",
             RouteTarget::Drop => "drop",
+            RouteTarget::Ip(IpAddr::V4(a)) => return write!(f, "ip4={a}"),
+            RouteTarget::Ip(IpAddr::V6(a)) => return write!(f, "ip6={a}"),
         })
     }
 }
@@ -98,6 +114,18 @@ impl Router {
                 return Err(format!(
                     "route MTU {m} for {dst} is below the minimum of {}",
                     crate::port::MIN_PORT_MTU
+                ));
+            }
+        }
+        if let RouteTarget::Ip(a) = target {
+            if a.is_ipv4() != matches!(dst, IpNet::V4(_)) {
+                return Err(format!(
+                    "route target {target} is of another address family than the destination {dst}"
+                ));
+            }
+            if a.is_unspecified() || a.is_multicast() || a.is_loopback() {
+                return Err(format!(
+                    "route target {target} for {dst} is not a guest's unicast address"
                 ));
             }
         }
@@ -272,5 +300,40 @@ mod tests {
             .unwrap_err();
         assert!(e.contains("500"), "{e}");
         assert_eq!(r.dump_routes().len(), 1);
+    }
+
+    #[test]
+    fn next_hop_ip_targets_are_routes_of_their_family() {
+        let mut r = Router::default();
+        let a: IpAddr = "172.30.0.6".parse().unwrap();
+        r.add("192.168.50.0/24".parse().unwrap(), RouteTarget::Ip(a), None)
+            .unwrap();
+        r.add("10.0.0.0/8".parse().unwrap(), RouteTarget::VpcSubnet, None)
+            .unwrap();
+        assert_eq!(
+            r.lookup(&to("192.168.50.7")).unwrap().target,
+            RouteTarget::Ip(a)
+        );
+        assert!(r.peek_target(&to("192.168.50.7")).unwrap().in_vpc());
+        assert_eq!(RouteTarget::Ip(a).to_string(), "ip4=172.30.0.6");
+        let v6: IpAddr = "fd00::6".parse().unwrap();
+        assert_eq!(RouteTarget::Ip(v6).to_string(), "ip6=fd00::6");
+        let e = r
+            .add("fd00:1::/64".parse().unwrap(), RouteTarget::Ip(a), None)
+            .unwrap_err();
+        assert!(
+            e.contains("ip4=172.30.0.6") && e.contains("fd00:1::/64"),
+            "{e}"
+        );
+        let bad: IpAddr = "224.0.0.9".parse().unwrap();
+        let e = r
+            .add(
+                "192.168.60.0/24".parse().unwrap(),
+                RouteTarget::Ip(bad),
+                None,
+            )
+            .unwrap_err();
+        assert!(e.contains("224.0.0.9"), "{e}");
+        assert_eq!(r.dump_routes()[0].target, RouteTarget::Ip(a));
     }
 }
