@@ -14,7 +14,7 @@ use core::fmt;
 use core::str::FromStr;
 use engine::nat::ExternalIps;
 use engine::v2b::V2bEntry;
-use engine::{PortConfig, PortLimits, PortState, Vni};
+use engine::{CidrDir, PortConfig, PortLimits, PortState, Vni};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, Ipv6Addr};
@@ -124,6 +124,22 @@ pub enum Request {
     /// The port's firewall rules as configured, with their ids.
     ListFwRules {
         port: String,
+    },
+    /// `allow-cidr PORT PREFIX --dir in|out` (and `attach-subnet`, `dir` both):
+    /// the guest may receive frames to (`in`) and send frames from (`out`)
+    /// addresses of `prefix` besides its own (OPTE's transit IPs and attached
+    /// subnets); saved with the port, shown by `list-ports --json` as
+    /// `config.cidrs`.
+    AllowCidr {
+        port: String,
+        prefix: IpNet,
+        dir: CidrDir,
+    },
+    /// `remove-cidr PORT PREFIX --dir in|out` (and `detach-subnet`, `dir` both).
+    RemoveCidr {
+        port: String,
+        prefix: IpNet,
+        dir: CidrDir,
     },
     /// `pause-port`: the port drops every frame, both ways (counted
     /// `port_paused`), keeping its flows, connections and rules; saved.
@@ -273,6 +289,8 @@ impl Request {
                 | Request::SetFwRules { .. }
                 | Request::SetExternalIps { .. }
                 | Request::SetPortLimits { .. }
+                | Request::AllowCidr { .. }
+                | Request::RemoveCidr { .. }
                 | Request::PausePort { .. }
                 | Request::ResumePort { .. }
         )
@@ -1028,6 +1046,7 @@ pub(crate) mod tests {
             domain: None,
             external: Default::default(),
             limits: Default::default(),
+            cidrs: Default::default(),
         }
     }
 

@@ -17,7 +17,7 @@ use clap::{Args, Parser, Subcommand};
 use engine::nat::{ExternalIps, SnatRange};
 use engine::port::DEFAULT_PORT_MTU;
 use engine::PortLimits;
-use engine::{PortConfig, Vni};
+use engine::{CidrDir, PortConfig, Vni};
 use ipnet::IpNet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr};
@@ -203,6 +203,36 @@ pub enum Command {
         port: String,
         #[command(flatten)]
         limits: LimitArgs,
+    },
+    /// Let the guest receive frames to (`--dir in`) or send frames from (`--dir
+    /// out`) addresses of PREFIX besides its own (OPTE's transit IPs). Shown by
+    /// `list-ports --json` (`config.cidrs`).
+    AllowCidr {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+        #[arg(long, value_parser = parse_cidr_dir)]
+        dir: CidrDir,
+    },
+    /// Undo `allow-cidr` for one direction.
+    RemoveCidr {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+        #[arg(long, value_parser = parse_cidr_dir)]
+        dir: CidrDir,
+    },
+    /// Attach a subnet to the guest (an appliance): `allow-cidr` both ways.
+    AttachSubnet {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+    },
+    /// Undo `attach-subnet` (both ways must be allowed).
+    DetachSubnet {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
     },
     /// Counters: datapath-wide, or one port's.
     Stats {
@@ -497,6 +527,17 @@ pub fn parse_net(s: &str) -> Result<IpNet, String> {
         .map_err(|_| format!("invalid prefix {s:?}: expected e.g. 10.0.0.0/24 or fd00::/64"))
 }
 
+/// `--dir in|out` of `allow-cidr`/`remove-cidr` (any case; both ways is
+/// `attach-subnet`).
+pub fn parse_cidr_dir(s: &str) -> Result<CidrDir, String> {
+    match s.parse()? {
+        CidrDir::Both => Err(format!(
+            "invalid direction {s:?}: expected in or out (attach-subnet allows both)"
+        )),
+        d => Ok(d),
+    }
+}
+
 pub fn parse_mtu(s: &str) -> Result<u16, String> {
     let v: u32 = s
         .parse()
@@ -624,6 +665,7 @@ impl CreateXde {
             domain: self.domain.clone(),
             external: self.external.to_external()?,
             limits: self.limits.to_limits(),
+            cidrs: Default::default(),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -758,6 +800,18 @@ impl Command {
             Command::SetPortLimits { port, limits } => Request::SetPortLimits {
                 port,
                 limits: limits.to_limits(),
+            },
+            Command::AllowCidr { port, prefix, dir } => Request::AllowCidr { port, prefix, dir },
+            Command::RemoveCidr { port, prefix, dir } => Request::RemoveCidr { port, prefix, dir },
+            Command::AttachSubnet { port, prefix } => Request::AllowCidr {
+                port,
+                prefix,
+                dir: CidrDir::Both,
+            },
+            Command::DetachSubnet { port, prefix } => Request::RemoveCidr {
+                port,
+                prefix,
+                dir: CidrDir::Both,
             },
             Command::Stats { port, format } => {
                 let show = match (format, &port) {
@@ -1690,6 +1744,47 @@ mod tests {
                 },
             })
         );
+    }
+
+    #[test]
+    fn allowed_prefixes_and_attached_subnets() {
+        let call = |line: &str| parse(&line.split_whitespace().collect::<Vec<_>>());
+        let want = |prefix: &str, dir| Request::AllowCidr {
+            port: "opte0".into(),
+            prefix: prefix.parse().unwrap(),
+            dir,
+        };
+        assert_eq!(
+            call("allow-cidr -p opte0 192.168.50.0/24 --dir IN").unwrap(),
+            Action::Call(want("192.168.50.0/24", CidrDir::In))
+        );
+        assert_eq!(
+            call("allow-cidr opte0 fd00:50::/64 --dir out").unwrap(),
+            Action::Call(want("fd00:50::/64", CidrDir::Out))
+        );
+        assert_eq!(
+            call("attach-subnet -p opte0 192.168.50.0/24").unwrap(),
+            Action::Call(want("192.168.50.0/24", CidrDir::Both))
+        );
+        assert_eq!(
+            call("detach-subnet opte0 192.168.50.0/24").unwrap(),
+            Action::Call(Request::RemoveCidr {
+                port: "opte0".into(),
+                prefix: "192.168.50.0/24".parse().unwrap(),
+                dir: CidrDir::Both,
+            })
+        );
+        for (line, named) in [
+            ("allow-cidr opte0 192.168.50.0/24 --dir both", "both"),
+            ("remove-cidr opte0 192.168.50.0/24 --dir up", "up"),
+            (
+                "allow-cidr opte0 192.168.50.0/33 --dir in",
+                "192.168.50.0/33",
+            ),
+        ] {
+            let e = call(line).unwrap_err();
+            assert!(e.contains(named), "{line}: {e}");
+        }
     }
 
     #[test]

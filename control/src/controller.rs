@@ -24,7 +24,7 @@ use crate::server::ApiCounters;
 use crate::state::{State, StateStore};
 use engine::nat::ExternalIps;
 use engine::v2b::{V2b, V2bEntry};
-use engine::{PortConfig, PortLimits, PortState, Vni};
+use engine::{CidrDir, PortCidrs, PortConfig, PortLimits, PortState, Vni};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -140,6 +140,8 @@ pub trait Dataplane {
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), String>;
     /// Replaces the port's rate limits.
     fn set_port_limits(&mut self, port: &str, limits: &PortLimits) -> Result<(), String>;
+    /// Replaces the port's transit IPs and attached subnets.
+    fn set_port_cidrs(&mut self, port: &str, cidrs: &PortCidrs) -> Result<(), String>;
     fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String>;
 }
 
@@ -489,6 +491,10 @@ impl<D: Dataplane> Controller<D> {
             }
             Request::SetExternalIps { port, external } => self.set_external_ips(&port, external),
             Request::SetPortLimits { port, limits } => self.set_port_limits(&port, limits),
+            Request::AllowCidr { port, prefix, dir } => self.change_cidrs(&port, prefix, dir, true),
+            Request::RemoveCidr { port, prefix, dir } => {
+                self.change_cidrs(&port, prefix, dir, false)
+            }
             Request::Stats { port } => self.inspect(Inspect::Stats { port }),
             Request::Mtu { port } => self.inspect(Inspect::Mtu { port }),
             Request::Ra { port } => self.inspect(Inspect::Ra { port }),
@@ -861,6 +867,39 @@ impl<D: Dataplane> Controller<D> {
         })
     }
 
+    /// `allow-cidr` / `attach-subnet` (`allow`) and `remove-cidr` /
+    /// `detach-subnet`: checked against the port, applied, then saved with the
+    /// port's configuration.
+    fn change_cidrs(
+        &mut self,
+        port: &str,
+        prefix: IpNet,
+        dir: CidrDir,
+        allow: bool,
+    ) -> Result<Reply, String> {
+        self.applied_port(port)?;
+        let i = self
+            .state
+            .ports
+            .iter()
+            .position(|p| p.config.name == port)
+            .ok_or_else(|| format!("no port {port:?}"))?;
+        let cfg = &self.state.ports[i].config;
+        let old = cfg.cidrs.clone();
+        let mut cidrs = old.clone();
+        if allow {
+            cidrs.allow(prefix, dir, cfg)?;
+        } else {
+            cidrs.remove(prefix, dir, port)?;
+        }
+        self.dp.set_port_cidrs(port, &cidrs)?;
+        let mut next = self.state.clone();
+        next.ports[i].config.cidrs = cidrs;
+        self.commit(next, |dp| {
+            let _ = dp.set_port_cidrs(port, &old);
+        })
+    }
+
     /// `pause-port` / `resume-port`: the port's frames are dropped (or carried
     /// again), its flows, connections and rules kept; saved, so a restart brings
     /// the port back paused. Pausing a paused port (resuming a running one) changes
@@ -1218,6 +1257,9 @@ pub(crate) mod tests {
         }
         fn set_port_limits(&mut self, port: &str, _: &PortLimits) -> Result<(), String> {
             self.check("set_port_limits", port)
+        }
+        fn set_port_cidrs(&mut self, port: &str, _: &PortCidrs) -> Result<(), String> {
+            self.check("set_port_cidrs", port)
         }
         fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String> {
             if let Inspect::V2b = what {
@@ -1759,6 +1801,67 @@ pub(crate) mod tests {
         let saved = store.load().unwrap();
         assert_eq!(saved.ports[0].config.external, mine);
         assert_eq!(saved.ports[1].config.external, snat(2048, 4095));
+        let mut fresh = Controller::new(Recorder::default(), Some(store));
+        fresh.restore(saved.clone(), Instant::now());
+        assert_eq!(fresh.state(), &saved);
+    }
+
+    fn cidr(allow: bool, port: &str, prefix: &str, dir: CidrDir) -> Request {
+        let (port, prefix) = (port.to_string(), prefix.parse().unwrap());
+        if allow {
+            Request::AllowCidr { port, prefix, dir }
+        } else {
+            Request::RemoveCidr { port, prefix, dir }
+        }
+    }
+
+    #[test]
+    fn allowed_prefixes_are_checked_applied_saved_and_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        let mut c = Controller::new(Recorder::default(), Some(store.clone()));
+        ok(&mut c, create("opte0", 5));
+        ok(
+            &mut c,
+            cidr(true, "opte0", "192.168.50.0/24", CidrDir::Both),
+        );
+        ok(&mut c, cidr(true, "opte0", "10.9.0.0/16", CidrDir::Out));
+        for (r, named) in [
+            (
+                cidr(true, "opte0", "192.168.50.0/24", CidrDir::In),
+                "192.168.50.0/24",
+            ),
+            (
+                cidr(true, "opte0", "10.9.0.1/16", CidrDir::In),
+                "10.9.0.1/16",
+            ),
+            (
+                cidr(false, "opte0", "10.9.0.0/16", CidrDir::Both),
+                "10.9.0.0/16",
+            ),
+            (
+                cidr(false, "opte0", "10.8.0.0/16", CidrDir::Out),
+                "10.8.0.0/16",
+            ),
+            (cidr(true, "nope", "10.7.0.0/16", CidrDir::Out), "nope"),
+        ] {
+            let e = err(&mut c, r);
+            assert!(e.contains(named), "{e}");
+        }
+        ok(&mut c, cidr(false, "opte0", "192.168.50.0/24", CidrDir::In));
+        assert!(c
+            .dataplane()
+            .log
+            .contains(&"set_port_cidrs opte0".to_string()));
+        let want = engine::PortCidrs {
+            inbound: vec![],
+            outbound: vec![
+                "192.168.50.0/24".parse().unwrap(),
+                "10.9.0.0/16".parse().unwrap(),
+            ],
+        };
+        let saved = store.load().unwrap();
+        assert_eq!(saved.ports[0].config.cidrs, want);
         let mut fresh = Controller::new(Recorder::default(), Some(store));
         fresh.restore(saved.clone(), Instant::now());
         assert_eq!(fresh.state(), &saved);

@@ -36,7 +36,7 @@ use dpio::tap::TapPort;
 use engine::nat::ExternalIps;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::v2b::V2b;
-use engine::{Engine, EngineConfig, PortLimits, PortState, TxBatch, Vni};
+use engine::{Engine, EngineConfig, PortCidrs, PortLimits, PortState, TxBatch, Vni};
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -619,6 +619,12 @@ impl Dataplane for Datapath {
     fn set_port_limits(&mut self, port: &str, limits: &PortLimits) -> Result<(), String> {
         self.engine
             .set_port_limits(port, *limits)
+            .map_err(|e| e.to_string())
+    }
+
+    fn set_port_cidrs(&mut self, port: &str, cidrs: &PortCidrs) -> Result<(), String> {
+        self.engine
+            .set_port_cidrs(port, cidrs.clone())
             .map_err(|e| e.to_string())
     }
 

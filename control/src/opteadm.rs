@@ -36,6 +36,10 @@ const PORT_FLAG_VERBS: &[&str] = &[
     "resume-port",
     "set-external-ips",
     "set-port-limits",
+    "allow-cidr",
+    "remove-cidr",
+    "attach-subnet",
+    "detach-subnet",
 ];
 
 /// Rewrites an opteadm-style line (`xdeadm VERB ... -p PORT ...`) into `xdeadm`'s

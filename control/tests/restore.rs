@@ -135,6 +135,7 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
         domain: None,
         external: Default::default(),
         limits: Default::default(),
+        cidrs: Default::default(),
     };
     ok(
         &mut ctl,

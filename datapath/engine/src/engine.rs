@@ -41,7 +41,7 @@ use crate::layer::RuleId;
 use crate::nat::{ExternalIps, SnatTable};
 use crate::output::TxBatch;
 use crate::overlay::{V2p, V2pDump, V2pEntry};
-use crate::port::{PortConfig, PortId, PortState, Vni, MIN_PORT_MTU};
+use crate::port::{CidrDir, PortCidrs, PortConfig, PortId, PortState, Vni, MIN_PORT_MTU};
 use crate::ratelimit::{PortLimits, PortPolicer};
 use crate::router::{RouteDump, RouteTarget, Router};
 use crate::rule::{Direction, Finalized, MatchFields, Rule};
@@ -676,6 +676,44 @@ impl Engine {
         let p = self.port_by_name_mut(name)?;
         p.cfg.limits = limits;
         p.policer = PortPolicer::new(&limits, now);
+        Ok(())
+    }
+
+    /// Replaces port `name`'s allowed prefixes (transit IPs and attached subnets,
+    /// checked as `add_port` checks them). Checked per packet, ahead of the flow
+    /// tables, so a removed prefix stops traffic at once; the epoch moves anyway.
+    pub fn set_port_cidrs(&mut self, name: &str, cidrs: PortCidrs) -> Result<(), EngineError> {
+        let p = self.port_by_name_mut(name)?;
+        cidrs.validate(&p.cfg).map_err(EngineError::Invalid)?;
+        p.cfg.cidrs = cidrs;
+        self.bump();
+        Ok(())
+    }
+
+    /// Allows `net` for `dir` on port `name` (`allow-cidr`, `attach-subnet`).
+    pub fn allow_cidr(&mut self, name: &str, net: IpNet, dir: CidrDir) -> Result<(), EngineError> {
+        let p = self.port_by_name_mut(name)?;
+        let mut c = p.cfg.cidrs.clone();
+        c.allow(net, dir, &p.cfg).map_err(|e| {
+            if e.contains("already allows") {
+                EngineError::Conflict(e)
+            } else {
+                EngineError::Invalid(e)
+            }
+        })?;
+        p.cfg.cidrs = c;
+        self.bump();
+        Ok(())
+    }
+
+    /// Removes `net` for `dir` from port `name` (`remove-cidr`, `detach-subnet`).
+    pub fn remove_cidr(&mut self, name: &str, net: IpNet, dir: CidrDir) -> Result<(), EngineError> {
+        let p = self.port_by_name_mut(name)?;
+        p.cfg
+            .cidrs
+            .remove(net, dir, name)
+            .map_err(EngineError::NotFound)?;
+        self.bump();
         Ok(())
     }
 

@@ -39,7 +39,7 @@ pub use firewall::{FlowLimits, FwAction};
 pub use flow::FlowKey;
 pub use input::RxFrame;
 pub use output::{FrameBytes, FrameSpace, InputRef, LentFrame, SiblingFrame, TxBatch, TxDest};
-pub use port::{PortConfig, PortId, PortState, Vni};
+pub use port::{CidrDir, PortCidrs, PortConfig, PortId, PortState, Vni};
 pub use ratelimit::PortLimits;
 pub use router::RouteTarget;
 pub use rule::{Direction, PortRange, Predicate, Rule};

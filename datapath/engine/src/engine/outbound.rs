@@ -510,7 +510,9 @@ fn check_guest_source(cfg: &PortConfig, m: &InnerMeta) -> Result<(), DropReason>
         (L3::Ipv4 | L3::Ipv6, _) => false,
         _ => return Err(DropReason::NotIp),
     };
-    if !own {
+    // Transit IPs and attached subnets: looked at only for a source that is not
+    // the guest's own (one branch for a port without any).
+    if !own && !cfg.cidrs.admits_out(m.src_ip) {
         return Err(DropReason::SpoofedSrcIp);
     }
     if m.dst_mac != cfg.gateway_mac {
