@@ -14,7 +14,7 @@ use core::fmt;
 use core::str::FromStr;
 use engine::nat::ExternalIps;
 use engine::v2b::V2bEntry;
-use engine::{CidrDir, PortConfig, PortLimits, PortState, Vni};
+use engine::{CidrDir, PortConfig, PortLimits, PortState, RouteClass, Vni};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, Ipv6Addr};
@@ -98,6 +98,9 @@ pub enum Request {
     DelRouterEntry {
         port: String,
         dest: IpNet,
+        /// The class of the route to delete; `system` when absent.
+        #[serde(default, skip_serializing_if = "RouteClass::is_system")]
+        class: RouteClass,
     },
     DumpRoutes {
         port: String,
@@ -390,6 +393,10 @@ pub struct RouteEntry {
     /// destination known to take less than the jumbo MTU).
     #[serde(default)]
     pub mtu: Option<u16>,
+    /// `system` (the default; absent from state saved before classes) or
+    /// `custom` (wins a tie with a `system` route of the same prefix).
+    #[serde(default, skip_serializing_if = "RouteClass::is_system")]
+    pub class: RouteClass,
 }
 
 /// Which way a firewall rule looks.
@@ -1114,12 +1121,14 @@ pub(crate) mod tests {
             Request::AddRouterEntry {
                 port: "opte0".into(),
                 entry: RouteEntry {
+                    class: Default::default(),
                     dest: "0.0.0.0/0".parse().unwrap(),
                     target: RouteTarget::Igw,
                     mtu: Some(1500),
                 },
             },
             Request::DelRouterEntry {
+                class: Default::default(),
                 port: "opte0".into(),
                 dest: "::/0".parse().unwrap(),
             },

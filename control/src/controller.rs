@@ -24,7 +24,7 @@ use crate::server::ApiCounters;
 use crate::state::{State, StateStore};
 use engine::nat::ExternalIps;
 use engine::v2b::{V2b, V2bEntry};
-use engine::{CidrDir, PortCidrs, PortConfig, PortLimits, PortState, Vni};
+use engine::{CidrDir, PortCidrs, PortConfig, PortLimits, PortState, RouteClass, Vni};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -444,7 +444,7 @@ impl<D: Dataplane> Controller<D> {
                 Ok(Reply::V2b(table))
             }
             Request::AddRouterEntry { port, entry } => self.add_route(&port, entry),
-            Request::DelRouterEntry { port, dest } => self.del_route(&port, dest),
+            Request::DelRouterEntry { port, dest, class } => self.del_route(&port, dest, class),
             Request::DumpRoutes { port } => {
                 self.port(&port)?;
                 Ok(Reply::Routes(
@@ -804,23 +804,26 @@ impl<D: Dataplane> Controller<D> {
             }
         }
         let mut routes = self.state.routes.get(port).cloned().unwrap_or_default();
-        if routes.iter().any(|r| r.dest == entry.dest) {
+        if routes
+            .iter()
+            .any(|r| r.dest == entry.dest && r.class == entry.class)
+        {
             return Err(format!(
-                "port {port:?} already has a route to {}; delete it first",
-                entry.dest
+                "port {port:?} already has a {} route to {}; delete it first",
+                entry.class, entry.dest
             ));
         }
         routes.push(entry);
         self.replace_routes(port, routes)
     }
 
-    fn del_route(&mut self, port: &str, dest: IpNet) -> Result<Reply, String> {
+    fn del_route(&mut self, port: &str, dest: IpNet, class: RouteClass) -> Result<Reply, String> {
         self.applied_port(port)?;
         let mut routes = self.state.routes.get(port).cloned().unwrap_or_default();
         let before = routes.len();
-        routes.retain(|r| r.dest != dest);
+        routes.retain(|r| r.dest != dest || r.class != class);
         if routes.len() == before {
-            return Err(format!("port {port:?} has no route to {dest}"));
+            return Err(format!("port {port:?} has no {class} route to {dest}"));
         }
         self.replace_routes(port, routes)
     }
@@ -1180,6 +1183,7 @@ pub(crate) mod tests {
             self.ports.push(name.clone());
             // Like the engine, a new port starts with a route to its VPC subnet.
             let subnet = RouteEntry {
+                class: Default::default(),
                 dest: IpNet::V4(p.config.vpc_subnet4.unwrap()),
                 target: RouteTarget::Subnet,
                 mtu: None,
@@ -1399,6 +1403,7 @@ pub(crate) mod tests {
         );
         assert!(e.contains("10.9.9.9"), "{e}");
         let route = RouteEntry {
+            class: Default::default(),
             dest: "0.0.0.0/0".parse().unwrap(),
             target: RouteTarget::Igw,
             mtu: None,
@@ -1423,6 +1428,7 @@ pub(crate) mod tests {
             Request::AddRouterEntry {
                 port: "opte0".into(),
                 entry: RouteEntry {
+                    class: Default::default(),
                     mtu: Some(576),
                     dest: "10.0.0.0/8".parse().unwrap(),
                     ..route
@@ -1434,6 +1440,7 @@ pub(crate) mod tests {
         let e = err(
             &mut c,
             Request::DelRouterEntry {
+                class: Default::default(),
                 port: "opte0".into(),
                 dest: "0.0.0.0/0".parse().unwrap(),
             },
@@ -1706,6 +1713,7 @@ pub(crate) mod tests {
             Request::AddRouterEntry {
                 port: "opte1".into(),
                 entry: RouteEntry {
+                    class: Default::default(),
                     dest: "::/0".parse().unwrap(),
                     target: RouteTarget::Drop,
                     mtu: None,
@@ -1806,6 +1814,39 @@ pub(crate) mod tests {
         assert_eq!(fresh.state(), &saved);
     }
 
+    #[test]
+    fn route_classes_are_separate_tables_of_one_port() {
+        let mut c = Controller::new(Recorder::default(), None);
+        ok(&mut c, create("opte0", 5));
+        let route = |class| Request::AddRouterEntry {
+            port: "opte0".into(),
+            entry: RouteEntry {
+                dest: "10.8.0.0/16".parse().unwrap(),
+                target: RouteTarget::Drop,
+                mtu: None,
+                class,
+            },
+        };
+        ok(&mut c, route(RouteClass::System));
+        ok(&mut c, route(RouteClass::Custom));
+        let e = err(&mut c, route(RouteClass::Custom));
+        assert!(e.contains("custom") && e.contains("10.8.0.0/16"), "{e}");
+        let del = |class| Request::DelRouterEntry {
+            port: "opte0".into(),
+            dest: "10.8.0.0/16".parse().unwrap(),
+            class,
+        };
+        ok(&mut c, del(RouteClass::Custom));
+        let e = err(&mut c, del(RouteClass::Custom));
+        assert!(e.contains("no custom route to 10.8.0.0/16"), "{e}");
+        let left: Vec<RouteClass> = c.state().routes["opte0"]
+            .iter()
+            .filter(|r| r.dest.to_string() == "10.8.0.0/16")
+            .map(|r| r.class)
+            .collect();
+        assert_eq!(left, [RouteClass::System]);
+    }
+
     fn cidr(allow: bool, port: &str, prefix: &str, dir: CidrDir) -> Request {
         let (port, prefix) = (port.to_string(), prefix.parse().unwrap());
         if allow {
@@ -1896,6 +1937,7 @@ pub(crate) mod tests {
         );
         ok(&mut c, create("opte1", 6));
         let igw = RouteEntry {
+            class: Default::default(),
             dest: "0.0.0.0/0".parse().unwrap(),
             target: RouteTarget::Igw,
             mtu: None,
@@ -1910,6 +1952,7 @@ pub(crate) mod tests {
         ok(
             &mut c,
             Request::DelRouterEntry {
+                class: Default::default(),
                 port: "opte0".into(),
                 dest: "172.30.0.0/22".parse().unwrap(),
             },

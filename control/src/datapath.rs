@@ -457,12 +457,12 @@ impl Datapath {
         let have = self.routes(port)?;
         for r in have.iter().filter(|r| !want.contains(r)) {
             self.engine
-                .del_route(port, r.dest)
+                .del_route_in(port, r.class, r.dest)
                 .map_err(|e| e.to_string())?;
         }
         for r in want.iter().filter(|r| !have.contains(r)) {
             self.engine
-                .add_route(port, r.dest, engine_target(r.target), r.mtu)
+                .add_route_in(port, r.class, r.dest, engine_target(r.target), r.mtu)
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
@@ -576,6 +576,7 @@ impl Dataplane for Datapath {
                 dest: r.dst,
                 target: api_target(r.target),
                 mtu: r.mtu,
+                class: r.class,
             })
             .collect())
     }

@@ -8,9 +8,9 @@
 //! where `xdeadm` takes it as the first positional argument, so [`normalize`] moves it
 //! there before clap sees the line (and makes `set-fw-rules -p PORT` read its rules
 //! from standard input, as opteadm's does); and the values whose meaning differs
-//! ([`route_target`], [`route_class`]) or that come from a stream ([`read_rules`]).
-//! What the engine cannot do (next-hop IP targets, custom router classes, ARP
-//! filters) is refused, naming the value, never approximated.
+//! ([`route_target`]; router classes parse as [`engine::RouteClass`]) or that come
+//! from a stream ([`read_rules`]). What the engine cannot do (internet gateway ids,
+//! ARP filters) is refused, naming the value, never approximated.
 
 use crate::api::{FwRule, RouteTarget};
 use crate::cli::parse_rule;
@@ -143,20 +143,6 @@ pub fn route_target(dest: &IpNet, s: &str) -> Result<RouteTarget, String> {
     }
 }
 
-/// opteadm's router class: `system` is the port's one routing table; `custom`
-/// (a subnet router taking precedence over it) is refused.
-pub fn route_class(s: &str) -> Result<(), String> {
-    match s.to_ascii_lowercase().as_str() {
-        "system" => Ok(()),
-        "custom" => Err(format!(
-            "router class {s:?} is not supported yet (one routing table per port: system)"
-        )),
-        _ => Err(format!(
-            "invalid router class {s:?}: expected system or custom"
-        )),
-    }
-}
-
 /// Firewall rules one per line, as `set-fw-rules -p PORT` takes them on standard
 /// input: opteadm's `dir=in action=allow priority=10 hosts=any protocol=TCP port=22`
 /// or `xdeadm`'s own `--rule` strings. Blank lines and lines starting with `#` are
@@ -251,13 +237,6 @@ mod tests {
             let e = route_target(dest, bad).unwrap_err();
             assert!(e.contains(bad) && e.contains(named), "{bad}: {e}");
         }
-        assert_eq!(route_class("System"), Ok(()));
-        let e = route_class("custom").unwrap_err();
-        assert!(
-            e.contains("\"custom\"") && e.contains("not supported yet"),
-            "{e}"
-        );
-        assert!(route_class("sys").unwrap_err().contains("\"sys\""));
     }
 
     #[test]

@@ -145,6 +145,7 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
         })),
     );
     let route = RouteEntry {
+        class: Default::default(),
         dest: "10.0.0.0/8".parse().unwrap(),
         target: RouteTarget::Drop,
         mtu: None,
@@ -159,6 +160,7 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
     ok(
         &mut ctl,
         Request::DelRouterEntry {
+            class: Default::default(),
             port: "opte0".into(),
             dest: "172.30.0.0/22".parse().unwrap(),
         },

@@ -43,7 +43,7 @@ use crate::output::TxBatch;
 use crate::overlay::{V2p, V2pDump, V2pEntry};
 use crate::port::{CidrDir, PortCidrs, PortConfig, PortId, PortState, Vni, MIN_PORT_MTU};
 use crate::ratelimit::{PortLimits, PortPolicer};
-use crate::router::{RouteDump, RouteTarget, Router};
+use crate::router::{RouteClass, RouteDump, RouteTarget, Router};
 use crate::rule::{Direction, Finalized, MatchFields, Rule};
 use crate::tso::Coalescer;
 use crate::uft::{InAction, OutAction, Uft, UftEntry};
@@ -835,6 +835,19 @@ impl Engine {
         target: RouteTarget,
         mtu: Option<u16>,
     ) -> Result<(), EngineError> {
+        self.add_route_in(port, RouteClass::System, dst, target, mtu)
+    }
+
+    /// [`Engine::add_route`] of a route of `class` (a `custom` route wins a tie
+    /// with a `system` route of the same prefix).
+    pub fn add_route_in(
+        &mut self,
+        port: &str,
+        class: RouteClass,
+        dst: IpNet,
+        target: RouteTarget,
+        mtu: Option<u16>,
+    ) -> Result<(), EngineError> {
         let max = self.max_inner_mtu();
         if let Some(m) = mtu.filter(|m| *m > max) {
             return Err(EngineError::Invalid(format!(
@@ -844,7 +857,7 @@ impl Engine {
             )));
         }
         let p = self.port_by_name_mut(port)?;
-        p.router.add(dst, target, mtu).map_err(|e| {
+        p.router.add_in(class, dst, target, mtu).map_err(|e| {
             if e.contains("already exists") {
                 EngineError::Conflict(e)
             } else {
@@ -856,9 +869,19 @@ impl Engine {
     }
 
     pub fn del_route(&mut self, port: &str, dst: IpNet) -> Result<(), EngineError> {
+        self.del_route_in(port, RouteClass::System, dst)
+    }
+
+    /// Removes the route of `class` for exactly `dst`.
+    pub fn del_route_in(
+        &mut self,
+        port: &str,
+        class: RouteClass,
+        dst: IpNet,
+    ) -> Result<(), EngineError> {
         self.port_by_name_mut(port)?
             .router
-            .del(dst)
+            .del_in(class, dst)
             .map_err(EngineError::NotFound)?;
         self.bump();
         Ok(())

@@ -41,7 +41,7 @@ pub use input::RxFrame;
 pub use output::{FrameBytes, FrameSpace, InputRef, LentFrame, SiblingFrame, TxBatch, TxDest};
 pub use port::{CidrDir, PortCidrs, PortConfig, PortId, PortState, Vni};
 pub use ratelimit::PortLimits;
-pub use router::RouteTarget;
+pub use router::{RouteClass, RouteTarget};
 pub use rule::{Direction, PortRange, Predicate, Rule};
 pub use wire::vnet::VnetHdr;
 pub use wire::MacAddr;
