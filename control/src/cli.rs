@@ -34,7 +34,8 @@ use wire::MacAddr;
                   (list-layers, dump-layer, dump-uft, clear-uft, dump-tcp-flows, \
                   add/del-router-entry, add/rm-fw-rule, remove-fw-rule, list-fw-rules, \
                   set-fw-rules, which then reads its rules from standard input, \
-                  set-external-ips, pause-port, resume-port)."
+                  set-external-ips, set-port-limits, pause-port, resume-port, allow-cidr, \
+                  remove-cidr, attach-subnet, detach-subnet)."
 )]
 pub struct Cli {
     /// The daemon's API socket.
