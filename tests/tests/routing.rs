@@ -5,7 +5,7 @@
 //! (`spoofed_src_ip`) until it is allowed out; with both, and a V2P mapping for the
 //! address on a1's sled (whose inbound check trusts a source only as V2P maps it),
 //! a1's ping to 192.168.50.7 is answered. `detach-subnet` stops it again,
-//! `attach-subnet` brings it back.
+//! `attach-subnet` brings it back, and a restart of b1's daemon keeps it.
 
 use e2e::counters::Snapshot;
 use e2e::rack::Sled;
@@ -53,7 +53,7 @@ fn cidrs_of_b1(sled: &Sled) -> Result<Value> {
 
 #[test]
 fn a_route_to_an_appliance_with_an_attached_subnet() -> Result<()> {
-    let rack = standard::rack("e2e", &[])?;
+    let mut rack = standard::rack("e2e", &[])?;
     let (sled0, sled1) = (rack.sled(0)?, rack.sled(1)?);
     let (a1, b1) = (rack.guest(A1)?, rack.guest(B1)?);
     let b1_v4 = b1.ipv4()?;
@@ -116,5 +116,14 @@ fn a_route_to_an_appliance_with_an_attached_subnet() -> Result<()> {
     assert!(!o.status.success(), "removed what is not there");
     assert!(o.stderr.contains("10.99.0.0/16"), "{}", o.stderr);
     assert_eq!(cidrs_of_b1(sled1)?, both);
+
+    // Saved: after a restart of b1's daemon the subnet is still attached.
+    rack.restart_daemon(1, &[])?;
+    assert_eq!(cidrs_of_b1(rack.sled(1)?)?, both);
+    // b1's kernel asks for the gateway's MAC from 192.168.50.7 (the source of the
+    // answer waiting for it): the gateway answers ARP from an allowed-out address.
+    let (a1, b1) = (rack.guest(A1)?, rack.guest(B1)?);
+    b1.run("ip", &["neigh", "flush", "dev", b1.ifname()])?;
+    a1.ping(behind, 56, WAIT)?;
     Ok(())
 }
