@@ -1230,6 +1230,25 @@ pub(crate) mod tests {
                     pps: Some(10_000),
                 },
             },
+            Request::AllowCidr {
+                port: "opte0".into(),
+                prefix: "192.168.50.0/24".parse().unwrap(),
+                dir: CidrDir::Both,
+            },
+            Request::RemoveCidr {
+                port: "opte0".into(),
+                prefix: "fd00:50::/64".parse().unwrap(),
+                dir: CidrDir::Out,
+            },
+            Request::AddRouterEntry {
+                port: "opte0".into(),
+                entry: RouteEntry {
+                    dest: "192.168.50.0/24".parse().unwrap(),
+                    target: RouteTarget::Ip("172.30.0.6".parse().unwrap()),
+                    mtu: None,
+                    class: RouteClass::Custom,
+                },
+            },
             Request::Stats { port: None },
             Request::Stats {
                 port: Some("opte0".into()),
