@@ -70,6 +70,7 @@ pub(crate) fn guest_port(n: u8) -> Result<PortConfig, String> {
         domain: Some("vpc.example".into()),
         external: Default::default(),
         limits: Default::default(),
+        cidrs: Default::default(),
     })
 }
 

@@ -14,7 +14,7 @@ use core::fmt;
 use core::str::FromStr;
 use engine::nat::ExternalIps;
 use engine::v2b::V2bEntry;
-use engine::{PortConfig, PortLimits, PortState, Vni};
+use engine::{CidrDir, PortConfig, PortLimits, PortState, RouteClass, Vni};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, Ipv6Addr};
@@ -98,6 +98,9 @@ pub enum Request {
     DelRouterEntry {
         port: String,
         dest: IpNet,
+        /// The class of the route to delete; `system` when absent.
+        #[serde(default, skip_serializing_if = "RouteClass::is_system")]
+        class: RouteClass,
     },
     DumpRoutes {
         port: String,
@@ -124,6 +127,22 @@ pub enum Request {
     /// The port's firewall rules as configured, with their ids.
     ListFwRules {
         port: String,
+    },
+    /// `allow-cidr PORT PREFIX --dir in|out` (and `attach-subnet`, `dir` both):
+    /// the guest may receive frames to (`in`) and send frames from (`out`)
+    /// addresses of `prefix` besides its own (OPTE's transit IPs and attached
+    /// subnets); saved with the port, shown by `list-ports --json` as
+    /// `config.cidrs`.
+    AllowCidr {
+        port: String,
+        prefix: IpNet,
+        dir: CidrDir,
+    },
+    /// `remove-cidr PORT PREFIX --dir in|out` (and `detach-subnet`, `dir` both).
+    RemoveCidr {
+        port: String,
+        prefix: IpNet,
+        dir: CidrDir,
     },
     /// `pause-port`: the port drops every frame, both ways (counted
     /// `port_paused`), keeping its flows, connections and rules; saved.
@@ -273,6 +292,8 @@ impl Request {
                 | Request::SetFwRules { .. }
                 | Request::SetExternalIps { .. }
                 | Request::SetPortLimits { .. }
+                | Request::AllowCidr { .. }
+                | Request::RemoveCidr { .. }
                 | Request::PausePort { .. }
                 | Request::ResumePort { .. }
         )
@@ -316,18 +337,37 @@ pub enum RouteTarget {
     Igw,
     /// Discarded (counted).
     Drop,
+    /// To the VPC guest with this address (`ip4=ADDR`, `ip6=ADDR`): the packet goes,
+    /// unchanged, to that guest (an appliance whose port admits the destination).
+    Ip(IpAddr),
 }
 
 impl FromStr for RouteTarget {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "subnet" => Ok(RouteTarget::Subnet),
-            "igw" => Ok(RouteTarget::Igw),
-            "drop" => Ok(RouteTarget::Drop),
-            _ => Err(format!(
-                "invalid route target {s:?}: expected subnet, igw or drop"
-            )),
+        let ip = |v4: bool, a: &str| -> Result<RouteTarget, String> {
+            let addr: IpAddr = a
+                .parse()
+                .map_err(|_| format!("invalid route target {s:?}: {a:?} is not an address"))?;
+            if addr.is_ipv4() != v4 {
+                return Err(format!(
+                    "invalid route target {s:?}: {a:?} is not an IPv{} address",
+                    if v4 { 4 } else { 6 }
+                ));
+            }
+            Ok(RouteTarget::Ip(addr))
+        };
+        match s.split_once('=') {
+            Some(("ip4", a)) => ip(true, a),
+            Some(("ip6", a)) => ip(false, a),
+            _ => match s {
+                "subnet" => Ok(RouteTarget::Subnet),
+                "igw" => Ok(RouteTarget::Igw),
+                "drop" => Ok(RouteTarget::Drop),
+                _ => Err(format!(
+                    "invalid route target {s:?}: expected subnet, igw, drop, ip4=ADDR or ip6=ADDR"
+                )),
+            },
         }
     }
 }
@@ -338,6 +378,8 @@ impl fmt::Display for RouteTarget {
             RouteTarget::Subnet => "subnet",
             RouteTarget::Igw => "igw",
             RouteTarget::Drop => "drop",
+            RouteTarget::Ip(IpAddr::V4(a)) => return write!(f, "ip4={a}"),
+            RouteTarget::Ip(IpAddr::V6(a)) => return write!(f, "ip6={a}"),
         })
     }
 }
@@ -351,6 +393,10 @@ pub struct RouteEntry {
     /// destination known to take less than the jumbo MTU).
     #[serde(default)]
     pub mtu: Option<u16>,
+    /// `system` (the default; absent from state saved before classes) or
+    /// `custom` (wins a tie with a `system` route of the same prefix).
+    #[serde(default, skip_serializing_if = "RouteClass::is_system")]
+    pub class: RouteClass,
 }
 
 /// Which way a firewall rule looks.
@@ -1007,6 +1053,7 @@ pub(crate) mod tests {
             domain: None,
             external: Default::default(),
             limits: Default::default(),
+            cidrs: Default::default(),
         }
     }
 
@@ -1074,12 +1121,14 @@ pub(crate) mod tests {
             Request::AddRouterEntry {
                 port: "opte0".into(),
                 entry: RouteEntry {
+                    class: Default::default(),
                     dest: "0.0.0.0/0".parse().unwrap(),
                     target: RouteTarget::Igw,
                     mtu: Some(1500),
                 },
             },
             Request::DelRouterEntry {
+                class: Default::default(),
                 port: "opte0".into(),
                 dest: "::/0".parse().unwrap(),
             },
@@ -1179,6 +1228,25 @@ pub(crate) mod tests {
                     ingress_mbps: None,
                     burst_kib: Some(512),
                     pps: Some(10_000),
+                },
+            },
+            Request::AllowCidr {
+                port: "opte0".into(),
+                prefix: "192.168.50.0/24".parse().unwrap(),
+                dir: CidrDir::Both,
+            },
+            Request::RemoveCidr {
+                port: "opte0".into(),
+                prefix: "fd00:50::/64".parse().unwrap(),
+                dir: CidrDir::Out,
+            },
+            Request::AddRouterEntry {
+                port: "opte0".into(),
+                entry: RouteEntry {
+                    dest: "192.168.50.0/24".parse().unwrap(),
+                    target: RouteTarget::Ip("172.30.0.6".parse().unwrap()),
+                    mtu: None,
+                    class: RouteClass::Custom,
                 },
             },
             Request::Stats { port: None },

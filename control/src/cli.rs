@@ -17,7 +17,7 @@ use clap::{Args, Parser, Subcommand};
 use engine::nat::{ExternalIps, SnatRange};
 use engine::port::DEFAULT_PORT_MTU;
 use engine::PortLimits;
-use engine::{PortConfig, Vni};
+use engine::{CidrDir, PortConfig, RouteClass, Vni};
 use ipnet::IpNet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr};
@@ -34,7 +34,8 @@ use wire::MacAddr;
                   (list-layers, dump-layer, dump-uft, clear-uft, dump-tcp-flows, \
                   add/del-router-entry, add/rm-fw-rule, remove-fw-rule, list-fw-rules, \
                   set-fw-rules, which then reads its rules from standard input, \
-                  set-external-ips, pause-port, resume-port)."
+                  set-external-ips, set-port-limits, pause-port, resume-port, allow-cidr, \
+                  remove-cidr, attach-subnet, detach-subnet)."
 )]
 pub struct Cli {
     /// The daemon's API socket.
@@ -111,8 +112,12 @@ pub enum Command {
         #[arg(value_parser = parse_net)]
         dest: IpNet,
         target: String,
-        /// opteadm's router class: system (the only one there is).
+        /// opteadm's router class: system (the default) or custom (wins a tie with
+        /// a system route of the same prefix).
         class: Option<String>,
+        /// The router class as a flag (the same as CLASS).
+        #[arg(long = "class")]
+        class_flag: Option<String>,
         /// Path MTU for this destination, when smaller than the port's.
         #[arg(long, value_parser = parse_mtu)]
         mtu: Option<u16>,
@@ -124,7 +129,10 @@ pub enum Command {
         #[arg(value_parser = parse_net)]
         dest: IpNet,
         target: Option<String>,
+        /// The class of the route to delete: system (the default) or custom.
         class: Option<String>,
+        #[arg(long = "class")]
+        class_flag: Option<String>,
     },
     /// Show a port's router entries.
     DumpRoutes { port: String },
@@ -203,6 +211,36 @@ pub enum Command {
         port: String,
         #[command(flatten)]
         limits: LimitArgs,
+    },
+    /// Let the guest receive frames to (`--dir in`) or send frames from (`--dir
+    /// out`) addresses of PREFIX besides its own (OPTE's transit IPs). Shown by
+    /// `list-ports --json` (`config.cidrs`).
+    AllowCidr {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+        #[arg(long, value_parser = parse_cidr_dir)]
+        dir: CidrDir,
+    },
+    /// Undo `allow-cidr` for one direction.
+    RemoveCidr {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+        #[arg(long, value_parser = parse_cidr_dir)]
+        dir: CidrDir,
+    },
+    /// Attach a subnet to the guest (an appliance): `allow-cidr` both ways.
+    AttachSubnet {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+    },
+    /// Undo `attach-subnet` (both ways must be allowed).
+    DetachSubnet {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
     },
     /// Counters: datapath-wide, or one port's.
     Stats {
@@ -497,6 +535,30 @@ pub fn parse_net(s: &str) -> Result<IpNet, String> {
         .map_err(|_| format!("invalid prefix {s:?}: expected e.g. 10.0.0.0/24 or fd00::/64"))
 }
 
+/// A route's class from opteadm's positional CLASS or `--class` (the same if
+/// both); `system` when neither.
+fn route_class(positional: Option<&str>, flag: Option<&str>) -> Result<RouteClass, String> {
+    let p = positional.map(str::parse::<RouteClass>).transpose()?;
+    let f = flag.map(str::parse::<RouteClass>).transpose()?;
+    match (p, f) {
+        (Some(a), Some(b)) if a != b => {
+            Err(format!("router class given twice: {a} and --class {b}"))
+        }
+        (a, b) => Ok(a.or(b).unwrap_or_default()),
+    }
+}
+
+/// `--dir in|out` of `allow-cidr`/`remove-cidr` (any case; both ways is
+/// `attach-subnet`).
+pub fn parse_cidr_dir(s: &str) -> Result<CidrDir, String> {
+    match s.parse()? {
+        CidrDir::Both => Err(format!(
+            "invalid direction {s:?}: expected in or out (attach-subnet allows both)"
+        )),
+        d => Ok(d),
+    }
+}
+
 pub fn parse_mtu(s: &str) -> Result<u16, String> {
     let v: u32 = s
         .parse()
@@ -624,6 +686,7 @@ impl CreateXde {
             domain: self.domain.clone(),
             external: self.external.to_external()?,
             limits: self.limits.to_limits(),
+            cidrs: Default::default(),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -663,13 +726,19 @@ impl Command {
                 dest,
                 target,
                 class,
+                class_flag,
                 mtu,
             } => {
                 let target = opteadm::route_target(&dest, &target)?;
-                class.as_deref().map(opteadm::route_class).transpose()?;
+                let class = route_class(class.as_deref(), class_flag.as_deref())?;
                 Request::AddRouterEntry {
                     port,
-                    entry: RouteEntry { dest, target, mtu },
+                    entry: RouteEntry {
+                        dest,
+                        target,
+                        mtu,
+                        class,
+                    },
                 }
             }
             Command::DelRouterEntry {
@@ -677,12 +746,13 @@ impl Command {
                 dest,
                 target,
                 class,
+                class_flag,
             } => {
                 if let Some(t) = &target {
                     opteadm::route_target(&dest, t)?;
                 }
-                class.as_deref().map(opteadm::route_class).transpose()?;
-                Request::DelRouterEntry { port, dest }
+                let class = route_class(class.as_deref(), class_flag.as_deref())?;
+                Request::DelRouterEntry { port, dest, class }
             }
             Command::DumpRoutes { port } => Request::DumpRoutes { port },
             Command::AddFwRule { port, rule, action } => {
@@ -758,6 +828,18 @@ impl Command {
             Command::SetPortLimits { port, limits } => Request::SetPortLimits {
                 port,
                 limits: limits.to_limits(),
+            },
+            Command::AllowCidr { port, prefix, dir } => Request::AllowCidr { port, prefix, dir },
+            Command::RemoveCidr { port, prefix, dir } => Request::RemoveCidr { port, prefix, dir },
+            Command::AttachSubnet { port, prefix } => Request::AllowCidr {
+                port,
+                prefix,
+                dir: CidrDir::Both,
+            },
+            Command::DetachSubnet { port, prefix } => Request::RemoveCidr {
+                port,
+                prefix,
+                dir: CidrDir::Both,
             },
             Command::Stats { port, format } => {
                 let show = match (format, &port) {
@@ -881,11 +963,12 @@ pub fn render(reply: &Reply) -> String {
                     vec![
                         r.dest.to_string(),
                         r.target.to_string(),
+                        r.class.to_string(),
                         r.mtu.map_or("-".into(), |m| m.to_string()),
                     ]
                 })
                 .collect();
-            table(&mut out, &["DEST", "TARGET", "MTU"], rows);
+            table(&mut out, &["DEST", "TARGET", "CLASS", "MTU"], rows);
         }
         Reply::FwRules(rules) => {
             for r in rules {
@@ -1235,6 +1318,7 @@ mod tests {
             Action::Call(Request::AddRouterEntry {
                 port: "p".into(),
                 entry: RouteEntry {
+                    class: Default::default(),
                     dest: "0.0.0.0/0".parse().unwrap(),
                     target: RouteTarget::Igw,
                     mtu: Some(1500)
@@ -1480,6 +1564,7 @@ mod tests {
             Request::AddRouterEntry {
                 port: port(),
                 entry: RouteEntry {
+                    class: Default::default(),
                     dest: "10.0.0.0/24".parse().unwrap(),
                     target: RouteTarget::Subnet,
                     mtu: None
@@ -1493,6 +1578,7 @@ mod tests {
         assert_eq!(
             call("del-router-entry -p opte0 fd00::/64 sub6=fd00::/64 system"),
             Request::DelRouterEntry {
+                class: Default::default(),
                 port: port(),
                 dest: "fd00::/64".parse().unwrap()
             }
@@ -1664,8 +1750,9 @@ mod tests {
         );
         // Refused by name.
         for (line, named) in [
-            ("add-router-entry -p opte0 10.0.0.0/24 ip4=10.0.0.1 system", "ip4=10.0.0.1"),
-            ("add-router-entry -p opte0 10.0.0.0/24 sub4=10.0.0.0/24 custom", "custom"),
+            ("add-router-entry -p opte0 fd00::/64 ip4=10.0.0.1 system", "ip4=10.0.0.1"),
+            ("add-router-entry -p opte0 10.0.0.0/24 sub4=10.0.0.0/24 user", "user"),
+            ("add-router-entry -p opte0 10.0.0.0/24 drop custom --class system", "given twice"),
             ("add-fw-rule -p opte0 --dir in --hosts vni=x --protocol any --ports any --action allow --priority 1", "vni=x"),
             ("add-fw-rule -p opte0 --dir in --hosts any --protocol arp --ports any --action allow --priority 1", "arp"),
             ("add-fw-rule -p opte0 --dir in --hosts any --protocol icmp:8 --ports 80 --action allow --priority 1", "has no ports"),
@@ -1676,6 +1763,97 @@ mod tests {
             ("clear-v2p 172.30.0.6 a8:40:25:ff:00:06 1701", "3 words"),
         ] {
             let e = parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap_err();
+            assert!(e.contains(named), "{line}: {e}");
+        }
+        for (line, class) in [
+            (
+                "add-router-entry -p opte0 10.0.0.0/24 drop Custom",
+                RouteClass::Custom,
+            ),
+            (
+                "add-router-entry opte0 10.0.0.0/24 drop --class custom",
+                RouteClass::Custom,
+            ),
+            (
+                "add-router-entry opte0 10.0.0.0/24 drop",
+                RouteClass::System,
+            ),
+        ] {
+            let Action::Call(Request::AddRouterEntry { entry, .. }) =
+                parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap()
+            else {
+                panic!("{line}")
+            };
+            assert_eq!(entry.class, class, "{line}");
+        }
+        assert_eq!(
+            parse(&[
+                "del-router-entry",
+                "-p",
+                "opte0",
+                "10.0.0.0/24",
+                "drop",
+                "custom"
+            ])
+            .unwrap(),
+            Action::Call(Request::DelRouterEntry {
+                port: "opte0".into(),
+                dest: "10.0.0.0/24".parse().unwrap(),
+                class: RouteClass::Custom,
+            })
+        );
+        let line = "add-router-entry -p opte0 192.168.50.0/24 ip4=10.0.0.5 system";
+        assert_eq!(
+            parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap(),
+            Action::Call(Request::AddRouterEntry {
+                port: "opte0".into(),
+                entry: RouteEntry {
+                    class: Default::default(),
+                    dest: "192.168.50.0/24".parse().unwrap(),
+                    target: RouteTarget::Ip("10.0.0.5".parse().unwrap()),
+                    mtu: None,
+                },
+            })
+        );
+    }
+
+    #[test]
+    fn allowed_prefixes_and_attached_subnets() {
+        let call = |line: &str| parse(&line.split_whitespace().collect::<Vec<_>>());
+        let want = |prefix: &str, dir| Request::AllowCidr {
+            port: "opte0".into(),
+            prefix: prefix.parse().unwrap(),
+            dir,
+        };
+        assert_eq!(
+            call("allow-cidr -p opte0 192.168.50.0/24 --dir IN").unwrap(),
+            Action::Call(want("192.168.50.0/24", CidrDir::In))
+        );
+        assert_eq!(
+            call("allow-cidr opte0 fd00:50::/64 --dir out").unwrap(),
+            Action::Call(want("fd00:50::/64", CidrDir::Out))
+        );
+        assert_eq!(
+            call("attach-subnet -p opte0 192.168.50.0/24").unwrap(),
+            Action::Call(want("192.168.50.0/24", CidrDir::Both))
+        );
+        assert_eq!(
+            call("detach-subnet opte0 192.168.50.0/24").unwrap(),
+            Action::Call(Request::RemoveCidr {
+                port: "opte0".into(),
+                prefix: "192.168.50.0/24".parse().unwrap(),
+                dir: CidrDir::Both,
+            })
+        );
+        for (line, named) in [
+            ("allow-cidr opte0 192.168.50.0/24 --dir both", "both"),
+            ("remove-cidr opte0 192.168.50.0/24 --dir up", "up"),
+            (
+                "allow-cidr opte0 192.168.50.0/33 --dir in",
+                "192.168.50.0/33",
+            ),
+        ] {
+            let e = call(line).unwrap_err();
             assert!(e.contains(named), "{line}: {e}");
         }
     }
@@ -1809,11 +1987,15 @@ mod tests {
     #[test]
     fn renders_tables_and_values() {
         let s = render(&Reply::Routes(vec![RouteEntry {
+            class: Default::default(),
             dest: "0.0.0.0/0".parse().unwrap(),
             target: RouteTarget::Igw,
             mtu: None,
         }]));
-        assert_eq!(s, "DEST       TARGET  MTU\n0.0.0.0/0  igw     -\n");
+        assert_eq!(
+            s,
+            "DEST       TARGET  CLASS   MTU\n0.0.0.0/0  igw     system  -\n"
+        );
         let s = render(&Reply::Inspect(serde_json::json!({
             "port": "opte0",
             "drops": {"bad_vni": 2},

@@ -24,7 +24,7 @@ use crate::server::ApiCounters;
 use crate::state::{State, StateStore};
 use engine::nat::ExternalIps;
 use engine::v2b::{V2b, V2bEntry};
-use engine::{PortConfig, PortLimits, PortState, Vni};
+use engine::{CidrDir, PortCidrs, PortConfig, PortLimits, PortState, RouteClass, Vni};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -140,6 +140,8 @@ pub trait Dataplane {
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), String>;
     /// Replaces the port's rate limits.
     fn set_port_limits(&mut self, port: &str, limits: &PortLimits) -> Result<(), String>;
+    /// Replaces the port's transit IPs and attached subnets.
+    fn set_port_cidrs(&mut self, port: &str, cidrs: &PortCidrs) -> Result<(), String>;
     fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String>;
 }
 
@@ -442,7 +444,7 @@ impl<D: Dataplane> Controller<D> {
                 Ok(Reply::V2b(table))
             }
             Request::AddRouterEntry { port, entry } => self.add_route(&port, entry),
-            Request::DelRouterEntry { port, dest } => self.del_route(&port, dest),
+            Request::DelRouterEntry { port, dest, class } => self.del_route(&port, dest, class),
             Request::DumpRoutes { port } => {
                 self.port(&port)?;
                 Ok(Reply::Routes(
@@ -489,6 +491,10 @@ impl<D: Dataplane> Controller<D> {
             }
             Request::SetExternalIps { port, external } => self.set_external_ips(&port, external),
             Request::SetPortLimits { port, limits } => self.set_port_limits(&port, limits),
+            Request::AllowCidr { port, prefix, dir } => self.change_cidrs(&port, prefix, dir, true),
+            Request::RemoveCidr { port, prefix, dir } => {
+                self.change_cidrs(&port, prefix, dir, false)
+            }
             Request::Stats { port } => self.inspect(Inspect::Stats { port }),
             Request::Mtu { port } => self.inspect(Inspect::Mtu { port }),
             Request::Ra { port } => self.inspect(Inspect::Ra { port }),
@@ -798,23 +804,26 @@ impl<D: Dataplane> Controller<D> {
             }
         }
         let mut routes = self.state.routes.get(port).cloned().unwrap_or_default();
-        if routes.iter().any(|r| r.dest == entry.dest) {
+        if routes
+            .iter()
+            .any(|r| r.dest == entry.dest && r.class == entry.class)
+        {
             return Err(format!(
-                "port {port:?} already has a route to {}; delete it first",
-                entry.dest
+                "port {port:?} already has a {} route to {}; delete it first",
+                entry.class, entry.dest
             ));
         }
         routes.push(entry);
         self.replace_routes(port, routes)
     }
 
-    fn del_route(&mut self, port: &str, dest: IpNet) -> Result<Reply, String> {
+    fn del_route(&mut self, port: &str, dest: IpNet, class: RouteClass) -> Result<Reply, String> {
         self.applied_port(port)?;
         let mut routes = self.state.routes.get(port).cloned().unwrap_or_default();
         let before = routes.len();
-        routes.retain(|r| r.dest != dest);
+        routes.retain(|r| r.dest != dest || r.class != class);
         if routes.len() == before {
-            return Err(format!("port {port:?} has no route to {dest}"));
+            return Err(format!("port {port:?} has no {class} route to {dest}"));
         }
         self.replace_routes(port, routes)
     }
@@ -869,6 +878,39 @@ impl<D: Dataplane> Controller<D> {
         *field(&mut next.ports[i].config) = value;
         self.commit(next, |dp| {
             let _ = apply(dp, port, &old);
+        })
+    }
+
+    /// `allow-cidr` / `attach-subnet` (`allow`) and `remove-cidr` /
+    /// `detach-subnet`: checked against the port, applied, then saved with the
+    /// port's configuration.
+    fn change_cidrs(
+        &mut self,
+        port: &str,
+        prefix: IpNet,
+        dir: CidrDir,
+        allow: bool,
+    ) -> Result<Reply, String> {
+        self.applied_port(port)?;
+        let i = self
+            .state
+            .ports
+            .iter()
+            .position(|p| p.config.name == port)
+            .ok_or_else(|| format!("no port {port:?}"))?;
+        let cfg = &self.state.ports[i].config;
+        let old = cfg.cidrs.clone();
+        let mut cidrs = old.clone();
+        if allow {
+            cidrs.allow(prefix, dir, cfg)?;
+        } else {
+            cidrs.remove(prefix, dir, port)?;
+        }
+        self.dp.set_port_cidrs(port, &cidrs)?;
+        let mut next = self.state.clone();
+        next.ports[i].config.cidrs = cidrs;
+        self.commit(next, |dp| {
+            let _ = dp.set_port_cidrs(port, &old);
         })
     }
 
@@ -1152,6 +1194,7 @@ pub(crate) mod tests {
             self.ports.push(name.clone());
             // Like the engine, a new port starts with a route to its VPC subnet.
             let subnet = RouteEntry {
+                class: Default::default(),
                 dest: IpNet::V4(p.config.vpc_subnet4.unwrap()),
                 target: RouteTarget::Subnet,
                 mtu: None,
@@ -1229,6 +1272,9 @@ pub(crate) mod tests {
         }
         fn set_port_limits(&mut self, port: &str, _: &PortLimits) -> Result<(), String> {
             self.check("set_port_limits", port)
+        }
+        fn set_port_cidrs(&mut self, port: &str, _: &PortCidrs) -> Result<(), String> {
+            self.check("set_port_cidrs", port)
         }
         fn inspect(&mut self, what: &Inspect) -> Result<serde_json::Value, String> {
             if let Inspect::V2b = what {
@@ -1368,6 +1414,7 @@ pub(crate) mod tests {
         );
         assert!(e.contains("10.9.9.9"), "{e}");
         let route = RouteEntry {
+            class: Default::default(),
             dest: "0.0.0.0/0".parse().unwrap(),
             target: RouteTarget::Igw,
             mtu: None,
@@ -1392,6 +1439,7 @@ pub(crate) mod tests {
             Request::AddRouterEntry {
                 port: "opte0".into(),
                 entry: RouteEntry {
+                    class: Default::default(),
                     mtu: Some(576),
                     dest: "10.0.0.0/8".parse().unwrap(),
                     ..route
@@ -1403,6 +1451,7 @@ pub(crate) mod tests {
         let e = err(
             &mut c,
             Request::DelRouterEntry {
+                class: Default::default(),
                 port: "opte0".into(),
                 dest: "0.0.0.0/0".parse().unwrap(),
             },
@@ -1675,6 +1724,7 @@ pub(crate) mod tests {
             Request::AddRouterEntry {
                 port: "opte1".into(),
                 entry: RouteEntry {
+                    class: Default::default(),
                     dest: "::/0".parse().unwrap(),
                     target: RouteTarget::Drop,
                     mtu: None,
@@ -1775,6 +1825,100 @@ pub(crate) mod tests {
         assert_eq!(fresh.state(), &saved);
     }
 
+    #[test]
+    fn route_classes_are_separate_tables_of_one_port() {
+        let mut c = Controller::new(Recorder::default(), None);
+        ok(&mut c, create("opte0", 5));
+        let route = |class| Request::AddRouterEntry {
+            port: "opte0".into(),
+            entry: RouteEntry {
+                dest: "10.8.0.0/16".parse().unwrap(),
+                target: RouteTarget::Drop,
+                mtu: None,
+                class,
+            },
+        };
+        ok(&mut c, route(RouteClass::System));
+        ok(&mut c, route(RouteClass::Custom));
+        let e = err(&mut c, route(RouteClass::Custom));
+        assert!(e.contains("custom") && e.contains("10.8.0.0/16"), "{e}");
+        let del = |class| Request::DelRouterEntry {
+            port: "opte0".into(),
+            dest: "10.8.0.0/16".parse().unwrap(),
+            class,
+        };
+        ok(&mut c, del(RouteClass::Custom));
+        let e = err(&mut c, del(RouteClass::Custom));
+        assert!(e.contains("no custom route to 10.8.0.0/16"), "{e}");
+        let left: Vec<RouteClass> = c.state().routes["opte0"]
+            .iter()
+            .filter(|r| r.dest.to_string() == "10.8.0.0/16")
+            .map(|r| r.class)
+            .collect();
+        assert_eq!(left, [RouteClass::System]);
+    }
+
+    fn cidr(allow: bool, port: &str, prefix: &str, dir: CidrDir) -> Request {
+        let (port, prefix) = (port.to_string(), prefix.parse().unwrap());
+        if allow {
+            Request::AllowCidr { port, prefix, dir }
+        } else {
+            Request::RemoveCidr { port, prefix, dir }
+        }
+    }
+
+    #[test]
+    fn allowed_prefixes_are_checked_applied_saved_and_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(dir.path()).unwrap();
+        let mut c = Controller::new(Recorder::default(), Some(store.clone()));
+        ok(&mut c, create("opte0", 5));
+        ok(
+            &mut c,
+            cidr(true, "opte0", "192.168.50.0/24", CidrDir::Both),
+        );
+        ok(&mut c, cidr(true, "opte0", "10.9.0.0/16", CidrDir::Out));
+        for (r, named) in [
+            (
+                cidr(true, "opte0", "192.168.50.0/24", CidrDir::In),
+                "192.168.50.0/24",
+            ),
+            (
+                cidr(true, "opte0", "10.9.0.1/16", CidrDir::In),
+                "10.9.0.1/16",
+            ),
+            (
+                cidr(false, "opte0", "10.9.0.0/16", CidrDir::Both),
+                "10.9.0.0/16",
+            ),
+            (
+                cidr(false, "opte0", "10.8.0.0/16", CidrDir::Out),
+                "10.8.0.0/16",
+            ),
+            (cidr(true, "nope", "10.7.0.0/16", CidrDir::Out), "nope"),
+        ] {
+            let e = err(&mut c, r);
+            assert!(e.contains(named), "{e}");
+        }
+        ok(&mut c, cidr(false, "opte0", "192.168.50.0/24", CidrDir::In));
+        assert!(c
+            .dataplane()
+            .log
+            .contains(&"set_port_cidrs opte0".to_string()));
+        let want = engine::PortCidrs {
+            inbound: vec![],
+            outbound: vec![
+                "192.168.50.0/24".parse().unwrap(),
+                "10.9.0.0/16".parse().unwrap(),
+            ],
+        };
+        let saved = store.load().unwrap();
+        assert_eq!(saved.ports[0].config.cidrs, want);
+        let mut fresh = Controller::new(Recorder::default(), Some(store));
+        fresh.restore(saved.clone(), Instant::now());
+        assert_eq!(fresh.state(), &saved);
+    }
+
     fn fw_rule(priority: u16, proto: FwProto, ports: Vec<u16>) -> FwRule {
         FwRule {
             id: 0,
@@ -1804,6 +1948,7 @@ pub(crate) mod tests {
         );
         ok(&mut c, create("opte1", 6));
         let igw = RouteEntry {
+            class: Default::default(),
             dest: "0.0.0.0/0".parse().unwrap(),
             target: RouteTarget::Igw,
             mtu: None,
@@ -1818,6 +1963,7 @@ pub(crate) mod tests {
         ok(
             &mut c,
             Request::DelRouterEntry {
+                class: Default::default(),
                 port: "opte0".into(),
                 dest: "172.30.0.0/22".parse().unwrap(),
             },

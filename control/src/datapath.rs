@@ -36,7 +36,7 @@ use dpio::tap::TapPort;
 use engine::nat::ExternalIps;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::v2b::V2b;
-use engine::{Engine, EngineConfig, MacAddr, PortLimits, PortState, TxBatch, Vni};
+use engine::{Engine, EngineConfig, MacAddr, PortCidrs, PortLimits, PortState, TxBatch, Vni};
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -454,6 +454,7 @@ fn engine_target(t: RouteTarget) -> engine::RouteTarget {
         RouteTarget::Subnet => engine::RouteTarget::VpcSubnet,
         RouteTarget::Igw => engine::RouteTarget::InternetGateway,
         RouteTarget::Drop => engine::RouteTarget::Drop,
+        RouteTarget::Ip(a) => engine::RouteTarget::Ip(a),
     }
 }
 
@@ -462,6 +463,7 @@ fn api_target(t: engine::RouteTarget) -> RouteTarget {
         engine::RouteTarget::VpcSubnet => RouteTarget::Subnet,
         engine::RouteTarget::InternetGateway => RouteTarget::Igw,
         engine::RouteTarget::Drop => RouteTarget::Drop,
+        engine::RouteTarget::Ip(a) => RouteTarget::Ip(a),
     }
 }
 
@@ -472,12 +474,12 @@ impl Datapath {
         let have = self.routes(port)?;
         for r in have.iter().filter(|r| !want.contains(r)) {
             self.engine
-                .del_route(port, r.dest)
+                .del_route_in(port, r.class, r.dest)
                 .map_err(|e| e.to_string())?;
         }
         for r in want.iter().filter(|r| !have.contains(r)) {
             self.engine
-                .add_route(port, r.dest, engine_target(r.target), r.mtu)
+                .add_route_in(port, r.class, r.dest, engine_target(r.target), r.mtu)
                 .map_err(|e| e.to_string())?;
         }
         Ok(())
@@ -591,6 +593,7 @@ impl Dataplane for Datapath {
                 dest: r.dst,
                 target: api_target(r.target),
                 mtu: r.mtu,
+                class: r.class,
             })
             .collect())
     }
@@ -634,6 +637,12 @@ impl Dataplane for Datapath {
     fn set_port_limits(&mut self, port: &str, limits: &PortLimits) -> Result<(), String> {
         self.engine
             .set_port_limits(port, *limits)
+            .map_err(|e| e.to_string())
+    }
+
+    fn set_port_cidrs(&mut self, port: &str, cidrs: &PortCidrs) -> Result<(), String> {
+        self.engine
+            .set_port_cidrs(port, cidrs.clone())
             .map_err(|e| e.to_string())
     }
 

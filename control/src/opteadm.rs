@@ -8,9 +8,9 @@
 //! where `xdeadm` takes it as the first positional argument, so [`normalize`] moves it
 //! there before clap sees the line (and makes `set-fw-rules -p PORT` read its rules
 //! from standard input, as opteadm's does); and the values whose meaning differs
-//! ([`route_target`], [`route_class`]) or that come from a stream ([`read_rules`]).
-//! What the engine cannot do (next-hop IP targets, custom router classes, ARP
-//! filters) is refused, naming the value, never approximated.
+//! ([`route_target`]; router classes parse as [`engine::RouteClass`]) or that come
+//! from a stream ([`read_rules`]). What the engine cannot do (internet gateway ids,
+//! ARP filters) is refused, naming the value, never approximated.
 
 use crate::api::{FwRule, RouteTarget};
 use crate::cli::parse_rule;
@@ -36,6 +36,10 @@ const PORT_FLAG_VERBS: &[&str] = &[
     "resume-port",
     "set-external-ips",
     "set-port-limits",
+    "allow-cidr",
+    "remove-cidr",
+    "attach-subnet",
+    "detach-subnet",
 ];
 
 /// Rewrites an opteadm-style line (`xdeadm VERB ... -p PORT ...`) into `xdeadm`'s
@@ -94,8 +98,9 @@ pub fn normalize(args: Vec<OsString>) -> Vec<OsString> {
 /// A router target for a route to `dest`: `xdeadm`'s `subnet`, `igw`, `drop`, or
 /// opteadm's `sub4=CIDR`/`sub6=CIDR` (the VPC subnet: the overlay's V2P table then
 /// names the sled, so the CIDR is checked, not used), `ig`, `drop` (any case).
-/// opteadm's `ip4=`/`ip6=` (a next-hop IP) and `ig=UUID` (one of several internet
-/// gateways) are refused: the engine has no such targets yet.
+/// opteadm's `ip4=ADDR`/`ip6=ADDR` route to the VPC guest with that address (an
+/// appliance), of the destination's family. `ig=UUID` (one of several internet
+/// gateways) is refused: the engine has one internet gateway.
 pub fn route_target(dest: &IpNet, s: &str) -> Result<RouteTarget, String> {
     let lower = s.to_ascii_lowercase();
     let family_of = |want_v4: bool, cidr: &str| -> Result<RouteTarget, String> {
@@ -120,28 +125,20 @@ pub fn route_target(dest: &IpNet, s: &str) -> Result<RouteTarget, String> {
         None => lower.parse(),
         Some(("sub4", cidr)) => family_of(true, cidr),
         Some(("sub6", cidr)) => family_of(false, cidr),
-        Some(("ip4" | "ip6", _)) => Err(format!(
-            "route target {s:?}: next-hop IP targets are not supported yet (targets: subnet or sub4=/sub6=, igw or ig, drop)"
-        )),
+        Some(("ip4" | "ip6", _)) => {
+            let t: RouteTarget = lower.parse()?;
+            match t {
+                RouteTarget::Ip(a) if a.is_ipv4() != matches!(dest, IpNet::V4(_)) => Err(format!(
+                    "route target {s:?} is of another address family than the destination {dest}"
+                )),
+                t => Ok(t),
+            }
+        }
         Some(("ig", _)) => Err(format!(
             "route target {s:?}: internet gateway ids are not supported yet (one internet gateway: ig)"
         )),
         Some(_) => Err(format!(
-            "invalid route target {s:?}: expected subnet, igw, drop, sub4=CIDR, sub6=CIDR or ig"
-        )),
-    }
-}
-
-/// opteadm's router class: `system` is the port's one routing table; `custom`
-/// (a subnet router taking precedence over it) is refused.
-pub fn route_class(s: &str) -> Result<(), String> {
-    match s.to_ascii_lowercase().as_str() {
-        "system" => Ok(()),
-        "custom" => Err(format!(
-            "router class {s:?} is not supported yet (one routing table per port: system)"
-        )),
-        _ => Err(format!(
-            "invalid router class {s:?}: expected system or custom"
+            "invalid route target {s:?}: expected subnet, igw, drop, sub4=CIDR, sub6=CIDR, ip4=ADDR, ip6=ADDR or ig"
         )),
     }
 }
@@ -214,9 +211,19 @@ mod tests {
         assert_eq!(route_target(&v4, "IG"), Ok(RouteTarget::Igw));
         assert_eq!(route_target(&v4, "Drop"), Ok(RouteTarget::Drop));
         assert_eq!(route_target(&v4, "igw"), Ok(RouteTarget::Igw));
+        assert_eq!(
+            route_target(&v4, "ip4=10.0.0.5"),
+            Ok(RouteTarget::Ip("10.0.0.5".parse().unwrap()))
+        );
+        assert_eq!(
+            route_target(&v6, "IP6=fd00::5"),
+            Ok(RouteTarget::Ip("fd00::5".parse().unwrap()))
+        );
         for (dest, bad, named) in [
-            (&v4, "ip4=10.0.0.1", "not supported yet"),
-            (&v6, "ip6=fd00::1", "not supported yet"),
+            (&v6, "ip4=10.0.0.1", "another address family"),
+            (&v4, "ip6=fd00::1", "another address family"),
+            (&v4, "ip4=fd00::1", "not an IPv4 address"),
+            (&v4, "ip4=10.0.0", "not an address"),
             (
                 &v4,
                 "ig=0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a",
@@ -230,13 +237,6 @@ mod tests {
             let e = route_target(dest, bad).unwrap_err();
             assert!(e.contains(bad) && e.contains(named), "{bad}: {e}");
         }
-        assert_eq!(route_class("System"), Ok(()));
-        let e = route_class("custom").unwrap_err();
-        assert!(
-            e.contains("\"custom\"") && e.contains("not supported yet"),
-            "{e}"
-        );
-        assert!(route_class("sys").unwrap_err().contains("\"sys\""));
     }
 
     #[test]

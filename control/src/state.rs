@@ -200,6 +200,7 @@ mod tests {
         s.routes.insert(
             "opte0".into(),
             vec![RouteEntry {
+                class: Default::default(),
                 dest: "0.0.0.0/0".parse().unwrap(),
                 target: RouteTarget::Igw,
                 mtu: None,

@@ -22,7 +22,7 @@ use crate::handoff::Doorbell;
 use crate::stats::{WorkerInfo, WorkerReport, WorkerView};
 use engine::nat::ExternalIps;
 use engine::v2b::V2b;
-use engine::{MacAddr, PortLimits, PortState, Vni};
+use engine::{MacAddr, PortCidrs, PortLimits, PortState, Vni};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -395,6 +395,11 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
         self.on_owner(port, move |dp: &mut D| dp.set_port_limits(&n, &limits))
     }
 
+    fn set_port_cidrs(&mut self, port: &str, cidrs: &PortCidrs) -> Result<(), String> {
+        let (n, cidrs) = (port.to_string(), cidrs.clone());
+        self.on_owner(port, move |dp: &mut D| dp.set_port_cidrs(&n, &cidrs))
+    }
+
     fn inspect(&mut self, what: &Inspect) -> Result<Value, String> {
         let port = match what {
             Inspect::Stats { port: None } => return self.merged_stats(),
@@ -496,6 +501,9 @@ mod tests {
             self.has(port)
         }
         fn set_port_limits(&mut self, port: &str, _: &PortLimits) -> Result<(), String> {
+            self.has(port)
+        }
+        fn set_port_cidrs(&mut self, port: &str, _: &PortCidrs) -> Result<(), String> {
             self.has(port)
         }
         fn inspect(&mut self, what: &Inspect) -> Result<Value, String> {

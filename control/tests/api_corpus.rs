@@ -64,9 +64,11 @@ fn kind(r: &Request) -> usize {
         Request::PausePort { .. } => 30,
         Request::ResumePort { .. } => 31,
         Request::SetPortLimits { .. } => 32,
+        Request::AllowCidr { .. } => 33,
+        Request::RemoveCidr { .. } => 34,
     }
 }
-const KINDS: usize = 33;
+const KINDS: usize = 35;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach

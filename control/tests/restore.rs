@@ -135,6 +135,7 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
         domain: None,
         external: Default::default(),
         limits: Default::default(),
+        cidrs: Default::default(),
     };
     ok(
         &mut ctl,
@@ -144,6 +145,7 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
         })),
     );
     let route = RouteEntry {
+        class: Default::default(),
         dest: "10.0.0.0/8".parse().unwrap(),
         target: RouteTarget::Drop,
         mtu: None,
@@ -158,6 +160,7 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
     ok(
         &mut ctl,
         Request::DelRouterEntry {
+            class: Default::default(),
             port: "opte0".into(),
             dest: "172.30.0.0/22".parse().unwrap(),
         },

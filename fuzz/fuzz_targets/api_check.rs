@@ -129,11 +129,17 @@ fn check_agreement(ctl: &Controller<Datapath>, request: &Request) {
     for name in &in_state {
         let mut saved = state.routes.get(name).cloned().unwrap_or_default();
         let mut held = ctl.dataplane().routes(name).expect("a port's routes");
-        saved.sort_by_key(|r| r.dest.to_string());
-        held.sort_by_key(|r| r.dest.to_string());
+        saved.sort_by_key(|r| (r.dest.to_string(), r.class.to_string()));
+        held.sort_by_key(|r| (r.dest.to_string(), r.class.to_string()));
         assert_eq!(saved, held, "routes of {name} after {request:?}");
-        let external = &engine.port_config(name).expect("a port").external;
+        let held = engine.port_config(name).expect("a port");
+        let external = &held.external;
         let saved = state.ports.iter().find(|p| &p.config.name == name);
+        assert_eq!(
+            saved.map(|p| &p.config.cidrs),
+            Some(&held.cidrs),
+            "allowed prefixes of {name} after {request:?}"
+        );
         assert_eq!(
             saved.map(|p| &p.config.external),
             Some(external),

@@ -57,6 +57,8 @@ fn port(name: &str, vni: u32, mac: u8, gateway_mac: u8, host: u8) -> PortConfig 
         hostname: None,
         domain: None,
         external: Default::default(),
+        limits: Default::default(),
+        cidrs: Default::default(),
     }
 }
 

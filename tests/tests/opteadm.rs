@@ -100,7 +100,7 @@ fn opteadm_lines_and_flow_dumps_work_against_the_daemon() -> Result<()> {
     assert!(shown.contains("dst_port=9-9"), "{shown}");
     assert_eq!(fw_rules(sled, A1, "inbound")?.len(), 2, "{shown}");
 
-    // Router entries with opteadm's targets and class; what the engine lacks is
+    // Router entries with opteadm's targets and classes; what the engine lacks is
     // refused by name.
     sled.admin(&[
         "add-router-entry",
@@ -120,9 +120,53 @@ fn opteadm_lines_and_flow_dumps_work_against_the_daemon() -> Result<()> {
         "sub4=10.9.0.0/16",
         "system",
     ])?;
+    // Next-hop targets and the custom class (a custom route of the same prefix
+    // as a system route; deleted by its class).
+    for words in [
+        [
+            "add-router-entry",
+            "-p",
+            A1,
+            "10.8.0.0/16",
+            "ip4=10.0.0.5",
+            "system",
+        ],
+        [
+            "add-router-entry",
+            "-p",
+            A1,
+            "10.8.0.0/16",
+            "drop",
+            "custom",
+        ],
+    ] {
+        sled.admin(&words)?;
+    }
+    let routes = sled.admin(&["dump-routes", A1])?;
+    let has = |words: &[&str]| {
+        routes
+            .lines()
+            .any(|l| l.split_whitespace().take(3).eq(words.iter().copied()))
+    };
+    assert!(
+        has(&["10.8.0.0/16", "ip4=10.0.0.5", "system"]) && has(&["10.8.0.0/16", "drop", "custom"]),
+        "{routes}"
+    );
+    sled.admin(&[
+        "del-router-entry",
+        "-p",
+        A1,
+        "10.8.0.0/16",
+        "drop",
+        "custom",
+    ])?;
+    sled.admin(&["del-router-entry", A1, "10.8.0.0/16"])?;
+    assert!(!sled.admin(&["dump-routes", A1])?.contains("10.8.0.0/16"));
     for (line, named) in [
-        (format!("add-router-entry -p {A1} 10.8.0.0/16 ip4=10.0.0.5 system"), "ip4=10.0.0.5"),
-        (format!("add-router-entry -p {A1} 10.8.0.0/16 sub4=10.8.0.0/16 custom"), "custom"),
+        (
+            format!("add-router-entry -p {A1} 10.8.0.0/16 ig=0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a system"),
+            "ig=0b8b2f6e",
+        ),
         (
             format!("add-fw-rule -p {A1} --dir in --hosts vni=7 --protocol arp --ports any --action allow --priority 5"),
             "arp",

@@ -45,9 +45,9 @@ use crate::layer::RuleId;
 use crate::nat::{ExternalIps, SnatTable};
 use crate::output::TxBatch;
 use crate::overlay::{V2p, V2pDump, V2pEntry};
-use crate::port::{PortConfig, PortId, PortState, Vni, MIN_PORT_MTU};
+use crate::port::{CidrDir, PortCidrs, PortConfig, PortId, PortState, Vni, MIN_PORT_MTU};
 use crate::ratelimit::{PortLimits, PortPolicer};
-use crate::router::{RouteDump, RouteTarget, Router};
+use crate::router::{RouteClass, RouteDump, RouteTarget, Router};
 use crate::rule::{Direction, Finalized, MatchFields, Rule};
 use crate::tso::Coalescer;
 use crate::uft::{InAction, OutAction, Uft, UftEntry};
@@ -722,6 +722,44 @@ impl Engine {
         Ok(())
     }
 
+    /// Replaces port `name`'s allowed prefixes (transit IPs and attached subnets,
+    /// checked as `add_port` checks them). Checked per packet, ahead of the flow
+    /// tables, so a removed prefix stops traffic at once; the port's epoch moves
+    /// anyway (its flows only: the prefixes are the port's alone).
+    pub fn set_port_cidrs(&mut self, name: &str, cidrs: PortCidrs) -> Result<(), EngineError> {
+        self.bump_port(name, |p| {
+            cidrs.validate(&p.cfg).map_err(EngineError::Invalid)?;
+            p.cfg.cidrs = cidrs;
+            Ok(())
+        })
+    }
+
+    /// Allows `net` for `dir` on port `name` (`allow-cidr`, `attach-subnet`).
+    pub fn allow_cidr(&mut self, name: &str, net: IpNet, dir: CidrDir) -> Result<(), EngineError> {
+        self.bump_port(name, |p| {
+            let mut c = p.cfg.cidrs.clone();
+            c.allow(net, dir, &p.cfg).map_err(|e| {
+                if e.contains("already allows") {
+                    EngineError::Conflict(e)
+                } else {
+                    EngineError::Invalid(e)
+                }
+            })?;
+            p.cfg.cidrs = c;
+            Ok(())
+        })
+    }
+
+    /// Removes `net` for `dir` from port `name` (`remove-cidr`, `detach-subnet`).
+    pub fn remove_cidr(&mut self, name: &str, net: IpNet, dir: CidrDir) -> Result<(), EngineError> {
+        self.bump_port(name, |p| {
+            p.cfg
+                .cidrs
+                .remove(net, dir, name)
+                .map_err(EngineError::NotFound)
+        })
+    }
+
     // ---- Ports of sibling workers ----
 
     /// Records that another worker of this sled (`worker`) owns the port with MAC
@@ -845,6 +883,19 @@ impl Engine {
         target: RouteTarget,
         mtu: Option<u16>,
     ) -> Result<(), EngineError> {
+        self.add_route_in(port, RouteClass::System, dst, target, mtu)
+    }
+
+    /// [`Engine::add_route`] of a route of `class` (a `custom` route wins a tie
+    /// with a `system` route of the same prefix).
+    pub fn add_route_in(
+        &mut self,
+        port: &str,
+        class: RouteClass,
+        dst: IpNet,
+        target: RouteTarget,
+        mtu: Option<u16>,
+    ) -> Result<(), EngineError> {
         let max = self.max_inner_mtu();
         if let Some(m) = mtu.filter(|m| *m > max) {
             return Err(EngineError::Invalid(format!(
@@ -854,7 +905,7 @@ impl Engine {
             )));
         }
         let p = self.port_by_name_mut(port)?;
-        p.router.add(dst, target, mtu).map_err(|e| {
+        p.router.add_in(class, dst, target, mtu).map_err(|e| {
             if e.contains("already exists") {
                 EngineError::Conflict(e)
             } else {
@@ -866,7 +917,20 @@ impl Engine {
     }
 
     pub fn del_route(&mut self, port: &str, dst: IpNet) -> Result<(), EngineError> {
-        self.bump_port(port, |p| p.router.del(dst).map_err(EngineError::NotFound))
+        self.del_route_in(port, RouteClass::System, dst)
+    }
+
+    /// Removes the route of `class` for exactly `dst` (that port's flows are
+    /// recompiled).
+    pub fn del_route_in(
+        &mut self,
+        port: &str,
+        class: RouteClass,
+        dst: IpNet,
+    ) -> Result<(), EngineError> {
+        self.bump_port(port, |p| {
+            p.router.del_in(class, dst).map_err(EngineError::NotFound)
+        })
     }
 
     pub fn dump_routes(&self, port: &str) -> Result<Vec<RouteDump>, EngineError> {

@@ -3,9 +3,9 @@
 use crate::nat::ExternalIps;
 use crate::ratelimit::PortLimits;
 use core::fmt;
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::MacAddr;
 
 /// The engine's handle for a port; stable for the port's life, reused after deletion.
@@ -123,6 +123,191 @@ pub struct PortConfig {
     /// from state saved before they existed.
     #[serde(default, skip_serializing_if = "PortLimits::is_unlimited")]
     pub limits: PortLimits,
+    /// Prefixes besides its own addresses the guest may send from and receive at
+    /// (`allow-cidr`, `attach-subnet`); none by default, and absent from state saved
+    /// before they existed.
+    #[serde(default, skip_serializing_if = "PortCidrs::is_empty")]
+    pub cidrs: PortCidrs,
+}
+
+/// Which way an allowed prefix applies (`allow-cidr --dir`); `both` is what
+/// `attach-subnet` allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CidrDir {
+    /// The guest may receive frames whose destination is in the prefix.
+    In,
+    /// The guest may send frames whose source is in the prefix.
+    Out,
+    /// Both (an attached subnet).
+    Both,
+}
+
+impl CidrDir {
+    fn has_in(self) -> bool {
+        matches!(self, CidrDir::In | CidrDir::Both)
+    }
+    fn has_out(self) -> bool {
+        matches!(self, CidrDir::Out | CidrDir::Both)
+    }
+}
+
+impl core::str::FromStr for CidrDir {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "in" => Ok(CidrDir::In),
+            "out" => Ok(CidrDir::Out),
+            "both" => Ok(CidrDir::Both),
+            _ => Err(format!("invalid direction {s:?}: expected in, out or both")),
+        }
+    }
+}
+
+impl fmt::Display for CidrDir {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CidrDir::In => "in",
+            CidrDir::Out => "out",
+            CidrDir::Both => "both",
+        })
+    }
+}
+
+/// Most prefixes a port may allow per direction: the checks scan them linearly
+/// (only for frames not to or from the guest's own addresses).
+pub const MAX_PORT_CIDRS: usize = 64;
+
+/// A port's transit IPs and attached subnets, as OPTE has them: prefixes besides
+/// the guest's own addresses that anti-spoofing admits as sources (`outbound`) and
+/// the inbound destination check admits as destinations (`inbound`). A VPN or
+/// firewall appliance needs them to forward traffic that is not its own.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortCidrs {
+    /// Destinations the guest may receive (`allow-cidr --dir in`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inbound: Vec<IpNet>,
+    /// Sources the guest may send from (`allow-cidr --dir out`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outbound: Vec<IpNet>,
+}
+
+impl PortCidrs {
+    pub fn is_empty(&self) -> bool {
+        self.inbound.is_empty() && self.outbound.is_empty()
+    }
+
+    /// Whether a frame to `dst` (not the guest's own address) may reach the guest.
+    #[inline]
+    pub fn admits_in(&self, dst: IpAddr) -> bool {
+        self.inbound.iter().any(|n| n.contains(&dst))
+    }
+
+    /// Whether the guest may send from `src` (not its own address).
+    #[inline]
+    pub fn admits_out(&self, src: IpAddr) -> bool {
+        self.outbound.iter().any(|n| n.contains(&src))
+    }
+
+    /// Adds `net` for `dir`. Refuses, naming the value: host bits set, a prefix of
+    /// a family the port has no address of, one already allowed that way, more than
+    /// [`MAX_PORT_CIDRS`]. Nothing changes on a refusal.
+    pub fn allow(&mut self, net: IpNet, dir: CidrDir, cfg: &PortConfig) -> Result<(), String> {
+        check_cidr(net, cfg)?;
+        let lists = [
+            (dir.has_in(), &self.inbound, "in"),
+            (dir.has_out(), &self.outbound, "out"),
+        ];
+        for (wanted, list, name) in lists {
+            if !wanted {
+                continue;
+            }
+            if list.contains(&net) {
+                return Err(format!(
+                    "port {:?} already allows {net} (direction {name})",
+                    cfg.name
+                ));
+            }
+            if list.len() >= MAX_PORT_CIDRS {
+                return Err(format!(
+                    "port {:?} already allows {MAX_PORT_CIDRS} prefixes (direction {name}); {net} is one too many",
+                    cfg.name
+                ));
+            }
+        }
+        if dir.has_in() {
+            self.inbound.push(net);
+        }
+        if dir.has_out() {
+            self.outbound.push(net);
+        }
+        Ok(())
+    }
+
+    /// Removes `net` for `dir`; refuses, naming the value, when it is not allowed
+    /// that way (for `both`, either way). Nothing changes on a refusal.
+    pub fn remove(&mut self, net: IpNet, dir: CidrDir, port: &str) -> Result<(), String> {
+        let missing = |list: &Vec<IpNet>, name: &str| {
+            if list.contains(&net) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "port {port:?} does not allow {net} (direction {name})"
+                ))
+            }
+        };
+        if dir.has_in() {
+            missing(&self.inbound, "in")?;
+        }
+        if dir.has_out() {
+            missing(&self.outbound, "out")?;
+        }
+        if dir.has_in() {
+            self.inbound.retain(|n| *n != net);
+        }
+        if dir.has_out() {
+            self.outbound.retain(|n| *n != net);
+        }
+        Ok(())
+    }
+
+    /// Checks a whole set against the port (restored or created with it).
+    pub fn validate(&self, cfg: &PortConfig) -> Result<(), String> {
+        let mut rebuilt = PortCidrs::default();
+        for n in &self.inbound {
+            rebuilt.allow(*n, CidrDir::In, cfg)?;
+        }
+        for n in &self.outbound {
+            rebuilt.allow(*n, CidrDir::Out, cfg)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_cidr(net: IpNet, cfg: &PortConfig) -> Result<(), String> {
+    if net.trunc() != net {
+        return Err(format!(
+            "prefix {net} has host bits set (the network is {})",
+            net.trunc()
+        ));
+    }
+    let (has, fam) = match net {
+        IpNet::V4(_) => (cfg.ipv4.is_some(), 4),
+        IpNet::V6(_) => (cfg.ipv6.is_some(), 6),
+    };
+    if !has {
+        return Err(format!(
+            "prefix {net} is IPv{fam}, but port {:?} has no IPv{fam} address",
+            cfg.name
+        ));
+    }
+    let a = net.addr();
+    if a.is_multicast() || a.is_loopback() {
+        return Err(format!(
+            "prefix {net} is not a range of unicast addresses a guest may use"
+        ));
+    }
+    Ok(())
 }
 
 /// Smallest MTU accepted for a port: IPv6's minimum link MTU (RFC 8200).
@@ -202,6 +387,7 @@ impl PortConfig {
             }
         }
         self.external.validate(self.ipv4, self.ipv6)?;
+        self.cidrs.validate(self)?;
         self.limits.validate()
     }
 
@@ -258,6 +444,7 @@ pub(crate) mod tests {
             domain: None,
             external: Default::default(),
             limits: Default::default(),
+            cidrs: Default::default(),
         }
     }
 
@@ -296,5 +483,31 @@ pub(crate) mod tests {
         p.ipv4 = Some("224.0.0.5".parse().unwrap());
         p.vpc_subnet4 = None;
         assert!(p.validate().unwrap_err().contains("224.0.0.5"));
+    }
+
+    #[test]
+    fn allowed_prefixes_need_an_address_of_their_family() {
+        let mut c = sample();
+        c.ipv6 = None;
+        c.vpc_subnet6 = None;
+        let mut cidrs = PortCidrs::default();
+        let e = cidrs
+            .allow("fd00:50::/64".parse().unwrap(), CidrDir::In, &c)
+            .unwrap_err();
+        assert!(e.contains("fd00:50::/64") && e.contains("IPv6"), "{e}");
+        cidrs
+            .allow("0.0.0.0/0".parse().unwrap(), CidrDir::Out, &c)
+            .unwrap();
+        assert!(cidrs.admits_out("8.8.8.8".parse().unwrap()));
+        assert!(!cidrs.admits_in("8.8.8.8".parse().unwrap()));
+        // A saved set is checked as a whole, duplicates too.
+        c.cidrs = PortCidrs {
+            inbound: vec!["10.1.0.0/16".parse().unwrap(); 2],
+            outbound: vec![],
+        };
+        let e = c.validate().unwrap_err();
+        assert!(e.contains("10.1.0.0/16") && e.contains("already"), "{e}");
+        let json = serde_json::to_string(&PortCidrs::default()).unwrap();
+        assert_eq!(json, "{}");
     }
 }

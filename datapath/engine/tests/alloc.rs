@@ -178,3 +178,65 @@ fn nated_flows_allocate_nothing_per_packet() {
         "{n} allocations in 1000 rounds of a NATed packet each way"
     );
 }
+
+/// A flow to an address behind an appliance (a next-hop route, a prefix the
+/// appliance's port allows both ways) and the appliance's answers from that
+/// address allocate nothing either.
+#[test]
+fn appliance_flows_allocate_nothing_per_packet() {
+    let (mut a, pa, mut b, pb) = two_sleds();
+    let (g1, g2) = (guest(1), guest(2));
+    let subnet = "192.168.50.0/24".parse().unwrap();
+    a.add_route(
+        "ga",
+        subnet,
+        engine::RouteTarget::Ip(IpAddr::V4(g2.v4)),
+        None,
+    )
+    .unwrap();
+    b.allow_cidr("gb", "10.9.0.0/16".parse().unwrap(), engine::CidrDir::Both)
+        .unwrap();
+    b.allow_cidr("gb", subnet, engine::CidrDir::Both).unwrap();
+    let behind = Ipv4Addr::new(192, 168, 50, 7);
+    let udp = L4::Udp {
+        sport: 4000,
+        dport: 7,
+    };
+    let to = frame(&g1, Some(behind), None, udp, &[1u8; 600]);
+    let from_behind = common::Guest {
+        v4: behind,
+        ..guest(2)
+    };
+    let back = frame(
+        &from_behind,
+        Some(g1.v4),
+        None,
+        L4::Udp {
+            sport: 7,
+            dport: 4000,
+        },
+        &[2u8; 600],
+    );
+    let mut out_a = TxBatch::new();
+    let mut out_b = TxBatch::new();
+    let mut round = |now: u64, out_a: &mut TxBatch, out_b: &mut TxBatch| {
+        out_a.clear();
+        out_b.clear();
+        a.process_guest(pa, VnetHdr::default(), &to, now, &Fabric, out_a);
+        receive_all(&mut b, out_a, now, out_b);
+        b.end_of_batch(out_b);
+        assert_eq!(out_b.len(), 1);
+        out_b.clear();
+        b.process_guest(pb, VnetHdr::default(), &back, now, &Fabric, out_b);
+        assert_eq!(out_b.len(), 1);
+    };
+    for now in 0..4 {
+        round(now, &mut out_a, &mut out_b);
+    }
+    let before = allocs();
+    for now in 4..1004 {
+        round(now, &mut out_a, &mut out_b);
+    }
+    let n = allocs() - before;
+    assert_eq!(n, 0, "{n} allocations in 1000 rounds through the appliance");
+}

@@ -291,7 +291,9 @@ pub(super) fn inbound_verdict(
         (L3::Ipv4 | L3::Ipv6, _) => false,
         _ => return Err(DropReason::InboundNotIp),
     };
-    if !own {
+    // Transit IPs and attached subnets (`allow-cidr --dir in`): looked at only for
+    // a destination that is not the guest's own.
+    if !own && !p.cfg.cidrs.admits_in(m.dst_ip) {
         return Err(DropReason::InboundDstNotGuest);
     }
     let bytes = ip_bytes(m);

@@ -510,7 +510,9 @@ fn check_guest_source(cfg: &PortConfig, m: &InnerMeta) -> Result<(), DropReason>
         (L3::Ipv4 | L3::Ipv6, _) => false,
         _ => return Err(DropReason::NotIp),
     };
-    if !own {
+    // Transit IPs and attached subnets: looked at only for a source that is not
+    // the guest's own (one branch for a port without any).
+    if !own && !cfg.cidrs.admits_out(m.src_ip) {
         return Err(DropReason::SpoofedSrcIp);
     }
     if m.dst_mac != cfg.gateway_mac {
@@ -593,8 +595,7 @@ fn compile_outbound(
     // A VPC filter needs to know whether the flow stays in the VPC (a route to the
     // subnet, encapsulated with the port's VNI): looked up ahead of the router,
     // only when the port's outbound rules ask.
-    if fw.layer().uses_vni(Direction::Out) && router.peek_target(&f) == Some(RouteTarget::VpcSubnet)
-    {
+    if fw.layer().uses_vni(Direction::Out) && router.peek_target(&f).is_some_and(|t| t.in_vpc()) {
         f.vpc_vni = Some(cfg.vni.get());
     }
     let seg = TcpSegment::read(m, frame);
@@ -626,7 +627,7 @@ fn compile_outbound(
                 Err(r) => return Ok(drop(r)),
             }
         }
-        RouteTarget::VpcSubnet | RouteTarget::Drop => None,
+        RouteTarget::VpcSubnet | RouteTarget::Ip(_) | RouteTarget::Drop => None,
     };
     // The connection is opened here, for a flow the router and the overlay accepted
     // (a flow they drop opens nothing: a guest cannot fill the table with flows that
@@ -656,8 +657,15 @@ fn compile_outbound(
     let path = |computed: u16| route.mtu.map_or(computed, |r| r.min(computed));
     let vni = cfg.vni.get();
     let (plan, path_mtu) = match route.target {
-        RouteTarget::VpcSubnet => {
-            if let Some(d) = env.by_ip.get(&(vni, key.dst_ip)) {
+        RouteTarget::VpcSubnet | RouteTarget::Ip(_) => {
+            // A next-hop route goes to the guest at its target address (whose port
+            // must admit the destination: `allow-cidr --dir in`); the packet itself
+            // is not changed.
+            let to = match route.target {
+                RouteTarget::Ip(a) => a,
+                _ => key.dst_ip,
+            };
+            if let Some(d) = env.by_ip.get(&(vni, to)) {
                 let action = match d.owner {
                     Owner::Port(p) if p == port => return Ok(drop(DropReason::Hairpin)),
                     Owner::Port(p) => OutAction::Local { port: p },
@@ -665,7 +673,7 @@ fn compile_outbound(
                 };
                 return Ok(entry(action, path(cfg.mtu.min(d.mtu))));
             }
-            let Some(v) = env.v2p.get(cfg.vni, key.dst_ip) else {
+            let Some(v) = env.v2p.get(cfg.vni, to) else {
                 return Ok(drop(DropReason::NoV2p));
             };
             // What the underlay carries now bounds it too: an underlay whose MTU

@@ -24,11 +24,14 @@ pub(super) fn handle(
         return Err(Deny::DeniedArp);
     };
     // A request for the gateway, broadcast or (when Linux refreshes its neighbour
-    // entry) unicast to the gateway MAC, from the guest's own addresses.
+    // entry) unicast to the gateway MAC, from the guest's own addresses: its IPv4
+    // address or one the port allows it to send from (`allow-cidr --dir out`; Linux
+    // asks from the address of the packet waiting for the answer).
+    let spa = req.source_protocol_addr;
     let is_for_gateway = req.operation == Operation::Request
         && req.target_protocol_addr == gw_ip
         && req.source_hardware_addr == cfg.guest_mac
-        && req.source_protocol_addr == guest_ip
+        && (spa == guest_ip || cfg.cidrs.admits_out(std::net::IpAddr::V4(spa)))
         && (meta.dst_mac.is_broadcast() || meta.dst_mac == cfg.gateway_mac);
     if !is_for_gateway {
         return Err(Deny::DeniedArp);

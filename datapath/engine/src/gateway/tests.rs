@@ -134,6 +134,24 @@ fn arp_for_gateway_gets_reply_other_arp_denied() {
 }
 
 #[test]
+fn arp_from_an_address_the_port_allows_out_is_answered() {
+    let mut b = unhex(&vector("arp_req"));
+    b[28..32].copy_from_slice(&[192, 168, 50, 7]);
+    assert_eq!(deny(&sample(), &b), "denied_arp");
+    let mut cfg = sample();
+    cfg.cidrs.outbound.push("192.168.50.0/24".parse().unwrap());
+    let mut st = GatewayState::new(0);
+    let mut out = TxBatch::new();
+    let v = handle_from_guest(&cfg, &mut st, PORT, &meta_of(&b), &b, 0, &mut out);
+    assert_eq!(v, GatewayVerdict::Replied);
+    assert_eq!(st.counters().arp_replies, 1);
+    // Allowed in only is not enough.
+    let mut cfg = sample();
+    cfg.cidrs.inbound.push("192.168.50.0/24".parse().unwrap());
+    assert_eq!(deny(&cfg, &b), "denied_arp");
+}
+
+#[test]
 fn echo_to_gateway_is_answered() {
     let st = assert_reply(&sample(), "echo4_req", "echo4_reply");
     assert_eq!(st.counters().echo_replies, 1);

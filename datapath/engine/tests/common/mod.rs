@@ -73,6 +73,7 @@ pub fn port_config(g: &Guest) -> PortConfig {
         domain: None,
         external: Default::default(),
         limits: Default::default(),
+        cidrs: Default::default(),
     }
 }
 
