@@ -15,7 +15,7 @@
 //! Before measuring, the allocations per packet of each scenario are counted in this
 //! (optimised) binary and printed, confirming `tests/alloc.rs` outside debug builds.
 
-use bench::alloc::{count, CountingAlloc};
+use bench::alloc::{per_packets, CountingAlloc};
 use bench::frames::{data_frame, FlowSpec};
 use bench::nat::NatFastPath;
 use bench::{Dir, FastPath, Scenario, SlowPath, TwoSleds};
@@ -69,16 +69,7 @@ fn fast_path(c: &mut Criterion) {
     println!("allocations per {PACKETS} fast-path packets (after warm-up):");
     for s in Scenario::all() {
         let mut fp = fixture(FastPath::new(s));
-        let mut out = TxBatch::new();
-        // One packet first: the batch's own buffers grow once, as a worker's do.
-        fp.process(&mut out);
-        out.clear();
-        let ((), n, bytes) = count(|| {
-            for _ in 0..PACKETS {
-                fp.process(&mut out);
-                out.clear();
-            }
-        });
+        let (n, bytes) = per_packets(1, PACKETS, |out| fp.process(out));
         println!("  {s:<18} {n} allocations, {bytes} bytes");
     }
 
@@ -106,16 +97,9 @@ fn nat_fast_path(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     for (id, dir, payload) in bench::nat::scenarios() {
         let mut fp = fixture(NatFastPath::new(dir, payload));
-        let mut out = TxBatch::new();
-        fp.process(&mut out);
-        out.clear();
-        let ((), n, bytes) = count(|| {
-            for _ in 0..10_000 {
-                fp.process(&mut out);
-                out.clear();
-            }
-        });
+        let (n, bytes) = per_packets(1, 10_000, |out| fp.process(out));
         println!("  nat {id:<18} {n} allocations, {bytes} bytes per 10000 packets");
+        let mut out = TxBatch::new();
         g.bench_function(id, |b| {
             b.iter(|| {
                 fp.process(black_box(&mut out));

@@ -9,6 +9,7 @@
 //! `#[global_allocator] static A: bench::alloc::CountingAlloc = bench::alloc::CountingAlloc;`
 //! then read [`thread_allocations`] before and after the code under test.
 
+use engine::TxBatch;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
@@ -75,4 +76,28 @@ pub fn count<R>(f: impl FnOnce() -> R) -> (R, u64, u64) {
     let (a0, b0) = (thread_allocations(), thread_allocated_bytes());
     let r = f();
     (r, thread_allocations() - a0, thread_allocated_bytes() - b0)
+}
+
+/// Allocations and bytes of `packets` packets through `process`, after `warm_up`
+/// uncounted ones (the batch's own buffers grow once, as a worker's do); the batch
+/// is cleared after each packet, as a worker clears it after each round.
+pub fn per_packets(
+    warm_up: u64,
+    packets: u64,
+    mut process: impl FnMut(&mut TxBatch),
+) -> (u64, u64) {
+    let mut out = TxBatch::new();
+    let mut one = |out: &mut TxBatch| {
+        process(out);
+        out.clear();
+    };
+    for _ in 0..warm_up {
+        one(&mut out);
+    }
+    let ((), n, bytes) = count(|| {
+        for _ in 0..packets {
+            one(&mut out);
+        }
+    });
+    (n, bytes)
 }

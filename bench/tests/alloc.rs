@@ -3,7 +3,7 @@
 //! included). Counted by a wrapper around the system allocator on the thread that runs
 //! the packets, so this test fails as soon as the engine allocates per packet.
 
-use bench::alloc::{count, CountingAlloc};
+use bench::alloc::{count, per_packets, CountingAlloc};
 use bench::nat::NatFastPath;
 use bench::{FastPath, Scenario, SlowPath};
 use engine::TxBatch;
@@ -29,17 +29,7 @@ fn fast_path_allocates_nothing() {
     let mut failures = Vec::new();
     for s in Scenario::all() {
         let mut fp = FastPath::new(s).unwrap_or_else(|e| panic!("{e}"));
-        let mut out = TxBatch::new();
-        for _ in 0..WARM_UP {
-            fp.process(&mut out);
-            out.clear();
-        }
-        let ((), n, bytes) = count(|| {
-            for _ in 0..PACKETS {
-                fp.process(&mut out);
-                out.clear();
-            }
-        });
+        let (n, bytes) = per_packets(WARM_UP, PACKETS, |out| fp.process(out));
         println!("{s:<20} {n} allocations ({bytes} bytes) in {PACKETS} packets");
         if n != 0 {
             failures.push(format!("{s}: {n} allocations ({bytes} bytes)"));
@@ -59,17 +49,7 @@ fn fast_path_allocates_nothing() {
 fn nat_fast_path_allocates_nothing() {
     for (id, dir, payload) in bench::nat::scenarios() {
         let mut fp = NatFastPath::new(dir, payload).unwrap_or_else(|e| panic!("{e}"));
-        let mut out = TxBatch::new();
-        for _ in 0..WARM_UP {
-            fp.process(&mut out);
-            out.clear();
-        }
-        let ((), n, bytes) = count(|| {
-            for _ in 0..PACKETS {
-                fp.process(&mut out);
-                out.clear();
-            }
-        });
+        let (n, bytes) = per_packets(WARM_UP, PACKETS, |out| fp.process(out));
         assert_eq!(n, 0, "nat {id}: {n} allocations ({bytes} bytes)");
         fp.check().unwrap_or_else(|e| panic!("{e}"));
     }
