@@ -552,57 +552,44 @@ pub enum End {
 /// (the callers choose it by the packet's family).
 pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16) {
     let (l3, l4) = (m.l3_off, m.l4_off);
-    let (addr_off, port_off) = match (end, m.l3) {
-        (End::Src, L3::Ipv4) => (l3 + 12, 0),
-        (End::Dst, L3::Ipv4) => (l3 + 16, 2),
-        (End::Src, _) => (l3 + 8, 0),
-        (End::Dst, _) => (l3 + 24, 2),
-    };
-    let mut new_addr = [0u8; 16];
-    let len = match ip {
-        IpAddr::V4(a) => {
-            new_addr[..4].copy_from_slice(&a.octets());
-            4
+    let src = end == End::Src;
+    // Each family's address is swapped at its fixed size: no length-generic copy
+    // (a `memcpy` call) or loop on the fast path of every NATed packet.
+    let addr_delta = match (ip, m.l3) {
+        (IpAddr::V4(a), L3::Ipv4) => {
+            let Some(d) = swap_addr(frame, l3 + if src { 12 } else { 16 }, a.octets()) else {
+                return;
+            };
+            adjust(frame, l3 + 10, d, false);
+            d
         }
-        IpAddr::V6(a) => {
-            new_addr = a.octets();
-            16
+        (IpAddr::V6(a), L3::Ipv6) => {
+            match swap_addr(frame, l3 + if src { 8 } else { 24 }, a.octets()) {
+                Some(d) => d,
+                None => return,
+            }
         }
+        // Not the packet's family: the callers never ask it.
+        _ => return,
     };
-    let new = &new_addr[..len];
-    let Some(old) = frame.get(addr_off..addr_off + len) else {
-        return;
-    };
-    // RFC 1624 with every change summed first: a checksum takes `!old + new` of
-    // each changed word, and one's complement sums are associative, so each
-    // checksum is read, updated and written once, whatever changed.
-    let addr_delta = u64::from(!addr_sum(old)) + u64::from(addr_sum(new));
-    if m.l3 == L3::Ipv4 {
-        adjust(frame, l3 + 10, addr_delta, false);
-    }
-    let echo = is_echo(m.proto, m.icmp_type);
     // A non-first fragment has no L4 header: only its address changes (the first
     // fragment's L4 checksum covers the whole datagram).
-    let non_first_fragment = m.fragment && m.payload_off == m.l4_off;
+    if m.fragment && m.payload_off == m.l4_off {
+        return;
+    }
     // ICMPv4's checksum has no pseudo-header; an echo identifier is at 4, the same
     // place for either end.
-    let (csum_off, in_pseudo, port_at) = match m.proto {
-        _ if non_first_fragment => {
-            frame[addr_off..addr_off + len].copy_from_slice(new);
-            return;
-        }
-        PROTO_TCP => (l4 + 16, true, Some(l4 + port_off)),
-        PROTO_UDP => (l4 + 6, true, Some(l4 + port_off)),
-        PROTO_ICMP => (l4 + 2, false, echo.then_some(l4 + 4)),
-        PROTO_ICMPV6 => (l4 + 2, true, echo.then_some(l4 + 4)),
-        _ => {
-            frame[addr_off..addr_off + len].copy_from_slice(new);
-            return;
-        }
+    let echo = is_echo(m.proto, m.icmp_type);
+    let port_off = if src { 0 } else { 2 };
+    let (csum_off, l4_delta, port_at) = match m.proto {
+        PROTO_TCP => (l4 + 16, addr_delta, Some(l4 + port_off)),
+        PROTO_UDP => (l4 + 6, addr_delta, Some(l4 + port_off)),
+        PROTO_ICMP => (l4 + 2, 0, echo.then_some(l4 + 4)),
+        PROTO_ICMPV6 => (l4 + 2, addr_delta, echo.then_some(l4 + 4)),
+        _ => return,
     };
     let udp_none = m.proto == PROTO_UDP && m.l3 == L3::Ipv4 && read16(frame, csum_off) == Some(0);
-    let mut l4_delta = if in_pseudo { addr_delta } else { 0 };
-    frame[addr_off..addr_off + len].copy_from_slice(new);
+    let mut l4_delta = l4_delta;
     if let Some(at) = port_at {
         if let Some(old_port) = read16(frame, at) {
             l4_delta += u64::from(!old_port) + u64::from(port);
@@ -612,6 +599,23 @@ pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16)
     if !udp_none {
         adjust(frame, csum_off, l4_delta, m.proto == PROTO_UDP);
     }
+}
+
+/// Replaces the `N`-byte address at `at` with `new` and returns the checksum
+/// delta of the change (RFC 1624: `!old + new` for each 16-bit word, summed;
+/// one's complement sums are associative, so each checksum is then read, updated
+/// and written once, whatever changed). `None` if the frame is shorter (the
+/// parser checked the headers, so this does not happen).
+#[inline]
+fn swap_addr<const N: usize>(frame: &mut [u8], at: usize, new: [u8; N]) -> Option<u64> {
+    let old: &mut [u8; N] = frame.get_mut(at..at + N)?.try_into().ok()?;
+    let mut delta = 0u64;
+    for (o, n) in old.chunks_exact(2).zip(new.chunks_exact(2)) {
+        delta += u64::from(!u16::from_be_bytes([o[0], o[1]]));
+        delta += u64::from(u16::from_be_bytes([n[0], n[1]]));
+    }
+    *old = new;
+    Some(delta)
 }
 
 /// Applies `delta` (a sum of `!old + new` words, RFC 1624) to the checksum at `at`
@@ -629,18 +633,154 @@ fn adjust(frame: &mut [u8], at: usize, delta: u64, udp: bool) {
     }
 }
 
-/// The folded one's complement sum of an address's 16-bit words (4 or 16 bytes):
-/// a plain loop, cheaper for so few words than the general `checksum::sum`.
-#[inline]
-fn addr_sum(b: &[u8]) -> u16 {
-    let s: u64 = b
-        .chunks_exact(2)
-        .map(|w| u64::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum();
-    checksum::fold(s)
-}
-
 fn read16(frame: &[u8], at: usize) -> Option<u16> {
     let b = frame.get(at..at + 2)?;
     Some(u16::from_be_bytes([b[0], b[1]]))
+}
+
+#[cfg(test)]
+mod tests {
+    //! [`rewrite`]'s incremental checksums against etherparse computing them afresh,
+    //! for either family, either end, TCP and UDP (with and without an IPv4 UDP
+    //! checksum) and ICMP echo.
+    use super::*;
+    use etherparse::{IcmpEchoHeader, PacketBuilder, SlicedPacket, TransportSlice};
+    use proptest::prelude::*;
+
+    /// A checksummed Ethernet/IP frame from (`src`, `dst`) of protocol `kind`
+    /// (0 TCP, 1 UDP, 2 ICMP echo request) with ports (identifier) `ports`.
+    fn frame(src: IpAddr, dst: IpAddr, kind: u8, ports: (u16, u16), payload: &[u8]) -> Vec<u8> {
+        let b = PacketBuilder::ethernet2([2; 6], [4; 6]);
+        let b = match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => b.ipv4(s.octets(), d.octets(), 64),
+            (IpAddr::V6(s), IpAddr::V6(d)) => b.ipv6(s.octets(), d.octets(), 64),
+            _ => unreachable!("one family"),
+        };
+        let mut out = Vec::new();
+        let echo = IcmpEchoHeader {
+            id: ports.0,
+            seq: 7,
+        };
+        match (kind, src.is_ipv4()) {
+            (0, _) => b.tcp(ports.0, ports.1, 1, 4096).write(&mut out, payload),
+            (1, _) => b.udp(ports.0, ports.1).write(&mut out, payload),
+            (_, true) => b
+                .icmpv4_echo_request(echo.id, echo.seq)
+                .write(&mut out, payload),
+            (_, false) => b
+                .icmpv6_echo_request(echo.id, echo.seq)
+                .write(&mut out, payload),
+        }
+        .expect("built");
+        out
+    }
+
+    /// Whether every checksum of `f` is what etherparse computes for it.
+    fn checksums_right(f: &[u8]) -> bool {
+        let p = SlicedPacket::from_ethernet(f).expect("parses");
+        let (src, dst, v4) = match &p.net {
+            Some(etherparse::NetSlice::Ipv4(ip)) => {
+                let h = ip.header().to_header();
+                if h.header_checksum != h.calc_header_checksum() {
+                    return false;
+                }
+                (IpAddr::from(h.source), IpAddr::from(h.destination), true)
+            }
+            Some(etherparse::NetSlice::Ipv6(ip)) => {
+                let h = ip.header();
+                (
+                    IpAddr::from(h.source_addr()),
+                    IpAddr::from(h.destination_addr()),
+                    false,
+                )
+            }
+            _ => return false,
+        };
+        let (IpAddr::V4(s4), IpAddr::V4(d4)) = (src, dst) else {
+            let (IpAddr::V6(s), IpAddr::V6(d)) = (src, dst) else {
+                return false;
+            };
+            let (s, d) = (s.octets(), d.octets());
+            return match &p.transport {
+                Some(TransportSlice::Tcp(t)) => {
+                    t.checksum()
+                        == t.to_header()
+                            .calc_checksum_ipv6_raw(s, d, t.payload())
+                            .unwrap()
+                }
+                Some(TransportSlice::Udp(u)) => {
+                    u.checksum()
+                        == u.to_header()
+                            .calc_checksum_ipv6_raw(s, d, u.payload())
+                            .unwrap()
+                }
+                Some(TransportSlice::Icmpv6(i)) => {
+                    i.checksum()
+                        == i.header()
+                            .icmp_type
+                            .calc_checksum(s, d, i.payload())
+                            .unwrap()
+                }
+                _ => false,
+            };
+        };
+        let (s, d) = (s4.octets(), d4.octets());
+        v4 && match &p.transport {
+            Some(TransportSlice::Tcp(t)) => {
+                t.checksum()
+                    == t.to_header()
+                        .calc_checksum_ipv4_raw(s, d, t.payload())
+                        .unwrap()
+            }
+            // 0: no checksum, which must stay so.
+            Some(TransportSlice::Udp(u)) => {
+                u.checksum() == 0
+                    || u.checksum()
+                        == u.to_header()
+                            .calc_checksum_ipv4_raw(s, d, u.payload())
+                            .unwrap()
+            }
+            Some(TransportSlice::Icmpv4(i)) => {
+                i.checksum() == i.header().icmp_type.calc_checksum(i.payload())
+            }
+            _ => false,
+        }
+    }
+
+    fn addr(v4: bool, bytes: [u8; 16]) -> IpAddr {
+        if v4 {
+            IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(bytes))
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn rewrite_keeps_every_checksum_right(
+            v4 in any::<bool>(),
+            kind in 0u8..3,
+            src_end in any::<bool>(),
+            addrs in any::<([u8; 16], [u8; 16], [u8; 16])>(),
+            ports in any::<(u16, u16, u16)>(),
+            payload in proptest::collection::vec(any::<u8>(), 0..64),
+            udp_no_checksum in any::<bool>(),
+        ) {
+            let (src, dst, new) = (addr(v4, addrs.0), addr(v4, addrs.1), addr(v4, addrs.2));
+            let mut f = frame(src, dst, kind, (ports.0, ports.1), &payload);
+            let udp_none = kind == 1 && v4 && udp_no_checksum;
+            if udp_none {
+                f[14 + 20 + 6..14 + 20 + 8].fill(0);
+            }
+            let m = wire::meta::parse_inner(&f).expect("parses");
+            let end = if src_end { End::Src } else { End::Dst };
+            rewrite(&mut f, &m, end, new, ports.2);
+            prop_assert!(checksums_right(&f), "{:02x?}", f);
+            let after = wire::meta::parse_inner(&f).expect("still parses");
+            prop_assert_eq!(after, rewritten_meta(&m, end, new, ports.2));
+            if udp_none {
+                prop_assert_eq!(&f[14 + 20 + 6..14 + 20 + 8], &[0, 0]);
+            }
+        }
+    }
 }
