@@ -23,6 +23,7 @@
 //! neighbour changes) moves the engine epoch and every port's ([`Engine::bump`]). Every drop is counted
 //! under one [`DropReason`] (the counter name); docs/engine.md lists them all.
 
+mod external;
 mod inbound;
 mod layers;
 mod outbound;
@@ -239,6 +240,9 @@ pub struct Engine {
     csum_buf: Vec<u8>,
     /// Reused contiguous copy of a received frame whose headers span its pieces.
     linear: Vec<u8>,
+    /// Reused room for the translated headers of a TCP segment from outside
+    /// (`external.rs`).
+    nat_head: Box<[u8; external::HEAD_MAX]>,
     /// Guest frames waiting for their underlay next hop.
     hold: HoldQueue<HeldFrame>,
     underlay_drops: DropCounters,
@@ -335,6 +339,7 @@ impl Engine {
             scratch: TxBatch::new(),
             csum_buf: Vec::new(),
             linear: Vec::new(),
+            nat_head: Box::new([0; external::HEAD_MAX]),
             hold: HoldQueue::default(),
             underlay_drops,
             drops: DropCounters::default(),

@@ -15,7 +15,7 @@
 //! connection is gone is free for the next flow.
 //!
 //! The rewrite of an established flow is compiled into its flow-table entry
-//! ([`SrcNat`] in the encapsulation) and applied with incremental checksum updates
+//! ([`Rewrite`] in the encapsulation) and applied with incremental checksum updates
 //! (RFC 1624), so the fast path stays a table hit plus a few stores.
 
 use crate::drop::DropReason;
@@ -154,12 +154,108 @@ impl fmt::Display for ExternalIps {
     }
 }
 
-/// The compiled outbound rewrite of one flow: its source becomes `ip`, and its
-/// source port (echo: identifier) `port`.
+/// One end of a flow's packets rewritten to (`ip`, `port`) (echo: the identifier),
+/// with the checksum changes worked out when the flow is compiled: every packet of
+/// a flow has the same old address and port (they are in its key), so a packet
+/// needs stores and two checksum adjustments, not sums of the old and new values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SrcNat {
+pub struct Rewrite {
     pub ip: IpAddr,
     pub port: u16,
+    /// `!old + new` over the address's 16-bit words (RFC 1624), folded.
+    addr_delta: u16,
+    /// The same for the port.
+    port_delta: u16,
+}
+
+impl Rewrite {
+    /// The rewrite of address `old_ip` and port `old_port` to `ip` and `port`.
+    pub fn new(old_ip: IpAddr, old_port: u16, ip: IpAddr, port: u16) -> Rewrite {
+        fn words(a: IpAddr) -> u64 {
+            match a {
+                IpAddr::V4(a) => sum_words(&a.octets()),
+                IpAddr::V6(a) => sum_words(&a.octets()),
+            }
+        }
+        // `!x` of a folded sum is the sum of each word's complement, folded.
+        let addr = u64::from(!checksum::fold(words(old_ip))) + words(ip);
+        Rewrite {
+            ip,
+            port,
+            addr_delta: checksum::fold(addr),
+            port_delta: checksum::fold(u64::from(!old_port) + u64::from(port)),
+        }
+    }
+
+    /// Rewrites the `end` of the IP packet `m` describes in `frame`, which must
+    /// hold the old address and port this was made for, fixing the IPv4 header
+    /// checksum and the L4 checksum incrementally. The checksums must be complete
+    /// (outbound, the frame is rewritten as segmentation builds it, after a
+    /// `NEEDS_CSUM` checksum is completed). A UDP/IPv4 checksum of 0 (none) stays
+    /// 0; a UDP checksum that comes out 0 is sent as 0xffff. A packet of the other
+    /// family is left as it is (the callers choose by the packet's family).
+    pub fn apply(&self, frame: &mut [u8], m: &InnerMeta, end: End) {
+        let (l3, l4) = (m.l3_off, m.l4_off);
+        let src = end == End::Src;
+        let addr = u64::from(self.addr_delta);
+        // Each family's address is stored at its fixed size: no length-generic
+        // copy (a `memcpy` call) on the fast path of every NATed packet.
+        match (self.ip, m.l3) {
+            (IpAddr::V4(a), L3::Ipv4) => {
+                let at = l3 + if src { 12 } else { 16 };
+                let Some(old) = frame.get_mut(at..at + 4) else {
+                    return;
+                };
+                old.copy_from_slice(&a.octets());
+                adjust(frame, l3 + 10, addr, false);
+            }
+            (IpAddr::V6(a), L3::Ipv6) => {
+                let at = l3 + if src { 8 } else { 24 };
+                let Some(old) = frame.get_mut(at..at + 16) else {
+                    return;
+                };
+                old.copy_from_slice(&a.octets());
+            }
+            _ => return,
+        }
+        // A non-first fragment has no L4 header: only its address changes (the
+        // first fragment's L4 checksum covers the whole datagram).
+        if m.fragment && m.payload_off == m.l4_off {
+            return;
+        }
+        // ICMPv4's checksum has no pseudo-header; an echo identifier is at 4, the
+        // same place for either end.
+        let echo = is_echo(m.proto, m.icmp_type);
+        let port = u64::from(self.port_delta);
+        let port_at = l4 + if src { 0 } else { 2 };
+        let (csum_off, delta, port_at) = match m.proto {
+            PROTO_TCP => (l4 + 16, addr + port, Some(port_at)),
+            PROTO_UDP => (l4 + 6, addr + port, Some(port_at)),
+            PROTO_ICMP if echo => (l4 + 2, port, Some(l4 + 4)),
+            PROTO_ICMP => (l4 + 2, 0, None),
+            PROTO_ICMPV6 if echo => (l4 + 2, addr + port, Some(l4 + 4)),
+            PROTO_ICMPV6 => (l4 + 2, addr, None),
+            _ => return,
+        };
+        if let Some(at) = port_at {
+            if let Some(p) = frame.get_mut(at..at + 2) {
+                p.copy_from_slice(&self.port.to_be_bytes());
+            }
+        }
+        let udp_none =
+            m.proto == PROTO_UDP && m.l3 == L3::Ipv4 && read16(frame, csum_off) == Some(0);
+        if !udp_none {
+            adjust(frame, csum_off, delta, m.proto == PROTO_UDP);
+        }
+    }
+}
+
+/// Unfolded sum of the 16-bit words of an address.
+#[inline]
+fn sum_words<const N: usize>(b: &[u8; N]) -> u64 {
+    b.chunks_exact(2)
+        .map(|w| u64::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum()
 }
 
 /// Whether a flow has ports (or an echo identifier) SNAT can allocate. A non-first
@@ -320,7 +416,7 @@ pub fn outbound(
     fw: &Firewall,
     key: &FlowKey,
     now: u64,
-) -> Result<SrcNat, DropReason> {
+) -> Result<Rewrite, DropReason> {
     let v4 = key.src_ip.is_ipv4();
     if let Some(default) = ext.one_to_one(v4) {
         // A reply to a connection that came in to another 1:1 address leaves from it.
@@ -329,51 +425,83 @@ pub fn outbound(
             .get(&private_key(key))
             .filter(|(a, h)| ext.is_one_to_one(*a) && fw.is_live(*h, now))
             .map_or(default, |(a, _)| *a);
-        return Ok(SrcNat {
-            ip,
-            port: key.src_port,
-        });
+        return Ok(Rewrite::new(key.src_ip, key.src_port, ip, key.src_port));
     }
     let range = ext.snat_for(v4).ok_or(DropReason::NoExternalIp)?;
     if !has_ports(key) {
         // Without ports (ICMP other than echo, other protocols) nothing can tell
         // the replies of two guests apart: only the address changes.
-        return Ok(SrcNat {
-            ip: range.ip,
-            port: key.src_port,
-        });
+        return Ok(Rewrite::new(
+            key.src_ip,
+            key.src_port,
+            range.ip,
+            key.src_port,
+        ));
     }
     let port = snat
         .allocate(range, key, fw, now)
         .ok_or(DropReason::SnatExhausted)?;
-    Ok(SrcNat { ip: range.ip, port })
+    Ok(Rewrite::new(key.src_ip, key.src_port, range.ip, port))
 }
 
-/// Translates an External frame for the port back to its private address, in
-/// `buf` (a copy of the IP frame `m` describes): a packet to one of the port's
-/// external addresses (SNAT: to a port a flow of that peer holds), or an ICMP error
-/// (Packet Too Big, destination unreachable, time exceeded...) quoting a packet
+/// Translates an ICMP error from outside (Packet Too Big, destination unreachable,
+/// time exceeded...) to external address `m.dst_ip` back to the port's private
+/// address, in `buf` (a copy of the IP frame `m` describes). It must quote a packet
 /// the port sent through NAT, whose quoted source is translated too, so that path
-/// MTU discovery works through NAT. Returns the translated packet's metadata and
-/// whether it came in to a 1:1 address (see [`note_inbound`]), or `None` if
-/// nothing maps (`nat_no_mapping`).
-pub fn inbound(
+/// MTU discovery works through NAT. Returns the translated packet's metadata, or
+/// `None` if nothing maps (`nat_no_mapping`). Other packets from outside are
+/// translated by [`inbound_target`] and [`rewrite`].
+pub fn inbound_icmp_error(
     ext: &ExternalIps,
     private4: Option<Ipv4Addr>,
     private6: Option<Ipv6Addr>,
     snat: &SnatTable,
     m: &InnerMeta,
     buf: &mut [u8],
-) -> Option<(InnerMeta, bool)> {
-    let private = match m.dst_ip {
-        IpAddr::V4(_) => IpAddr::V4(private4?),
-        IpAddr::V6(_) => IpAddr::V6(private6?),
-    };
-    if is_icmp_error(m) {
-        return icmp_error(ext, snat, m, private, buf).map(|t| (t, false));
+) -> Option<InnerMeta> {
+    let private = private_of(m.dst_ip, private4, private6)?;
+    icmp_error(ext, snat, m, private, buf)
+}
+
+/// Where an inbound packet to an external address goes: the port's private
+/// address of the packet's family (not kept here: a flow-table entry holding this
+/// stays small) and the private port, with the checksum changes worked out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InboundTarget {
+    /// The private port (echo: identifier).
+    pub port: u16,
+    addr_delta: u16,
+    port_delta: u16,
+    /// It came in to a 1:1 address (see [`note_inbound`]).
+    pub one_to_one: bool,
+}
+
+impl InboundTarget {
+    /// The rewrite to `private`, the port's address of the family this was made for.
+    pub fn rewrite(&self, private: IpAddr) -> Rewrite {
+        Rewrite {
+            ip: private,
+            port: self.port,
+            addr_delta: self.addr_delta,
+            port_delta: self.port_delta,
+        }
     }
+}
+
+/// The translation of packet `m` (not an ICMP error) from outside to one of the
+/// port's external addresses: to a 1:1 address (floating, ephemeral) the port's
+/// private address and the same port; to the SNAT address, the private port of the
+/// flow that holds the SNAT port for this peer. `None` if nothing maps.
+pub fn inbound_target(
+    ext: &ExternalIps,
+    private4: Option<Ipv4Addr>,
+    private6: Option<Ipv6Addr>,
+    snat: &SnatTable,
+    m: &InnerMeta,
+) -> Option<InboundTarget> {
+    let private = private_of(m.dst_ip, private4, private6)?;
     let one_to_one = ext.is_one_to_one(m.dst_ip);
-    let to = if one_to_one {
+    let port = if one_to_one {
         local_port(m)
     } else {
         let port = local_port(m);
@@ -384,8 +512,25 @@ pub fn inbound(
         }
         snat_private_port(ext, snat, m.dst_ip, m.proto, port, m.src_ip, remote_port)?
     };
-    rewrite(buf, m, End::Dst, private, to);
-    Some((rewritten_meta(m, End::Dst, private, to), one_to_one))
+    let r = Rewrite::new(m.dst_ip, local_port(m), private, port);
+    Some(InboundTarget {
+        port,
+        addr_delta: r.addr_delta,
+        port_delta: r.port_delta,
+        one_to_one,
+    })
+}
+
+/// The port's private address of `to`'s family, if it has one.
+pub fn private_of(
+    to: IpAddr,
+    private4: Option<Ipv4Addr>,
+    private6: Option<Ipv6Addr>,
+) -> Option<IpAddr> {
+    match to {
+        IpAddr::V4(_) => private4.map(IpAddr::V4),
+        IpAddr::V6(_) => private6.map(IpAddr::V6),
+    }
 }
 
 /// Remembers that the inbound connection of `key` (the translated packet's key,
@@ -475,11 +620,17 @@ fn icmp_error(
         return None;
     };
     rewrite(buf, m, End::Dst, private, m.dst_port);
+    // The quoted packet's own addresses and ports: `rewrite` works out the
+    // checksum changes from them.
     let quoted = InnerMeta {
         l3_off: q_l3,
         l4_off: q_l3 + q_l4,
         proto: q.proto,
         icmp_type: q.icmp_type,
+        src_ip: q.src_ip,
+        dst_ip: q.dst_ip,
+        src_port: q.src_port,
+        dst_port: q.dst_port,
         ..*m
     };
     rewrite(buf, &quoted, End::Src, private, port);
@@ -496,7 +647,8 @@ fn icmp_error(
     Some(rewritten_meta(m, End::Dst, private, m.dst_port))
 }
 
-fn is_icmp_error(m: &InnerMeta) -> bool {
+/// Whether `m` is an ICMP or ICMPv6 error message (which quotes a packet).
+pub fn is_icmp_error(m: &InnerMeta) -> bool {
     match m.proto {
         PROTO_ICMP => wire::icmpv4::msg::is_error(m.icmp_type),
         PROTO_ICMPV6 => wire::icmpv6::msg::is_error(m.icmp_type),
@@ -545,77 +697,16 @@ pub enum End {
 }
 
 /// Rewrites one end of the IP packet `m` describes in `frame` to (`ip`, `port`)
-/// (echo: `port` is the identifier), fixing the IPv4 header checksum and the L4
-/// checksum incrementally. The checksums must be complete (outbound, the frame is
-/// rewritten as segmentation builds it, after a `NEEDS_CSUM` checksum is completed).
-/// A UDP/IPv4 checksum of 0 (none) stays 0. `ip` must be of the packet's family
-/// (the callers choose it by the packet's family).
+/// (echo: `port` is the identifier): [`Rewrite::apply`] of the rewrite worked out
+/// from the packet's own address and port, for a packet no compiled flow stands
+/// for (an ICMP error, a packet it quotes, a flow's first packet).
 pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16) {
-    let (l3, l4) = (m.l3_off, m.l4_off);
-    let src = end == End::Src;
-    // Each family's address is swapped at its fixed size: no length-generic copy
-    // (a `memcpy` call) or loop on the fast path of every NATed packet.
-    let addr_delta = match (ip, m.l3) {
-        (IpAddr::V4(a), L3::Ipv4) => {
-            let Some(d) = swap_addr(frame, l3 + if src { 12 } else { 16 }, a.octets()) else {
-                return;
-            };
-            adjust(frame, l3 + 10, d, false);
-            d
-        }
-        (IpAddr::V6(a), L3::Ipv6) => {
-            match swap_addr(frame, l3 + if src { 8 } else { 24 }, a.octets()) {
-                Some(d) => d,
-                None => return,
-            }
-        }
-        // Not the packet's family: the callers never ask it.
-        _ => return,
+    let old = match end {
+        End::Src => (m.src_ip, m.src_port),
+        // The parser keeps an echo identifier in `src_port`, whichever end.
+        End::Dst => (m.dst_ip, local_port(m)),
     };
-    // A non-first fragment has no L4 header: only its address changes (the first
-    // fragment's L4 checksum covers the whole datagram).
-    if m.fragment && m.payload_off == m.l4_off {
-        return;
-    }
-    // ICMPv4's checksum has no pseudo-header; an echo identifier is at 4, the same
-    // place for either end.
-    let echo = is_echo(m.proto, m.icmp_type);
-    let port_off = if src { 0 } else { 2 };
-    let (csum_off, l4_delta, port_at) = match m.proto {
-        PROTO_TCP => (l4 + 16, addr_delta, Some(l4 + port_off)),
-        PROTO_UDP => (l4 + 6, addr_delta, Some(l4 + port_off)),
-        PROTO_ICMP => (l4 + 2, 0, echo.then_some(l4 + 4)),
-        PROTO_ICMPV6 => (l4 + 2, addr_delta, echo.then_some(l4 + 4)),
-        _ => return,
-    };
-    let udp_none = m.proto == PROTO_UDP && m.l3 == L3::Ipv4 && read16(frame, csum_off) == Some(0);
-    let mut l4_delta = l4_delta;
-    if let Some(at) = port_at {
-        if let Some(old_port) = read16(frame, at) {
-            l4_delta += u64::from(!old_port) + u64::from(port);
-            frame[at..at + 2].copy_from_slice(&port.to_be_bytes());
-        }
-    }
-    if !udp_none {
-        adjust(frame, csum_off, l4_delta, m.proto == PROTO_UDP);
-    }
-}
-
-/// Replaces the `N`-byte address at `at` with `new` and returns the checksum
-/// delta of the change (RFC 1624: `!old + new` for each 16-bit word, summed;
-/// one's complement sums are associative, so each checksum is then read, updated
-/// and written once, whatever changed). `None` if the frame is shorter (the
-/// parser checked the headers, so this does not happen).
-#[inline]
-fn swap_addr<const N: usize>(frame: &mut [u8], at: usize, new: [u8; N]) -> Option<u64> {
-    let old: &mut [u8; N] = frame.get_mut(at..at + N)?.try_into().ok()?;
-    let mut delta = 0u64;
-    for (o, n) in old.chunks_exact(2).zip(new.chunks_exact(2)) {
-        delta += u64::from(!u16::from_be_bytes([o[0], o[1]]));
-        delta += u64::from(u16::from_be_bytes([n[0], n[1]]));
-    }
-    *old = new;
-    Some(delta)
+    Rewrite::new(old.0, old.1, ip, port).apply(frame, m, end);
 }
 
 /// Applies `delta` (a sum of `!old + new` words, RFC 1624) to the checksum at `at`

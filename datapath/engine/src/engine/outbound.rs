@@ -639,6 +639,12 @@ fn compile_outbound(
         };
         if a.created {
             uft_in.remove(&key.reversed());
+            // Through NAT, its replies arrive to the external address, and are
+            // cached under that key (`external.rs`).
+            if let Some(n) = src_nat {
+                let sent = nat::rewritten_meta(m, nat::End::Src, n.ip, n.port);
+                uft_in.remove(&FlowKey::from_meta(key.vni, &sent).reversed());
+            }
         }
         UftEntry {
             epoch: env.epoch,

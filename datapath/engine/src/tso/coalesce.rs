@@ -387,6 +387,22 @@ fn header_sum(header: &[u8], acc: u64) -> u64 {
     }
 }
 
+/// Where a pushed frame's headers are: in the frame as received, or a translated
+/// copy the caller made (NAT), which is what the guest must get.
+#[derive(Clone, Copy)]
+enum Head<'a> {
+    Received(&'a [u8]),
+    Translated(&'a [u8]),
+}
+
+impl<'a> Head<'a> {
+    fn bytes(self) -> &'a [u8] {
+        match self {
+            Head::Received(b) | Head::Translated(b) => b,
+        }
+    }
+}
+
 /// Merges in-order TCP segments per port and flow; see the module documentation.
 /// Slots and their lists are allocated on first use and kept, so the steady state
 /// allocates nothing.
@@ -431,38 +447,80 @@ impl Coalescer {
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
+        let head = Head::Received(frame.head());
+        self.push_with(port, frame, head, meta, mss, gateway_mac, out);
+    }
+
+    /// [`Self::push`] for a frame the NAT layer translated: `head` holds its headers
+    /// (`meta.payload_off` bytes, at least the Ethernet header, `meta` describing
+    /// them) with the destination rewritten and the checksums adjusted, while
+    /// `frame` stays as received. Only the payload is referred to in `frame`; every
+    /// header that reaches the guest is `head`'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_translated(
+        &mut self,
+        port: PortId,
+        frame: RxFrame<'_>,
+        head: &[u8],
+        meta: &InnerMeta,
+        mss: Option<u32>,
+        gateway_mac: MacAddr,
+        out: &mut TxBatch<'_>,
+    ) {
+        self.push_with(
+            port,
+            frame,
+            Head::Translated(head),
+            meta,
+            mss,
+            gateway_mac,
+            out,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push_with(
+        &mut self,
+        port: PortId,
+        frame: RxFrame<'_>,
+        head: Head<'_>,
+        meta: &InnerMeta,
+        mss: Option<u32>,
+        gateway_mac: MacAddr,
+        out: &mut TxBatch<'_>,
+    ) {
         self.stats.frames_in += 1;
         // Only an MSS that can be a gso_size is used; 0 or > 65535 is treated as absent.
         let mss = mss.filter(|&m| m >= 1 && m <= u32::from(u16::MAX));
-        let head = frame.head();
-        if !is_tcp_segment(head, frame.len(), meta) {
+        let bytes = head.bytes();
+        if !is_tcp_segment(bytes, frame.len(), meta) {
             self.flush_port(port, out);
-            self.emit_raw(port, &frame, meta, gateway_mac, out);
+            self.emit_raw(port, &frame, head, meta, gateway_mac, out);
             return;
         }
         if let Some(i) = self.slots.iter().position(|p| p.same_flow(port, meta)) {
-            if self.can_merge(i, head, meta, mss) {
-                if self.append(i, &frame, head, meta) {
+            if self.can_merge(i, bytes, meta, mss) {
+                if self.append(i, &frame, bytes, meta) {
                     return;
                 }
                 // Bad checksum: keep order, let the guest drop it.
                 self.flush_slot(i, out);
-                self.emit_raw(port, &frame, meta, gateway_mac, out);
+                self.emit_raw(port, &frame, head, meta, gateway_mac, out);
                 return;
             }
             self.flush_slot(i, out);
         }
-        if can_start(head, meta, mss) {
+        if can_start(bytes, meta, mss) {
             let pseudo = tcp_pseudo(meta);
-            if !tcp_segment_ok(&frame, head, meta, pseudo) {
-                self.emit_raw(port, &frame, meta, gateway_mac, out);
+            if !tcp_segment_ok(&frame, bytes, meta, pseudo) {
+                self.emit_raw(port, &frame, head, meta, gateway_mac, out);
                 return;
             }
             let i = self.free_slot(out);
             let payload = frame.input_ref(meta.payload_off..meta.ip_end);
             let age = self.next_age;
             self.next_age += 1;
-            self.slots[i].begin(port, head, meta, payload, mss, gateway_mac, age, pseudo);
+            self.slots[i].begin(port, bytes, meta, payload, mss, gateway_mac, age, pseudo);
             return;
         }
         self.emit_single(port, &frame, head, meta, mss, gateway_mac, out);
@@ -605,7 +663,7 @@ impl Coalescer {
         &mut self,
         port: PortId,
         frame: &RxFrame<'_>,
-        head: &[u8],
+        head: Head<'_>,
         m: &InnerMeta,
         mss: Option<u32>,
         gateway_mac: MacAddr,
@@ -613,10 +671,10 @@ impl Coalescer {
     ) {
         let (l4, hdrs, end) = (m.l4_off, m.payload_off, m.ip_end);
         let payload = end - hdrs;
-        let flags = head[l4 + 13];
+        let flags = head.bytes()[l4 + 13];
         let pseudo = tcp_pseudo(m);
-        let gso = if !tcp_segment_ok(frame, head, m, pseudo) {
-            self.emit_raw(port, frame, m, gateway_mac, out);
+        let gso = if !tcp_segment_ok(frame, head.bytes(), m, pseudo) {
+            self.emit_raw(port, frame, head, m, gateway_mac, out);
             return;
         } else {
             mss.filter(|&gso| {
@@ -632,7 +690,11 @@ impl Coalescer {
                 ..VnetHdr::default()
             },
         };
-        let h = out.push_received(TxDest::Port { port, vnet }, frame, hdrs);
+        let dest = TxDest::Port { port, vnet };
+        let h = match head {
+            Head::Received(_) => out.push_received(dest, frame, hdrs),
+            Head::Translated(t) => out.push_received_as(dest, frame, t),
+        };
         h[6..12].copy_from_slice(gateway_mac.as_bytes());
         if gso.is_some() {
             partial_checksum(h, l4, pseudo, end - l4);
@@ -640,11 +702,13 @@ impl Coalescer {
         self.count_out(&vnet);
     }
 
-    /// A frame passed on as is, bar the source MAC, with no offload claims.
+    /// A frame passed on as is (a translated one with its translated headers), bar
+    /// the source MAC, with no offload claims.
     fn emit_raw(
         &mut self,
         port: PortId,
         frame: &RxFrame<'_>,
+        head: Head<'_>,
         m: &InnerMeta,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
@@ -653,8 +717,12 @@ impl Coalescer {
             port,
             vnet: VnetHdr::default(),
         };
-        // The parser saw a whole Ethernet header (14 bytes), so the MACs are there.
-        let h = out.push_received(dest, frame, 12);
+        // The parser saw a whole Ethernet header (14 bytes), so the MACs are there;
+        // a translated frame's headers are whole in `head` (`push_translated`).
+        let h = match head {
+            Head::Received(_) => out.push_received(dest, frame, 12),
+            Head::Translated(t) => out.push_received_as(dest, frame, t),
+        };
         h[..6].copy_from_slice(m.dst_mac.as_bytes());
         h[6..12].copy_from_slice(gateway_mac.as_bytes());
         self.stats.frames_out += 1;

@@ -18,7 +18,7 @@ pub use coalesce::{CoalesceStats, Coalescer};
 
 use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
-use crate::nat::{self, SrcNat};
+use crate::nat::{self, Rewrite};
 use crate::output::{TxBatch, TxDest};
 use std::net::IpAddr;
 use wire::checksum;
@@ -324,7 +324,7 @@ pub fn segment(
 #[derive(Clone, Copy, Debug)]
 pub struct InnerEdit {
     pub dst_mac: MacAddr,
-    pub nat: Option<SrcNat>,
+    pub nat: Option<Rewrite>,
 }
 
 impl InnerEdit {
@@ -332,7 +332,7 @@ impl InnerEdit {
     #[inline]
     fn apply_nat(&self, inner: &mut [u8], meta: &InnerMeta) {
         if let Some(n) = &self.nat {
-            nat::rewrite(inner, meta, nat::End::Src, n.ip, n.port);
+            n.apply(inner, meta, nat::End::Src);
         }
     }
 }
