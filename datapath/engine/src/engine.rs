@@ -240,9 +240,6 @@ pub struct Engine {
     csum_buf: Vec<u8>,
     /// Reused contiguous copy of a received frame whose headers span its pieces.
     linear: Vec<u8>,
-    /// Reused room for the translated headers of a TCP segment from outside
-    /// (`external.rs`).
-    nat_head: Box<[u8; external::HEAD_MAX]>,
     /// Guest frames waiting for their underlay next hop.
     hold: HoldQueue<HeldFrame>,
     underlay_drops: DropCounters,
@@ -339,7 +336,6 @@ impl Engine {
             scratch: TxBatch::new(),
             csum_buf: Vec::new(),
             linear: Vec::new(),
-            nat_head: Box::new([0; external::HEAD_MAX]),
             hold: HoldQueue::default(),
             underlay_drops,
             drops: DropCounters::default(),

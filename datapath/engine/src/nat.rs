@@ -187,6 +187,13 @@ impl Rewrite {
         }
     }
 
+    /// What the rewrite adds to an unfolded pseudo-header sum (RFC 1624: the
+    /// address words' `!old + new`): a sum taken before it stands, with this added,
+    /// for the rewritten packet, so it need not be taken again.
+    pub fn pseudo_delta(&self) -> u64 {
+        u64::from(self.addr_delta)
+    }
+
     /// Rewrites the `end` of the IP packet `m` describes in `frame`, which must
     /// hold the old address and port this was made for, fixing the IPv4 header
     /// checksum and the L4 checksum incrementally. The checksums must be complete
@@ -716,7 +723,11 @@ pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16)
 #[inline]
 fn adjust(frame: &mut [u8], at: usize, delta: u64, udp: bool) {
     if let Some(c) = read16(frame, at) {
-        let c = match !checksum::fold(u64::from(!c) + delta) {
+        // At most three 16-bit terms here: two end-around carries fold it.
+        let sum = u64::from(!c) + delta;
+        let sum = (sum & 0xffff) + (sum >> 16);
+        let sum = (sum & 0xffff) + (sum >> 16);
+        let c = match !(sum as u16) {
             0 if udp => 0xffff,
             c => c,
         };

@@ -25,11 +25,6 @@ use crate::port::{PortId, Vni};
 /// ([`TxBatch::push_received`]).
 const COPY_MAX: usize = 256;
 
-/// Whether a received frame is copied whole rather than referred to: a short one
-/// in one piece, or one whose input is not kept ([`RxFrame::TRANSIENT`]).
-fn copies(frame: &RxFrame<'_>) -> bool {
-    (frame.len() <= COPY_MAX && frame.is_contiguous()) || frame.input() == RxFrame::TRANSIENT
-}
 use core::ops::Range;
 use wire::vnet::VnetHdr;
 
@@ -283,34 +278,15 @@ impl<'s> TxBatch<'s> {
         head_len: usize,
     ) -> &mut [u8] {
         let len = frame.len();
-        if copies(frame) {
+        let copy =
+            (len <= COPY_MAX && frame.is_contiguous()) || frame.input() == RxFrame::TRANSIENT;
+        if copy {
             let buf = self.push_unzeroed(dest, len);
             frame.copy_into(buf);
             return &mut buf[..head_len];
         }
         let h = self.push_gather_head(dest, head_len, &[frame.input_ref(head_len..len)]);
         h.copy_from_slice(&frame.head()[..head_len]);
-        h
-    }
-
-    /// [`Self::push_received`] of received frame `frame` with its first
-    /// `head.len()` bytes replaced by `head` (its headers as the NAT layer
-    /// translated them in a copy): those come from `head`, the rest from the frame.
-    pub fn push_received_as(
-        &mut self,
-        dest: TxDest,
-        frame: &RxFrame<'_>,
-        head: &[u8],
-    ) -> &mut [u8] {
-        let (len, n) = (frame.len(), head.len());
-        if copies(frame) {
-            let buf = self.push_unzeroed(dest, len);
-            frame.copy_into(buf);
-            buf[..n].copy_from_slice(head);
-            return &mut buf[..n];
-        }
-        let h = self.push_gather_head(dest, n, &[frame.input_ref(n..len)]);
-        h.copy_from_slice(head);
         h
     }
 

@@ -13,25 +13,17 @@ use crate::input::RxFrame;
 use crate::nat::{self, End, InboundTarget};
 use crate::output::{TxBatch, TxDest};
 use crate::rule::Direction;
-use crate::tso::Coalescer;
+use crate::tso::{Coalescer, Translation};
 use wire::meta::InnerMeta;
 use wire::vnet::VnetHdr;
 
-/// Room for the headers of a frame translated in a copy: Ethernet with two VLAN
-/// tags, IPv4 with options or IPv6 with extension headers, TCP with the most
-/// options. A frame with longer headers is translated in a copy of all of it.
-pub(super) const HEAD_MAX: usize = 256;
-
 /// Delivers `frame` (`meta` parsed from it, cut at the end of its IP packet) from
-/// outside to port `p`'s guest, translated, or counts why not. `head_buf` is the
-/// engine's reused room for a translated copy of its headers: only those change,
-/// so the payload is still referred to where it arrived (and TCP is coalesced),
-/// and the received buffer is never written to.
+/// outside to port `p`'s guest, translated, or counts why not. The received buffer
+/// is never written to: the translation is made in what the guest gets.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn from_outside(
     p: &mut Port,
     coalescer: &mut Coalescer,
-    head_buf: &mut [u8; HEAD_MAX],
     via: &Via<'_>,
     to: Delivery,
     frame: RxFrame<'_>,
@@ -56,27 +48,27 @@ pub(super) fn from_outside(
         return;
     };
     let r = t.rewrite(private);
-    let m = nat::rewritten_meta(meta, End::Dst, r.ip, r.port);
     if t.one_to_one {
+        let m = nat::rewritten_meta(meta, End::Dst, r.ip, r.port);
         let key = FlowKey::from_meta(to.vni, &m);
         nat::note_inbound(&p.cfg.external, &mut p.snat, &p.fw, &key, meta.dst_ip, now);
     }
     p.c.in_packets += 1;
     p.c.in_bytes += frame.len() as u64;
     let gateway_mac = p.cfg.gateway_mac;
-    // Only the headers change: the payload is still referred to where it arrived.
+    // Only the headers change: the payload is still referred to where it arrived,
+    // and a coalesced frame is translated once.
     let n = meta.payload_off;
-    let fits = (wire::ethernet::HEADER_LEN..=HEAD_MAX).contains(&n);
-    if let Some(head) = frame.head().get(..n).filter(|_| fits) {
-        let h = &mut head_buf[..n];
-        h.copy_from_slice(head);
-        r.apply(h, meta, End::Dst);
-        coalescer.push_translated(to.port, frame, h, &m, to.mss, gateway_mac, out);
+    if (wire::ethernet::HEADER_LEN..=frame.head().len()).contains(&n) {
+        let t = Translation {
+            rewrite: r,
+            end: End::Dst,
+        };
+        coalescer.push_translated(to.port, frame, meta, t, to.mss, gateway_mac, out);
         return;
     }
-    // Headers longer than the room for them, or across the frame's pieces: the
-    // whole frame is translated in a copy, after the port's held segments, to keep
-    // their order.
+    // Headers across the frame's pieces: the whole frame is translated in a copy,
+    // after the port's held segments, to keep their order.
     coalescer.flush_for(to.port, out);
     let dest = TxDest::Port {
         port: to.port,

@@ -145,8 +145,8 @@ impl Engine {
                 vni: um.vni,
                 mss: um.mss,
             };
-            let (coalescer, head_buf) = (&mut self.coalescer, &mut self.nat_head);
-            external::from_outside(p, coalescer, head_buf, &via, to, inner, meta, now, out);
+            let coalescer = &mut self.coalescer;
+            external::from_outside(p, coalescer, &via, to, inner, meta, now, out);
             return;
         }
         let key = FlowKey::from_meta(um.vni, meta);

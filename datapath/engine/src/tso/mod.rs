@@ -14,7 +14,7 @@
 
 mod coalesce;
 
-pub use coalesce::{CoalesceStats, Coalescer};
+pub use coalesce::{CoalesceStats, Coalescer, Translation};
 
 use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
