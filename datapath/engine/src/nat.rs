@@ -257,6 +257,31 @@ impl Rewrite {
     }
 }
 
+/// The compiled outbound NAT of one flow: its source rewrite, and for an ICMP
+/// error about a packet that came in through NAT, the rewrite of the quoted
+/// packet's destination back to what its sender sent it to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrcNat {
+    pub rewrite: Rewrite,
+    pub quote: Option<Rewrite>,
+}
+
+impl SrcNat {
+    /// Rewrites `frame` (laid out as `m` says; its checksums complete) as it
+    /// leaves: its source, and an ICMP error's quote, whose checksum is then
+    /// computed afresh over the changed quote.
+    pub fn apply(&self, frame: &mut [u8], m: &InnerMeta) {
+        self.rewrite.apply(frame, m, End::Src);
+        if let Some(q) = &self.quote {
+            let to = q.ip;
+            if let Some((_, quoted)) = quote_of(m, frame) {
+                q.apply(frame, &quoted, End::Dst);
+                icmp_checksum(frame, m, to, m.dst_ip);
+            }
+        }
+    }
+}
+
 /// Unfolded sum of the 16-bit words of an address.
 #[inline]
 fn sum_words<const N: usize>(b: &[u8; N]) -> u64 {
@@ -415,15 +440,82 @@ impl SnatTable {
 }
 
 /// The outbound NAT decision for flow `key` (guest as source) to the internet
-/// gateway. `Ok(None)` never happens for a port with external addresses: a flow of
-/// a family the port has no external address of is refused like a port without any.
+/// gateway: the source rewrite, a SNAT port allocated if the flow needs one. A flow
+/// of a family the port has no external address of is refused
+/// (`no_external_ip`), like a port without any.
 pub fn outbound(
     ext: &ExternalIps,
     snat: &mut SnatTable,
     fw: &Firewall,
     key: &FlowKey,
     now: u64,
-) -> Result<Rewrite, DropReason> {
+) -> Result<SrcNat, DropReason> {
+    let rewrite = match source(ext, snat, fw, key, now)? {
+        Source::Ready(r) => r,
+        Source::Port(range) => {
+            let port = snat
+                .allocate(range, key, fw, now)
+                .ok_or(DropReason::SnatExhausted)?;
+            Rewrite::new(key.src_ip, key.src_port, range.ip, port)
+        }
+    };
+    Ok(SrcNat {
+        rewrite,
+        quote: None,
+    })
+}
+
+/// The outbound NAT decision for an ICMP error the guest sends to the internet
+/// about a packet it received through NAT, `quoted` that packet's flow (the guest
+/// as destination). The packet came in to an external address and port, which
+/// the error must come from and quote, or the sender cannot match it to its
+/// socket: the error's source becomes that address, and the quote's destination
+/// that address and port. Nothing is allocated: a quote no NAT state explains is
+/// `nat_no_mapping`.
+pub fn outbound_icmp_error(
+    ext: &ExternalIps,
+    snat: &SnatTable,
+    fw: &Firewall,
+    error: &FlowKey,
+    quoted: &FlowKey,
+    now: u64,
+) -> Result<SrcNat, DropReason> {
+    // The flow the quoted packet belongs to, as the guest's replies leave.
+    let flow = quoted.reversed();
+    if flow.src_ip != error.src_ip {
+        return Err(DropReason::NatNoMapping);
+    }
+    let quote = match source(ext, snat, fw, &flow, now)? {
+        Source::Ready(r) => r,
+        Source::Port(range) => {
+            let port = *snat
+                .by_private
+                .get(&private_key(&flow))
+                .ok_or(DropReason::NatNoMapping)?;
+            Rewrite::new(flow.src_ip, flow.src_port, range.ip, port)
+        }
+    };
+    Ok(SrcNat {
+        rewrite: Rewrite::new(error.src_ip, error.src_port, quote.ip, error.src_port),
+        quote: Some(quote),
+    })
+}
+
+/// Where flow `key`'s source goes through NAT, short of a SNAT port.
+enum Source<'a> {
+    /// Decided: a 1:1 address, or the SNAT address alone for a flow without ports.
+    Ready(Rewrite),
+    /// The SNAT address, with a port of this range.
+    Port(&'a SnatRange),
+}
+
+fn source<'a>(
+    ext: &'a ExternalIps,
+    snat: &SnatTable,
+    fw: &Firewall,
+    key: &FlowKey,
+    now: u64,
+) -> Result<Source<'a>, DropReason> {
     let v4 = key.src_ip.is_ipv4();
     if let Some(default) = ext.one_to_one(v4) {
         // A reply to a connection that came in to another 1:1 address leaves from it.
@@ -432,23 +524,25 @@ pub fn outbound(
             .get(&private_key(key))
             .filter(|(a, h)| ext.is_one_to_one(*a) && fw.is_live(*h, now))
             .map_or(default, |(a, _)| *a);
-        return Ok(Rewrite::new(key.src_ip, key.src_port, ip, key.src_port));
+        return Ok(Source::Ready(Rewrite::new(
+            key.src_ip,
+            key.src_port,
+            ip,
+            key.src_port,
+        )));
     }
     let range = ext.snat_for(v4).ok_or(DropReason::NoExternalIp)?;
     if !has_ports(key) {
         // Without ports (ICMP other than echo, other protocols) nothing can tell
         // the replies of two guests apart: only the address changes.
-        return Ok(Rewrite::new(
+        return Ok(Source::Ready(Rewrite::new(
             key.src_ip,
             key.src_port,
             range.ip,
             key.src_port,
-        ));
+        )));
     }
-    let port = snat
-        .allocate(range, key, fw, now)
-        .ok_or(DropReason::SnatExhausted)?;
-    Ok(Rewrite::new(key.src_ip, key.src_port, range.ip, port))
+    Ok(Source::Port(range))
 }
 
 /// Translates an ICMP error from outside (Packet Too Big, destination unreachable,
@@ -604,8 +698,7 @@ fn icmp_error(
     private: IpAddr,
     buf: &mut [u8],
 ) -> Option<InnerMeta> {
-    let q_l3 = m.payload_off;
-    let (q, q_l4) = quoted_packet(0, m.proto, buf.get(q_l3..m.ip_end)?)?;
+    let (q, quoted) = quote_of(m, buf)?;
     if q.src_ip != m.dst_ip {
         return None;
     }
@@ -627,9 +720,18 @@ fn icmp_error(
         return None;
     };
     rewrite(buf, m, End::Dst, private, m.dst_port);
-    // The quoted packet's own addresses and ports: `rewrite` works out the
-    // checksum changes from them.
-    let quoted = InnerMeta {
+    rewrite(buf, &quoted, End::Src, private, port);
+    icmp_checksum(buf, m, m.src_ip, private);
+    Some(rewritten_meta(m, End::Dst, private, m.dst_port))
+}
+
+/// The flow of the packet the ICMP error `m` (in `frame`) quotes, and its
+/// metadata: its own addresses and ports, its headers where they lie in `frame`
+/// (what [`Rewrite::apply`] needs of it).
+fn quote_of(m: &InnerMeta, frame: &[u8]) -> Option<(FlowKey, InnerMeta)> {
+    let q_l3 = m.payload_off;
+    let (q, q_l4) = quoted_packet(0, m.proto, frame.get(q_l3..m.ip_end)?)?;
+    let meta = InnerMeta {
         l3_off: q_l3,
         l4_off: q_l3 + q_l4,
         proto: q.proto,
@@ -640,18 +742,27 @@ fn icmp_error(
         dst_port: q.dst_port,
         ..*m
     };
-    rewrite(buf, &quoted, End::Src, private, port);
-    let icmp = buf.get_mut(m.l4_off..m.ip_end)?;
-    icmp.get_mut(2..4)?.fill(0);
-    let pseudo = match (private, m.src_ip) {
-        (IpAddr::V6(dst), IpAddr::V6(src)) => {
-            checksum::pseudo_header_v6(src, dst, m.proto, icmp.len() as u32)
+    Some((q, meta))
+}
+
+/// Computes the checksum of the ICMP message of packet `m` in `frame` afresh (an
+/// ICMPv6 one over the pseudo-header of `src` and `dst`, the packet's addresses).
+fn icmp_checksum(frame: &mut [u8], m: &InnerMeta, src: IpAddr, dst: IpAddr) {
+    let Some(icmp) = frame.get_mut(m.l4_off..m.ip_end) else {
+        return;
+    };
+    let Some(field) = icmp.get_mut(2..4) else {
+        return;
+    };
+    field.fill(0);
+    let pseudo = match (src, dst) {
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            checksum::pseudo_header_v6(s, d, m.proto, icmp.len() as u32)
         }
         _ => 0,
     };
     let c = !checksum::fold(checksum::sum(icmp, pseudo));
     icmp[2..4].copy_from_slice(&c.to_be_bytes());
-    Some(rewritten_meta(m, End::Dst, private, m.dst_port))
 }
 
 /// Whether `m` is an ICMP or ICMPv6 error message (which quotes a packet).

@@ -21,7 +21,7 @@ use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
 use crate::firewall::ConnHandle;
 use crate::flow::FlowKey;
-use crate::nat::{InboundTarget, Rewrite};
+use crate::nat::{InboundTarget, SrcNat};
 use crate::overlay::Sender;
 use crate::port::{PortId, Vni};
 use crate::slab::FlowSlab;
@@ -87,7 +87,7 @@ impl CachedAction for OutAction {
                 e.ifindex,
                 if e.internal { "" } else { " (external)" },
                 e.nat
-                    .map(|n| format!(" nat src {} port {}", n.ip, n.port))
+                    .map(|n| format!(" nat src {} port {}", n.rewrite.ip, n.rewrite.port))
                     .unwrap_or_default()
             ),
             OutAction::Unresolved(p) => format!(
@@ -126,7 +126,7 @@ pub struct EncapAction {
     pub underlay_dst: Ipv6Addr,
     pub vni: u32,
     /// The source rewrite of a flow to the internet gateway (the NAT layer's).
-    pub nat: Option<Rewrite>,
+    pub nat: Option<SrcNat>,
 }
 
 /// An encapsulation short of its underlay next hop: everything of an
@@ -140,7 +140,7 @@ pub struct EncapPlan {
     pub udp_src_port: u16,
     pub flow_label: u32,
     /// The source rewrite of a flow to the internet gateway (the NAT layer's).
-    pub nat: Option<Rewrite>,
+    pub nat: Option<SrcNat>,
 }
 
 impl EncapPlan {

@@ -960,3 +960,110 @@ fn a_connection_the_guest_opens_clears_a_refusal_cached_from_outside() {
     assert_eq!(back.len(), 1);
     assert_eq!(checked(&back[0]), ((remote, IpAddr::V4(g.v4)), (53, 1111)));
 }
+
+/// The guest's ICMP error about `delivered` (an IP frame it got from outside):
+/// port unreachable, quoting as much as fits, to the packet's source.
+fn port_unreachable(delivered: &[u8]) -> Vec<u8> {
+    let g = guest(1);
+    let h = PacketHeaders::from_ethernet_slice(delivered).unwrap();
+    let quote = &delivered[14..];
+    let eth = PacketBuilder::ethernet2(g.mac.0, g.gw_mac.0);
+    let mut buf = Vec::new();
+    match h.net.unwrap() {
+        NetHeaders::Ipv4(ip, _) => eth
+            .ipv4(ip.destination, ip.source, 64)
+            .icmpv4(etherparse::Icmpv4Type::DestinationUnreachable(
+                etherparse::icmpv4::DestUnreachableHeader::Port,
+            ))
+            .write(&mut buf, &quote[..28])
+            .unwrap(),
+        NetHeaders::Ipv6(ip, _) => eth
+            .ipv6(ip.destination, ip.source, 64)
+            .icmpv6(etherparse::Icmpv6Type::DestinationUnreachable(
+                etherparse::icmpv6::DestUnreachableCode::Port,
+            ))
+            .write(&mut buf, quote)
+            .unwrap(),
+        NetHeaders::Arp(_) => panic!("not IP"),
+    }
+    buf
+}
+
+/// The quoted packet of ICMP error `f` (its checksums checked): (source,
+/// destination) address and (source, destination) port, and whether its IPv4
+/// header checksum is right.
+fn quote_of(f: &[u8]) -> ((IpAddr, IpAddr), (u16, u16), bool) {
+    checked(f);
+    let h = PacketHeaders::from_ethernet_slice(f).unwrap();
+    let body = h.payload.slice();
+    let (ips, l4, ok) = match h.net.unwrap() {
+        NetHeaders::Ipv4(..) => {
+            let q = etherparse::Ipv4HeaderSlice::from_slice(body)
+                .unwrap()
+                .to_header();
+            let ok = q.header_checksum == q.calc_header_checksum();
+            ((q.source.into(), q.destination.into()), 20, ok)
+        }
+        _ => {
+            let q = etherparse::Ipv6HeaderSlice::from_slice(body).unwrap();
+            (
+                (q.source_addr().into(), q.destination_addr().into()),
+                40,
+                true,
+            )
+        }
+    };
+    let ports = (
+        u16::from_be_bytes([body[l4], body[l4 + 1]]),
+        u16::from_be_bytes([body[l4 + 2], body[l4 + 3]]),
+    );
+    (ips, ports, ok)
+}
+
+/// The guest's ICMP errors about packets that came in through NAT leave as from
+/// where those packets were sent (the floating IP; the SNAT address), quoting
+/// them as sent (destination the external address and port), every checksum
+/// right, so the sender can match them to its socket.
+#[test]
+fn guest_icmp_errors_quote_what_the_sender_sent() {
+    let g = guest(1);
+    let (f4, _) = floating(&g);
+    let (mut e, p) = sled(ExternalIps {
+        floating: vec![IpAddr::V4(f4)],
+        ..Default::default()
+    });
+    let rule = Rule::new(10, FwAction::Allow)
+        .matching(Predicate::Proto(17))
+        .finalize()
+        .unwrap();
+    e.add_fw_rule("ga", Direction::In, rule).unwrap();
+    let remote = ip("203.0.113.50");
+    let got = from_internet(&mut e, &udp_reply(remote, IpAddr::V4(f4), 9999), 1);
+    assert_eq!(got.len(), 1);
+    let out = send(&mut e, p, &port_unreachable(&got[0]), 2);
+    assert_eq!(out.len(), 1);
+    assert_eq!(checked(&out[0]).0, (IpAddr::V4(f4), remote));
+    assert_eq!(
+        quote_of(&out[0]),
+        ((remote, IpAddr::V4(f4)), (53, 9999), true)
+    );
+
+    // SNAT, IPv6: the reply to the guest's query, quoted with its SNAT port.
+    let (mut e, p) = sled(snat(IpAddr::V6(snat6()), 5000, 5099));
+    let remote = ip("2001:db8:99::53");
+    let got = send(&mut e, p, &udp_to(remote, 1111), 1);
+    let sport = checked(&got[0]).1 .0;
+    let back = from_internet(&mut e, &udp_reply(remote, IpAddr::V6(snat6()), sport), 2);
+    assert_eq!(back.len(), 1);
+    let out = send(&mut e, p, &port_unreachable(&back[0]), 3);
+    assert_eq!(out.len(), 1);
+    assert_eq!(checked(&out[0]).0, (IpAddr::V6(snat6()), remote));
+    assert_eq!(
+        quote_of(&out[0]),
+        ((remote, IpAddr::V6(snat6())), (53, sport), true)
+    );
+    // An error about a packet no NAT state explains is refused.
+    let stranger = udp_reply(ip("2001:db8:99::54"), IpAddr::V6(g.v6), 7777);
+    assert!(send(&mut e, p, &port_unreachable(&stranger), 4).is_empty());
+    assert_eq!(drops(&e, "nat_no_mapping"), 1);
+}

@@ -18,7 +18,7 @@ pub use coalesce::{CoalesceStats, Coalescer, Translation};
 
 use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
-use crate::nat::{self, Rewrite};
+use crate::nat::SrcNat;
 use crate::output::{TxBatch, TxDest};
 use std::net::IpAddr;
 use wire::checksum;
@@ -324,7 +324,7 @@ pub fn segment(
 #[derive(Clone, Copy, Debug)]
 pub struct InnerEdit {
     pub dst_mac: MacAddr,
-    pub nat: Option<Rewrite>,
+    pub nat: Option<SrcNat>,
 }
 
 impl InnerEdit {
@@ -332,7 +332,7 @@ impl InnerEdit {
     #[inline]
     fn apply_nat(&self, inner: &mut [u8], meta: &InnerMeta) {
         if let Some(n) = &self.nat {
-            n.apply(inner, meta, nat::End::Src);
+            n.apply(inner, meta);
         }
     }
 }
