@@ -256,7 +256,7 @@ fn tempfile_path(name: &str) -> PathBuf {
 /// What a VM is and how its virtio-net device looks to it.
 #[derive(Clone, Debug)]
 pub struct VmSpec {
-    /// Short name (at most 8 bytes): QEMU's `-name` and the stem of the host-side
+    /// Short name (at most 12 bytes): QEMU's `-name` and the stem of the host-side
     /// interface names (`t-NAME`, `br-NAME`).
     pub name: String,
     /// The guest's MAC: its virtio NIC's, and the port's `--guest-mac`.
@@ -282,133 +282,87 @@ pub enum Attachment {
 }
 
 impl Attachment {
-    /// Connects `tap` to the port; returns the interfaces it created, to delete.
-    fn attach(&self, ns: &str, vm: &VmSpec, tap: &str) -> Result<Vec<String>> {
+    /// Connects `tap` to the port; what it creates goes into `links`.
+    fn attach(&self, links: &mut HostLinks, vm: &VmSpec, tap: &str) -> Result<()> {
         match self {
             Attachment::Bridge { port } => {
                 let bridge = format!("br-{}", vm.name);
-                ip(ns, &["link", "add", &bridge, "type", "bridge"])?;
-                let created = vec![bridge.clone()];
-                ip(ns, &["link", "set", tap, "master", &bridge])?;
-                ip(ns, &["link", "set", port, "master", &bridge])?;
-                ip(ns, &["link", "set", &bridge, "up"])?;
-                Ok(created)
+                links.create(&bridge, &["link", "add", &bridge, "type", "bridge"])?;
+                links.ip(&["link", "set", tap, "master", &bridge])?;
+                links.ip(&["link", "set", port, "master", &bridge])?;
+                links.ip(&["link", "set", &bridge, "up"])?;
+                Ok(())
             }
         }
     }
 }
 
-/// `ip -n NS ARGS...`, requiring success.
-fn ip(ns: &str, args: &[&str]) -> Result<String> {
-    Cmd::new("ip")
-        .args(["-n", ns])
-        .args(args.iter().copied())
-        .run()
+/// Interfaces created in a namespace for a VM, deleted (newest first) on drop.
+#[derive(Debug)]
+struct HostLinks {
+    ns: String,
+    names: Vec<String>,
 }
 
-/// A running VM. Dropping it stops QEMU (SIGTERM, then SIGKILL) and deletes the
-/// interfaces it created.
+impl HostLinks {
+    /// `ip -n NS ARGS...`, requiring success.
+    fn ip(&self, args: &[&str]) -> Result<String> {
+        Cmd::new("ip")
+            .args(["-n", self.ns.as_str()])
+            .args(args.iter().copied())
+            .run()
+    }
+
+    /// Runs `ip -n NS ARGS...` that creates interface `name`, which is then deleted
+    /// with the others.
+    fn create(&mut self, name: &str, args: &[&str]) -> Result<()> {
+        self.ip(args)?;
+        self.names.push(name.to_string());
+        Ok(())
+    }
+}
+
+impl Drop for HostLinks {
+    fn drop(&mut self) {
+        while let Some(name) = self.names.pop() {
+            if let Err(e) = self.ip(&["link", "del", &name]) {
+                eprintln!("e2e cleanup: {e}");
+            }
+        }
+    }
+}
+
+/// The QEMU process and its directory (console log, stderr, channel socket).
+/// Dropping it stops QEMU (SIGTERM, then SIGKILL) and removes the directory.
 #[derive(Debug)]
-pub struct Vm {
-    pub spec: VmSpec,
-    pub accel: Accel,
-    /// From starting QEMU to the guest's command channel being ready (network
-    /// configured).
-    pub boot_time: Duration,
-    ns: String,
-    qemu: Option<Child>,
-    console: UnixStream,
-    /// Received from the command channel and not yet consumed.
-    pending: Vec<u8>,
-    /// The interfaces to delete from `ns`, the VM's tap last.
-    links: Vec<String>,
+struct Qemu {
+    name: String,
+    child: Child,
     dir: PathBuf,
 }
 
-impl Vm {
-    /// Creates the VM's tap in `ns` (with the port's MTU, up), attaches it, starts
-    /// QEMU there and waits for the guest's command channel. `dir` holds the console
-    /// log, QEMU's stderr and the channel's socket.
-    pub fn boot(ns: &Netns, spec: VmSpec, attach: &Attachment, dir: &Path) -> Result<Vm> {
-        let image = GuestImage::get()?;
-        let accel = Accel::for_this_machine(image)?;
-        let dir = dir.join(format!("vm-{}", spec.name));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let tap = format!("t-{}", spec.name);
-        let mtu = spec.host_mtu.to_string();
-        // Persistent, so it exists (and can be bridged) before QEMU opens it, as
-        // libvirt does; QEMU's virtio-net turns on the tap's offloads itself.
-        ip(ns.name(), &["tuntap", "add", "dev", &tap, "mode", "tap"])?;
-        let socket = dir.join("console.sock");
-        let _ = std::fs::remove_file(&socket);
-        let listener =
-            UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
-        listener.set_nonblocking(true)?;
-        // From here on, Drop deletes the tap and whatever `attach` made.
-        let mut vm = Vm {
-            accel,
-            boot_time: Duration::ZERO,
-            ns: ns.name().to_string(),
-            qemu: None,
-            console: UnixStream::pair()?.0,
-            pending: Vec::new(),
-            links: vec![tap.clone()],
-            dir,
-            spec,
-        };
-        ip(ns.name(), &["link", "set", &tap, "mtu", &mtu, "up"])?;
-        let made = attach.attach(ns.name(), &vm.spec, &tap)?;
-        vm.links.splice(0..0, made);
-        let started = Instant::now();
-        vm.qemu = Some(vm.start_qemu(image, &tap, &socket)?);
-        vm.console = vm.accept_console(&listener, started)?;
-        vm.console
-            .set_read_timeout(Some(Duration::from_millis(200)))?;
-        vm.wait_for(READY, started + BOOT_TIMEOUT)
-            .map_err(|e| e.context(format!("booting VM {}", vm.spec.name)))?;
-        vm.boot_time = started.elapsed();
-        Ok(vm)
+impl Qemu {
+    /// An error unless QEMU still runs.
+    fn check_running(&mut self) -> Result<()> {
+        match self.child.try_wait()? {
+            None => Ok(()),
+            Some(status) => Err(self.failure(&format!("QEMU exited ({status})"))),
+        }
     }
 
-    fn start_qemu(&self, image: &GuestImage, tap: &str, socket: &Path) -> Result<Child> {
-        let spec = &self.spec;
-        let mut append = String::from("console=ttyS0 panic=-1 loglevel=4");
-        if let Some(ip6) = spec.ipv6 {
-            append.push_str(&format!(" vm_ip6={ip6}"));
-        }
-        // Offloads on both ways (QEMU's defaults, spelled out): the guest hands the
-        // tap 64 KiB TSO buffers with partial checksums, and takes them too.
-        let nic = format!(
-            "virtio-net-pci,netdev=net0,mac={},host_mtu={},romfile=,csum=on,guest_csum=on,\
-             gso=on,host_tso4=on,host_tso6=on,guest_tso4=on,guest_tso6=on,mrg_rxbuf=on",
-            spec.mac, spec.host_mtu
-        );
-        let stderr = File::create(self.dir.join("qemu.log"))?;
-        Cmd::in_netns(&self.ns, QEMU)
-            .args(["-name", &spec.name])
-            .args(self.accel.qemu_args())
-            .args(["-smp", "1", "-m", &spec.memory_mib.to_string()])
-            .args(["-nodefaults", "-display", "none", "-no-reboot"])
-            .arg("-kernel")
-            .arg(image.kernel().display().to_string())
-            .arg("-initrd")
-            .arg(image.initrd().display().to_string())
-            .args(["-append", &append])
-            .arg("-serial")
-            .arg(format!("file:{}", self.console_log().display()))
-            .arg("-serial")
-            .arg(format!("unix:{}", socket.display()))
-            .arg("-netdev")
-            .arg(format!(
-                "tap,id=net0,ifname={tap},script=no,downscript=no,vhost=off"
-            ))
-            .args(["-device", &nic])
-            .die_with_parent()
-            .spawn_with(Stdio::null(), Stdio::from(stderr))
+    /// `what`, with QEMU's stderr and the end of the guest's console.
+    fn failure(&self, what: &str) -> Error {
+        let stderr = std::fs::read_to_string(self.dir.join("qemu.log")).unwrap_or_default();
+        Error::new(format!(
+            "VM {}: {what}\nQEMU's stderr: {}\nconsole (last lines):\n{}",
+            self.name,
+            stderr.trim(),
+            tail(&self.dir.join("console.log"), 40)
+        ))
     }
 
     /// Waits for QEMU to connect the guest's second serial port to `listener`.
-    fn accept_console(&mut self, listener: &UnixListener, started: Instant) -> Result<UnixStream> {
+    fn accept_console(&mut self, listener: &UnixListener, deadline: Instant) -> Result<UnixStream> {
         loop {
             match listener.accept() {
                 Ok((s, _)) => {
@@ -419,46 +373,112 @@ impl Vm {
                 Err(e) => return Err(e.into()),
             }
             self.check_running()?;
-            if started.elapsed() > BOOT_TIMEOUT {
+            if Instant::now() > deadline {
                 return Err(self.failure("QEMU never connected the command channel"));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
 
-    /// An error unless QEMU still runs.
-    fn check_running(&mut self) -> Result<()> {
-        let exited = match self.qemu.as_mut() {
-            Some(q) => q.try_wait()?,
-            None => return Err(Error::new("QEMU was not started")),
-        };
-        match exited {
-            None => Ok(()),
-            Some(status) => Err(self.failure(&format!("QEMU exited ({status})"))),
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        if let Err(e) = terminate(&mut self.child, &format!("QEMU of VM {}", self.name)) {
+            eprintln!("e2e cleanup: stopping QEMU of VM {}: {e}", self.name);
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            eprintln!("e2e cleanup: removing {}: {e}", self.dir.display());
         }
     }
+}
 
-    /// `what`, with QEMU's stderr and the end of the guest's console.
-    fn failure(&self, what: &str) -> Error {
-        let qemu = std::fs::read_to_string(self.dir.join("qemu.log")).unwrap_or_default();
-        Error::new(format!(
-            "VM {}: {what}\nQEMU's stderr: {}\nconsole (last lines):\n{}",
-            self.spec.name,
-            qemu.trim(),
-            self.console_tail(40)
-        ))
+/// The last `n` lines of the file at `path` (empty if it cannot be read).
+fn tail(path: &Path, n: usize) -> String {
+    let all = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = all.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A running VM. Dropping it stops QEMU, then deletes the interfaces it created.
+#[derive(Debug)]
+pub struct Vm {
+    pub spec: VmSpec,
+    pub accel: Accel,
+    /// From starting QEMU to the guest's command channel being ready (network
+    /// configured).
+    pub boot_time: Duration,
+    console: UnixStream,
+    /// Received from the command channel and not yet consumed.
+    pending: Vec<u8>,
+    // Dropped in this order: QEMU first (it holds the tap), then the interfaces.
+    qemu: Qemu,
+    _links: HostLinks,
+}
+
+/// The longest [`VmSpec::name`]: `br-NAME` must fit an interface name (15 bytes).
+const MAX_NAME: usize = 12;
+
+impl Vm {
+    /// Creates the VM's tap in `ns` (with the port's MTU, up), attaches it, starts
+    /// QEMU there and waits for the guest's command channel. `dir` gets a directory
+    /// `vm-NAME` for the console log, QEMU's stderr and the channel's socket.
+    pub fn boot(ns: &Netns, spec: VmSpec, attach: &Attachment, dir: &Path) -> Result<Vm> {
+        if spec.name.is_empty() || spec.name.len() > MAX_NAME {
+            return Err(Error::new(format!(
+                "VM name {:?}: 1 to {MAX_NAME} bytes (it names interfaces)",
+                spec.name
+            )));
+        }
+        let image = GuestImage::get()?;
+        let accel = Accel::for_this_machine(image)?;
+        let mut links = HostLinks {
+            ns: ns.name().to_string(),
+            names: Vec::new(),
+        };
+        // Persistent, so it exists (and can be bridged) before QEMU opens it, as
+        // libvirt does; QEMU's virtio-net turns on the tap's offloads itself.
+        let tap = format!("t-{}", spec.name);
+        links.create(&tap, &["tuntap", "add", "dev", &tap, "mode", "tap"])?;
+        let mtu = spec.host_mtu.to_string();
+        links.ip(&["link", "set", &tap, "mtu", &mtu, "up"])?;
+        attach.attach(&mut links, &spec, &tap)?;
+
+        let dir = dir.join(format!("vm-{}", spec.name));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let socket = dir.join("console.sock");
+        let listener =
+            UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
+        listener.set_nonblocking(true)?;
+        let started = Instant::now();
+        let child = qemu_command(image, accel, &spec, ns.name(), &tap, &dir, &socket).spawn_with(
+            Stdio::null(),
+            Stdio::from(File::create(dir.join("qemu.log"))?),
+        )?;
+        let mut qemu = Qemu {
+            name: spec.name.clone(),
+            child,
+            dir,
+        };
+        let console = qemu.accept_console(&listener, started + BOOT_TIMEOUT)?;
+        console.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let mut vm = Vm {
+            spec,
+            accel,
+            boot_time: Duration::ZERO,
+            console,
+            pending: Vec::new(),
+            qemu,
+            _links: links,
+        };
+        vm.wait_for(READY, started + BOOT_TIMEOUT)
+            .map_err(|e| e.context(format!("booting VM {}", vm.spec.name)))?;
+        vm.boot_time = started.elapsed();
+        Ok(vm)
     }
 
     /// The guest's kernel console (ttyS0), with init's progress lines.
     pub fn console_log(&self) -> PathBuf {
-        self.dir.join("console.log")
-    }
-
-    /// The last `n` lines of the console.
-    pub fn console_tail(&self, n: usize) -> String {
-        let all = std::fs::read_to_string(self.console_log()).unwrap_or_default();
-        let lines: Vec<&str> = all.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        self.qemu.dir.join("console.log")
     }
 
     /// Reads the command channel until a line starting with `marker`; returns what
@@ -470,21 +490,25 @@ impl Vm {
                 return Ok(found);
             }
             if Instant::now() > deadline {
-                return Err(self.failure(&format!(
+                return Err(self.qemu.failure(&format!(
                     "no {marker:?} on the command channel in time; received: {:?}",
                     String::from_utf8_lossy(&self.pending)
                 )));
             }
             match self.console.read(&mut buf) {
                 Ok(0) => {
-                    self.check_running()?;
-                    return Err(self.failure("the command channel closed"));
+                    self.qemu.check_running()?;
+                    return Err(self.qemu.failure("the command channel closed"));
                 }
                 Ok(n) => self.pending.extend_from_slice(&buf[..n]),
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    self.check_running()?;
+                    self.qemu.check_running()?;
                 }
-                Err(e) => return Err(self.failure(&format!("reading the command channel: {e}"))),
+                Err(e) => {
+                    return Err(self
+                        .qemu
+                        .failure(&format!("reading the command channel: {e}")))
+                }
             }
         }
     }
@@ -499,7 +523,7 @@ impl Vm {
         }
         self.console
             .write_all(format!("{command}\n").as_bytes())
-            .map_err(|e| self.failure(&format!("sending {command:?}: {e}")))?;
+            .map_err(|e| self.qemu.failure(&format!("sending {command:?}: {e}")))?;
         let (out, rest) = self
             .wait_for(END, Instant::now() + timeout)
             .map_err(|e| e.context(format!("running {command:?}")))?;
@@ -544,22 +568,49 @@ impl Vm {
     }
 }
 
-impl Drop for Vm {
-    fn drop(&mut self) {
-        if let Some(mut q) = self.qemu.take() {
-            if let Err(e) = terminate(&mut q, &format!("QEMU of VM {}", self.spec.name)) {
-                eprintln!("e2e cleanup: stopping QEMU of VM {}: {e}", self.spec.name);
-            }
-        }
-        for link in self.links.drain(..) {
-            if let Err(e) = ip(&self.ns, &["link", "del", &link]) {
-                eprintln!("e2e cleanup: {e}");
-            }
-        }
-        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
-            eprintln!("e2e cleanup: removing {}: {e}", self.dir.display());
-        }
+/// The QEMU command line: the guest image booted directly, the kernel console on
+/// the first serial port (a file in `dir`), the command channel on the second (a
+/// client of `socket`), and a virtio-net NIC on `tap`, run in namespace `ns`.
+fn qemu_command(
+    image: &GuestImage,
+    accel: Accel,
+    spec: &VmSpec,
+    ns: &str,
+    tap: &str,
+    dir: &Path,
+    socket: &Path,
+) -> Cmd {
+    let mut append = String::from("console=ttyS0 panic=-1 loglevel=4");
+    if let Some(ip6) = spec.ipv6 {
+        append.push_str(&format!(" vm_ip6={ip6}"));
     }
+    // Offloads on both ways (QEMU's defaults, spelled out): the guest hands the tap
+    // 64 KiB TSO buffers with partial checksums, and takes them too.
+    let nic = format!(
+        "virtio-net-pci,netdev=net0,mac={},host_mtu={},romfile=,csum=on,guest_csum=on,\
+         gso=on,host_tso4=on,host_tso6=on,guest_tso4=on,guest_tso6=on,mrg_rxbuf=on",
+        spec.mac, spec.host_mtu
+    );
+    Cmd::in_netns(ns, QEMU)
+        .args(["-name", &spec.name])
+        .args(accel.qemu_args())
+        .args(["-smp", "1", "-m", &spec.memory_mib.to_string()])
+        .args(["-nodefaults", "-display", "none", "-no-reboot"])
+        .arg("-kernel")
+        .arg(image.kernel().display().to_string())
+        .arg("-initrd")
+        .arg(image.initrd().display().to_string())
+        .args(["-append", &append])
+        .arg("-serial")
+        .arg(format!("file:{}", dir.join("console.log").display()))
+        .arg("-serial")
+        .arg(format!("unix:{}", socket.display()))
+        .arg("-netdev")
+        .arg(format!(
+            "tap,id=net0,ifname={tap},script=no,downscript=no,vhost=off"
+        ))
+        .args(["-device", &nic])
+        .die_with_parent()
 }
 
 /// Takes from `pending` everything up to the first complete line that starts with

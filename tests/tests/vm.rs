@@ -18,9 +18,10 @@ use e2e::guest::{create_port, Guest, GuestSpec, JUMBO_MTU};
 use e2e::rack::Sled;
 use e2e::standard::B1;
 use e2e::vm::{Attachment, Vm, VmSpec};
+use e2e::xfer::any_addr;
 use e2e::{poll_until, Cmd, Error, Rack, RackSpec, Result};
 use std::io::Read;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 const VM: &str = "v1";
@@ -206,15 +207,9 @@ fn bulk_from_vm(
     port: u16,
     hash: &str,
 ) -> Result<(usize, f64)> {
-    let any = SocketAddr::new(
-        if target.is_ipv4() {
-            IpAddr::from([0u8; 4])
-        } else {
-            IpAddr::from([0u16; 8])
-        },
-        port,
-    );
-    let listener = to.ns.within(|| Ok(TcpListener::bind(any)?))?;
+    let listener = to
+        .ns
+        .within(|| Ok(TcpListener::bind(any_addr(target, port))?))?;
     listener.set_nonblocking(true)?;
     let receiver = std::thread::spawn(move || receive_all(&listener, VM_CMD));
     let sent = vm.run(&format!("nc {target} {port} < /tmp/bulk"), VM_CMD * 5);
