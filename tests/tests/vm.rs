@@ -5,11 +5,13 @@
 //! VM:
 //! - its link MTU from the virtio device (`host_mtu` = `xdeadm mtu`'s
 //!   `virtio_host_mtu`) and DHCP option 26, its IPv6 MTU from the RA (the guest
-//!   starts it at 1280, so nothing else can have raised it);
-//! - 8500-byte packets both ways, IPv4 and IPv6, neither fragmented nor
-//!   reassembled by either kernel (the VM's IP counters stay at zero);
-//! - bulk TCP from the VM, IPv4 and IPv6, arriving byte-exact, sent as 64 KiB GSO
-//!   buffers (the port's `tso_buffers_in` grows).
+//!   lowers it to 1280 before its first Router Solicitation, so nothing else can
+//!   have raised it);
+//! - 8500-byte packets both ways, IPv4 and IPv6, whole: the VM's fragmentation and
+//!   reassembly counters stay at zero, and the namespace guest pings with
+//!   fragmentation forbidden;
+//! - bulk TCP from the VM, IPv4 and IPv6, arriving byte-exact, sent as GSO buffers
+//!   (the port's `tso_buffers_in` grows).
 //!
 //! One boot serves every check: under TCG a boot is the slow part. The test never
 //! skips: without QEMU or the Debian packages it fails saying what is missing.
@@ -115,7 +117,12 @@ fn a_qemu_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic() -> Result<()
     ] {
         assert_eq!(snmp.get(counter), Some(&0), "{counter} in the VM: {snmp:?}");
     }
-    for counter in ["Icmp.InEchoReps", "Icmp.InEchos"] {
+    for counter in [
+        "Icmp.InEchoReps",
+        "Icmp.InEchos",
+        "Icmp6InEchoReplies",
+        "Icmp6InEchos",
+    ] {
         assert!(
             snmp.get(counter) > Some(&0),
             "{counter} in the VM: {snmp:?}"
