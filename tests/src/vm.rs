@@ -5,8 +5,8 @@
 //! - [`GuestImage`]: the kernel and initramfs `tests/vm/build-guest.sh` assembles from
 //!   Debian packages and caches between runs.
 //! - [`Accel`]: KVM where a probe shows a kernel actually boots with it, else TCG
-//!   (nested KVM on some machines starts a VM but stops it on the first emulation
-//!   error; see docs/testing.md).
+//!   (nested KVM on some machines starts a VM that never gets through the kernel's
+//!   boot; see docs/testing.md).
 //! - [`Attachment`]: how the VM's tap reaches the port.
 //! - [`Vm`]: the QEMU process, its tap and the guest's command channel. The guest's
 //!   init (tests/vm/init) configures the network as a VM's OS does (DHCP, RA) and
