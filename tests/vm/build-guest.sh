@@ -101,14 +101,16 @@ chmod 0755 "$root/init" "$root/udhcpc.script"
 : >"$root/modules.load"
 declare -A done_modules=()
 load() {
-    local name="$1" file deps dep
+    local name="$1" file file_name deps dep
     [ -z "${done_modules[$name]:-}" ] || return 0
     done_modules[$name]=1
-    if grep -q "/$name.ko" "$moddir/modules.builtin"; then
+    # Module names use "_" where file names may use "-".
+    file_name="${name//_/[-_]}"
+    if grep -q "/$file_name\.ko\$" "$moddir/modules.builtin"; then
         echo "build-guest: $name is built into $release" >&2
         return 0
     fi
-    file="$(find "$moddir" -name "$name.ko*" | head -n 1)"
+    file="$(find "$moddir" -name "$file_name.ko*" | head -n 1)"
     [ -n "$file" ] || die "module $name is neither built into $release nor shipped with it"
     case "$file" in
     *.ko) ;;
