@@ -122,8 +122,9 @@ impl GuestSpec {
     }
 
     /// The `xdeadm create-xde` arguments for this port, its tap moved into
-    /// namespace `netns`.
-    pub fn create_args(&self, netns: &str) -> Vec<String> {
+    /// namespace `netns`, or left in the daemon's namespace for a hypervisor to
+    /// bridge to a VM when `netns` is `None`.
+    pub fn create_args(&self, netns: Option<&str>) -> Vec<String> {
         let mut a: Vec<String> = vec![
             "create-xde".into(),
             self.name.clone(),
@@ -133,9 +134,10 @@ impl GuestSpec {
             self.gateway_mac.clone(),
             "--vpc-vni".into(),
             self.vni.to_string(),
-            "--netns".into(),
-            netns.into(),
         ];
+        if let Some(ns) = netns {
+            a.extend(["--netns".into(), ns.into()]);
+        }
         if let Some(ip) = self.ipv4 {
             a.extend([
                 "--private-ip".into(),
@@ -190,6 +192,33 @@ pub fn link_local_eui64(mac: &str) -> Result<Ipv6Addr> {
     ))
 }
 
+/// Creates `spec`'s port on `sled` (its tap moved into namespace `netns`, or left
+/// in the sled's namespace when `None`) and allows inbound traffic from
+/// `spec.allow_inbound_from`.
+pub fn create_port(sled: &Sled, spec: &GuestSpec, netns: Option<&str>) -> Result<()> {
+    let args = spec.create_args(netns);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    sled.admin(&refs)?;
+    for (i, host) in spec.allow_inbound_from.iter().enumerate() {
+        let priority = (100 + i).to_string();
+        sled.admin(&[
+            "add-fw-rule",
+            &spec.name,
+            "--direction",
+            "in",
+            "--priority",
+            &priority,
+            "--host",
+            host,
+            "--proto",
+            "any",
+            "--action",
+            "allow",
+        ])?;
+    }
+    Ok(())
+}
+
 /// A configured guest.
 #[derive(Debug)]
 pub struct Guest {
@@ -203,26 +232,7 @@ impl Guest {
     /// guest OS side ([`Guest::configure_os`]).
     pub fn create(sled: &Sled, ns_name: &str, spec: GuestSpec) -> Result<Guest> {
         let ns = Guest::namespace(ns_name)?;
-        let args = spec.create_args(ns.name());
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        sled.admin(&refs)?;
-        for (i, host) in spec.allow_inbound_from.iter().enumerate() {
-            let priority = (100 + i).to_string();
-            sled.admin(&[
-                "add-fw-rule",
-                &spec.name,
-                "--direction",
-                "in",
-                "--priority",
-                &priority,
-                "--host",
-                host,
-                "--proto",
-                "any",
-                "--action",
-                "allow",
-            ])?;
-        }
+        create_port(sled, &spec, Some(ns.name()))?;
         let guest = Guest { spec, ns };
         guest.configure_os()?;
         Ok(guest)
@@ -400,7 +410,7 @@ mod tests {
         );
         assert_eq!(GuestSpec::v4("a", 0, 1).addresses().len(), 1);
         assert!(GuestSpec::v6("a", 0, 1).ipv4.is_none());
-        let args = GuestSpec::v4("a", 0, 1).mtu(None).create_args("ns");
+        let args = GuestSpec::v4("a", 0, 1).mtu(None).create_args(Some("ns"));
         assert!(!args.contains(&"--mtu".to_string()), "{args:?}");
     }
 }

@@ -342,21 +342,27 @@ impl Rack {
     /// for each such guest address), as the control plane would. A sled needs no V2P
     /// entry for its own guests, with one worker or several: the tests rely on that.
     pub fn publish_v2p(&self) -> Result<()> {
-        for sled in &self.sleds {
-            for g in self.guests.iter().filter(|g| g.spec.sled != sled.index) {
-                let host = self.sled(g.spec.sled)?.addr.to_string();
-                for ip in g.spec.addresses() {
-                    sled.admin(&[
-                        "set-v2p",
-                        &ip.to_string(),
-                        &g.spec.mac,
-                        &host,
-                        &g.spec.vni.to_string(),
-                    ])
-                    .with_context(|| {
-                        format!("V2P for guest {} on sled {}", g.spec.name, sled.index)
-                    })?;
-                }
+        for g in &self.guests {
+            self.publish_v2p_of(&g.spec)?;
+        }
+        Ok(())
+    }
+
+    /// Tells every sled but its own where the guest of `spec` lives: what
+    /// [`Rack::publish_v2p`] does for one guest, also one that is not in
+    /// `self.guests` (a virtual machine).
+    pub fn publish_v2p_of(&self, spec: &GuestSpec) -> Result<()> {
+        let host = self.sled(spec.sled)?.addr.to_string();
+        for sled in self.sleds.iter().filter(|s| s.index != spec.sled) {
+            for ip in spec.addresses() {
+                sled.admin(&[
+                    "set-v2p",
+                    &ip.to_string(),
+                    &spec.mac,
+                    &host,
+                    &spec.vni.to_string(),
+                ])
+                .with_context(|| format!("V2P for guest {} on sled {}", spec.name, sled.index))?;
             }
         }
         Ok(())

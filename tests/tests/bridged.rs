@@ -9,7 +9,7 @@
 //! exchanges full-size packets with a guest on the other sled, both ways, IPv4
 //! and IPv6.
 
-use e2e::guest::GuestSpec;
+use e2e::guest::{create_port, GuestSpec};
 use e2e::standard::{self, B1};
 use e2e::{Guest, Rack, RackSpec, Result};
 use std::time::Duration;
@@ -31,11 +31,7 @@ fn a_guest_behind_a_bridge_gets_the_ra_and_full_size_traffic() -> Result<()> {
     let vm_ns = Guest::namespace(&format!("{}-{VM}", rack.id))?;
     let sled = rack.sled(0)?;
     // The port without --netns: its tap stays in the sled's namespace.
-    let mut args = spec.create_args("");
-    let at = args.iter().position(|a| a == "--netns").unwrap();
-    args.drain(at..at + 2);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    sled.admin(&refs)?;
+    create_port(sled, &spec, None)?;
     let tap_mac = sled
         .ns
         .run("cat", &[&format!("/sys/class/net/{VM}/address")])?;
