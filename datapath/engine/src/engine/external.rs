@@ -67,15 +67,8 @@ pub(super) fn from_outside(
         coalescer.push_translated(to.port, frame, meta, t, to.mss, gateway_mac, out);
         return;
     }
-    // Headers across the frame's pieces: the whole frame is translated in a copy,
-    // after the port's held segments, to keep their order.
-    coalescer.flush_for(to.port, out);
-    let dest = TxDest::Port {
-        port: to.port,
-        vnet: VnetHdr::default(),
-    };
-    let buf = out.push_unzeroed(dest, frame.len());
-    frame.copy_into(buf);
+    // Headers across the frame's pieces: the whole frame is translated in a copy.
+    let buf = whole_copy(coalescer, to, &frame, out);
     r.apply(buf, meta, End::Dst);
     // The parser saw a whole Ethernet header: the MACs are there.
     buf[6..12].copy_from_slice(gateway_mac.as_bytes());
@@ -137,15 +130,8 @@ fn icmp_error(
     now: u64,
     out: &mut TxBatch,
 ) {
-    // Translated straight into the frame the guest gets, after the port's held
-    // segments, to keep their order; a frame that is then refused is taken back.
-    coalescer.flush_for(to.port, out);
-    let dest = TxDest::Port {
-        port: to.port,
-        vnet: VnetHdr::default(),
-    };
-    let buf = out.push_unzeroed(dest, frame.len());
-    frame.copy_into(buf);
+    // Translated in the copy; a frame that is then refused is taken back.
+    let buf = whole_copy(coalescer, to, &frame, out);
     let (cfg, snat) = (&p.cfg, &p.snat);
     let verdict = match nat::inbound_icmp_error(&cfg.external, cfg.ipv4, cfg.ipv6, snat, meta, buf)
     {
@@ -168,4 +154,22 @@ fn icmp_error(
             p.c.drops.inc(r);
         }
     }
+}
+
+/// A copy of all of `frame` pushed for port `to.port`, with no offload claims, to
+/// be translated in place: after the port's held segments, to keep their order.
+fn whole_copy<'b>(
+    coalescer: &mut Coalescer,
+    to: Delivery,
+    frame: &RxFrame<'_>,
+    out: &'b mut TxBatch,
+) -> &'b mut [u8] {
+    coalescer.flush_for(to.port, out);
+    let dest = TxDest::Port {
+        port: to.port,
+        vnet: VnetHdr::default(),
+    };
+    let buf = out.push_unzeroed(dest, frame.len());
+    frame.copy_into(buf);
+    buf
 }
