@@ -32,6 +32,10 @@ const VM: &str = "v1";
 /// few seconds under TCG.
 const BULK_MIB: u32 = 16;
 
+/// How many bulk transfers may pass without a TSO buffer before the test fails
+/// (see the transfers below).
+const TSO_TRIES: u16 = 3;
+
 /// How long one command in the VM may take (TCG on a loaded 2-core machine).
 const VM_CMD: Duration = Duration::from_secs(60);
 
@@ -144,18 +148,28 @@ fn a_qemu_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic() -> Result<()
         .ok_or_else(|| Error::new(format!("sha256sum in the VM printed {hash:?}")))?
         .to_string();
     for (i, target) in [b1.ipv4()?, b1.ipv6()?].into_iter().enumerate() {
-        let before = tso_buffers_in(sled, VM)?;
-        let port = 5201 + u16::try_from(i).unwrap_or(0);
-        let (bytes, secs) = bulk_from_vm(&mut vm, b1, target, port, &hash)?;
-        let buffers = tso_buffers_in(sled, VM)? - before;
-        eprintln!(
-            "vm: {bytes} bytes of TCP to {target} in {secs:.2} s ({:.0} Mbit/s), \
-             {buffers} TSO buffers",
-            bytes as f64 * 8.0 / secs / 1e6
-        );
+        // Every transfer must arrive byte-exact. Under TCG on a loaded machine the
+        // VM's TCP can, once in a while, send a whole transfer one segment at a time
+        // (seen once in about ten runs), so a transfer without TSO buffers is
+        // repeated, up to TSO_TRIES times in all, before the test fails.
+        let mut buffers = 0;
+        for attempt in 1..=TSO_TRIES {
+            let before = tso_buffers_in(sled, VM)?;
+            let port = 5201 + 10 * u16::try_from(i).unwrap_or(0) + attempt;
+            let (bytes, secs) = bulk_from_vm(&mut vm, b1, target, port, &hash)?;
+            buffers = tso_buffers_in(sled, VM)? - before;
+            eprintln!(
+                "vm: {bytes} bytes of TCP to {target} in {secs:.2} s ({:.0} Mbit/s), \
+                 {buffers} TSO buffers (attempt {attempt})",
+                bytes as f64 * 8.0 / secs / 1e6
+            );
+            if buffers > 0 {
+                break;
+            }
+        }
         assert!(
             buffers > 0,
-            "the VM's {BULK_MIB} MiB to {target} came as no TSO buffer"
+            "the VM's {BULK_MIB} MiB to {target} came as no TSO buffer, {TSO_TRIES} times"
         );
     }
     drop(vm);
