@@ -64,7 +64,7 @@ pub(super) fn from_outside(
             rewrite: r,
             end: End::Dst,
         };
-        coalescer.push_translated(to.port, frame, meta, t, to.mss, gateway_mac, out);
+        coalescer.push_translated(to.port, frame, meta, &t, to.mss, gateway_mac, out);
         return;
     }
     // Headers across the frame's pieces: the whole frame is translated in a copy.

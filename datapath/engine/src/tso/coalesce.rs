@@ -186,7 +186,7 @@ impl Pending {
     /// Takes a first segment (checksum verified) as a new frame: `head` holds its
     /// headers, `start.payload` refers to the rest; `nat` translates the headers the
     /// guest gets.
-    fn begin(&mut self, start: Start, head: &[u8], m: &InnerMeta, nat: Option<Translation>) {
+    fn begin(&mut self, start: Start, head: &[u8], m: &InnerMeta, nat: Option<&Translation>) {
         let (hdrs, end) = (m.payload_off, m.ip_end);
         self.in_use = true;
         self.port = start.port;
@@ -444,6 +444,7 @@ impl Coalescer {
     ///
     /// Held frames refer to `frame`'s input: the caller keeps its inputs until the
     /// batch they end up in is drained, and flushes before that.
+    #[inline]
     pub fn push(
         &mut self,
         port: PortId,
@@ -465,7 +466,7 @@ impl Coalescer {
         port: PortId,
         frame: RxFrame<'_>,
         meta: &InnerMeta,
-        t: Translation,
+        t: &Translation,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
@@ -479,7 +480,7 @@ impl Coalescer {
         port: PortId,
         frame: RxFrame<'_>,
         meta: &InnerMeta,
-        nat: Option<Translation>,
+        nat: Option<&Translation>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
@@ -667,7 +668,7 @@ impl Coalescer {
         port: PortId,
         frame: &RxFrame<'_>,
         m: &InnerMeta,
-        nat: Option<Translation>,
+        nat: Option<&Translation>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
@@ -716,7 +717,7 @@ impl Coalescer {
         port: PortId,
         frame: &RxFrame<'_>,
         m: &InnerMeta,
-        nat: Option<Translation>,
+        nat: Option<&Translation>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
