@@ -35,8 +35,9 @@ use crate::neighbours::NextHops;
 use crate::shaper::{IngressShaper, Offer};
 use crate::underlay::{LentSlots, SendError, UnderlayQueues};
 use crate::workers::{serve_jobs, JobRx};
+use dpio::guest::GuestPort;
 use dpio::poll::Epoll;
-use dpio::tap::{TapFault, TapPort, MAX_GATHER, MAX_TAP_FRAME};
+use dpio::tap::{TapFault, MAX_GATHER, MAX_TAP_FRAME};
 use dpio::xsk::{RxHeld, TxError};
 use engine::{Engine, FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest};
 use serde::Serialize;
@@ -128,6 +129,11 @@ pub struct WorkerStats {
     pub tap_tx_no_port: u64,
     /// Frames of more pieces than one `writev` takes, copied into one buffer first.
     pub tap_tx_linearized: u64,
+    /// Frames from the VM of an attached port (`--attach`) that the kernel dropped
+    /// because the port's packet socket was full (the worker read too slowly);
+    /// read every tick. A tap's queue counts the same loss on the device instead
+    /// (`stats`' `tap_queues`).
+    pub attached_rx_dropped: u64,
     pub underlay_rx_frames: u64,
     pub underlay_tx_frames: u64,
     /// Underlay frames built outside the sockets' lent slots (none was free) and
@@ -166,6 +172,7 @@ engine::summed_across_workers!(WorkerStats {
     tap_tx_port_down,
     tap_tx_no_port,
     tap_tx_linearized,
+    attached_rx_dropped,
     underlay_rx_frames,
     underlay_tx_frames,
     underlay_tx_copied,
@@ -411,7 +418,7 @@ impl WorkerIo {
     }
 
     /// Starts watching a port's tap (token: the engine's port id).
-    pub fn watch_tap(&self, tap: &TapPort, token: u64) -> Result<(), String> {
+    pub fn watch_tap(&self, tap: &GuestPort, token: u64) -> Result<(), String> {
         self.epoll
             .add(tap.as_raw_fd(), token)
             .map_err(|e| format!("tap {:?}: {e}", tap.name()))
@@ -452,7 +459,7 @@ impl WorkerIo {
     }
 
     /// Stops watching a tap (before it is closed).
-    pub fn unwatch_tap(&self, tap: &TapPort) {
+    pub fn unwatch_tap(&self, tap: &GuestPort) {
         if let Err(e) = self.epoll.remove(tap.as_raw_fd()) {
             tracing::debug!(tap = tap.name(), error = %e, "tap not in the poll set");
         }
@@ -780,8 +787,26 @@ impl Datapath {
         }
         out.clear();
         self.batch = out;
+        self.count_attached_drops();
         self.ports_down();
         self.taps_back();
+    }
+
+    /// Adds what the attached ports' sockets dropped since the last tick to
+    /// `attached_rx_dropped`.
+    fn count_attached_drops(&mut self) {
+        for port in self.taps.iter().flatten() {
+            let TapLink::Up(dev) = &port.link else {
+                continue;
+            };
+            match dev.take_drops() {
+                Some(Ok(n)) => self.stats.attached_rx_dropped += u64::from(n),
+                Some(Err(e)) => {
+                    tracing::debug!(port = %port.info.config.name, error = %e, "packet socket drops not read");
+                }
+                None => {}
+            }
+        }
     }
 
     /// Serves the taps the re-opener got back since the last look.
@@ -836,7 +861,7 @@ impl Datapath {
                 .flatten()
                 .any(|p| p.info.config.name == name)
             {
-                if let Err(e) = r.tap.destroy() {
+                if let Err(e) = r.tap.release() {
                     tracing::warn!(error = %e, "tap of a deleted port not destroyed");
                 }
             }
@@ -857,14 +882,14 @@ impl Datapath {
 }
 
 /// The tap of port `token` if it is up.
-fn up_tap(taps: &[Option<PortTap>], port: engine::PortId) -> Option<&TapPort> {
+fn up_tap(taps: &[Option<PortTap>], port: engine::PortId) -> Option<&GuestPort> {
     match &taps.get(port.0 as usize)?.as_ref()?.link {
         TapLink::Up(tap) => Some(tap),
         TapLink::Down { .. } => None,
     }
 }
 
-fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut TapPort> {
+fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut GuestPort> {
     let port = taps.get_mut(usize::try_from(token).ok()?)?.as_mut()?;
     match &mut port.link {
         TapLink::Up(tap) => Some(tap),
@@ -1042,7 +1067,7 @@ const FEW_PARTS: usize = 16;
 /// pieces, or of one copy of them when there are more than a `writev` takes.
 /// Returns whether the frame was copied.
 fn to_tap(
-    tap: &TapPort,
+    tap: &GuestPort,
     hdr: &[u8],
     frame: FrameBytes<'_>,
     held: &Held,
@@ -1062,10 +1087,10 @@ fn to_tap(
         .map(|()| true)
 }
 
-/// [`TapPort::write_gather`] of the header and the frame's pieces, or `None` when
+/// [`GuestPort::write_gather`] of the header and the frame's pieces, or `None` when
 /// they are more than `N` (so the array stays small for the common frame).
 fn write_gathered<const N: usize>(
-    tap: &TapPort,
+    tap: &GuestPort,
     hdr: &[u8],
     frame: FrameBytes<'_>,
     held: &Held,

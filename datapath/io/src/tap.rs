@@ -76,31 +76,71 @@ fn ioctl_int(
     Ok(())
 }
 
-/// What a failed tap read or write says about the tap.
+/// One `writev` of a frame in at most [`MAX_GATHER`] parts to `fd` (a tap, or a
+/// bound packet socket: both take one frame per write), retried on EINTR.
+pub(crate) fn writev_all(fd: RawFd, parts: &[IoSlice<'_>]) -> io::Result<()> {
+    if parts.len() > MAX_GATHER {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} parts, at most {MAX_GATHER} per frame", parts.len()),
+        ));
+    }
+    loop {
+        // SAFETY: IoSlice is ABI-compatible with iovec on Unix (std guarantees
+        // it); every slice is live for the call, which only reads them, and
+        // the count is at most MAX_GATHER <= IOV_MAX.
+        let n = unsafe {
+            libc::writev(
+                fd,
+                parts.as_ptr().cast::<libc::iovec>(),
+                parts.len() as libc::c_int,
+            )
+        };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// What a failed read or write of a guest port (a tap, or a packet socket on an
+/// attached interface) says about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TapFault {
-    /// The guest's side of the link is down (a write gets EIO): the device is
+    /// The guest's side of the link is down (a tap write gets EIO; a packet
+    /// socket's, ENETDOWN: the attached interface is down): the device is
     /// there, this frame is lost and later ones go through once the guest
     /// brings its link up.
     LinkDown,
     /// The kernel refused this one frame (a malformed frame or vnet header,
-    /// memory pressure), or a frame we could not assemble: the tap is fine.
+    /// memory pressure, a full send buffer), or a frame we could not assemble:
+    /// the port is fine.
     Frame,
     /// Anything else: the descriptor no longer reaches a device (EBADFD once
-    /// the device was deleted, e.g. with the guest's namespace). The fd is
-    /// useless; the tap must be opened again.
+    /// the device was deleted, e.g. with the guest's namespace; ENXIO for a
+    /// packet socket whose interface was deleted). The fd is useless; the port
+    /// must be opened again.
     Gone,
 }
 
 impl TapFault {
-    /// Classifies an error of [`TapPort::read`], [`TapPort::write`] or
-    /// [`TapPort::write_gather`] (which handle EAGAIN and EINTR themselves).
+    /// Classifies an error of a [`crate::guest::GuestPort`]'s read or write
+    /// (reads handle EAGAIN and EINTR themselves; a packet socket's write may
+    /// still say EAGAIN when its send buffer is full).
     pub fn of(e: &io::Error) -> TapFault {
         match e.raw_os_error() {
-            Some(libc::EIO) => TapFault::LinkDown,
-            Some(libc::EINVAL | libc::EMSGSIZE | libc::EFAULT | libc::ENOMEM | libc::ENOBUFS) => {
-                TapFault::Frame
-            }
+            Some(libc::EIO | libc::ENETDOWN) => TapFault::LinkDown,
+            Some(
+                libc::EINVAL
+                | libc::EMSGSIZE
+                | libc::EFAULT
+                | libc::ENOMEM
+                | libc::ENOBUFS
+                | libc::EAGAIN,
+            ) => TapFault::Frame,
             Some(_) => TapFault::Gone,
             // Our own refusals (buffer, vnet header, part count) name no errno.
             None => TapFault::Frame,
@@ -305,31 +345,7 @@ impl TapPort {
     /// copies each piece once, into the guest's buffer. At most [`MAX_GATHER`]
     /// parts.
     pub fn write_gather(&self, parts: &[IoSlice<'_>]) -> io::Result<()> {
-        if parts.len() > MAX_GATHER {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} parts, at most {MAX_GATHER} per frame", parts.len()),
-            ));
-        }
-        loop {
-            // SAFETY: IoSlice is ABI-compatible with iovec on Unix (std guarantees
-            // it); every slice is live for the call, which only reads them, and
-            // the count is at most MAX_GATHER <= IOV_MAX.
-            let n = unsafe {
-                libc::writev(
-                    self.file.as_raw_fd(),
-                    parts.as_ptr().cast::<libc::iovec>(),
-                    parts.len() as libc::c_int,
-                )
-            };
-            if n >= 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        writev_all(self.file.as_raw_fd(), parts)
     }
 
     /// Clears the persistent flag and closes the fd, which destroys the device
@@ -563,6 +579,9 @@ mod tests {
     fn faults_are_classified_by_errno() {
         let os = io::Error::from_raw_os_error;
         assert_eq!(TapFault::of(&os(libc::EIO)), TapFault::LinkDown);
+        assert_eq!(TapFault::of(&os(libc::ENETDOWN)), TapFault::LinkDown);
+        assert_eq!(TapFault::of(&os(libc::EAGAIN)), TapFault::Frame);
+        assert_eq!(TapFault::of(&os(libc::ENXIO)), TapFault::Gone);
         assert_eq!(TapFault::of(&os(libc::EINVAL)), TapFault::Frame);
         assert_eq!(TapFault::of(&os(libc::ENOBUFS)), TapFault::Frame);
         assert_eq!(TapFault::of(&os(libc::EBADFD)), TapFault::Gone);

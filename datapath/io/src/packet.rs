@@ -1,0 +1,296 @@
+//! Ports attached to an interface someone else owns: an `AF_PACKET` socket with
+//! `PACKET_VNET_HDR` on the host side of a hypervisor's tap (QEMU, libvirt).
+//!
+//! The hypervisor holds the tap's fd and the VM's virtio-net device; the daemon
+//! reads what the tap's interface receives (every frame the VM sends) and
+//! transmits on it (every frame goes to the VM). With `PACKET_VNET_HDR` each
+//! frame is preceded by the same `struct virtio_net_hdr` a tap opened with
+//! `IFF_VNET_HDR` carries, so the VM's 64 KiB TSO buffers arrive whole with their
+//! GSO and partial-checksum metadata, and the datapath hands coalesced buffers to
+//! the VM the same way: to the worker an attached port is a tap.
+//!
+//! No promiscuous mode is needed: a packet socket sees every frame the interface
+//! receives whatever its destination MAC (a tap's and a veth's receive side
+//! filter nothing; `PACKET_OTHERHOST` frames are delivered to packet sockets).
+//! `PACKET_IGNORE_OUTGOING` keeps our own transmissions (and the host stack's
+//! own, e.g. its router solicitations) out of what we read.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use wire::vnet::{VnetHdr, VNET_HDR_LEN};
+
+use crate::netlink::Netlink;
+
+/// Receive buffer asked for: room for about 60 of the VM's 64 KiB TSO buffers, so
+/// a worker busy for a millisecond does not make the kernel drop them (the default,
+/// ~200 KiB, holds three).
+const RCVBUF: libc::c_int = 4 << 20;
+
+/// A packet socket bound to one interface, non-blocking, reading and writing
+/// (`virtio_net_hdr`, frame) like a tap with `IFF_VNET_HDR`.
+#[derive(Debug)]
+pub struct PacketPort {
+    fd: OwnedFd,
+    /// The interface's name (as given) and index (as bound).
+    name: String,
+    ifindex: u32,
+}
+
+/// What [`PacketPort::attach`] found and changed on the interface, for the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attached {
+    /// The interface's MTU before the attach, when it had to be raised.
+    pub mtu_raised_from: Option<u32>,
+    /// Whether the interface was down and was brought up.
+    pub brought_up: bool,
+}
+
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: setsockopt reads size_of::<c_int>() bytes from a live c_int.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `ETH_P_ALL` in network byte order, as `socket` and `sockaddr_ll` take it.
+fn eth_p_all() -> u16 {
+    (libc::ETH_P_ALL as u16).to_be()
+}
+
+impl PacketPort {
+    /// Attaches to interface `name` in the calling thread's namespace for a port of
+    /// `mtu`: raises the interface's MTU to `mtu` if it is lower (frames above it
+    /// would be refused on transmit), brings it up if it is down (as a hypervisor's
+    /// ifup script would), and binds a packet socket to it.
+    pub fn attach(name: &str, mtu: u32) -> io::Result<(PacketPort, Attached)> {
+        let mut nl = Netlink::open()?;
+        let link = nl.link_by_name(name).map_err(|e| {
+            let what = match e.kind() {
+                io::ErrorKind::NotFound => "no such interface".to_string(),
+                _ => e.to_string(),
+            };
+            io::Error::new(e.kind(), format!("interface {name:?}: {what}"))
+        })?;
+        let mut done = Attached {
+            mtu_raised_from: None,
+            brought_up: false,
+        };
+        if link.mtu < mtu {
+            nl.set_mtu(link.ifindex, mtu).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("interface {name:?} has MTU {}, below the port's {mtu}, and cannot be raised: {e}", link.mtu),
+                )
+            })?;
+            done.mtu_raised_from = Some(link.mtu);
+        }
+        if !link.up {
+            nl.set_up(link.ifindex, true)
+                .map_err(|e| io::Error::new(e.kind(), format!("set interface {name:?} up: {e}")))?;
+            done.brought_up = true;
+        }
+        let port = PacketPort::open(name, link.ifindex)?;
+        Ok((port, done))
+    }
+
+    /// The socket: `PACKET_VNET_HDR`, `PACKET_IGNORE_OUTGOING`,
+    /// `PACKET_QDISC_BYPASS` (frames for the VM go straight to the tap's queue:
+    /// the qdisc would only add a lock and a second queue), a large receive
+    /// buffer, bound to `ifindex` for every protocol.
+    fn open(name: &str, ifindex: u32) -> io::Result<PacketPort> {
+        let ctx = |what: &str, e: io::Error| {
+            io::Error::new(e.kind(), format!("{what} on interface {name:?}: {e}"))
+        };
+        // SAFETY: socket has no memory preconditions; the fd is checked below.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::c_int::from(eth_p_all()),
+            )
+        };
+        if raw < 0 {
+            return Err(ctx("AF_PACKET socket", io::Error::last_os_error()));
+        }
+        // SAFETY: raw is a fresh, valid fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let s = fd.as_raw_fd();
+        // The header must be asked for before the socket is bound (the kernel
+        // refuses it on a socket with a ring, and we want it from the first frame).
+        setsockopt_int(s, libc::SOL_PACKET, libc::PACKET_VNET_HDR, 1)
+            .map_err(|e| ctx("PACKET_VNET_HDR", e))?;
+        setsockopt_int(s, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1)
+            .map_err(|e| ctx("PACKET_IGNORE_OUTGOING", e))?;
+        setsockopt_int(s, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1)
+            .map_err(|e| ctx("PACKET_QDISC_BYPASS", e))?;
+        // FORCE goes past net.core.rmem_max (needs CAP_NET_ADMIN, which the daemon
+        // has); without it, whatever rmem_max allows.
+        if setsockopt_int(s, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RCVBUF).is_err() {
+            setsockopt_int(s, libc::SOL_SOCKET, libc::SO_RCVBUF, RCVBUF)
+                .map_err(|e| ctx("SO_RCVBUF", e))?;
+        }
+        let ifindex_c = libc::c_int::try_from(ifindex).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("ifindex {ifindex} out of range"),
+            )
+        })?;
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = eth_p_all();
+        sll.sll_ifindex = ifindex_c;
+        // SAFETY: bind reads a sockaddr_ll of the size given.
+        let r = unsafe {
+            libc::bind(
+                s,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(ctx("bind", io::Error::last_os_error()));
+        }
+        let port = PacketPort {
+            fd,
+            name: name.to_string(),
+            ifindex,
+        };
+        // Binding to an interface that is down records ENETDOWN as the socket's
+        // pending error, which epoll reports as an error until it is read: clear
+        // it, the socket starts receiving once the interface is up.
+        port.take_error();
+        Ok(port)
+    }
+
+    /// Reads and clears the socket's pending error (`SO_ERROR`), if any.
+    fn take_error(&self) -> Option<io::Error> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into a live c_int and
+        // updates len.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (r == 0 && v != 0).then(|| io::Error::from_raw_os_error(v))
+    }
+
+    /// The interface's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The index of the interface the socket is bound to.
+    pub fn ifindex(&self) -> u32 {
+        self.ifindex
+    }
+
+    /// The socket's fd, for poll/epoll.
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Reads one frame the interface received into `buf` (at least
+    /// [`crate::tap::MAX_TAP_FRAME`] bytes): its vnet header and its length, or
+    /// `None` when there is none. A frame longer than `buf` is an error (it would
+    /// be cut short), as is one without a header.
+    pub fn read(&self, buf: &mut [u8]) -> io::Result<Option<(VnetHdr, usize)>> {
+        let mut hdr = [0u8; VNET_HDR_LEN];
+        loop {
+            let mut iov = [IoSliceMut::new(&mut hdr), IoSliceMut::new(buf)];
+            // SAFETY: msghdr is plain data; all-zero is a valid value (no name, no
+            // control data).
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = iov.as_mut_ptr().cast();
+            msg.msg_iovlen = iov.len();
+            // SAFETY: IoSliceMut is ABI-compatible with iovec; both slices are live
+            // and exclusively borrowed for the call, which writes at most their
+            // lengths.
+            let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, 0) };
+            if n >= 0 {
+                let n = n as usize;
+                if msg.msg_flags & libc::MSG_TRUNC != 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "interface {:?}: a frame longer than {} bytes was cut short",
+                            self.name,
+                            buf.len()
+                        ),
+                    ));
+                }
+                let Some(len) = n.checked_sub(VNET_HDR_LEN) else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "interface {:?}: {n} bytes, shorter than the vnet header",
+                            self.name
+                        ),
+                    ));
+                };
+                let vnet = VnetHdr::from_bytes(&hdr).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, "vnet header did not parse")
+                })?;
+                return Ok(Some((vnet, len)));
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Ok(None),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Transmits one frame on the interface (to the VM) from pieces: `parts[0]` its
+    /// vnet header, the rest the frame in order; one `writev` (at most
+    /// [`crate::tap::MAX_GATHER`] parts).
+    pub fn write_gather(&self, parts: &[IoSlice<'_>]) -> io::Result<()> {
+        crate::tap::writev_all(self.fd.as_raw_fd(), parts)
+    }
+
+    /// Frames the kernel dropped for want of room in the receive buffer since the
+    /// last call (`PACKET_STATISTICS`, which resets on read).
+    pub fn take_drops(&self) -> io::Result<u32> {
+        // SAFETY: tpacket_stats is plain data; all-zero is a valid value.
+        let mut st: libc::tpacket_stats = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into a live tpacket_stats
+        // and updates len.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut st as *mut libc::tpacket_stats).cast(),
+                &mut len,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(st.tp_drops)
+    }
+}
