@@ -1093,6 +1093,11 @@ pub(crate) mod tests {
                 netns: Some("guest0".into()),
                 attach: None,
             })),
+            Request::CreatePort(Box::new(CreatePort {
+                config: sample_port("vm0", 6),
+                netns: None,
+                attach: Some("vnet0".into()),
+            })),
             Request::DeletePort {
                 name: "opte0".into(),
             },

@@ -294,3 +294,127 @@ impl PacketPort {
         Ok(st.tp_drops)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guest::GuestPort;
+    use crate::poll::Epoll;
+    use crate::tap::{TapFault, MAX_TAP_FRAME};
+    use crate::testnet::{address_guest, guest_tso_buffer, Netns, GUEST, GUEST_MAC, GW, GW_MAC};
+    use etherparse::PacketBuilder;
+    use std::net::UdpSocket;
+    use std::time::{Duration, Instant};
+
+    /// The hypervisor's link, as QEMU with `script=no` leaves it: `hv0` in `host`,
+    /// down at MTU 1500, whose far end `vm0` (the VM's NIC) is in `guest` with the
+    /// guest's MAC, MTU 9000, up and addressed. A veth keeps TSO on, so the guest
+    /// sends GSO buffers as a VM does.
+    fn vm_link(host: &Netns, guest: &Netns) {
+        #[rustfmt::skip]
+        host.ip(&[
+            "link", "add", "hv0", "type", "veth", "peer", "name", "vm0", "netns", &guest.name,
+            "address", "02:08:20:00:00:02", "mtu", "9000",
+        ]);
+        guest.ip(&["link", "set", "vm0", "up"]);
+        address_guest(guest, "vm0");
+    }
+
+    fn attach(host: &Netns) -> io::Result<(PacketPort, Attached)> {
+        host.run(|| PacketPort::attach("hv0", 9000))
+    }
+
+    /// Attaching raises the interface's MTU to the port's and brings it up; a
+    /// jumbo frame written with a vnet header reaches the guest and is not read
+    /// back (our own transmission); the guest's TCP arrives as a TSO buffer.
+    #[test]
+    fn attach_fits_the_link_and_carries_frames_and_tso_both_ways() {
+        let (host, guest) = (Netns::new(), Netns::new());
+        vm_link(&host, &guest);
+        let (port, done) = attach(&host).expect("attach");
+        assert_eq!(
+            done,
+            Attached {
+                mtu_raised_from: Some(1500),
+                brought_up: true
+            }
+        );
+        let link = host.run(|| Netlink::open().unwrap().link_by_name("hv0").unwrap());
+        assert_eq!((link.mtu, link.up), (9000, true));
+        assert_eq!((port.name(), port.ifindex()), ("hv0", link.ifindex));
+        let mut port = GuestPort::Attached(port);
+
+        let rx = guest.run(|| {
+            let s = UdpSocket::bind("[fd01::2]:7777").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            s
+        });
+        let payload = vec![0xa5; 8000];
+        let mut frame = Vec::new();
+        PacketBuilder::ethernet2(GW_MAC, GUEST_MAC)
+            .ipv6(GW, GUEST, 64)
+            .udp(5555, 7777)
+            .write(&mut frame, &payload)
+            .unwrap();
+        port.write(&VnetHdr::default(), &frame).expect("write");
+        let mut got = vec![0u8; 9000];
+        let (n, _) = rx
+            .recv_from(&mut got)
+            .expect("the guest received the datagram");
+        assert_eq!(&got[..n], &payload[..]);
+        let mut buf = vec![0u8; MAX_TAP_FRAME];
+        while let Some((_, n)) = port.read(&mut buf).expect("read") {
+            assert_ne!(&buf[..n], &frame[..], "our own frame was read back");
+        }
+        assert_eq!(port.take_drops().map(Result::unwrap), Some(0));
+
+        guest_tso_buffer(&mut port, &guest);
+        port.release().unwrap();
+        host.ip(&["link", "show", "hv0"]);
+    }
+
+    /// An interface taken down makes epoll report the socket (its pending
+    /// ENETDOWN) and writes fail as `LinkDown`; once deleted, writes fail as
+    /// `Gone`, and attaching again says there is no such interface.
+    #[test]
+    fn a_downed_link_is_link_down_and_a_deleted_one_gone() {
+        let (host, guest) = (Netns::new(), Netns::new());
+        vm_link(&host, &guest);
+        let (port, _) = attach(&host).expect("attach");
+        let ep = Epoll::new().unwrap();
+        ep.add(port.as_raw_fd(), 9).unwrap();
+        let mut ep = ep;
+        let reported = |ep: &mut Epoll| {
+            ep.wait(Duration::ZERO)
+                .unwrap()
+                .any(|r| r.token == 9 && r.gone)
+        };
+        assert!(!reported(&mut ep), "a live interface reports nothing");
+        host.ip(&["link", "set", "hv0", "down"]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !reported(&mut ep) {
+            assert!(
+                Instant::now() < deadline,
+                "epoll never reported the link down"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let port = GuestPort::Attached(port);
+        let e = port
+            .write(&VnetHdr::default(), &[0u8; 60])
+            .expect_err("write to a downed link");
+        assert_eq!(TapFault::of(&e), TapFault::LinkDown, "{e}");
+        host.ip(&["link", "del", "hv0"]);
+        let e = port
+            .write(&VnetHdr::default(), &[0u8; 60])
+            .expect_err("write to a deleted link");
+        assert_eq!(TapFault::of(&e), TapFault::Gone, "{e}");
+        let e = attach(&host).expect_err("attach to a deleted link");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+        assert!(
+            e.to_string()
+                .contains("interface \"hv0\": no such interface"),
+            "{e}"
+        );
+    }
+}

@@ -364,16 +364,11 @@ impl TapPort {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testnet::Netns;
-    use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
-    use std::net::{TcpStream, UdpSocket};
+    use crate::guest::GuestPort;
+    use crate::testnet::{address_guest, guest_tso_buffer, Netns, GUEST, GUEST_MAC, GW, GW_MAC};
+    use etherparse::PacketBuilder;
+    use std::net::UdpSocket;
     use std::time::{Duration, Instant};
-    use wire::vnet::GSO_TCPV6;
-
-    const GUEST_MAC: [u8; 6] = [0x02, 0x08, 0x20, 0, 0, 0x02];
-    const GW_MAC: [u8; 6] = [0x02, 0x08, 0x20, 0, 0, 0x01];
-    const GUEST: [u8; 16] = [0xfd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
-    const GW: [u8; 16] = [0xfd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 
     /// A tap created in `host`, moved into `guest`, addressed there as
     /// fd01::2 with a permanent neighbour fd01::1 -> GW_MAC.
@@ -385,37 +380,12 @@ mod tests {
             tap.move_to_netns(&gname).expect("move tap");
             tap
         });
-        guest.ip(&["-6", "addr", "add", "fd01::2/64", "dev", "dpt0", "nodad"]);
-        guest.ip(&[
-            "-6",
-            "neigh",
-            "add",
-            "fd01::1",
-            "lladdr",
-            "02:08:20:00:00:01",
-            "dev",
-            "dpt0",
-            "nud",
-            "permanent",
-        ]);
+        address_guest(guest, "dpt0");
         let link = guest.run(|| Netlink::open().unwrap().link_by_name("dpt0").unwrap());
         assert_eq!(link.mac, Some(MacAddr(GUEST_MAC)));
         assert_eq!(link.mtu, 1500);
         assert!(link.up, "tap up after the move");
         tap
-    }
-
-    fn read_until(tap: &mut TapPort, pred: impl Fn(&VnetHdr, &[u8]) -> bool) -> (VnetHdr, Vec<u8>) {
-        let mut buf = vec![0u8; MAX_TAP_FRAME];
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            match tap.read(&mut buf).expect("tap read") {
-                Some((vnet, n)) if pred(&vnet, &buf[..n]) => return (vnet, buf[..n].to_vec()),
-                Some(_) => {}
-                None => std::thread::sleep(Duration::from_millis(5)),
-            }
-        }
-        panic!("no matching frame from the tap within 5 s");
     }
 
     /// A frame written with a vnet header reaches a UDP socket in the guest.
@@ -480,67 +450,13 @@ mod tests {
         drop(tap);
     }
 
-    /// TCP from the guest arrives as a TSO buffer: GSO_TCPV6 with gso_size,
-    /// longer than the MTU.
+    /// TCP from the guest arrives as a TSO buffer (see [`guest_tso_buffer`]).
     #[test]
     fn guest_tcp_arrives_as_tso_buffer() {
         let (host, guest) = (Netns::new(), Netns::new());
-        let mut tap = guest_tap(&host, &guest);
-        let sender = std::thread::spawn({
-            let name = guest.name.clone();
-            move || {
-                crate::netns::run_in_netns(&name, || {
-                    use std::io::Write;
-                    let addr = "[fd01::1]:8080".parse().unwrap();
-                    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-                        .expect("handshake");
-                    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
-                    let _ = s.write_all(&vec![0x5a; 60000]);
-                    std::thread::sleep(Duration::from_millis(500));
-                })
-                .unwrap()
-            }
-        });
-        let is_syn = |_: &VnetHdr, f: &[u8]| matches!(SlicedPacket::from_ethernet(f), Ok(SlicedPacket { transport: Some(TransportSlice::Tcp(t)), .. }) if t.syn() && t.destination_port() == 8080);
-        let (_, syn) = read_until(&mut tap, is_syn);
-        let Ok(SlicedPacket {
-            transport: Some(TransportSlice::Tcp(t)),
-            ..
-        }) = SlicedPacket::from_ethernet(&syn)
-        else {
-            unreachable!("matched above")
-        };
-        let mut synack = Vec::new();
-        PacketBuilder::ethernet2(GW_MAC, GUEST_MAC)
-            .ipv6(GW, GUEST, 64)
-            .tcp(8080, t.source_port(), 1000, 65535)
-            .syn()
-            .ack(t.sequence_number().wrapping_add(1))
-            .options(&[
-                etherparse::TcpOptionElement::MaximumSegmentSize(1440),
-                etherparse::TcpOptionElement::WindowScale(7),
-            ])
-            .unwrap()
-            .write(&mut synack, &[])
-            .unwrap();
-        tap.write(&VnetHdr::default(), &synack).unwrap();
-        let (vnet, frame) = read_until(&mut tap, |v, _| v.is_gso());
-        assert_eq!(vnet.gso_kind(), GSO_TCPV6);
-        assert!(
-            vnet.gso_size > 0 && vnet.gso_size <= 1440,
-            "gso_size {}",
-            vnet.gso_size
-        );
-        assert!(
-            frame.len() > 1514,
-            "a TSO buffer is longer than one MTU: {}",
-            frame.len()
-        );
-        assert!(vnet.needs_csum(), "TSO buffers carry a partial checksum");
-        assert_eq!(vnet.csum_start, 14 + 40);
-        assert_eq!(vnet.csum_offset, 16);
-        sender.join().unwrap();
-        tap.destroy().unwrap();
+        let mut port = GuestPort::Tap(guest_tap(&host, &guest));
+        guest_tso_buffer(&mut port, &guest);
+        port.release().unwrap();
     }
 
     /// Deleting the guest's namespace deletes the tap in it: epoll reports the
