@@ -7,7 +7,7 @@
 use e2e::capture::Capture;
 use e2e::rack::{Sled, BRIDGE, UNDERLAY_IF, UNDERLAY_MTU};
 use e2e::standard::{self, A1, A2, B1};
-use e2e::{poll_until, stats, Cmd, Error, Guest, Result};
+use e2e::{poll_until, Cmd, Error, Guest, Result};
 use serde_json::Value;
 use std::net::IpAddr;
 use std::path::Path;
