@@ -121,6 +121,17 @@ impl GuestSpec {
         link_local_eui64(&self.gateway_mac)
     }
 
+    /// The `xdeadm create-xde` arguments for this port without `--netns`, then
+    /// `extra` (e.g. `--attach IFACE`).
+    pub fn create_args_in_sled(&self, extra: &[&str]) -> Vec<String> {
+        let mut a = self.create_args("");
+        if let Some(at) = a.iter().position(|a| a == "--netns") {
+            a.drain(at..at + 2);
+        }
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    }
+
     /// The `xdeadm create-xde` arguments for this port, its tap moved into
     /// namespace `netns`.
     pub fn create_args(&self, netns: &str) -> Vec<String> {

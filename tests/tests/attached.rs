@@ -17,7 +17,7 @@
 use e2e::guest::GuestSpec;
 use e2e::standard::{self, A1, B1};
 use e2e::xfer::transfer;
-use e2e::{Guest, Netns, Rack, RackSpec, Result, Sled};
+use e2e::{Guest, Netns, Rack, Result, Sled};
 use std::path::Path;
 use std::time::Duration;
 
@@ -78,19 +78,11 @@ fn full_size_pings(rack: &Rack, within: Duration) -> Result<()> {
 
 #[test]
 fn an_attached_vm_link_carries_full_size_traffic_and_tso_and_survives_restarts() -> Result<()> {
-    let mut rack = Rack::build(&RackSpec::new("va", 2))?;
-    rack.start_daemons(&[])?;
-    for spec in standard::guests() {
-        rack.add_guest(spec)?;
-    }
-    let spec = GuestSpec::dual(VM, 0, 9);
-    let vm_ns = Guest::namespace(&format!("{}-{VM}", rack.id))?;
+    let (mut rack, spec, vm_ns) = standard::rack_with_vm("va", VM)?;
     let sled = rack.sled(0)?;
     hypervisor_link(sled, &vm_ns, &spec)?;
     assert_eq!(iface_mtu(sled)?, 1500);
-    let mut args = spec.create_args("");
-    let at = args.iter().position(|a| a == "--netns").unwrap();
-    args.splice(at..at + 2, ["--attach".to_string(), IFACE.to_string()]);
+    let args = spec.create_args_in_sled(&["--attach", IFACE]);
     let create: Vec<&str> = args.iter().map(String::as_str).collect();
     sled.admin(&create)?;
     assert_eq!(iface_mtu(sled)?, 8500, "the daemon raised {IFACE}'s MTU");

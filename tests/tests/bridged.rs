@@ -9,9 +9,8 @@
 //! exchanges full-size packets with a guest on the other sled, both ways, IPv4
 //! and IPv6.
 
-use e2e::guest::GuestSpec;
 use e2e::standard::{self, B1};
-use e2e::{Guest, Rack, RackSpec, Result};
+use e2e::{Guest, Result};
 use std::time::Duration;
 
 const VM: &str = "v1";
@@ -22,18 +21,10 @@ const VETH_SLED: &str = "vm-v1";
 
 #[test]
 fn a_guest_behind_a_bridge_gets_the_ra_and_full_size_traffic() -> Result<()> {
-    let mut rack = Rack::build(&RackSpec::new("vb", 2))?;
-    rack.start_daemons(&[])?;
-    for spec in standard::guests() {
-        rack.add_guest(spec)?;
-    }
-    let spec = GuestSpec::dual(VM, 0, 9);
-    let vm_ns = Guest::namespace(&format!("{}-{VM}", rack.id))?;
+    let (mut rack, spec, vm_ns) = standard::rack_with_vm("vb", VM)?;
     let sled = rack.sled(0)?;
     // The port without --netns: its tap stays in the sled's namespace.
-    let mut args = spec.create_args("");
-    let at = args.iter().position(|a| a == "--netns").unwrap();
-    args.drain(at..at + 2);
+    let args = spec.create_args_in_sled(&[]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     sled.admin(&refs)?;
     let tap_mac = sled

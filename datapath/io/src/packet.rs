@@ -18,9 +18,10 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use wire::vnet::{VnetHdr, VNET_HDR_LEN};
+use wire::vnet::VnetHdr;
 
 use crate::netlink::Netlink;
+use crate::tap::read_vnet;
 
 /// Receive buffer asked for: room for about 60 of the VM's 64 KiB TSO buffers, so
 /// a worker busy for a millisecond does not make the kernel drop them (the default,
@@ -217,9 +218,10 @@ impl PacketPort {
     /// `None` when there is none. A frame longer than `buf` is an error (it would
     /// be cut short), as is one without a header.
     pub fn read(&self, buf: &mut [u8]) -> io::Result<Option<(VnetHdr, usize)>> {
-        let mut hdr = [0u8; VNET_HDR_LEN];
-        loop {
-            let mut iov = [IoSliceMut::new(&mut hdr), IoSliceMut::new(buf)];
+        let (fd, cap) = (self.fd.as_raw_fd(), buf.len());
+        let what = format!("interface {:?}", self.name);
+        read_vnet(&what, |hdr| {
+            let mut iov = [IoSliceMut::new(hdr), IoSliceMut::new(buf)];
             // SAFETY: msghdr is plain data; all-zero is a valid value (no name, no
             // control data).
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -228,40 +230,16 @@ impl PacketPort {
             // SAFETY: IoSliceMut is ABI-compatible with iovec; both slices are live
             // and exclusively borrowed for the call, which writes at most their
             // lengths.
-            let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, 0) };
-            if n >= 0 {
-                let n = n as usize;
-                if msg.msg_flags & libc::MSG_TRUNC != 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "interface {:?}: a frame longer than {} bytes was cut short",
-                            self.name,
-                            buf.len()
-                        ),
-                    ));
-                }
-                let Some(len) = n.checked_sub(VNET_HDR_LEN) else {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "interface {:?}: {n} bytes, shorter than the vnet header",
-                            self.name
-                        ),
-                    ));
-                };
-                let vnet = VnetHdr::from_bytes(&hdr).ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidData, "vnet header did not parse")
-                })?;
-                return Ok(Some((vnet, len)));
+            let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+            let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+            if msg.msg_flags & libc::MSG_TRUNC != 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{what}: a frame longer than {cap} bytes was cut short"),
+                ));
             }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(None),
-                _ => return Err(e),
-            }
-        }
+            Ok(n)
+        })
     }
 
     /// Transmits one frame on the interface (to the VM) from pieces: `parts[0]` its

@@ -106,6 +106,36 @@ pub(crate) fn writev_all(fd: RawFd, parts: &[IoSlice<'_>]) -> io::Result<()> {
     }
 }
 
+/// One read of (vnet header, frame) by `read`, which reads into the header it is
+/// given and the caller's buffer and returns the byte count, or the error:
+/// retried on EINTR, `None` on EAGAIN, the header and the frame's length
+/// otherwise. `what` names the device in errors.
+pub(crate) fn read_vnet(
+    what: &str,
+    mut read: impl FnMut(&mut [u8; VNET_HDR_LEN]) -> io::Result<usize>,
+) -> io::Result<Option<(VnetHdr, usize)>> {
+    let mut hdr = [0u8; VNET_HDR_LEN];
+    loop {
+        match read(&mut hdr) {
+            Ok(n) => {
+                let Some(len) = n.checked_sub(VNET_HDR_LEN) else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("{what}: {n} bytes, shorter than the vnet header"),
+                    ));
+                };
+                let vnet = VnetHdr::from_bytes(&hdr).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, "vnet header did not parse")
+                })?;
+                return Ok(Some((vnet, len)));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// What a failed read or write of a guest port (a tap, or a packet socket on an
 /// attached interface) says about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,43 +323,23 @@ impl TapPort {
                 ),
             ));
         }
-        let mut hdr = [0u8; VNET_HDR_LEN];
-        let iov = [
-            libc::iovec {
-                iov_base: hdr.as_mut_ptr().cast(),
-                iov_len: hdr.len(),
-            },
-            libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            },
-        ];
-        loop {
-            // SAFETY: both iovecs point to live, writable buffers of the stated lengths.
-            let n = unsafe { libc::readv(self.file.as_raw_fd(), iov.as_ptr(), 2) };
-            if n >= 0 {
-                let n = n as usize;
-                let Some(len) = n.checked_sub(VNET_HDR_LEN) else {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "tap {:?} returned {n} bytes, shorter than the vnet header",
-                            self.name
-                        ),
-                    ));
-                };
-                let vnet = VnetHdr::from_bytes(&hdr).ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidData, "vnet header did not parse")
-                })?;
-                return Ok(Some((vnet, len)));
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(None),
-                _ => return Err(e),
-            }
-        }
+        let fd = self.file.as_raw_fd();
+        read_vnet(&format!("tap {:?}", self.name), |hdr| {
+            let iov = [
+                libc::iovec {
+                    iov_base: hdr.as_mut_ptr().cast(),
+                    iov_len: hdr.len(),
+                },
+                libc::iovec {
+                    iov_base: buf.as_mut_ptr().cast(),
+                    iov_len: buf.len(),
+                },
+            ];
+            // SAFETY: both iovecs point to live, writable buffers of the stated
+            // lengths, exclusively borrowed for the call.
+            let n = unsafe { libc::readv(fd, iov.as_ptr(), 2) };
+            usize::try_from(n).map_err(|_| io::Error::last_os_error())
+        })
     }
 
     /// Writes one frame to the guest with its vnet header (one `writev`, no copy).
