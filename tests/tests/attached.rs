@@ -86,6 +86,9 @@ fn an_attached_vm_link_carries_full_size_traffic_and_tso_and_survives_restarts()
     let create: Vec<&str> = args.iter().map(String::as_str).collect();
     sled.admin(&create)?;
     assert_eq!(iface_mtu(sled)?, 8500, "the daemon raised {IFACE}'s MTU");
+    let budget = sled.admin(&["--json", "mtu", VM])?;
+    let budget: serde_json::Value = serde_json::from_str(&budget).expect("mtu JSON");
+    assert_eq!(budget["data"]["virtio_host_mtu"], 8500, "{budget}");
     let listed = sled.admin(&["--json", "list-ports"])?;
     let v: serde_json::Value = serde_json::from_str(&listed).expect("list-ports JSON");
     let vm_port = v["data"]
