@@ -33,6 +33,7 @@ use crate::stats::{QueueRef, WorkerInfo, WorkerReport, WorkerView};
 use crate::worker::{Backoff, WorkerIo, WorkerStats};
 use crate::workers::{PortKey, WorkerPlane, Workers};
 use dpio::guest::GuestPort;
+use dpio::netlink::Netlink;
 use dpio::packet::PacketPort;
 use dpio::tap::TapPort;
 use engine::nat::ExternalIps;
@@ -173,6 +174,31 @@ fn attach_port(p: &PortInfo, iface: &str) -> Result<PacketPort, String> {
         tracing::info!(port = %name, iface, "attached interface was down: brought up");
     }
     Ok(port)
+}
+
+/// Refuses to attach port `p` to one of the daemon's underlay links (every worker
+/// has a socket on each): its Geneve traffic would be taken for a guest's frames
+/// and the guest's sent onto the sled's network. An interface that cannot be
+/// looked up is left for the attach to report.
+fn not_an_underlay_link(p: &PortInfo, io: &WorkerIo) -> Result<(), String> {
+    let Some(iface) = &p.attach else {
+        return Ok(());
+    };
+    let Ok(link) = Netlink::open().and_then(|mut nl| nl.link_by_name(iface)) else {
+        return Ok(());
+    };
+    if io
+        .queues
+        .sockets
+        .iter()
+        .any(|s| s.ifindex() == link.ifindex)
+    {
+        return Err(format!(
+            "port {:?}: interface {iface:?} is an underlay link of this daemon, not a hypervisor's",
+            p.config.name
+        ));
+    }
+    Ok(())
 }
 
 /// Opens (or, after a restart or once its guest is back, reattaches to) the tap of a
@@ -541,7 +567,9 @@ impl Dataplane for Datapath {
         let Some(io) = &self.io else {
             return Ok(());
         };
-        let tap = open_port(p).and_then(|t| io.watch_tap(&t, u64::from(id.0)).map(|()| t));
+        let tap = not_an_underlay_link(p, io)
+            .and_then(|()| open_port(p))
+            .and_then(|t| io.watch_tap(&t, u64::from(id.0)).map(|()| t));
         let tap = match tap {
             Ok(t) => t,
             Err(e) => {

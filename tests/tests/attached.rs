@@ -7,7 +7,8 @@
 //! virtio device. A veth keeps TSO and checksum offload on both ends, so the
 //! stand-in sends 64 KiB GSO buffers, as a VM does, and receives coalesced ones.
 //!
-//! Proved: the daemon raises the interface's MTU to the port's; the guest learns
+//! Proved: a port is not attached to the sled's underlay link or to an interface
+//! that does not exist; the daemon raises the interface's MTU to the port's; the guest learns
 //! MTU 8500 from the RA; full-size pings cross the sleds both ways over IPv4 and
 //! IPv6; bulk TCP arrives byte-exact both ways with the port's `tso_buffers_in`
 //! growing one way and GSO frames handed to the guest the other; `delete-xde` leaves the interface alone; an interface deleted and made
@@ -15,6 +16,7 @@
 //! restart restores the attached port.
 
 use e2e::guest::GuestSpec;
+use e2e::rack::UNDERLAY_IF;
 use e2e::standard::{self, A1, B1};
 use e2e::xfer::transfer;
 use e2e::{Guest, Netns, Rack, Result, Sled};
@@ -82,6 +84,18 @@ fn an_attached_vm_link_carries_full_size_traffic_and_tso_and_survives_restarts()
     let sled = rack.sled(0)?;
     hypervisor_link(sled, &vm_ns, &spec)?;
     assert_eq!(iface_mtu(sled)?, 1500);
+    // Not to the sled's underlay link, nor to an interface that is not there.
+    for (iface, why) in [
+        (UNDERLAY_IF, "is an underlay link of this daemon"),
+        ("vm-none", "\"vm-none\": no such interface"),
+    ] {
+        let wrong = spec.create_args_in_sled(&["--attach", iface]);
+        let wrong: Vec<&str> = wrong.iter().map(String::as_str).collect();
+        let e = sled
+            .admin(&wrong)
+            .expect_err("attached to the wrong interface");
+        assert!(e.to_string().contains(why), "{e}");
+    }
     let args = spec.create_args_in_sled(&["--attach", IFACE]);
     let create: Vec<&str> = args.iter().map(String::as_str).collect();
     sled.admin(&create)?;
