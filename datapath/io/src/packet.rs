@@ -110,10 +110,13 @@ impl PacketPort {
         Ok((port, done))
     }
 
-    /// The socket: `PACKET_VNET_HDR`, `PACKET_IGNORE_OUTGOING`,
-    /// `PACKET_QDISC_BYPASS` (frames for the VM go straight to the tap's queue:
-    /// the qdisc would only add a lock and a second queue), a large receive
+    /// The socket: `PACKET_VNET_HDR`, `PACKET_IGNORE_OUTGOING`, a large receive
     /// buffer, bound to `ifindex` for every protocol.
+    ///
+    /// Not `PACKET_QDISC_BYPASS`: the kernel's direct transmit drops a frame that
+    /// has to be changed on the way (`__dev_direct_xmit`), and a GSO frame for a
+    /// tap whose VM takes no TSO must be segmented by the kernel there. Through
+    /// the qdisc it is.
     fn open(name: &str, ifindex: u32) -> io::Result<PacketPort> {
         let ctx = |what: &str, e: io::Error| {
             io::Error::new(e.kind(), format!("{what} on interface {name:?}: {e}"))
@@ -138,8 +141,6 @@ impl PacketPort {
             .map_err(|e| ctx("PACKET_VNET_HDR", e))?;
         setsockopt_int(s, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1)
             .map_err(|e| ctx("PACKET_IGNORE_OUTGOING", e))?;
-        setsockopt_int(s, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1)
-            .map_err(|e| ctx("PACKET_QDISC_BYPASS", e))?;
         // FORCE goes past net.core.rmem_max (needs CAP_NET_ADMIN, which the daemon
         // has); without it, whatever rmem_max allows.
         if setsockopt_int(s, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RCVBUF).is_err() {
