@@ -375,6 +375,32 @@ impl Guest {
         )
     }
 
+    /// Waits up to `within` until the guest's IPv6 MTU is `mtu` (an RA's MTU
+    /// option applied).
+    pub fn wait_for_ipv6_mtu(&self, mtu: u32, within: Duration) -> Result<()> {
+        poll_until(
+            &format!("IPv6 MTU {mtu} in guest {}", self.spec.name),
+            within,
+            || {
+                let m = self.ipv6_mtu()?;
+                if m == mtu {
+                    Ok(())
+                } else {
+                    Err(Error::new(format!("IPv6 MTU {m}")))
+                }
+            },
+        )
+    }
+
+    /// Pings of 8500-byte packets (the standard port MTU: 8472 bytes of ICMPv4
+    /// payload, 8452 of ICMPv6) from this guest to `peer` and back, IPv4 and IPv6.
+    pub fn full_size_pings(&self, peer: &Guest, within: Duration) -> Result<()> {
+        self.ping(peer.ipv4()?, 8472, within)?;
+        peer.ping(self.ipv4()?, 8472, within)?;
+        self.ping(peer.ipv6()?, 8452, within)?;
+        peer.ping(self.ipv6()?, 8452, within)
+    }
+
     /// The kernel's IPv6 MTU for the guest's interface (what an RA's MTU option set).
     pub fn ipv6_mtu(&self) -> Result<u32> {
         let key = format!("net.ipv6.conf.{}.mtu", self.spec.name);

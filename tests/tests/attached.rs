@@ -69,14 +69,9 @@ fn iface_mtu(sled: &Sled) -> Result<u32> {
         .map_err(|_| e2e::Error::new(format!("{IFACE} MTU is {v:?}")))
 }
 
-/// Full-size pings (8500-byte packets) between the VM and b1, both ways, IPv4 and
-/// IPv6.
+/// Full-size pings between the VM and b1, both ways, IPv4 and IPv6.
 fn full_size_pings(rack: &Rack, within: Duration) -> Result<()> {
-    let (vm, b1) = (rack.guest(VM)?, rack.guest(B1)?);
-    vm.ping(b1.ipv4()?, 8472, within)?;
-    b1.ping(vm.ipv4()?, 8472, within)?;
-    vm.ping(b1.ipv6()?, 8452, within)?;
-    b1.ping(vm.ipv6()?, 8452, within)
+    rack.guest(VM)?.full_size_pings(rack.guest(B1)?, within)
 }
 
 #[test]
@@ -119,14 +114,7 @@ fn an_attached_vm_link_carries_full_size_traffic_and_tso_and_survives_restarts()
 
     full_size_pings(&rack, FIRST)?;
     let vm = rack.guest(VM)?;
-    e2e::poll_until("the RA's MTU in the attached guest", FIRST, || {
-        let m = vm.ipv6_mtu()?;
-        if m == 8500 {
-            Ok(())
-        } else {
-            Err(e2e::Error::new(format!("IPv6 MTU {m}")))
-        }
-    })?;
+    vm.wait_for_ipv6_mtu(8500, FIRST)?;
 
     // Bulk TCP both ways, byte-exact; the stand-in VM sends GSO buffers, which
     // arrive whole through the packet socket.

@@ -69,6 +69,25 @@ fn setsockopt_int(
     Ok(())
 }
 
+/// `getsockopt(fd, level, opt)` into `out`. Only for plain C values (ints,
+/// `tpacket_stats`), which any bytes the kernel writes leave valid.
+fn getsockopt_into<T: Copy>(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    out: &mut T,
+) -> io::Result<()> {
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `out`, which is live and
+    // exclusively borrowed; T is plain C data (see above), valid whatever is
+    // written, and len is updated in place.
+    let r = unsafe { libc::getsockopt(fd, level, opt, (out as *mut T).cast(), &mut len) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `ETH_P_ALL` in network byte order, as `socket` and `sockaddr_ll` take it.
 fn eth_p_all() -> u16 {
     (libc::ETH_P_ALL as u16).to_be()
@@ -184,19 +203,13 @@ impl PacketPort {
     /// Reads and clears the socket's pending error (`SO_ERROR`), if any.
     fn take_error(&self) -> Option<io::Error> {
         let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into a live c_int and
-        // updates len.
-        let r = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_ERROR,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        (r == 0 && v != 0).then(|| io::Error::from_raw_os_error(v))
+        let r = getsockopt_into(
+            self.fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            &mut v,
+        );
+        (r.is_ok() && v != 0).then(|| io::Error::from_raw_os_error(v))
     }
 
     /// The interface's name.
@@ -253,23 +266,16 @@ impl PacketPort {
     /// Frames the kernel dropped for want of room in the receive buffer since the
     /// last call (`PACKET_STATISTICS`, which resets on read).
     pub fn take_drops(&self) -> io::Result<u32> {
-        // SAFETY: tpacket_stats is plain data; all-zero is a valid value.
-        let mut st: libc::tpacket_stats = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into a live tpacket_stats
-        // and updates len.
-        let r = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_STATISTICS,
-                (&mut st as *mut libc::tpacket_stats).cast(),
-                &mut len,
-            )
+        let mut st = libc::tpacket_stats {
+            tp_packets: 0,
+            tp_drops: 0,
         };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        getsockopt_into(
+            self.fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_STATISTICS,
+            &mut st,
+        )?;
         Ok(st.tp_drops)
     }
 }
@@ -350,6 +356,26 @@ mod tests {
         guest_tso_buffer(&mut port, &guest);
         port.release().unwrap();
         host.ip(&["link", "show", "hv0"]);
+    }
+
+    /// Frames the guest sends faster than the socket is read are dropped by the
+    /// kernel once its receive buffer is full, and `take_drops` counts them (once:
+    /// reading resets the count).
+    #[test]
+    fn an_unread_socket_counts_what_it_drops() {
+        let (host, guest) = (Netns::new(), Netns::new());
+        vm_link(&host, &guest);
+        let (port, _) = attach(&host).expect("attach");
+        guest.run(|| {
+            let s = UdpSocket::bind("[fd01::2]:0").unwrap();
+            // 8000 datagrams of 1400 bytes: about 19 MB of buffers for 4 MiB.
+            for _ in 0..8000 {
+                let _ = s.send_to(&[0u8; 1400], "[fd01::1]:9");
+            }
+        });
+        let dropped = port.take_drops().unwrap();
+        assert!(dropped > 1000, "only {dropped} of 8000 frames dropped");
+        assert_eq!(port.take_drops().unwrap(), 0, "the count resets on read");
     }
 
     /// An interface taken down makes epoll report the socket (its pending
