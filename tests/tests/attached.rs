@@ -8,13 +8,15 @@
 //! stand-in sends 64 KiB GSO buffers, as a VM does, and receives coalesced ones.
 //!
 //! Proved: a port is not attached to the sled's underlay link or to an interface
-//! that does not exist; the daemon raises the interface's MTU to the port's; the guest learns
-//! MTU 8500 from the RA; full-size pings cross the sleds both ways over IPv4 and
-//! IPv6; bulk TCP arrives byte-exact both ways with the port's `tso_buffers_in`
-//! growing one way and GSO frames handed to the guest the other (also through an
-//! interface without TSO, where the kernel segments them); `delete-xde` leaves the interface alone; an interface deleted and made
-//! again (the VM restarted) is attached again and traffic resumes; a daemon
-//! restart restores the attached port.
+//! that does not exist; the daemon raises the interface's MTU to the port's; the
+//! guest learns MTU 8500 from the RA; full-size pings cross the sleds both ways
+//! over IPv4 and IPv6; bulk TCP arrives byte-exact both ways with the port's
+//! `tso_buffers_in` growing one way and GSO frames handed to the guest the other
+//! (also through an interface without TSO, where the kernel segments them);
+//! `delete-xde` leaves the interface alone; an interface deleted and made again
+//! (the VM restarted) is attached again and traffic resumes, as after it is taken
+//! down (the daemon brings it up again); a daemon restart restores the attached
+//! port.
 
 use e2e::guest::GuestSpec;
 use e2e::rack::UNDERLAY_IF;
@@ -175,6 +177,24 @@ fn an_attached_vm_link_carries_full_size_traffic_and_tso_and_survives_restarts()
     assert_eq!(sled.counter(None, "tap_reattached")?, 1);
     assert_eq!(iface_mtu(sled)?, 8500);
     rack.guest(VM)?.configure_os()?;
+    full_size_pings(&rack, FIRST)?;
+
+    // Taken down, the interface is attached again at once, and so brought up.
+    sled.ns.ip(&["link", "set", IFACE, "down"])?;
+    e2e::poll_until("the downed interface to be attached again", NOTICE, || {
+        let (gone, back) = (
+            sled.counter(None, "tap_gone")?,
+            sled.counter(None, "tap_reattached")?,
+        );
+        let flags = sled.ns.ip(&["-o", "link", "show", IFACE])?;
+        if (gone, back) == (2, 2) && flags.contains(",UP") {
+            Ok(())
+        } else {
+            Err(e2e::Error::new(format!(
+                "gone {gone}, reattached {back}: {flags}"
+            )))
+        }
+    })?;
     full_size_pings(&rack, FIRST)?;
 
     // A daemon restart restores the attached port from its state.
