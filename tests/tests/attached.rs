@@ -16,7 +16,7 @@
 //! `delete-xde` leaves the interface alone; an interface deleted and made again
 //! (the VM restarted) is attached again and traffic resumes, as after it is taken
 //! down (the daemon brings it up again); a daemon restart restores the attached
-//! port.
+//! port, and one while the interface is missing keeps the port until it is back.
 
 use e2e::guest::GuestSpec;
 use e2e::rack::UNDERLAY_IF;
@@ -201,6 +201,23 @@ fn an_attached_vm_link_carries_full_size_traffic_and_tso_and_survives_restarts()
     rack.restart_daemon(0, &[])?;
     let sled = rack.sled(0)?;
     sled.wait_for_link(VM, "up", NOTICE)?;
+    full_size_pings(&rack, FIRST)?;
+
+    // Restarted while the VM is away, the daemon keeps the port, not applied,
+    // and attaches it once the interface is back.
+    rack.stop_daemon(0)?;
+    rack.sled(0)?.ns.ip(&["link", "del", IFACE])?;
+    rack.start_daemon(0, &[])?;
+    let sled = rack.sled(0)?;
+    let listed = sled.admin(&["--json", "list-ports"])?;
+    assert!(
+        listed.contains("interface \\\"vm-v1\\\": no such interface"),
+        "{listed}"
+    );
+    hypervisor_link(sled, &rack.guest(VM)?.ns, &rack.guest(VM)?.spec)?;
+    // Retried after 1, 2, 4, 8 s.
+    sled.wait_for_link(VM, "up", NOTICE * 2)?;
+    rack.guest(VM)?.configure_os()?;
     full_size_pings(&rack, FIRST)?;
     Ok(())
 }
