@@ -19,7 +19,7 @@
 //! fast path takes no lock.
 //!
 //! Faults: a tap that reports an error or hang-up, or whose read or write fails in
-//! a way that means its device is gone ([`TapFault::Gone`]), takes its port down
+//! a way that means its device is gone ([`GuestFault::Gone`]), takes its port down
 //! at the end of the round: its fd leaves the poll set (a dead fd is reported by
 //! every wait, which would keep the worker spinning), and the worker's
 //! [`crate::datapath::Reattacher`] gets the tap back on a back-off; the worker picks
@@ -35,9 +35,9 @@ use crate::neighbours::NextHops;
 use crate::shaper::{IngressShaper, Offer};
 use crate::underlay::{LentSlots, SendError, UnderlayQueues};
 use crate::workers::{serve_jobs, JobRx};
-use dpio::guest::GuestPort;
+use dpio::guest::{GuestFault, GuestPort};
 use dpio::poll::Epoll;
-use dpio::tap::{TapFault, MAX_GATHER, MAX_TAP_FRAME};
+use dpio::tap::{MAX_GATHER, MAX_TAP_FRAME};
 use dpio::xsk::{RxHeld, TxError};
 use engine::{Engine, FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest};
 use serde::Serialize;
@@ -114,7 +114,7 @@ pub struct WorkerStats {
     /// Tap reads refused for one frame (the tap itself is fine).
     pub tap_rx_errors: u64,
     /// Ports whose tap went away (an error or hang-up from epoll, or a read or
-    /// write failing as [`TapFault::Gone`]): taken down until the tap is back.
+    /// write failing as [`GuestFault::Gone`]): taken down until the tap is back.
     pub tap_gone: u64,
     /// Down ports whose tap was opened again: up and served again.
     pub tap_reattached: u64,
@@ -666,7 +666,7 @@ impl Datapath {
                         }
                     }
                     Ok(None) => break,
-                    Err(e) if TapFault::of(&e) == TapFault::Gone => {
+                    Err(e) if GuestFault::of(&e) == GuestFault::Gone => {
                         io.gone.push((token, format!("read: {e}")));
                         break;
                     }
@@ -949,17 +949,17 @@ fn drain(
                                 st.tap_tx_linearized += u64::from(linearized);
                                 None
                             }
-                            Err(e) => match TapFault::of(&e) {
-                                TapFault::LinkDown => {
+                            Err(e) => match GuestFault::of(&e) {
+                                GuestFault::LinkDown => {
                                     st.tap_tx_link_down += 1;
                                     Some("tap_tx_link_down")
                                 }
-                                TapFault::Gone => {
+                                GuestFault::Gone => {
                                     st.tap_tx_port_down += 1;
                                     io.gone.push((u64::from(port.0), format!("write: {e}")));
                                     Some("tap_tx_port_down")
                                 }
-                                TapFault::Frame => {
+                                GuestFault::Frame => {
                                     st.tap_tx_errors += 1;
                                     tracing::debug!(tap = tap.name(), error = %e, "tap write failed");
                                     Some("tap_tx_errors")

@@ -12,6 +12,48 @@ use wire::vnet::VnetHdr;
 use crate::packet::PacketPort;
 use crate::tap::TapPort;
 
+/// What a failed read or write of a guest port (a tap, or a packet socket on an
+/// attached interface) says about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestFault {
+    /// The guest's side of the link is down (a tap write gets EIO; a packet
+    /// socket's, ENETDOWN: the attached interface is down): the device is
+    /// there, this frame is lost and later ones go through once the guest
+    /// brings its link up.
+    LinkDown,
+    /// The kernel refused this one frame (a malformed frame or vnet header,
+    /// memory pressure, a full send buffer), or a frame we could not assemble:
+    /// the port is fine.
+    Frame,
+    /// Anything else: the descriptor no longer reaches a device (EBADFD once
+    /// the device was deleted, e.g. with the guest's namespace; ENXIO for a
+    /// packet socket whose interface was deleted). The fd is useless; the port
+    /// must be opened again.
+    Gone,
+}
+
+impl GuestFault {
+    /// Classifies an error of a [`GuestPort`]'s read or write
+    /// (reads handle EAGAIN and EINTR themselves; a packet socket's write may
+    /// still say EAGAIN when its send buffer is full).
+    pub fn of(e: &io::Error) -> GuestFault {
+        match e.raw_os_error() {
+            Some(libc::EIO | libc::ENETDOWN) => GuestFault::LinkDown,
+            Some(
+                libc::EINVAL
+                | libc::EMSGSIZE
+                | libc::EFAULT
+                | libc::ENOMEM
+                | libc::ENOBUFS
+                | libc::EAGAIN,
+            ) => GuestFault::Frame,
+            Some(_) => GuestFault::Gone,
+            // Our own refusals (buffer, vnet header, part count) name no errno.
+            None => GuestFault::Frame,
+        }
+    }
+}
+
 /// One guest port's open device.
 #[derive(Debug)]
 pub enum GuestPort {
@@ -79,5 +121,25 @@ impl GuestPort {
             GuestPort::Tap(t) => t.destroy(),
             GuestPort::Attached(_) => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_are_classified_by_errno() {
+        let os = io::Error::from_raw_os_error;
+        assert_eq!(GuestFault::of(&os(libc::EIO)), GuestFault::LinkDown);
+        assert_eq!(GuestFault::of(&os(libc::ENETDOWN)), GuestFault::LinkDown);
+        assert_eq!(GuestFault::of(&os(libc::EAGAIN)), GuestFault::Frame);
+        assert_eq!(GuestFault::of(&os(libc::ENXIO)), GuestFault::Gone);
+        assert_eq!(GuestFault::of(&os(libc::EINVAL)), GuestFault::Frame);
+        assert_eq!(GuestFault::of(&os(libc::ENOBUFS)), GuestFault::Frame);
+        assert_eq!(GuestFault::of(&os(libc::EBADFD)), GuestFault::Gone);
+        assert_eq!(GuestFault::of(&os(libc::ENODEV)), GuestFault::Gone);
+        let ours = io::Error::new(io::ErrorKind::InvalidData, "short frame");
+        assert_eq!(GuestFault::of(&ours), GuestFault::Frame);
     }
 }

@@ -283,9 +283,10 @@ impl PacketPort {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guest::GuestFault;
     use crate::guest::GuestPort;
     use crate::poll::Epoll;
-    use crate::tap::{TapFault, MAX_TAP_FRAME};
+    use crate::tap::MAX_TAP_FRAME;
     use crate::testnet::{address_guest, guest_tso_buffer, Netns, GUEST, GUEST_MAC, GW, GW_MAC};
     use etherparse::PacketBuilder;
     use std::net::UdpSocket;
@@ -408,12 +409,12 @@ mod tests {
         let e = port
             .write(&VnetHdr::default(), &[0u8; 60])
             .expect_err("write to a downed link");
-        assert_eq!(TapFault::of(&e), TapFault::LinkDown, "{e}");
+        assert_eq!(GuestFault::of(&e), GuestFault::LinkDown, "{e}");
         host.ip(&["link", "del", "hv0"]);
         let e = port
             .write(&VnetHdr::default(), &[0u8; 60])
             .expect_err("write to a deleted link");
-        assert_eq!(TapFault::of(&e), TapFault::Gone, "{e}");
+        assert_eq!(GuestFault::of(&e), GuestFault::Gone, "{e}");
         let e = attach(&host).expect_err("attach to a deleted link");
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         assert!(

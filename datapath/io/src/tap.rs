@@ -136,48 +136,6 @@ pub(crate) fn read_vnet(
     }
 }
 
-/// What a failed read or write of a guest port (a tap, or a packet socket on an
-/// attached interface) says about it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TapFault {
-    /// The guest's side of the link is down (a tap write gets EIO; a packet
-    /// socket's, ENETDOWN: the attached interface is down): the device is
-    /// there, this frame is lost and later ones go through once the guest
-    /// brings its link up.
-    LinkDown,
-    /// The kernel refused this one frame (a malformed frame or vnet header,
-    /// memory pressure, a full send buffer), or a frame we could not assemble:
-    /// the port is fine.
-    Frame,
-    /// Anything else: the descriptor no longer reaches a device (EBADFD once
-    /// the device was deleted, e.g. with the guest's namespace; ENXIO for a
-    /// packet socket whose interface was deleted). The fd is useless; the port
-    /// must be opened again.
-    Gone,
-}
-
-impl TapFault {
-    /// Classifies an error of a [`crate::guest::GuestPort`]'s read or write
-    /// (reads handle EAGAIN and EINTR themselves; a packet socket's write may
-    /// still say EAGAIN when its send buffer is full).
-    pub fn of(e: &io::Error) -> TapFault {
-        match e.raw_os_error() {
-            Some(libc::EIO | libc::ENETDOWN) => TapFault::LinkDown,
-            Some(
-                libc::EINVAL
-                | libc::EMSGSIZE
-                | libc::EFAULT
-                | libc::ENOMEM
-                | libc::ENOBUFS
-                | libc::EAGAIN,
-            ) => TapFault::Frame,
-            Some(_) => TapFault::Gone,
-            // Our own refusals (buffer, vnet header, part count) name no errno.
-            None => TapFault::Frame,
-        }
-    }
-}
-
 impl TapPort {
     /// Opens /dev/net/tun and binds it to tap `name`, creating it if absent.
     fn open(name: &str) -> io::Result<TapPort> {
@@ -343,7 +301,7 @@ impl TapPort {
     }
 
     /// Writes one frame to the guest with its vnet header (one `writev`, no copy).
-    /// [`TapFault::of`] says what an error means for the tap.
+    /// [`GuestFault::of`] says what an error means for the tap.
     pub fn write(&self, vnet: &VnetHdr, frame: &[u8]) -> io::Result<()> {
         let hdr = vnet.to_bytes();
         self.write_gather(&[IoSlice::new(&hdr), IoSlice::new(frame)])
@@ -374,7 +332,7 @@ impl TapPort {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guest::GuestPort;
+    use crate::guest::{GuestFault, GuestPort};
     use crate::testnet::{address_guest, guest_tso_buffer, Netns, GUEST, GUEST_MAC, GW, GW_MAC};
     use etherparse::PacketBuilder;
     use std::net::UdpSocket;
@@ -425,8 +383,8 @@ mod tests {
             .write(&VnetHdr::default(), &frame)
             .expect_err("write to a downed tap");
         assert_eq!(
-            TapFault::of(&e),
-            TapFault::LinkDown,
+            GuestFault::of(&e),
+            GuestFault::LinkDown,
             "EIO expected, got {e}"
         );
         tap.destroy().unwrap();
@@ -470,7 +428,7 @@ mod tests {
     }
 
     /// Deleting the guest's namespace deletes the tap in it: epoll reports the
-    /// fd gone, and reads and writes on it fail as [`TapFault::Gone`].
+    /// fd gone, and reads and writes on it fail as [`GuestFault::Gone`].
     #[test]
     fn tap_deleted_with_its_namespace_is_gone() {
         let (host, guest) = (Netns::new(), Netns::new());
@@ -494,26 +452,11 @@ mod tests {
         }
         let mut buf = vec![0u8; MAX_TAP_FRAME];
         let e = tap.read(&mut buf).expect_err("read from a deleted tap");
-        assert_eq!(TapFault::of(&e), TapFault::Gone, "{e}");
+        assert_eq!(GuestFault::of(&e), GuestFault::Gone, "{e}");
         let e = tap
             .write(&VnetHdr::default(), &[0u8; 60])
             .expect_err("write to a deleted tap");
-        assert_eq!(TapFault::of(&e), TapFault::Gone, "{e}");
-    }
-
-    #[test]
-    fn faults_are_classified_by_errno() {
-        let os = io::Error::from_raw_os_error;
-        assert_eq!(TapFault::of(&os(libc::EIO)), TapFault::LinkDown);
-        assert_eq!(TapFault::of(&os(libc::ENETDOWN)), TapFault::LinkDown);
-        assert_eq!(TapFault::of(&os(libc::EAGAIN)), TapFault::Frame);
-        assert_eq!(TapFault::of(&os(libc::ENXIO)), TapFault::Gone);
-        assert_eq!(TapFault::of(&os(libc::EINVAL)), TapFault::Frame);
-        assert_eq!(TapFault::of(&os(libc::ENOBUFS)), TapFault::Frame);
-        assert_eq!(TapFault::of(&os(libc::EBADFD)), TapFault::Gone);
-        assert_eq!(TapFault::of(&os(libc::ENODEV)), TapFault::Gone);
-        let ours = io::Error::new(io::ErrorKind::InvalidData, "short frame");
-        assert_eq!(TapFault::of(&ours), TapFault::Frame);
+        assert_eq!(GuestFault::of(&e), GuestFault::Gone, "{e}");
     }
 
     /// A persistent tap survives its fd and can be attached again by name.
