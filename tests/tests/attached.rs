@@ -98,6 +98,13 @@ fn an_attached_vm_link_carries_full_size_traffic_and_tso_and_survives_restarts()
     let create: Vec<&str> = args.iter().map(String::as_str).collect();
     sled.admin(&create)?;
     assert_eq!(iface_mtu(sled)?, 8500, "the daemon raised {IFACE}'s MTU");
+    let log = sled.daemon()?.log();
+    assert!(
+        log.contains("attached interface's MTU raised to the port's")
+            && log.contains("from=1500 to=8500")
+            && log.contains("attached interface was down: brought up"),
+        "{log}"
+    );
     let budget = sled.admin(&["--json", "mtu", VM])?;
     let budget: serde_json::Value = serde_json::from_str(&budget).expect("mtu JSON");
     assert_eq!(budget["data"]["virtio_host_mtu"], 8500, "{budget}");
