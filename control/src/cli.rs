@@ -331,6 +331,11 @@ pub struct CreateXde {
     /// Move the tap into this network namespace.
     #[arg(long)]
     pub netns: Option<String>,
+    /// Make no tap: attach the port to this existing interface, the host side of a
+    /// hypervisor's tap (QEMU `-netdev tap,ifname=IFACE,script=no`), which the
+    /// daemon never deletes.
+    #[arg(long, value_name = "IFACE", conflicts_with = "netns")]
+    pub attach: Option<String>,
     #[arg(long = "dns-server")]
     pub dns_server: Vec<IpAddr>,
     #[arg(long)]
@@ -700,6 +705,7 @@ impl Command {
             Command::CreateXde(c) => Request::CreatePort(Box::new(CreatePort {
                 config: c.to_config()?,
                 netns: c.netns,
+                attach: c.attach,
             })),
             Command::DeleteXde { name } => Request::DeletePort { name },
             Command::ListPorts => Request::ListPorts,
@@ -1102,6 +1108,7 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
                 c.external.to_string(),
                 c.limits.describe(),
                 p.netns.clone().unwrap_or_else(|| "-".into()),
+                p.attach.clone().unwrap_or_else(|| "-".into()),
                 s.state.map_or("-".into(), |st| st.to_string()),
                 match &s.not_applied {
                     None => link_status(s.link.as_ref(), SystemTime::now()),
@@ -1118,7 +1125,8 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
     table(
         out,
         &[
-            "NAME", "MAC", "IP", "VNI", "MTU", "EXTERNAL", "LIMITS", "NETNS", "STATE", "STATUS",
+            "NAME", "MAC", "IP", "VNI", "MTU", "EXTERNAL", "LIMITS", "NETNS", "ATTACH", "STATE",
+            "STATUS",
         ],
         rows,
     );
@@ -1266,6 +1274,20 @@ mod tests {
             panic!()
         };
         assert_eq!(c.config.mtu, DEFAULT_PORT_MTU);
+        assert_eq!(c.attach, None);
+    }
+
+    /// `--attach IFACE` names the interface; with `--netns` it is refused, naming
+    /// both.
+    #[test]
+    fn create_xde_attaches_to_an_interface_but_not_with_a_netns() {
+        let Action::Call(Request::CreatePort(c)) = parse(&with(&["--attach", "vnet3"])).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((c.attach.as_deref(), c.netns), (Some("vnet3"), None));
+        let e = parse(&with(&["--attach", "vnet3", "--netns", "g0"])).unwrap_err();
+        assert!(e.contains("--attach") && e.contains("--netns"), "{e}");
     }
 
     #[test]
@@ -1420,6 +1442,7 @@ mod tests {
             port: crate::api::PortInfo {
                 config,
                 netns: None,
+                attach: None,
             },
             not_applied: None,
             link: None,
@@ -2010,6 +2033,11 @@ mod tests {
         let port = |name: &str, last: u8, netns: Option<&str>| crate::api::PortInfo {
             config: crate::api::tests::sample_port(name, last),
             netns: netns.map(Into::into),
+            attach: None,
+        };
+        let attached = crate::api::PortInfo {
+            attach: Some("vnet7".into()),
+            ..port("opte2", 7, None)
         };
         let s = render(&Reply::Ports(vec![
             PortStatus {
@@ -2028,18 +2056,28 @@ mod tests {
                 link: None,
                 state: None,
             },
+            PortStatus {
+                port: attached,
+                not_applied: None,
+                link: Some(PortLink::Up),
+                state: Some(engine::PortState::Running),
+            },
         ]));
         let lines: Vec<&str> = s.lines().collect();
-        assert!(lines[0].ends_with("NETNS  STATE   STATUS"), "{s}");
+        assert!(lines[0].ends_with("NETNS  ATTACH  STATE    STATUS"), "{s}");
         assert!(
-            lines[1].starts_with("opte0") && lines[1].ends_with("-      paused  applied"),
+            lines[1].starts_with("opte0") && lines[1].ends_with("-      -       paused   applied"),
             "{s}"
         );
         assert!(
             lines[2].starts_with("opte1")
                 && lines[2].ends_with(
-                    "g1     -       NOT APPLIED (try 2, next in 2 s): network namespace \"g1\" not found"
+                    "g1     -       -        NOT APPLIED (try 2, next in 2 s): network namespace \"g1\" not found"
                 ),
+            "{s}"
+        );
+        assert!(
+            lines[3].starts_with("opte2") && lines[3].ends_with("-      vnet7   running  up"),
             "{s}"
         );
     }

@@ -32,6 +32,9 @@ use crate::controller::{Dataplane, Inspect, PortTables};
 use crate::stats::{QueueRef, WorkerInfo, WorkerReport, WorkerView};
 use crate::worker::{Backoff, WorkerIo, WorkerStats};
 use crate::workers::{PortKey, WorkerPlane, Workers};
+use dpio::guest::GuestPort;
+use dpio::netlink::Netlink;
+use dpio::packet::PacketPort;
 use dpio::tap::TapPort;
 use engine::nat::ExternalIps;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
@@ -145,6 +148,59 @@ impl Datapath {
     }
 }
 
+/// Opens a port's device: attaches to its interface (`--attach`), or opens (or,
+/// after a restart or once its guest is back, reattaches to) its tap and puts it
+/// where the guest expects it.
+fn open_port(p: &PortInfo) -> Result<GuestPort, String> {
+    match &p.attach {
+        Some(iface) => attach_port(p, iface).map(GuestPort::Attached),
+        None => open_tap(p).map(GuestPort::Tap),
+    }
+}
+
+/// Attaches port `p` to the hypervisor's interface `iface`, in the daemon's
+/// namespace, saying what had to change on it.
+fn attach_port(p: &PortInfo, iface: &str) -> Result<PacketPort, String> {
+    let name = &p.config.name;
+    let mtu = u32::from(p.config.mtu);
+    let (port, done) = PacketPort::attach(iface, mtu).map_err(|e| format!("port {name:?}: {e}"))?;
+    if let Some(was) = done.mtu_raised_from {
+        // The hypervisor made it at its default; the VM's frames and ours are up to
+        // the port's MTU, which the VM's virtio device must advertise too
+        // (`xdeadm mtu`).
+        tracing::info!(port = %name, iface, from = was, to = mtu, "attached interface's MTU raised to the port's");
+    }
+    if done.brought_up {
+        tracing::info!(port = %name, iface, "attached interface was down: brought up");
+    }
+    Ok(port)
+}
+
+/// Refuses to attach port `p` to one of the daemon's underlay links (every worker
+/// has a socket on each): its Geneve traffic would be taken for a guest's frames
+/// and the guest's sent onto the sled's network. An interface that cannot be
+/// looked up is left for the attach to report.
+fn not_an_underlay_link(p: &PortInfo, io: &WorkerIo) -> Result<(), String> {
+    let Some(iface) = &p.attach else {
+        return Ok(());
+    };
+    let Ok(link) = Netlink::open().and_then(|mut nl| nl.link_by_name(iface)) else {
+        return Ok(());
+    };
+    if io
+        .queues
+        .sockets
+        .iter()
+        .any(|s| s.ifindex() == link.ifindex)
+    {
+        return Err(format!(
+            "port {:?}: interface {iface:?} is an underlay link of this daemon, not a hypervisor's",
+            p.config.name
+        ));
+    }
+    Ok(())
+}
+
 /// Opens (or, after a restart or once its guest is back, reattaches to) the tap of a
 /// port and puts it where the guest expects it.
 fn open_tap(p: &PortInfo) -> Result<TapPort, String> {
@@ -204,10 +260,10 @@ pub(crate) struct PortTap {
     pub(crate) link: TapLink,
 }
 
-/// Whether a port's tap is served.
+/// Whether a port's tap (or attached interface) is served.
 pub(crate) enum TapLink {
     /// Open and in the worker's poll set.
-    Up(TapPort),
+    Up(GuestPort),
     /// Gone since `since` (why: `reason`); the [`Reattacher`] is getting it back.
     Down { since: SystemTime, reason: String },
 }
@@ -283,7 +339,7 @@ enum Want {
 pub(crate) struct Reattached {
     pub(crate) slot: usize,
     pub(crate) gen: u64,
-    pub(crate) tap: TapPort,
+    pub(crate) tap: GuestPort,
 }
 
 /// One worker's tap re-opener: a thread that tries to open the taps of the
@@ -425,7 +481,7 @@ fn try_reattach(
     let Some(w) = waiting.get_mut(&key) else {
         return true;
     };
-    let tap = match open_tap(&w.port) {
+    let tap = match open_port(&w.port) {
         Ok(tap) => tap,
         Err(e) => {
             w.due = Instant::now() + w.backoff.next();
@@ -438,7 +494,7 @@ fn try_reattach(
         return false;
     }
     if waiting.remove(&key).is_none() {
-        if let Err(e) = tap.destroy() {
+        if let Err(e) = tap.release() {
             tracing::warn!(error = %e, "tap of a deleted port not destroyed");
         }
         return true;
@@ -511,7 +567,9 @@ impl Dataplane for Datapath {
         let Some(io) = &self.io else {
             return Ok(());
         };
-        let tap = open_tap(p).and_then(|t| io.watch_tap(&t, u64::from(id.0)).map(|()| t));
+        let tap = not_an_underlay_link(p, io)
+            .and_then(|()| open_port(p))
+            .and_then(|t| io.watch_tap(&t, u64::from(id.0)).map(|()| t));
         let tap = match tap {
             Ok(t) => t,
             Err(e) => {
@@ -546,7 +604,8 @@ impl Dataplane for Datapath {
         match port.link {
             TapLink::Up(tap) => {
                 io.unwatch_tap(&tap);
-                if let Err(e) = tap.destroy() {
+                // A tap is destroyed; an attached interface stays its owner's.
+                if let Err(e) = tap.release() {
                     tracing::warn!(port = name, error = %e, "tap not destroyed");
                 }
             }
@@ -877,6 +936,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(crate::api::CreatePort {
                 config: crate::api::tests::sample_port("opte0", 5),
                 netns: None,
+                attach: None,
             })),
         );
         let rule = FwRule {
@@ -1069,6 +1129,7 @@ pub(crate) mod tests {
         let port = |name: &str, last: u8| PortInfo {
             config: crate::api::tests::sample_port(name, last),
             netns: Some(ns.clone()),
+            attach: None,
         };
         let r = Reattacher::start(0, || {}).unwrap();
         r.want(3, 1, &port("rat0", 1));
@@ -1094,6 +1155,6 @@ pub(crate) mod tests {
             .unwrap();
         assert!(!forgotten.status.success(), "a deleted port's tap was made");
         assert!(r.take().is_none());
-        back.tap.destroy().unwrap();
+        back.tap.release().unwrap();
     }
 }

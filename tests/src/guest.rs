@@ -121,6 +121,14 @@ impl GuestSpec {
         link_local_eui64(&self.gateway_mac)
     }
 
+    /// The `xdeadm create-xde` arguments for this port without `--netns`, then
+    /// `extra` (e.g. `--attach IFACE`).
+    pub fn create_args_in_sled(&self, extra: &[&str]) -> Vec<String> {
+        let mut a = self.create_args(None);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    }
+
     /// The `xdeadm create-xde` arguments for this port, its tap moved into
     /// namespace `netns`, or left in the daemon's namespace for a hypervisor to
     /// bridge to a VM when `netns` is `None`.
@@ -372,6 +380,32 @@ impl Guest {
                 }
             },
         )
+    }
+
+    /// Waits up to `within` until the guest's IPv6 MTU is `mtu` (an RA's MTU
+    /// option applied).
+    pub fn wait_for_ipv6_mtu(&self, mtu: u32, within: Duration) -> Result<()> {
+        poll_until(
+            &format!("IPv6 MTU {mtu} in guest {}", self.spec.name),
+            within,
+            || {
+                let m = self.ipv6_mtu()?;
+                if m == mtu {
+                    Ok(())
+                } else {
+                    Err(Error::new(format!("IPv6 MTU {m}")))
+                }
+            },
+        )
+    }
+
+    /// Pings of 8500-byte packets (the standard port MTU: 8472 bytes of ICMPv4
+    /// payload, 8452 of ICMPv6) from this guest to `peer` and back, IPv4 and IPv6.
+    pub fn full_size_pings(&self, peer: &Guest, within: Duration) -> Result<()> {
+        self.ping(peer.ipv4()?, 8472, within)?;
+        peer.ping(self.ipv4()?, 8472, within)?;
+        self.ping(peer.ipv6()?, 8452, within)?;
+        peer.ping(self.ipv6()?, 8452, within)
     }
 
     /// The kernel's IPv6 MTU for the guest's interface (what an RA's MTU option set).

@@ -61,6 +61,49 @@ pub struct Sled {
 }
 
 impl Sled {
+    /// Each port's link state (`up`, `down`; `none` for a port without one) as
+    /// `xdeadm --json list-ports` shows it.
+    pub fn link_states(&self) -> Result<Vec<(String, String)>> {
+        let out = self.admin(&["--json", "list-ports"])?;
+        let v: serde_json::Value = serde_json::from_str(&out)
+            .map_err(|e| Error::new(format!("list-ports is not JSON ({e}): {out}")))?;
+        let ports = v["data"].as_array().cloned().unwrap_or_default();
+        Ok(ports
+            .iter()
+            .map(|p| {
+                let name = p["config"]["name"].as_str().unwrap_or("?").to_string();
+                let state = p["link"]["state"].as_str().unwrap_or("none").to_string();
+                (name, state)
+            })
+            .collect())
+    }
+
+    /// Waits up to `within` until port `port` shows link state `want`.
+    pub fn wait_for_link(&self, port: &str, want: &str, within: Duration) -> Result<()> {
+        poll_until(
+            &format!("port {port} to be {want} on sled {}", self.index),
+            within,
+            || {
+                let states = self.link_states()?;
+                if states.iter().any(|(n, s)| n == port && s == want) {
+                    Ok(())
+                } else {
+                    Err(Error::new(format!("{states:?}")))
+                }
+            },
+        )
+    }
+
+    /// The sum of counter `name` over `xdeadm --json stats [PORT]`.
+    pub fn counter(&self, port: Option<&str>, name: &str) -> Result<u64> {
+        let mut args = vec!["--json", "stats"];
+        args.extend(port);
+        Ok(crate::stats::sum(
+            &crate::stats::parse(&self.admin(&args)?)?,
+            name,
+        ))
+    }
+
     pub fn daemon(&self) -> Result<&Overlayd> {
         self.daemon
             .as_ref()

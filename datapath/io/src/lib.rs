@@ -4,6 +4,9 @@
 //! - [`xdp`]: loads and attaches the steering XDP program (`xdp-prog`) with aya.
 //! - [`xsk`]: AF_XDP sockets on a shared UMEM (own thin libc layer).
 //! - [`tap`]: persistent tap ports with `virtio_net_hdr` offloads for guests.
+//! - [`packet`]: `AF_PACKET` sockets with `PACKET_VNET_HDR` on an interface a
+//!   hypervisor owns (`create-xde --attach`).
+//! - [`guest`]: either of those, as the worker serves a port.
 //! - [`netlink`]: link facts, IPv6 neighbour and route lookups, the fast-path
 //!   [`netlink::NeighbourCache`] (slow path: the daemon runs it on its own thread).
 //! - [`netns`]: running a closure inside a named network namespace.
@@ -16,9 +19,11 @@
 
 pub mod channels;
 pub mod cpu;
+pub mod guest;
 pub mod icmp6;
 pub mod netlink;
 pub mod netns;
+pub mod packet;
 pub mod poll;
 pub mod probe;
 pub mod tap;
