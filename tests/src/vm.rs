@@ -272,14 +272,18 @@ pub struct VmSpec {
 }
 
 /// How the VM's tap (created by [`Vm::boot`] in the sled's namespace) reaches the
-/// port. Attachments in which the daemon takes the VM's tap itself are variants of
-/// this type.
+/// port.
 #[derive(Clone, Debug)]
 pub enum Attachment {
     /// The port was created without `--netns`: its tap (interface `port`, which
     /// carries `fe:` + the guest's MAC) and the VM's tap are joined in a Linux bridge
     /// `br-NAME`, as libvirt does.
     Bridge { port: String },
+    /// The daemon attaches the port to the VM's tap itself: `create` is the
+    /// `xdeadm create-xde` command of the port, which gets `--attach TAP` and runs
+    /// once the tap exists, before QEMU starts (a hypervisor's tap exists before
+    /// the port is made).
+    Attach { create: Cmd },
 }
 
 impl Attachment {
@@ -292,6 +296,10 @@ impl Attachment {
                 links.ip(&["link", "set", tap, "master", &bridge])?;
                 links.ip(&["link", "set", port, "master", &bridge])?;
                 links.ip(&["link", "set", &bridge, "up"])?;
+                Ok(())
+            }
+            Attachment::Attach { create } => {
+                create.clone().args(["--attach", tap]).run()?;
                 Ok(())
             }
         }
