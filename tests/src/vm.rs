@@ -477,6 +477,11 @@ impl Vm {
         Ok(vm)
     }
 
+    /// QEMU's process id (`ip netns exec` execs it), for CPU accounting.
+    pub fn pid(&self) -> u32 {
+        self.qemu.child.id()
+    }
+
     /// The guest's kernel console (ttyS0), with init's progress lines.
     pub fn console_log(&self) -> PathBuf {
         self.qemu.dir.join("console.log")
