@@ -19,7 +19,7 @@
 use e2e::guest::{create_port, Guest, GuestSpec, JUMBO_MTU};
 use e2e::rack::Sled;
 use e2e::standard::B1;
-use e2e::vm::{Attachment, Vm, VmSpec};
+use e2e::vm::{Attachment, Vm, VmSpec, FRAGMENTATION_COUNTERS};
 use e2e::xfer::{accept_within, any_addr};
 use e2e::{poll_until, Cmd, Error, Rack, RackSpec, Result};
 use std::io::Read;
@@ -109,12 +109,7 @@ fn a_qemu_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic() -> Result<()
         b1.ping(target, size, first)?;
     }
     let snmp = vm.snmp()?;
-    for counter in [
-        "Ip.FragCreates",
-        "Ip.ReasmReqds",
-        "Ip6FragCreates",
-        "Ip6ReasmReqds",
-    ] {
+    for counter in FRAGMENTATION_COUNTERS {
         assert_eq!(snmp.get(counter), Some(&0), "{counter} in the VM: {snmp:?}");
     }
     for counter in [

@@ -249,7 +249,7 @@ pub fn markdown(rows: &[Summary]) -> String {
         .filter(|r| !r.test.is_udp() && !r.test.from_vm)
         .collect();
     if !tcp.is_empty() {
-        out.push_str(&tcp_table(rows, &tcp));
+        out.push_str(&throughput_table(rows, &tcp, &TCP));
     }
     let udp: Vec<&Summary> = rows.iter().filter(|r| r.test.is_udp()).collect();
     if !udp.is_empty() {
@@ -259,7 +259,7 @@ pub fn markdown(rows: &[Summary]) -> String {
     let vm: Vec<&Summary> = rows.iter().filter(|r| r.test.from_vm).collect();
     if let Some(first) = vm.first() {
         separate(&mut out);
-        out.push_str(&vm_table(rows, &vm, &first.setup));
+        out.push_str(&throughput_table(rows, &vm, &vm_throughput(&first.setup)));
     }
     let threads = threads_table(rows);
     if !threads.is_empty() {
@@ -285,32 +285,6 @@ pub fn background_line(runs: &[Run]) -> Option<String> {
         "Background load (machine busy cores just before each topology was built, while \
          nothing of the benchmark ran): median {median:.2}, max {max:.2}."
     ))
-}
-
-fn tcp_table(all: &[Summary], rows: &[&Summary]) -> String {
-    let mut t = format!(
-        "| test | setup | Gbit/s | vs {BASELINE} | busy cores | vs {BASELINE} | Gbit/s per busy core | vs {BASELINE} | daemon cores | runs |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-    );
-    for r in rows {
-        let m = r.medians.as_ref();
-        let _ = writeln!(
-            t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} |",
-            r.test,
-            r.setup,
-            fmt_opt(m.map(|m| m.gbps), 2),
-            fmt_ratio(ratio(all, r, |m| Some(m.gbps))),
-            fmt_opt(m.map(|m| m.busy_cores), 2),
-            fmt_ratio(ratio(all, r, |m| Some(m.busy_cores))),
-            fmt_opt(m.map(|m| m.gbps_per_core), 2),
-            fmt_ratio(ratio(all, r, |m| Some(m.gbps_per_core))),
-            fmt_opt(m.and_then(|m| m.daemon_cores), 2),
-            r.ok,
-            r.total
-        );
-    }
-    t
 }
 
 fn udp_table(all: &[Summary], rows: &[&Summary]) -> String {
@@ -341,27 +315,75 @@ fn udp_table(all: &[Summary], rows: &[&Summary]) -> String {
     t
 }
 
-/// The VM tests: Mbit/s (a VM's stream is far from a Gbit/s under TCG), ratios to
-/// the `first` VM setup, and QEMU's cores apart from the daemons'.
-fn vm_table(all: &[Summary], rows: &[&Summary], first: &str) -> String {
+/// How a throughput table shows its rows.
+struct Throughput<'a> {
+    /// `Gbit/s` or `Mbit/s`.
+    unit: &'a str,
+    /// Per Gbit/s.
+    scale: f64,
+    decimals: usize,
+    /// The setup the ratios divide by.
+    baseline: &'a str,
+    /// A column of QEMU's cores (the VM rows).
+    qemu: bool,
+}
+
+/// The TCP tests, in Gbit/s against kernel VXLAN.
+const TCP: Throughput<'static> = Throughput {
+    unit: "Gbit/s",
+    scale: 1.0,
+    decimals: 2,
+    baseline: BASELINE,
+    qemu: false,
+};
+
+/// The VM tests against the first VM setup `first`, in Mbit/s (a VM's stream is
+/// far from a Gbit/s under TCG), with QEMU's cores apart from the daemons'.
+fn vm_throughput(first: &str) -> Throughput<'_> {
+    Throughput {
+        unit: "Mbit/s",
+        scale: 1e3,
+        decimals: 0,
+        baseline: first,
+        qemu: true,
+    }
+}
+
+fn throughput_table(all: &[Summary], rows: &[&Summary], how: &Throughput) -> String {
+    let Throughput {
+        unit,
+        scale,
+        decimals,
+        baseline: base,
+        qemu,
+    } = *how;
+    let (qemu_head, qemu_rule) = if qemu {
+        (" QEMU cores |", "---:|")
+    } else {
+        ("", "")
+    };
     let mut t = format!(
-        "| test | setup | Mbit/s | vs {first} | busy cores | vs {first} | Mbit/s per busy core | vs {first} | QEMU cores | daemon cores | runs |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| test | setup | {unit} | vs {base} | busy cores | vs {base} | {unit} per busy core | vs {base} |{qemu_head} daemon cores | runs |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|{qemu_rule}---:|---:|\n"
     );
     for r in rows {
         let m = r.medians.as_ref();
+        let qemu_cell = if qemu {
+            format!(" {} |", fmt_opt(m.and_then(|m| m.vm_cores), 2))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |{qemu_cell} {} | {}/{} |",
             r.test,
             r.setup,
-            fmt_opt(m.map(|m| m.gbps * 1e3), 0),
+            fmt_opt(m.map(|m| m.gbps * scale), decimals),
             fmt_ratio(ratio(all, r, |m| Some(m.gbps))),
             fmt_opt(m.map(|m| m.busy_cores), 2),
             fmt_ratio(ratio(all, r, |m| Some(m.busy_cores))),
-            fmt_opt(m.map(|m| m.gbps_per_core * 1e3), 0),
+            fmt_opt(m.map(|m| m.gbps_per_core * scale), decimals),
             fmt_ratio(ratio(all, r, |m| Some(m.gbps_per_core))),
-            fmt_opt(m.and_then(|m| m.vm_cores), 2),
             fmt_opt(m.and_then(|m| m.daemon_cores), 2),
             r.ok,
             r.total

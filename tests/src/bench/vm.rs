@@ -20,7 +20,7 @@ use crate::guest::create_port;
 use crate::netns::Netns;
 use crate::poll::poll_until;
 use crate::rack::Rack;
-use crate::vm::{Attachment, Vm, VmSpec};
+use crate::vm::{Attachment, Vm, VmSpec, FRAGMENTATION_COUNTERS};
 use crate::xfer::{accept_within, any_addr};
 use crate::{Error, Result};
 use std::cell::RefCell;
@@ -160,12 +160,7 @@ impl Topology for VmPair {
 /// forbid fragmentation, so this is how a full-size ping proves the path's MTU.
 pub fn require_unfragmented(vm: &mut Vm) -> Result<()> {
     let snmp = vm.snmp()?;
-    for counter in [
-        "Ip.FragCreates",
-        "Ip.ReasmReqds",
-        "Ip6FragCreates",
-        "Ip6ReasmReqds",
-    ] {
+    for counter in FRAGMENTATION_COUNTERS {
         match snmp.get(counter) {
             Some(0) => {}
             Some(n) => {
