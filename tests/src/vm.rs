@@ -485,6 +485,11 @@ impl Vm {
         Ok(vm)
     }
 
+    /// QEMU's process id (`ip netns exec` execs it), for CPU accounting.
+    pub fn pid(&self) -> u32 {
+        self.qemu.child.id()
+    }
+
     /// The guest's kernel console (ttyS0), with init's progress lines.
     pub fn console_log(&self) -> PathBuf {
         self.qemu.dir.join("console.log")
@@ -639,6 +644,15 @@ fn take_marked(pending: &mut Vec<u8>, marker: &str) -> Option<(String, String)> 
     }
     None
 }
+
+/// The guest kernel's IP fragmentation and reassembly counters ([`Vm::snmp`]):
+/// all zero after full-size traffic proves the path carried it whole.
+pub const FRAGMENTATION_COUNTERS: [&str; 4] = [
+    "Ip.FragCreates",
+    "Ip.ReasmReqds",
+    "Ip6FragCreates",
+    "Ip6ReasmReqds",
+];
 
 /// Parses `/proc/net/snmp` (pairs of `Proto: names...` / `Proto: values...` lines)
 /// and `/proc/net/snmp6` (`Name value` lines) into `Proto.Name` (snmp) and `Name`

@@ -129,6 +129,31 @@ pub fn any_addr(like: IpAddr, port: u16) -> SocketAddr {
     SocketAddr::new(ip, port)
 }
 
+/// Accepts one connection on `listener` within `wait` (the listener is made
+/// non-blocking; the connection is blocking).
+pub fn accept_within(listener: &TcpListener, wait: Duration) -> Result<TcpStream> {
+    listener.set_nonblocking(true)?;
+    let deadline = Instant::now() + wait;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(Error::new(format!(
+                        "no connection to {} in {wait:?}",
+                        listener.local_addr()?
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Opens a TCP connection from namespace `ns` to `to`, trying for `within`; reads
 /// time out after 20 s.
 pub fn connect(ns: &Netns, to: SocketAddr, within: Duration) -> Result<TcpStream> {

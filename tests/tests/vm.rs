@@ -19,11 +19,11 @@
 use e2e::guest::{create_port, Guest, GuestSpec, JUMBO_MTU};
 use e2e::rack::Sled;
 use e2e::standard::B1;
-use e2e::vm::{Attachment, Vm, VmSpec};
-use e2e::xfer::any_addr;
+use e2e::vm::{Attachment, Vm, VmSpec, FRAGMENTATION_COUNTERS};
+use e2e::xfer::{accept_within, any_addr};
 use e2e::{poll_until, Cmd, Error, Rack, RackSpec, Result};
 use std::io::Read;
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 const VM: &str = "v1";
@@ -113,12 +113,7 @@ fn a_qemu_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic() -> Result<()
         b1.ping(target, size, first)?;
     }
     let snmp = vm.snmp()?;
-    for counter in [
-        "Ip.FragCreates",
-        "Ip.ReasmReqds",
-        "Ip6FragCreates",
-        "Ip6ReasmReqds",
-    ] {
+    for counter in FRAGMENTATION_COUNTERS {
         assert_eq!(snmp.get(counter), Some(&0), "{counter} in the VM: {snmp:?}");
     }
     for counter in [
@@ -231,7 +226,6 @@ fn bulk_from_vm(
     let listener = to
         .ns
         .within(|| Ok(TcpListener::bind(any_addr(target, port))?))?;
-    listener.set_nonblocking(true)?;
     let receiver = std::thread::spawn(move || receive_all(&listener, VM_CMD));
     let sent = vm.run(&format!("nc {target} {port} < /tmp/bulk"), VM_CMD * 5);
     let received = receiver
@@ -250,23 +244,10 @@ fn bulk_from_vm(
     Ok((want, secs))
 }
 
-/// Accepts one connection on `listener` (non-blocking) within `wait` and reads it to
-/// the end; returns the bytes and the seconds from accept to end of stream.
+/// Accepts one connection on `listener` within `wait` and reads it to the end;
+/// returns the bytes and the seconds from accept to end of stream.
 fn receive_all(listener: &TcpListener, wait: Duration) -> Result<(Vec<u8>, f64)> {
-    let deadline = Instant::now() + wait;
-    let mut stream: TcpStream = loop {
-        match listener.accept() {
-            Ok((s, _)) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() > deadline {
-                    return Err(Error::new(format!("no connection from the VM in {wait:?}")));
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    };
-    stream.set_nonblocking(false)?;
+    let mut stream = accept_within(listener, wait)?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let started = Instant::now();
     let mut data = Vec::new();
