@@ -175,6 +175,33 @@ impl GuestSpec {
         }
         a
     }
+
+    /// The `xdeadm add-fw-rule` arguments that let in `allow_inbound_from`.
+    pub fn inbound_rule_args(&self) -> Vec<Vec<String>> {
+        self.allow_inbound_from
+            .iter()
+            .enumerate()
+            .map(|(i, host)| {
+                let priority = (100 + i).to_string();
+                [
+                    "add-fw-rule",
+                    &self.name,
+                    "--direction",
+                    "in",
+                    "--priority",
+                    &priority,
+                    "--host",
+                    host,
+                    "--proto",
+                    "any",
+                    "--action",
+                    "allow",
+                ]
+                .map(String::from)
+                .to_vec()
+            })
+            .collect()
+    }
 }
 
 /// fe80::/64 with the modified EUI-64 interface identifier of `mac` (RFC 4291 app. A).
@@ -207,22 +234,9 @@ pub fn create_port(sled: &Sled, spec: &GuestSpec, netns: Option<&str>) -> Result
     let args = spec.create_args(netns);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     sled.admin(&refs)?;
-    for (i, host) in spec.allow_inbound_from.iter().enumerate() {
-        let priority = (100 + i).to_string();
-        sled.admin(&[
-            "add-fw-rule",
-            &spec.name,
-            "--direction",
-            "in",
-            "--priority",
-            &priority,
-            "--host",
-            host,
-            "--proto",
-            "any",
-            "--action",
-            "allow",
-        ])?;
+    for rule in spec.inbound_rule_args() {
+        let refs: Vec<&str> = rule.iter().map(String::as_str).collect();
+        sled.admin(&refs)?;
     }
     Ok(())
 }

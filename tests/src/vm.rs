@@ -14,7 +14,9 @@
 //!   answering with the output and `@@END <status>`.
 
 use crate::cmd::{terminate, Cmd};
+use crate::guest::{create_port, GuestSpec};
 use crate::netns::Netns;
+use crate::rack::Sled;
 use crate::{Context, Error, Result};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -282,8 +284,8 @@ pub enum Attachment {
     /// The daemon attaches the port to the VM's tap itself: `create` is the
     /// `xdeadm create-xde` command of the port, which gets `--attach TAP` and runs
     /// once the tap exists, before QEMU starts (a hypervisor's tap exists before
-    /// the port is made).
-    Attach { create: Cmd },
+    /// the port is made); `then` runs after it (the port's firewall rules).
+    Attach { create: Cmd, then: Vec<Cmd> },
 }
 
 impl Attachment {
@@ -298,9 +300,64 @@ impl Attachment {
                 links.ip(&["link", "set", &bridge, "up"])?;
                 Ok(())
             }
-            Attachment::Attach { create } => {
+            Attachment::Attach { create, then } => {
                 create.clone().args(["--attach", tap]).run()?;
+                for cmd in then {
+                    cmd.clone().run()?;
+                }
                 Ok(())
+            }
+        }
+    }
+}
+
+/// The ways a VM is attached to a port, each with how its port is made: what the
+/// VM tests and the benchmark's VM rows run through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Way {
+    /// The port is created without `--netns` and its tap bridged to the VM's, as
+    /// libvirt does ([`Attachment::Bridge`]).
+    Bridge,
+    /// The port is created with `--attach` on the VM's own tap
+    /// ([`Attachment::Attach`]).
+    Attach,
+}
+
+impl Way {
+    /// Every way, in the order the benchmark runs them (the first is the others'
+    /// reference in its report).
+    pub const ALL: [Way; 2] = [Way::Bridge, Way::Attach];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Way::Bridge => "bridge",
+            Way::Attach => "attach",
+        }
+    }
+
+    /// Creates `spec`'s port on `sled` as this way needs it (for `Attach`, when
+    /// the VM's tap exists: [`Vm::boot`] does it) and says how the VM attaches.
+    pub fn port(self, sled: &Sled, spec: &GuestSpec) -> Result<Attachment> {
+        match self {
+            Way::Bridge => {
+                create_port(sled, spec, None)?;
+                Ok(Attachment::Bridge {
+                    port: spec.name.clone(),
+                })
+            }
+            Way::Attach => {
+                let cmd = |args: Vec<String>| {
+                    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                    sled.xdeadm(&refs)
+                };
+                Ok(Attachment::Attach {
+                    create: cmd(spec.create_args(None))?,
+                    then: spec
+                        .inbound_rule_args()
+                        .into_iter()
+                        .map(cmd)
+                        .collect::<Result<_>>()?,
+                })
             }
         }
     }

@@ -1,6 +1,7 @@
 //! A real virtual machine as a guest: Debian's cloud kernel with virtio-net and a
-//! busybox initramfs (tests/vm/build-guest.sh) in QEMU, its tap bridged to a port
-//! created without `--netns`, as libvirt attaches a VM. Against a namespace guest
+//! busybox initramfs (tests/vm/build-guest.sh) in QEMU, attached each way a
+//! hypervisor attaches one: its tap bridged to a port created without `--netns`, as
+//! libvirt does, and its tap taken by the port itself (`--attach`). Against a namespace guest
 //! on the other sled, the VM's own kernel must show what the datapath promises a
 //! VM:
 //! - its link MTU from the virtio device (`host_mtu` = `xdeadm mtu`'s
@@ -16,10 +17,10 @@
 //! One boot serves every check: under TCG a boot is the slow part. The test never
 //! skips: without QEMU or the Debian packages it fails saying what is missing.
 
-use e2e::guest::{create_port, Guest, GuestSpec, JUMBO_MTU};
+use e2e::guest::{Guest, GuestSpec, JUMBO_MTU};
 use e2e::rack::Sled;
 use e2e::standard::B1;
-use e2e::vm::{Attachment, Vm, VmSpec, FRAGMENTATION_COUNTERS};
+use e2e::vm::{Vm, VmSpec, Way, FRAGMENTATION_COUNTERS};
 use e2e::xfer::{accept_within, any_addr};
 use e2e::{poll_until, Cmd, Error, Rack, RackSpec, Result};
 use std::io::Read;
@@ -40,30 +41,37 @@ const TSO_TRIES: u16 = 3;
 const VM_CMD: Duration = Duration::from_secs(60);
 
 #[test]
-fn a_qemu_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic() -> Result<()> {
-    let mut rack = Rack::build(&RackSpec::new("vq", 2))?;
+fn a_qemu_vm_bridged_to_a_port_learns_the_mtu_and_carries_full_size_and_tso_traffic() -> Result<()>
+{
+    a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic("vq", Way::Bridge)
+}
+
+#[test]
+fn a_qemu_vm_attached_with_attach_learns_the_mtu_and_carries_full_size_and_tso_traffic(
+) -> Result<()> {
+    a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic("va", Way::Attach)
+}
+
+fn a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic(prefix: &str, way: Way) -> Result<()> {
+    let mut rack = Rack::build(&RackSpec::new(prefix, 2))?;
     rack.start_daemons(&[])?;
     rack.add_guest(GuestSpec::dual(B1, 1, 3))?;
     let spec = GuestSpec::dual(VM, 0, 9);
     let sled = rack.sled(0)?;
-    create_port(sled, &spec, None)?;
+    let attach = way.port(sled, &spec)?;
     rack.publish_v2p()?;
     rack.publish_v2p_of(&spec)?;
-    // What the operator reads to configure the VM's virtio device.
-    let host_mtu = virtio_host_mtu(sled, VM)?;
-    assert_eq!(host_mtu, JUMBO_MTU, "xdeadm mtu {VM}");
-
     let vm_spec = VmSpec {
         name: VM.to_string(),
         mac: spec.mac.clone(),
-        host_mtu,
+        host_mtu: JUMBO_MTU,
         ipv6: spec.ipv6,
         memory_mib: 256,
     };
-    let attach = Attachment::Bridge {
-        port: VM.to_string(),
-    };
     let mut vm = Vm::boot(&sled.ns, vm_spec, &attach, rack.dir())?;
+    // What the operator reads to configure the VM's virtio device.
+    assert_eq!(virtio_host_mtu(sled, VM)?, JUMBO_MTU, "xdeadm mtu {VM}");
+    eprintln!("vm: attached by {}", way.name());
     let image = e2e::vm::GuestImage::get()?;
     eprintln!(
         "vm: guest image ({}) ready in {:.1?}; booted under {:?} in {:.1?}",

@@ -10,12 +10,12 @@ use super::cpu::Watched;
 use super::iperf::{Family, Test};
 use super::ovs::Ovs;
 use super::process::tail;
-use super::vm::{VmPair, Way};
+use super::vm::VmPair;
 use crate::guest::GuestSpec;
 use crate::netns::{unique_id, Netns};
 use crate::poll::poll_until;
 use crate::rack::{Rack, RackSpec, Sled, UNDERLAY_MTU};
-use crate::vm::Vm;
+use crate::vm::{Vm, Way};
 use crate::{Cmd, Error, Result};
 use std::cell::RefCell;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -80,7 +80,7 @@ impl Setup {
         Way::ALL
             .into_iter()
             .map(|way| Setup {
-                name: way.name().to_string(),
+                name: format!("vm-{}", way.name()),
                 kind: Kind::Vm { way },
             })
             .collect()

@@ -16,11 +16,10 @@ use super::setup::{
     client_spec, daemons, diagnostics, quiet_logs, rack_with_daemons, server_addr, server_spec,
     Client, Topology,
 };
-use crate::guest::{create_port, GuestSpec};
 use crate::netns::Netns;
 use crate::poll::poll_until;
 use crate::rack::Rack;
-use crate::vm::{Attachment, Vm, VmSpec, FRAGMENTATION_COUNTERS};
+use crate::vm::{Vm, VmSpec, Way, FRAGMENTATION_COUNTERS};
 use crate::xfer::{accept_within, any_addr};
 use crate::{Error, Result};
 use std::cell::RefCell;
@@ -46,39 +45,6 @@ const STALL: Duration = Duration::from_secs(20);
 /// The guest's memory: the initramfs and a socket's buffers.
 const MEMORY_MIB: u32 = 256;
 
-/// How the VM's NIC reaches its port: each way is one setup (one row per test),
-/// named `vm-WAY`. A new way is a variant here, its name and its port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Way {
-    /// The port is created without `--netns` and its tap bridged to the VM's, as
-    /// libvirt does ([`Attachment::Bridge`]).
-    Bridge,
-}
-
-impl Way {
-    /// Every way, in run order: the first is the others' reference in the report.
-    pub const ALL: [Way; 1] = [Way::Bridge];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Way::Bridge => "vm-bridge",
-        }
-    }
-
-    /// Creates `spec`'s port on `rack`'s sled 0 as this way needs it and says how
-    /// the VM attaches to it.
-    fn port(self, rack: &Rack, spec: &GuestSpec) -> Result<Attachment> {
-        match self {
-            Way::Bridge => {
-                create_port(rack.sled(0)?, spec, None)?;
-                Ok(Attachment::Bridge {
-                    port: spec.name.clone(),
-                })
-            }
-        }
-    }
-}
-
 /// A VM on sled 0 and a namespace guest on sled 1 of the harness's rack.
 pub struct VmPair {
     /// Dropped first: QEMU holds the tap the rack's port is bridged to.
@@ -94,7 +60,7 @@ impl VmPair {
         let mut rack = rack_with_daemons(prefix, &[])?;
         rack.add_guest(server_spec(mtu))?;
         let spec = client_spec(mtu);
-        let attach = way.port(&rack, &spec)?;
+        let attach = way.port(rack.sled(0)?, &spec)?;
         rack.publish_v2p()?;
         rack.publish_v2p_of(&spec)?;
         quiet_logs(&mut rack)?;
@@ -278,7 +244,8 @@ mod tests {
 
     #[test]
     fn ways_are_named_vm_and_unique() {
-        let names: Vec<&str> = Way::ALL.iter().map(|w| w.name()).collect();
+        let setups = super::super::setup::Setup::vms();
+        let names: Vec<&str> = setups.iter().map(|s| s.name.as_str()).collect();
         assert!(names.iter().all(|n| n.starts_with("vm-")), "{names:?}");
         let mut unique = names.clone();
         unique.sort_unstable();
