@@ -799,6 +799,7 @@ impl<D: Dataplane> Controller<D> {
 
     fn add_route(&mut self, port: &str, entry: RouteEntry) -> Result<Reply, String> {
         self.applied_port(port)?;
+        engine::port::check_network(entry.dest)?;
         if let Some(mtu) = entry.mtu {
             if mtu < engine::port::MIN_PORT_MTU {
                 return Err(format!(
@@ -1554,6 +1555,19 @@ pub(crate) mod tests {
             },
         );
         assert!(e.contains("576"), "{e}");
+        // A destination with host bits set, as `ip route` refuses it (the engine
+        // would match the network, the saved route would say otherwise).
+        let e = err(
+            &mut c,
+            Request::AddRouterEntry {
+                port: "opte0".into(),
+                entry: RouteEntry {
+                    dest: "10.9.0.1/6".parse().unwrap(),
+                    ..route
+                },
+            },
+        );
+        assert!(e.contains("10.9.0.1/6") && e.contains("8.0.0.0/6"), "{e}");
         c.dataplane_mut().refuse = Some("set_routes");
         let e = err(
             &mut c,
