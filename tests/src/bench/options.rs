@@ -348,7 +348,10 @@ mod tests {
 
         // Naming a VM test brings the VM setups in.
         let o = parse(&["--tests", "vm-tcp1-v6-8500,tcp1-v4-8500"]).unwrap();
-        assert_eq!(names(&o), ["ours", "vxlan", "veth", "ovs", "vm-bridge", "vm-attach"]);
+        assert_eq!(
+            names(&o),
+            ["ours", "vxlan", "veth", "ovs", "vm-bridge", "vm-attach"]
+        );
         assert!(o.tests[0].from_vm && !o.tests[1].from_vm);
 
         let o = parse(&["--vm", "--skip", "vm"]).unwrap();
