@@ -214,7 +214,7 @@ impl Rewrite {
                     return;
                 };
                 old.copy_from_slice(&a.octets());
-                adjust(frame, l3 + 10, addr, false);
+                adjust(frame, l3 + 10, addr, Csum::Plain);
             }
             (IpAddr::V6(a), L3::Ipv6) => {
                 let at = l3 + if src { 8 } else { 24 };
@@ -232,16 +232,20 @@ impl Rewrite {
         }
         // ICMPv4's checksum has no pseudo-header; an echo identifier is at 4, the
         // same place for either end.
-        let echo = is_echo(m.proto, m.icmp_type);
         let port = u64::from(self.port_delta);
         let port_at = l4 + if src { 0 } else { 2 };
-        let (csum_off, delta, port_at) = match m.proto {
-            PROTO_TCP => (l4 + 16, addr + port, Some(port_at)),
-            PROTO_UDP => (l4 + 6, addr + port, Some(port_at)),
-            PROTO_ICMP if echo => (l4 + 2, port, Some(l4 + 4)),
-            PROTO_ICMP => (l4 + 2, 0, None),
-            PROTO_ICMPV6 if echo => (l4 + 2, addr + port, Some(l4 + 4)),
-            PROTO_ICMPV6 => (l4 + 2, addr, None),
+        let (csum_off, delta, port_at, kind) = match m.proto {
+            PROTO_TCP => (l4 + 16, addr + port, Some(port_at), Csum::Plain),
+            PROTO_UDP if m.l3 == L3::Ipv4 => (l4 + 6, addr + port, Some(port_at), Csum::Udp4),
+            PROTO_UDP => (l4 + 6, addr + port, Some(port_at), Csum::Udp6),
+            PROTO_ICMP if is_echo(m.proto, m.icmp_type) => {
+                (l4 + 2, port, Some(l4 + 4), Csum::Plain)
+            }
+            PROTO_ICMP => (l4 + 2, 0, None, Csum::Plain),
+            PROTO_ICMPV6 if is_echo(m.proto, m.icmp_type) => {
+                (l4 + 2, addr + port, Some(l4 + 4), Csum::Plain)
+            }
+            PROTO_ICMPV6 => (l4 + 2, addr, None, Csum::Plain),
             _ => return,
         };
         if let Some(at) = port_at {
@@ -249,11 +253,7 @@ impl Rewrite {
                 p.copy_from_slice(&self.port.to_be_bytes());
             }
         }
-        let udp_none =
-            m.proto == PROTO_UDP && m.l3 == L3::Ipv4 && read16(frame, csum_off) == Some(0);
-        if !udp_none {
-            adjust(frame, csum_off, delta, m.proto == PROTO_UDP);
-        }
+        adjust(frame, csum_off, delta, kind);
     }
 }
 
@@ -827,28 +827,39 @@ pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16)
     Rewrite::new(old.0, old.1, ip, port).apply(frame, m, end);
 }
 
+/// Which checksum [`adjust`] updates: UDP's has a form for "none" and another
+/// for zero.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Csum {
+    Plain,
+    /// UDP over IPv4: 0 means no checksum, which stays 0.
+    Udp4,
+    /// UDP over IPv6: a checksum is mandatory.
+    Udp6,
+}
+
 /// Applies `delta` (a sum of `!old + new` words, RFC 1624) to the checksum at `at`
 /// (nothing if the frame is shorter: the parser checked the headers, so this does
 /// not happen). A UDP checksum that comes out 0 is sent as 0xffff, its other form:
 /// 0 would mean "no checksum" (RFC 768).
 #[inline]
-fn adjust(frame: &mut [u8], at: usize, delta: u64, udp: bool) {
-    if let Some(c) = read16(frame, at) {
-        // At most three 16-bit terms here: two end-around carries fold it.
-        let sum = u64::from(!c) + delta;
-        let sum = (sum & 0xffff) + (sum >> 16);
-        let sum = (sum & 0xffff) + (sum >> 16);
-        let c = match !(sum as u16) {
-            0 if udp => 0xffff,
-            c => c,
-        };
-        frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
+fn adjust(frame: &mut [u8], at: usize, delta: u64, kind: Csum) {
+    let Some(field) = frame.get_mut(at..at + 2) else {
+        return;
+    };
+    let old = u16::from_be_bytes([field[0], field[1]]);
+    if old == 0 && kind == Csum::Udp4 {
+        return;
     }
-}
-
-fn read16(frame: &[u8], at: usize) -> Option<u16> {
-    let b = frame.get(at..at + 2)?;
-    Some(u16::from_be_bytes([b[0], b[1]]))
+    // At most three 16-bit terms here: two end-around carries fold it.
+    let sum = u64::from(!old) + delta;
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let c = match !(sum as u16) {
+        0 if kind != Csum::Plain => 0xffff,
+        c => c,
+    };
+    field.copy_from_slice(&c.to_be_bytes());
 }
 
 #[cfg(test)]

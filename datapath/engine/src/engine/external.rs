@@ -1,5 +1,5 @@
-//! Frames from outside the VPC (the Geneve External option, from boundary
-//! services, sender already checked) to one of a port's external addresses
+//! Frames from outside the VPC (the Geneve External option; only boundary services
+//! may send them) to one of a port's external addresses
 //! (docs/nat.md): admitted by the inbound flow table under the key they arrive with,
 //! whose entry also holds their translation to the port's private address, then
 //! translated and delivered, TCP through the coalescer like traffic inside the VPC.
@@ -105,7 +105,10 @@ fn nat_verdict(
             }
         }
     }
+    // Only boundary services send from outside: checked before the NAT tables
+    // are (and again, for the entry, by `compile_inbound`).
     let cfg = &p.cfg;
+    via.sender(cfg.vni, meta.src_ip)?;
     let t = nat::inbound_target(&cfg.external, cfg.ipv4, cfg.ipv6, &p.snat, meta)
         .ok_or(DropReason::NatNoMapping)?;
     let private =
@@ -130,7 +133,12 @@ fn icmp_error(
     now: u64,
     out: &mut TxBatch,
 ) {
-    // Translated in the copy; a frame that is then refused is taken back.
+    // Only boundary services send from outside; the translation is made in a copy,
+    // and a frame that is then refused is taken back.
+    if let Err(r) = via.sender(p.cfg.vni, meta.src_ip) {
+        p.c.drops.inc(r);
+        return;
+    }
     let buf = whole_copy(coalescer, to, &frame, out);
     let (cfg, snat) = (&p.cfg, &p.snat);
     let verdict = match nat::inbound_icmp_error(&cfg.external, cfg.ipv4, cfg.ipv6, snat, meta, buf)

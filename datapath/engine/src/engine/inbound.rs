@@ -53,7 +53,7 @@ impl Via<'_> {
 
     /// The sender to compile into a new flow's entry, if the tables trust this frame
     /// to be it.
-    fn sender(&self, vni: Vni, src_ip: IpAddr) -> Result<Sender, DropReason> {
+    pub(super) fn sender(&self, vni: Vni, src_ip: IpAddr) -> Result<Sender, DropReason> {
         match self {
             Via::Underlay { trust, from } => trust.sender(vni, src_ip, from),
             Via::Local => Ok(Sender::Local),
@@ -134,12 +134,8 @@ impl Engine {
         // Ethernet padding after the IP packet stays behind.
         let inner = inner.sub(0..meta.ip_end);
         if um.external {
-            // From outside the VPC: only from boundary services, and only to an
-            // external address, through NAT.
-            if let Err(r) = via.sender(p.cfg.vni, meta.src_ip) {
-                p.c.drops.inc(r);
-                return;
-            }
+            // From outside the VPC: only from boundary services (checked with the
+            // flow, `external.rs`), and only to an external address, through NAT.
             let to = Delivery {
                 port,
                 vni: um.vni,
