@@ -4,6 +4,7 @@
 //! - [`xdp`]: loads and attaches the steering XDP program (`xdp-prog`) with aya.
 //! - [`xsk`]: AF_XDP sockets on a shared UMEM (own thin libc layer).
 //! - [`tap`]: persistent tap ports with `virtio_net_hdr` offloads for guests.
+//! - [`vhost`]: vhost-user ports, a VM's virtqueues in shared memory.
 //! - [`netlink`]: link facts, IPv6 neighbour and route lookups, the fast-path
 //!   [`netlink::NeighbourCache`] (slow path: the daemon runs it on its own thread).
 //! - [`netns`]: running a closure inside a named network namespace.
@@ -22,6 +23,7 @@ pub mod netns;
 pub mod poll;
 pub mod probe;
 pub mod tap;
+pub mod vhost;
 pub mod xdp;
 pub mod xsk;
 

@@ -1,0 +1,388 @@
+//! vhost-user guest ports: overlayd as the vhost-user backend of a VM's
+//! virtio-net device, the VM's virtqueues in shared memory.
+//!
+//! Threads: a port's connection thread ([`connection`]) reads the front end's
+//! requests and keeps the [`device::Device`] — features, guest memory, rings,
+//! eventfds — up to date. The worker that owns the port moves the frames
+//! ([`VhostPort::recv`], [`VhostPort::write_gather`], [`VhostPort::flush`]): it
+//! reads and writes the rings in guest memory under the device's mutex, which is
+//! uncontended except while a request is applied, so a frame costs no syscall.
+//! The rings' kick eventfds are in the worker's epoll set (edge-triggered, never
+//! read): a kick wakes a sleeping worker, and a busy one finds the frames by
+//! looking at the transmit ring every round. The worker writes a call eventfd
+//! (one syscall) after a round that returned buffers to a guest that asked to be
+//! interrupted.
+//!
+//! Frames carry a 12-byte `virtio_net_hdr_v1` (VERSION_1 and MRG_RXBUF): the same
+//! offload metadata as a tap's header ([`wire::vnet::VnetHdr`]) plus
+//! `num_buffers`, so the tap path's tunneled TSO and coalescing serve VMs as they
+//! are.
+//!
+//! Reconnection: with `--vhost-user-mode client` QEMU owns the socket and keeps
+//! the VM running while overlayd is away; a restarted overlayd connects again and
+//! QEMU replays the whole set-up, each ring's base being the used index it last
+//! saw (a dead backend could not answer its `GET_VRING_BASE`). A buffer the old
+//! overlayd had taken but not yet returned is offered again: a transmitted frame
+//! may be sent twice (TCP drops the duplicate) and no receive buffer is lost.
+//! `VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD` is not offered: a network device needs
+//! no more than that.
+
+mod connection;
+mod device;
+
+use std::io::{self, IoSlice, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::SystemTime;
+
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use wire::vnet::{VnetHdr, VNET_HDR_LEN};
+
+use crate::poll::EpollWatch;
+use device::{Device, RX, TX};
+
+pub use device::offered_features;
+
+/// `sizeof(struct virtio_net_hdr_v1)`: the legacy header and `num_buffers`.
+pub const VNET_HDR_V1_LEN: usize = VNET_HDR_LEN + 2;
+
+/// The most receive buffers one frame may be spread over: a 64 KiB frame in the
+/// guest's smallest mergeable buffers (Linux posts at least 1,536 bytes each).
+const MAX_RX_BUFFERS: usize = 64;
+
+/// Who connects: overlayd (`Client`: QEMU listens, `server=on`) or QEMU
+/// (`Server`: overlayd listens, QEMU connects with `reconnect=1`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Server,
+    Client,
+}
+
+/// Where a port's front end is found.
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// The port's name, for threads and logs.
+    pub name: String,
+    pub socket: PathBuf,
+    pub mode: Mode,
+}
+
+/// Counters of one port's vhost-user side.
+#[derive(Default, Debug)]
+pub struct VhostCounters {
+    /// Front ends that connected (the first and each reconnection).
+    pub connects: AtomicU64,
+    pub disconnects: AtomicU64,
+    /// Requests refused and skipped (see [`device`]).
+    pub requests_refused: AtomicU64,
+    /// Transmitted chains dropped: shorter than the header, or longer than a frame.
+    pub tx_bad_chains: AtomicU64,
+    /// Frames for the guest dropped: its receive ring had too few buffers.
+    pub rx_no_buffers: AtomicU64,
+}
+
+/// What the connection thread and the worker share.
+struct Shared {
+    cfg: DeviceConfig,
+    /// The device as the current front end set it up (reset when one goes away).
+    device: Arc<Mutex<Device>>,
+    /// A handle on the current connection, to end it when the port is deleted.
+    conn: Mutex<Option<std::os::unix::net::UnixStream>>,
+    stop: AtomicBool,
+    counters: VhostCounters,
+    /// When a front end last connected or went away.
+    changed: Mutex<SystemTime>,
+}
+
+impl Shared {
+    fn device(&self) -> MutexGuard<'_, Device> {
+        self.device.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn mark_changed(&self) {
+        *self.changed.lock().unwrap_or_else(|p| p.into_inner()) = SystemTime::now();
+    }
+}
+
+/// A guest port served over vhost-user. The worker that owns it moves its frames;
+/// a thread of its own keeps the front end connected.
+pub struct VhostPort {
+    shared: Arc<Shared>,
+    thread: Option<thread::JoinHandle<()>>,
+    /// Rings with used buffers not yet signalled to the guest.
+    dirty: [std::cell::Cell<bool>; 2],
+}
+
+impl VhostPort {
+    /// Starts serving `cfg.socket`: listens there (server mode; an old socket
+    /// file is replaced) or connects to it (client mode, again and again until
+    /// QEMU is there). The rings' kick eventfds are added to `epoll`
+    /// (edge-triggered) under `token`.
+    pub fn start(cfg: DeviceConfig, epoll: EpollWatch, token: u64) -> io::Result<Self> {
+        let listener = connection::listen(&cfg)?;
+        let device = Device::new(cfg.name.clone(), epoll, token)?;
+        let shared = Arc::new(Shared {
+            cfg,
+            device: Arc::new(Mutex::new(device)),
+            conn: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            counters: VhostCounters::default(),
+            changed: Mutex::new(SystemTime::now()),
+        });
+        let s = shared.clone();
+        let thread = thread::Builder::new()
+            .name(format!("vhost-{}", shared.cfg.name))
+            .spawn(move || connection::serve(&s, listener))?;
+        Ok(VhostPort {
+            shared,
+            thread: Some(thread),
+            dirty: Default::default(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.cfg.name
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.shared.cfg.socket
+    }
+
+    pub fn counters(&self) -> &VhostCounters {
+        &self.shared.counters
+    }
+
+    /// When a front end last connected or went away.
+    pub fn changed(&self) -> SystemTime {
+        *self
+            .shared
+            .changed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a front end is connected and runs both rings.
+    pub fn is_up(&self) -> bool {
+        self.shared
+            .device()
+            .vrings
+            .iter()
+            .all(device::Vring::running)
+    }
+
+    /// Takes the next frame the guest sent, its header decoded, copied into
+    /// `buf`; `None` when the transmit ring is empty or not running.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(VnetHdr, usize)>> {
+        let mut guard = self.shared.device();
+        let dev = &mut *guard;
+        let (mem, vring) = (&dev.mem, &mut dev.vrings[TX]);
+        if !vring.running() {
+            return Ok(None);
+        }
+        let Some(chain) = vring.queue.pop_descriptor_chain(mem) else {
+            return Ok(None);
+        };
+        let head = chain.head_index();
+        let read = chain
+            .reader(mem)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("transmit chain: {e}")))
+            .and_then(|r| read_frame(r, buf));
+        vring
+            .queue
+            .add_used(mem, head, 0)
+            .map_err(|e| io::Error::other(format!("transmit ring: {e}")))?;
+        self.dirty[TX].set(true);
+        read.map(Some).inspect_err(|_| {
+            self.shared
+                .counters
+                .tx_bad_chains
+                .fetch_add(1, Ordering::Relaxed);
+        })
+    }
+
+    /// Writes one frame to the guest: `parts[0]` is its legacy vnet header
+    /// ([`VnetHdr::to_bytes`]), the rest the frame in order, like
+    /// [`crate::tap::TapPort::write_gather`]. The frame is published in one step
+    /// however many receive buffers it fills. Errors: `EIO` while no front end
+    /// runs the ring (the link is down), `ENOBUFS` when the guest posted too few
+    /// buffers (the frame is dropped, as a full tap queue drops it).
+    pub fn write_gather(&self, parts: &[IoSlice<'_>]) -> io::Result<()> {
+        let (hdr, frame) = match parts {
+            [hdr, frame @ ..] if hdr.len() == VNET_HDR_LEN => (hdr, frame),
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the first part must be the vnet header",
+                ))
+            }
+        };
+        let mut guard = self.shared.device();
+        let dev = &mut *guard;
+        let max_buffers = if dev.mergeable() { MAX_RX_BUFFERS } else { 1 };
+        let (mem, vring) = (&dev.mem, &mut dev.vrings[RX]);
+        if !vring.running() {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let total = VNET_HDR_V1_LEN + frame.iter().map(|p| p.len()).sum::<usize>();
+        match fill_rx(&mut vring.queue, mem, hdr, frame, total, max_buffers) {
+            Ok(()) => {
+                self.dirty[RX].set(true);
+                Ok(())
+            }
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::ENOBUFS) {
+                    self.shared
+                        .counters
+                        .rx_no_buffers
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Interrupts the guest for the rings that returned buffers since the last
+    /// flush, where it asked to be (one eventfd write per ring and round).
+    pub fn flush(&self) {
+        if !self.dirty.iter().any(std::cell::Cell::get) {
+            return;
+        }
+        let mut guard = self.shared.device();
+        let dev = &mut *guard;
+        let mem = &dev.mem;
+        for (vring, dirty) in dev.vrings.iter_mut().zip(&self.dirty) {
+            if dirty.replace(false) {
+                if let Err(e) = vring.signal(mem) {
+                    tracing::debug!(port = %self.shared.cfg.name, error = %e, "guest not interrupted");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for VhostPort {
+    fn drop(&mut self) {
+        connection::stop(&self.shared);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if self.shared.cfg.mode == Mode::Server {
+            let _ = std::fs::remove_file(&self.shared.cfg.socket);
+        }
+    }
+}
+
+/// Reads one transmitted chain: the v1 header, then the frame into `buf`.
+fn read_frame(mut r: virtio_queue::Reader<'_, ()>, buf: &mut [u8]) -> io::Result<(VnetHdr, usize)> {
+    let avail = r.available_bytes();
+    let len = avail.checked_sub(VNET_HDR_V1_LEN).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("transmit chain of {avail} bytes, shorter than the vnet header"),
+        )
+    })?;
+    let dst = buf.get_mut(..len).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("transmit chain of {len} bytes, larger than a frame"),
+        )
+    })?;
+    let mut hdr = [0u8; VNET_HDR_V1_LEN];
+    io::Read::read_exact(&mut r, &mut hdr)?;
+    io::Read::read_exact(&mut r, dst)?;
+    let vnet = VnetHdr::from_bytes(&hdr).ok_or_else(|| io::Error::other("vnet header"))?;
+    Ok((vnet, len))
+}
+
+/// Copies a frame into as many receive buffers as it takes (at most
+/// `max_buffers`) and publishes them to the guest in one store of the used
+/// index, with `num_buffers` already set: a guest never sees part of a frame.
+fn fill_rx(
+    q: &mut Queue,
+    mem: &GuestMemoryMmap,
+    hdr: &[u8],
+    frame: &[IoSlice<'_>],
+    total: usize,
+    max_buffers: usize,
+) -> io::Result<()> {
+    let mut used = [(0u16, 0u32); MAX_RX_BUFFERS];
+    let mut n = 0;
+    let mut header = None;
+    let mut parts = frame.iter().map(|p| &p[..]).filter(|p| !p.is_empty());
+    let mut part: &[u8] = &[];
+    let mut left = total - VNET_HDR_V1_LEN;
+    let undo = |q: &mut Queue, n: usize| {
+        for _ in 0..n {
+            q.go_to_previous_position();
+        }
+    };
+    while left > 0 || header.is_none() {
+        let chain = match q.pop_descriptor_chain(mem) {
+            Some(c) if n < max_buffers => c,
+            popped => {
+                undo(q, n + usize::from(popped.is_some()));
+                return Err(io::Error::from_raw_os_error(libc::ENOBUFS));
+            }
+        };
+        let head = chain.head_index();
+        let mut w = match chain.writer(mem) {
+            Ok(w) => w,
+            Err(e) => {
+                undo(q, n + 1);
+                return Err(io::Error::other(format!("receive buffer: {e}")));
+            }
+        };
+        let mut written = 0;
+        if header.is_none() {
+            if w.available_bytes() < VNET_HDR_V1_LEN {
+                undo(q, n + 1);
+                return Err(io::Error::other("receive buffer smaller than the header"));
+            }
+            let rest = w.split_at(VNET_HDR_V1_LEN).map_err(io::Error::other)?;
+            header = Some(w);
+            w = rest;
+            written = VNET_HDR_V1_LEN;
+        }
+        while left > 0 && w.available_bytes() > 0 {
+            if part.is_empty() {
+                part = parts.next().unwrap_or(&[]);
+            }
+            let k = w.write(part)?;
+            part = &part[k..];
+            left -= k;
+            written += k;
+        }
+        used[n] = (head, written as u32);
+        n += 1;
+    }
+    let mut h = [0u8; VNET_HDR_V1_LEN];
+    h[..VNET_HDR_LEN].copy_from_slice(hdr);
+    h[VNET_HDR_LEN..].copy_from_slice(&(n as u16).to_le_bytes());
+    if let Some(mut w) = header {
+        w.write_all(&h)?;
+    }
+    publish_used(q, mem, &used[..n])
+}
+
+/// Adds `used` to the used ring and then stores the used index once (release
+/// order), so the guest sees all of a frame's buffers or none.
+fn publish_used(q: &mut Queue, mem: &GuestMemoryMmap, used: &[(u16, u32)]) -> io::Result<()> {
+    let err = |e: vm_memory::GuestMemoryError| io::Error::other(format!("used ring: {e}"));
+    let ring = GuestAddress(q.used_ring());
+    let size = q.size();
+    let mut next = q.next_used();
+    for &(head, len) in used {
+        let at = ring.0 + 4 + 8 * u64::from(next % size);
+        mem.write_obj(u32::from(head).to_le(), GuestAddress(at))
+            .map_err(err)?;
+        mem.write_obj(len.to_le(), GuestAddress(at + 4))
+            .map_err(err)?;
+        next = next.wrapping_add(1);
+    }
+    q.set_next_used(next);
+    mem.store(next.to_le(), GuestAddress(ring.0 + 2), Ordering::Release)
+        .map_err(err)
+}
