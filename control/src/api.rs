@@ -308,6 +308,30 @@ pub struct CreatePort {
     /// daemon's own namespace when absent.
     #[serde(default)]
     pub netns: Option<String>,
+    /// Serve the guest over vhost-user at this socket instead of a tap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_user: Option<VhostUser>,
+}
+
+/// A port whose guest is a VM attached over vhost-user: overlayd is the backend
+/// of the VM's virtio-net device (see `docs/operating.md`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VhostUser {
+    /// The vhost-user socket's path.
+    pub socket: std::path::PathBuf,
+    pub mode: VhostUserMode,
+}
+
+/// Which side of the vhost-user socket listens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VhostUserMode {
+    /// overlayd listens; QEMU connects (`-chardev socket,...,reconnect=1`).
+    #[default]
+    Server,
+    /// QEMU listens (`-chardev socket,...,server=on`); overlayd connects, and
+    /// connects again after it restarts, while the VM keeps running.
+    Client,
 }
 
 /// A virtual-to-physical mapping: the guest `vpc_ip` in VPC `vni` has MAC `vpc_mac`
@@ -844,6 +868,8 @@ impl fmt::Display for FwRule {
 pub struct PortInfo {
     pub config: PortConfig,
     pub netns: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_user: Option<VhostUser>,
 }
 
 /// A port as `list-ports` shows it: what was configured and, when the dataplane does
@@ -1081,6 +1107,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(CreatePort {
                 config: sample_port("opte0", 5),
                 netns: Some("guest0".into()),
+                vhost_user: None,
             })),
             Request::DeletePort {
                 name: "opte0".into(),
@@ -1307,6 +1334,7 @@ pub(crate) mod tests {
                     port: PortInfo {
                         config: sample_port("opte1", 7),
                         netns: None,
+                        vhost_user: None,
                     },
                     not_applied: None,
                     link: Some(PortLink::Down {
@@ -1319,6 +1347,7 @@ pub(crate) mod tests {
                     port: PortInfo {
                         config: sample_port("opte2", 8),
                         netns: Some("guest2".into()),
+                        vhost_user: None,
                     },
                     not_applied: Some(NotApplied {
                         reason: "network namespace \"guest2\" not found".into(),

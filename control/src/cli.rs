@@ -305,6 +305,22 @@ impl CaptureArgs {
     }
 }
 
+/// `--vhost-user-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum VhostModeArg {
+    Server,
+    Client,
+}
+
+impl From<VhostModeArg> for crate::api::VhostUserMode {
+    fn from(m: VhostModeArg) -> Self {
+        match m {
+            VhostModeArg::Server => crate::api::VhostUserMode::Server,
+            VhostModeArg::Client => crate::api::VhostUserMode::Client,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct CreateXde {
     pub name: String,
@@ -331,6 +347,14 @@ pub struct CreateXde {
     /// Move the tap into this network namespace.
     #[arg(long)]
     pub netns: Option<String>,
+    /// Serve a VM over vhost-user at this socket instead of a tap: overlayd is the
+    /// backend of the VM's virtio-net device.
+    #[arg(long, value_name = "SOCKET_PATH", conflicts_with = "netns")]
+    pub vhost_user: Option<std::path::PathBuf>,
+    /// Who listens on the vhost-user socket: overlayd (server) or QEMU (client:
+    /// the VM survives a restart of overlayd).
+    #[arg(long, value_enum, requires = "vhost_user", default_value_t = VhostModeArg::Server)]
+    pub vhost_user_mode: VhostModeArg,
     #[arg(long = "dns-server")]
     pub dns_server: Vec<IpAddr>,
     #[arg(long)]
@@ -698,6 +722,10 @@ impl Command {
     pub fn action(self) -> Result<Action, String> {
         let req = match self {
             Command::CreateXde(c) => Request::CreatePort(Box::new(CreatePort {
+                vhost_user: c.vhost_user.clone().map(|socket| crate::api::VhostUser {
+                    socket,
+                    mode: c.vhost_user_mode.into(),
+                }),
                 config: c.to_config()?,
                 netns: c.netns,
             })),
@@ -1420,6 +1448,7 @@ mod tests {
             port: crate::api::PortInfo {
                 config,
                 netns: None,
+                vhost_user: None,
             },
             not_applied: None,
             link: None,
@@ -2010,6 +2039,7 @@ mod tests {
         let port = |name: &str, last: u8, netns: Option<&str>| crate::api::PortInfo {
             config: crate::api::tests::sample_port(name, last),
             netns: netns.map(Into::into),
+            vhost_user: None,
         };
         let s = render(&Reply::Ports(vec![
             PortStatus {

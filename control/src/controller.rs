@@ -651,6 +651,7 @@ impl<D: Dataplane> Controller<D> {
         let info = PortInfo {
             config: c.config,
             netns: c.netns,
+            vhost_user: c.vhost_user,
         };
         check_port(&self.state.ports, &info)?;
         let name = info.config.name.clone();
@@ -1054,6 +1055,20 @@ fn check_port(others: &[PortInfo], p: &PortInfo) -> Result<(), String> {
     if let Some(ns) = &p.netns {
         check_netns_name(ns)?;
     }
+    if let Some(v) = &p.vhost_user {
+        if p.netns.is_some() {
+            return Err(format!(
+                "port {:?}: a vhost-user port has no tap to move into a namespace (drop --netns)",
+                p.config.name
+            ));
+        }
+        if !v.socket.is_absolute() {
+            return Err(format!(
+                "vhost-user socket {:?} must be an absolute path",
+                v.socket.display()
+            ));
+        }
+    }
     check_port_against(others, &p.config)
 }
 
@@ -1299,6 +1314,7 @@ pub(crate) mod tests {
         Request::CreatePort(Box::new(CreatePort {
             config: sample_port(name, last),
             netns: None,
+            vhost_user: None,
         }))
     }
 
@@ -1386,6 +1402,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(CreatePort {
                 config: bad,
                 netns: None,
+                vhost_user: None,
             })),
         );
         assert!(e.contains("MTU 100"), "{e}");
@@ -1394,6 +1411,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(CreatePort {
                 config: sample_port("opte3", 8),
                 netns: Some("../etc".into()),
+                vhost_user: None,
             })),
         );
         assert!(e.contains("../etc"), "{e}");
@@ -1808,6 +1826,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(CreatePort {
                 config: clash,
                 netns: None,
+                vhost_user: None,
             })),
         );
         assert!(e.contains("1500") && e.contains("opte0"), "{e}");
@@ -1944,6 +1963,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(CreatePort {
                 config: sample_port("opte0", 5),
                 netns: Some("g0".into()),
+                vhost_user: None,
             })),
         );
         ok(&mut c, create("opte1", 6));

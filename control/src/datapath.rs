@@ -23,16 +23,19 @@
 //! Without I/O (tests, `--no-io` style embedding) the same [`Datapath`] runs with no
 //! taps and no underlay: requests are applied to the engine alone.
 
+use crate::api::VhostUserMode;
 use crate::api::{
     Direction, FwAction, FwHost, FwRule, Outcome, PortInfo, PortLink, Reply, RouteEntry,
     RouteTarget, V2pEntry,
 };
 use crate::config::DaemonConfig;
 use crate::controller::{Dataplane, Inspect, PortTables};
+use crate::guest_io::GuestIo;
 use crate::stats::{QueueRef, WorkerInfo, WorkerReport, WorkerView};
 use crate::worker::{Backoff, WorkerIo, WorkerStats};
 use crate::workers::{PortKey, WorkerPlane, Workers};
 use dpio::tap::TapPort;
+use dpio::vhost::VhostPort;
 use engine::nat::ExternalIps;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::v2b::V2b;
@@ -195,6 +198,28 @@ fn bridge_port_mac(guest: MacAddr) -> MacAddr {
     MacAddr(m)
 }
 
+/// A new port's guest side: its tap, or its vhost-user socket served.
+fn open_guest(p: &PortInfo, io: &WorkerIo) -> Result<GuestIo, String> {
+    let Some(v) = &p.vhost_user else {
+        return open_tap(p).map(GuestIo::Tap);
+    };
+    let cfg = dpio::vhost::DeviceConfig {
+        name: p.config.name.clone(),
+        socket: v.socket.clone(),
+        mode: match v.mode {
+            VhostUserMode::Server => dpio::vhost::Mode::Server,
+            VhostUserMode::Client => dpio::vhost::Mode::Client,
+        },
+    };
+    // A kick wakes the worker like its doorbell: the round then looks at every
+    // vhost-user port's transmit ring.
+    io.epoll
+        .watcher()
+        .and_then(|w| VhostPort::start(cfg, w, crate::worker::TOKEN_DOORBELL))
+        .map(GuestIo::Vhost)
+        .map_err(|e| format!("port {:?}: {e}", p.config.name))
+}
+
 /// One port's tap as its worker serves it.
 pub(crate) struct PortTap {
     /// What the tap is opened from: name, MAC, MTU, the guest's namespace.
@@ -206,8 +231,9 @@ pub(crate) struct PortTap {
 
 /// Whether a port's tap is served.
 pub(crate) enum TapLink {
-    /// Open and in the worker's poll set.
-    Up(TapPort),
+    /// Open and served: a tap in the worker's poll set, or a vhost-user port
+    /// (whose link follows its front end: see [`TapLink::view`]).
+    Up(GuestIo),
     /// Gone since `since` (why: `reason`); the [`Reattacher`] is getting it back.
     Down { since: SystemTime, reason: String },
 }
@@ -222,6 +248,13 @@ impl TapLink {
     /// As `list-ports` shows it.
     fn view(&self) -> PortLink {
         match self {
+            TapLink::Up(GuestIo::Vhost(v)) if !v.is_up() => PortLink::Down {
+                since_unix_ms: unix_ms(v.changed()),
+                reason: format!(
+                    "no vhost-user front end on {} has started the rings",
+                    v.socket().display()
+                ),
+            },
             TapLink::Up(_) => PortLink::Up,
             TapLink::Down { since, reason } => PortLink::Down {
                 since_unix_ms: unix_ms(*since),
@@ -511,7 +544,7 @@ impl Dataplane for Datapath {
         let Some(io) = &self.io else {
             return Ok(());
         };
-        let tap = open_tap(p).and_then(|t| io.watch_tap(&t, u64::from(id.0)).map(|()| t));
+        let tap = open_guest(p, io).and_then(|t| io.watch_tap(&t, u64::from(id.0)).map(|()| t));
         let tap = match tap {
             Ok(t) => t,
             Err(e) => {
@@ -544,9 +577,9 @@ impl Dataplane for Datapath {
             return Ok(());
         };
         match port.link {
-            TapLink::Up(tap) => {
-                io.unwatch_tap(&tap);
-                if let Err(e) = tap.destroy() {
+            TapLink::Up(guest) => {
+                io.unwatch_tap(&guest);
+                if let Err(e) = guest.destroy() {
                     tracing::warn!(port = name, error = %e, "tap not destroyed");
                 }
             }
@@ -877,6 +910,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(crate::api::CreatePort {
                 config: crate::api::tests::sample_port("opte0", 5),
                 netns: None,
+                vhost_user: None,
             })),
         );
         let rule = FwRule {
@@ -1069,6 +1103,7 @@ pub(crate) mod tests {
         let port = |name: &str, last: u8| PortInfo {
             config: crate::api::tests::sample_port(name, last),
             netns: Some(ns.clone()),
+            vhost_user: None,
         };
         let r = Reattacher::start(0, || {}).unwrap();
         r.want(3, 1, &port("rat0", 1));

@@ -183,10 +183,12 @@ mod tests {
                 PortInfo {
                     config: sample_port("opte0", 5),
                     netns: Some("g0".into()),
+                    vhost_user: None,
                 },
                 PortInfo {
                     config: sample_port("opte1", 6),
                     netns: None,
+                    vhost_user: None,
                 },
             ],
             v2p: vec![V2pEntry {

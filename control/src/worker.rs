@@ -30,13 +30,14 @@
 use crate::capture::{self, Captures, Dir, Point, Watch};
 use crate::config::PollMode;
 use crate::datapath::{Datapath, PortTap, Reattached, Reattacher, TapLink};
+use crate::guest_io::GuestIo;
 use crate::handoff::{handoff_ring, Doorbell, Handoff, HandoffRx, HandoffTx, PushError};
 use crate::neighbours::NextHops;
 use crate::shaper::{IngressShaper, Offer};
 use crate::underlay::{LentSlots, SendError, UnderlayQueues};
 use crate::workers::{serve_jobs, JobRx};
 use dpio::poll::Epoll;
-use dpio::tap::{TapFault, TapPort, MAX_GATHER, MAX_TAP_FRAME};
+use dpio::tap::{TapFault, MAX_GATHER, MAX_TAP_FRAME};
 use dpio::xsk::{RxHeld, TxError};
 use engine::{Engine, FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest};
 use serde::Serialize;
@@ -98,7 +99,7 @@ impl Backoff {
 }
 
 /// epoll tokens that are not taps (taps use their engine port id).
-const TOKEN_DOORBELL: u64 = u64::MAX;
+pub(crate) const TOKEN_DOORBELL: u64 = u64::MAX;
 const TOKEN_UNDERLAY: u64 = u64::MAX - 1;
 
 /// Worker counters: what happened at the I/O edge that the engine cannot see.
@@ -345,7 +346,7 @@ pub struct WorkerIo {
     pub poll: PollMode,
     /// Re-opens the taps of ports that went down.
     pub(crate) reattach: Reattacher,
-    epoll: Epoll,
+    pub(crate) epoll: Epoll,
     held: Held,
     lent: LentSlots,
     /// Taps epoll reported readable this round.
@@ -410,10 +411,14 @@ impl WorkerIo {
         })
     }
 
-    /// Starts watching a port's tap (token: the engine's port id).
-    pub fn watch_tap(&self, tap: &TapPort, token: u64) -> Result<(), String> {
+    /// Starts watching a port's tap (token: the engine's port id); a vhost-user
+    /// port's ring is looked at every round instead.
+    pub(crate) fn watch_tap(&self, tap: &GuestIo, token: u64) -> Result<(), String> {
+        let Some(fd) = tap.poll_fd() else {
+            return Ok(());
+        };
         self.epoll
-            .add(tap.as_raw_fd(), token)
+            .add(fd, token)
             .map_err(|e| format!("tap {:?}: {e}", tap.name()))
     }
 
@@ -431,7 +436,10 @@ impl WorkerIo {
             }
             let port = usize::try_from(token).ok().and_then(|i| taps.get(i)?.as_ref());
             if let Some(TapLink::Up(tap)) = port.map(|p| &p.link) {
-                if let Err(e) = epoll.add(tap.as_raw_fd(), token) {
+                let Some(fd) = tap.poll_fd() else {
+                    return false;
+                };
+                if let Err(e) = epoll.add(fd, token) {
                     if e.raw_os_error() != Some(libc::EEXIST) {
                         tracing::warn!(tap = tap.name(), error = %e, "paused tap not watched again");
                     }
@@ -452,8 +460,11 @@ impl WorkerIo {
     }
 
     /// Stops watching a tap (before it is closed).
-    pub fn unwatch_tap(&self, tap: &TapPort) {
-        if let Err(e) = self.epoll.remove(tap.as_raw_fd()) {
+    pub(crate) fn unwatch_tap(&self, tap: &GuestIo) {
+        let Some(fd) = tap.poll_fd() else {
+            return;
+        };
+        if let Err(e) = self.epoll.remove(fd) {
             tracing::debug!(tap = tap.name(), error = %e, "tap not in the poll set");
         }
     }
@@ -474,6 +485,25 @@ impl WorkerIo {
             self.epoll.add_edge(fd, TOKEN_UNDERLAY).map_err(err)?;
         }
         Ok(())
+    }
+
+    /// Adds the vhost-user ports to this round's ready ports (their transmit
+    /// rings are memory, looked at every round), but not those paused for their
+    /// egress limit.
+    fn ready_vhost(&mut self, taps: &[Option<PortTap>]) {
+        for (token, p) in taps.iter().enumerate() {
+            let Some(PortTap {
+                link: TapLink::Up(GuestIo::Vhost(_)),
+                ..
+            }) = p
+            else {
+                continue;
+            };
+            let token = token as u64;
+            if !self.paused.iter().any(|&(_, t)| t == token) {
+                self.ready.push(token);
+            }
+        }
     }
 
     /// Waits up to `timeout` for readiness and sorts what is ready into `ready`
@@ -621,6 +651,7 @@ impl Datapath {
         } else {
             io.ready.clear();
         }
+        io.ready_vhost(&self.taps);
         let mut got = io.take_inputs(st);
 
         let engine = &mut self.engine;
@@ -638,8 +669,10 @@ impl Datapath {
                 // by every wait and keep the worker from sleeping); the guest's
                 // frames wait in its queues.
                 if let Some(ns) = engine.egress_wait(port, nanos) {
-                    if let Err(e) = io.epoll.remove(tap.as_raw_fd()) {
-                        tracing::debug!(tap = tap.name(), error = %e, "tap not in the poll set");
+                    if let Some(fd) = tap.poll_fd() {
+                        if let Err(e) = io.epoll.remove(fd) {
+                            tracing::debug!(tap = tap.name(), error = %e, "tap not in the poll set");
+                        }
                     }
                     io.paused.push((now + Duration::from_nanos(ns), token));
                     break;
@@ -712,6 +745,7 @@ impl Datapath {
         engine.end_of_batch(&mut out);
         let mut out = out.unlend();
         drain(&out, io, &self.taps, st, &mut self.engine, (now, nanos));
+        flush_guests(&self.taps);
         out.clear();
         self.batch = out;
         io.release();
@@ -776,6 +810,7 @@ impl Datapath {
         if let Some(io) = self.io.as_mut() {
             let (taps, st) = (&self.taps, &mut self.stats);
             drain(&out, io, taps, st, &mut self.engine, (at, now));
+            flush_guests(taps);
             io.release();
         }
         out.clear();
@@ -801,8 +836,10 @@ impl Datapath {
             let Some(port) = slot.and_then(|i| self.taps.get_mut(i)?.as_mut()) else {
                 continue;
             };
-            let TapLink::Up(tap) = &port.link else {
-                continue; // already down (found gone twice in one round)
+            // Already down (found gone twice in one round), or a vhost-user port,
+            // whose connection thread follows its front end by itself.
+            let TapLink::Up(tap @ GuestIo::Tap(_)) = &port.link else {
+                continue;
             };
             io.unwatch_tap(tap);
             self.stats.tap_gone += 1;
@@ -842,11 +879,12 @@ impl Datapath {
             }
             return;
         };
-        match io.watch_tap(&r.tap, r.slot as u64) {
+        let tap = GuestIo::Tap(r.tap);
+        match io.watch_tap(&tap, r.slot as u64) {
             Ok(()) => {
                 self.stats.tap_reattached += 1;
                 tracing::info!(port = %port.info.config.name, "tap back: port up");
-                port.link = TapLink::Up(r.tap);
+                port.link = TapLink::Up(tap);
             }
             Err(e) => {
                 tracing::warn!(port = %port.info.config.name, error = %e, "re-opened tap not watched");
@@ -856,15 +894,24 @@ impl Datapath {
     }
 }
 
+/// After a round: interrupts the VMs whose rings returned buffers.
+fn flush_guests(taps: &[Option<PortTap>]) {
+    for p in taps.iter().flatten() {
+        if let TapLink::Up(g) = &p.link {
+            g.flush();
+        }
+    }
+}
+
 /// The tap of port `token` if it is up.
-fn up_tap(taps: &[Option<PortTap>], port: engine::PortId) -> Option<&TapPort> {
+fn up_tap(taps: &[Option<PortTap>], port: engine::PortId) -> Option<&GuestIo> {
     match &taps.get(port.0 as usize)?.as_ref()?.link {
         TapLink::Up(tap) => Some(tap),
         TapLink::Down { .. } => None,
     }
 }
 
-fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut TapPort> {
+fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut GuestIo> {
     let port = taps.get_mut(usize::try_from(token).ok()?)?.as_mut()?;
     match &mut port.link {
         TapLink::Up(tap) => Some(tap),
@@ -1042,7 +1089,7 @@ const FEW_PARTS: usize = 16;
 /// pieces, or of one copy of them when there are more than a `writev` takes.
 /// Returns whether the frame was copied.
 fn to_tap(
-    tap: &TapPort,
+    tap: &GuestIo,
     hdr: &[u8],
     frame: FrameBytes<'_>,
     held: &Held,
@@ -1065,7 +1112,7 @@ fn to_tap(
 /// [`TapPort::write_gather`] of the header and the frame's pieces, or `None` when
 /// they are more than `N` (so the array stays small for the common frame).
 fn write_gathered<const N: usize>(
-    tap: &TapPort,
+    tap: &GuestIo,
     hdr: &[u8],
     frame: FrameBytes<'_>,
     held: &Held,

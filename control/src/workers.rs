@@ -596,6 +596,7 @@ mod tests {
         PortInfo {
             config: sample_port(name, last),
             netns: None,
+            vhost_user: None,
         }
     }
 
@@ -743,6 +744,7 @@ mod tests {
         let r = c.handle(Request::CreatePort(Box::new(CreatePort {
             config: sample_port("opte0", 5),
             netns: None,
+            vhost_user: None,
         })));
         assert!(matches!(r, Outcome::Ok(_)), "{r:?}");
         assert_eq!(c.dataplane().owner("opte0"), Some(0));
