@@ -386,3 +386,140 @@ fn publish_used(q: &mut Queue, mem: &GuestMemoryMmap, used: &[(u16, u32)]) -> io
     mem.store(next.to_le(), GuestAddress(ring.0 + 2), Ordering::Release)
         .map_err(err)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+    use virtio_queue::desc::RawDescriptor;
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::Address as _;
+
+    fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()
+    }
+
+    /// `n` receive buffers of `len` bytes, each a chain of its own, at 0x4_0000,
+    /// 0x4_1000 and so on.
+    fn rx_queue(mem: &GuestMemoryMmap, n: u16, len: u32) -> Queue {
+        let mock = MockSplitQueue::new(mem, 16);
+        let descs: Vec<RawDescriptor> = (0..n)
+            .map(|i| {
+                let addr = 0x4_0000 + 0x1000 * u64::from(i);
+                RawDescriptor::from(SplitDescriptor::new(
+                    addr,
+                    len,
+                    VRING_DESC_F_WRITE as u16,
+                    0,
+                ))
+            })
+            .collect();
+        mock.add_desc_chains(&descs, 0).unwrap();
+        mock.create_queue::<Queue>().unwrap()
+    }
+
+    fn used(mem: &GuestMemoryMmap, q: &Queue, i: u64) -> (u32, u32) {
+        let at = GuestAddress(q.used_ring() + 4 + 8 * i);
+        let id: u32 = mem.read_obj(at).unwrap();
+        let len: u32 = mem.read_obj(at.unchecked_add(4)).unwrap();
+        (id, len)
+    }
+
+    fn used_idx(mem: &GuestMemoryMmap, q: &Queue) -> u16 {
+        mem.read_obj(GuestAddress(q.used_ring() + 2)).unwrap()
+    }
+
+    #[test]
+    fn a_frame_spreads_over_mergeable_buffers_published_at_once_with_num_buffers() {
+        let mem = memory();
+        let mut q = rx_queue(&mem, 3, 1024);
+        let hdr = VnetHdr {
+            flags: 1,
+            gso_type: 1,
+            hdr_len: 54,
+            gso_size: 1448,
+            csum_start: 34,
+            csum_offset: 16,
+        }
+        .to_bytes();
+        let frame: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
+        let (a, b) = frame.split_at(100);
+        let parts = [IoSlice::new(a), IoSlice::new(b)];
+        fill_rx(&mut q, &mem, &hdr, &parts, VNET_HDR_V1_LEN + 2500, 64).unwrap();
+
+        assert_eq!(
+            used_idx(&mem, &q),
+            3,
+            "three buffers, one store of the index"
+        );
+        assert_eq!(used(&mem, &q, 0), (0, 1024));
+        assert_eq!(used(&mem, &q, 1), (1, 1024));
+        assert_eq!(
+            used(&mem, &q, 2),
+            (2, (VNET_HDR_V1_LEN + 2500 - 2048) as u32)
+        );
+        let mut got = vec![0u8; 3 * 1024];
+        for i in 0..3u64 {
+            let at = GuestAddress(0x4_0000 + 0x1000 * i);
+            mem.read_slice(&mut got[i as usize * 1024..][..1024], at)
+                .unwrap();
+        }
+        assert_eq!(&got[..VNET_HDR_LEN], &hdr);
+        assert_eq!(u16::from_le_bytes([got[10], got[11]]), 3, "num_buffers");
+        assert_eq!(&got[VNET_HDR_V1_LEN..VNET_HDR_V1_LEN + 2500], &frame[..]);
+    }
+
+    #[test]
+    fn a_frame_without_enough_buffers_is_refused_and_leaves_the_ring_as_it_was() {
+        let mem = memory();
+        let mut q = rx_queue(&mem, 2, 1024);
+        let hdr = VnetHdr::default().to_bytes();
+        let frame = [7u8; 2500];
+        let err = fill_rx(&mut q, &mem, &hdr, &[IoSlice::new(&frame)], 2512, 64).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOBUFS));
+        assert_eq!(used_idx(&mem, &q), 0);
+        assert_eq!(q.next_avail(), 0, "the buffers taken were given back");
+        // Without mergeable buffers one buffer must hold the whole frame.
+        let err = fill_rx(&mut q, &mem, &hdr, &[IoSlice::new(&frame[..1000])], 1012, 1)
+            .map(|()| used_idx(&mem, &q));
+        assert_eq!(err.unwrap(), 1, "a frame that fits one buffer still goes");
+    }
+
+    #[test]
+    fn a_transmitted_chain_gives_its_header_and_frame() {
+        let mem = memory();
+        let mock = MockSplitQueue::new(&mem, 16);
+        let hdr = VnetHdr {
+            flags: 1,
+            gso_type: 4,
+            hdr_len: 74,
+            gso_size: 1428,
+            csum_start: 54,
+            csum_offset: 16,
+        };
+        let mut v1 = [0u8; VNET_HDR_V1_LEN];
+        v1[..VNET_HDR_LEN].copy_from_slice(&hdr.to_bytes());
+        mem.write_slice(&v1, GuestAddress(0x4_0000)).unwrap();
+        mem.write_slice(&[0xabu8; 300], GuestAddress(0x5_0000))
+            .unwrap();
+        let chain = mock
+            .build_desc_chain(&[
+                RawDescriptor::from(SplitDescriptor::new(0x4_0000, VNET_HDR_V1_LEN as u32, 0, 0)),
+                RawDescriptor::from(SplitDescriptor::new(0x5_0000, 300, 0, 0)),
+            ])
+            .unwrap();
+        let mut buf = vec![0u8; 1000];
+        let (got, len) = read_frame(chain.reader(&mem).unwrap(), &mut buf).unwrap();
+        assert_eq!((got, len), (hdr, 300));
+        assert!(buf[..300].iter().all(|&b| b == 0xab));
+        // A frame longer than the buffer is refused, not cut.
+        let chain = mock
+            .build_desc_chain(&[RawDescriptor::from(SplitDescriptor::new(
+                0x5_0000, 300, 0, 0,
+            ))])
+            .unwrap();
+        let e = read_frame(chain.reader(&mem).unwrap(), &mut buf[..100]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    }
+}
