@@ -9,9 +9,10 @@
 
 use e2e::guest::{GuestSpec, JUMBO_MTU};
 use e2e::standard::{self, B1};
-use e2e::{Context, Error, Result};
+use e2e::{Context, Error, Guest, Rack, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The virtio modules of the cloud kernel, in dependency order.
@@ -34,6 +35,7 @@ const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
 for m in MODULES; do insmod /lib/modules/$m.ko || echo "VM-INSMOD-FAIL $m"; done
 for kv in $(cat /proc/cmdline); do
   case "$kv" in vm.*=*) k=${kv%%=*}; k=${k#vm.}; eval "$k=${kv#*=}";; esac
@@ -53,9 +55,17 @@ ip -6 route add default via "$gw6" dev eth0 || echo "VM-ERR ipv6 route"
 for i in 1 2 3 4 5 6 7 8 9 10; do
   if ping -c 1 -W 3 -s "$size4" "$peer4" >/dev/null 2>&1; then echo "VM-PING4-OK"; break; fi
 done
-for i in 1 2 3 4 5 6 7 8 9 10; do
-  if ping -6 -c 1 -W 3 -s "$size6" "$peer6" >/dev/null 2>&1; then echo "VM-PING6-OK"; break; fi
-done
+if [ "$job" = ping ]; then
+  for i in 1 2 3 4 5 6 7 8 9 10; do
+    if ping -6 -c 1 -W 3 -s "$size6" "$peer6" >/dev/null 2>&1; then echo "VM-PING6-OK"; break; fi
+  done
+fi
+if [ "$job" = tcp ]; then
+  dd if=/dev/urandom of=/tmp/data bs=1048576 count="$mib" 2>/dev/null
+  echo "VM-MD5 $(md5sum /tmp/data | cut -d' ' -f1)"
+  echo "VM-TCP-START"
+  nc "$peer4" "$port" < /tmp/data && echo "VM-TCP-SENT"
+fi
 sed -n 's/^ *eth0:/VM-COUNTERS/p' /proc/net/dev
 echo "VM-DONE"
 poweroff -f
@@ -86,17 +96,31 @@ fn sh(script: &str, dir: &Path) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The guest kernel and initramfs, built from Debian's packages on first use.
+/// The guest kernel and initramfs, built from Debian's packages on first use
+/// (once per test process: the tests run in parallel).
 fn assets() -> Result<(PathBuf, PathBuf)> {
+    static ASSETS: Mutex<()> = Mutex::new(());
+    let _one = ASSETS.lock().unwrap_or_else(|p| p.into_inner());
+    build_assets()
+}
+
+fn build_assets() -> Result<(PathBuf, PathBuf)> {
     let dir = cache_dir();
-    let (kernel, initrd) = (dir.join("vmlinuz"), dir.join("initrd.cpio.gz"));
+    let init = INIT.replace("MODULES", &MODULES.join(" "));
+    // Named for its init's contents: a changed init builds a new initramfs.
+    let id = init.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let (kernel, initrd) = (
+        dir.join("vmlinuz"),
+        dir.join(format!("initrd-{id:016x}.cpio.gz")),
+    );
     if kernel.exists() && initrd.exists() {
         return Ok((kernel, initrd));
     }
     let work = dir.join("build");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(work.join("root/lib/modules"))?;
-    let init = INIT.replace("MODULES", &MODULES.join(" "));
     std::fs::write(work.join("root/init"), init)?;
     // The cloud kernel's metapackage names the versioned image it depends on.
     sh(
@@ -105,7 +129,7 @@ fn assets() -> Result<(PathBuf, PathBuf)> {
         apt-get download -q "$image" busybox-static >/dev/null
         for d in *.deb; do dpkg-deb -x "$d" x; done
         cp x/boot/vmlinuz-* ../vmlinuz.new
-        mkdir -p root/bin root/proc root/sys root/dev
+        mkdir -p root/bin root/proc root/sys root/dev root/tmp
         cp x/bin/busybox root/bin/busybox
         for m in MODULES; do cp "$(find x/lib/modules -name "$m.ko" | head -n1)" root/lib/modules/; done
         chmod +x root/init
@@ -131,8 +155,9 @@ struct Qemu {
 
 impl Qemu {
     /// Boots the test VM with its virtio-net device on vhost-user socket `sock`
-    /// (QEMU connects: overlayd listens), `append` added to the kernel command line.
-    fn boot(sock: &Path, mac: &str, append: &str, serial: PathBuf) -> Result<Qemu> {
+    /// (`listen`: QEMU is the socket's server, overlayd its client), `append` added
+    /// to the kernel command line.
+    fn boot(sock: &Path, listen: bool, mac: &str, append: &str, serial: PathBuf) -> Result<Qemu> {
         let (kernel, initrd) = assets()?;
         let child = Command::new("qemu-system-x86_64")
             .args(["-accel", "tcg", "-cpu", "max", "-m", "512", "-smp", "1"])
@@ -153,7 +178,15 @@ impl Qemu {
                 "memory-backend=mem",
             ])
             .arg("-chardev")
-            .arg(format!("socket,id=vu0,path={},reconnect=1", sock.display()))
+            .arg(format!(
+                "socket,id=vu0,path={},{}",
+                sock.display(),
+                if listen {
+                    "server=on,wait=off"
+                } else {
+                    "reconnect=1"
+                }
+            ))
             .args(["-netdev", "vhost-user,id=n0,chardev=vu0"])
             // vectors=0: QEMU 7.2 under TCG crashes (null dereference in
             // msix_set_vector_notifiers) starting a vhost-user device with MSI-X;
@@ -178,10 +211,16 @@ impl Qemu {
     /// Waits for the guest to print `VM-DONE` (or for QEMU to exit); returns
     /// the console.
     fn wait_done(&mut self, limit: Duration) -> Result<String> {
+        self.wait_for("VM-DONE", limit)
+    }
+
+    /// Waits for the guest to print `line` (or for QEMU to exit); returns the
+    /// console.
+    fn wait_for(&mut self, line: &str, limit: Duration) -> Result<String> {
         let start = Instant::now();
         loop {
             let console = self.console();
-            if console.contains("VM-DONE") {
+            if console.lines().any(|l| l.starts_with(line)) {
                 return Ok(console);
             }
             if let Some(st) = self.child.try_wait()? {
@@ -195,7 +234,7 @@ impl Qemu {
             }
             if start.elapsed() > limit {
                 return Err(Error::new(format!(
-                    "the guest was not done within {limit:?}; console:\n{console}"
+                    "the guest did not print {line:?} within {limit:?}; console:\n{console}"
                 )));
             }
             std::thread::sleep(Duration::from_millis(500));
@@ -210,44 +249,72 @@ impl Drop for Qemu {
     }
 }
 
+/// The test VM's port: `vu1` on sled 0, its V2P published on sled 1.
+struct VmPort {
+    spec: GuestSpec,
+    sock: PathBuf,
+    /// overlayd connects (QEMU listens) rather than the other way round.
+    client: bool,
+}
+
+impl VmPort {
+    fn create(rack: &Rack, client: bool) -> Result<VmPort> {
+        let spec = GuestSpec::dual("vu1", 0, 5);
+        let sock = rack.dir().join("vu1.sock");
+        let mut args = spec.create_args("-");
+        let at = args
+            .iter()
+            .position(|a| a == "--netns")
+            .ok_or_else(|| Error::new("create-xde arguments without --netns"))?;
+        args.drain(at..at + 2);
+        args.extend(["--vhost-user".into(), sock.display().to_string()]);
+        if client {
+            args.extend(["--vhost-user-mode".into(), "client".into()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        rack.sled(0)?.admin(&args)?;
+        let sled0 = rack.sled(0)?.addr.to_string();
+        let vni = spec.vni.to_string();
+        for ip in spec.addresses() {
+            rack.sled(1)?
+                .admin(&["set-v2p", &ip.to_string(), &spec.mac, &sled0, &vni])?;
+        }
+        Ok(VmPort { spec, sock, client })
+    }
+
+    /// Boots the VM to run `job` (`vm.job=...` and the rest of `extra` on its
+    /// command line) against guest `peer`.
+    fn boot(&self, rack: &Rack, peer: &Guest, extra: &str) -> Result<Qemu> {
+        let (Some(ip4), Some(ip6)) = (self.spec.ipv4, self.spec.ipv6) else {
+            return Err(Error::new("the VM's spec is dual-stack"));
+        };
+        let append = format!(
+            "vm.ip4={ip4} vm.gw4={} vm.ip6={ip6} vm.gw6={} vm.peer4={} vm.peer6={} \
+             vm.size4={} vm.size6={} {extra}",
+            self.spec.gateway_ipv4,
+            self.spec.gateway_ipv6()?,
+            peer.ipv4()?,
+            peer.ipv6()?,
+            JUMBO_MTU - 28,
+            JUMBO_MTU - 48,
+        );
+        let serial = rack.dir().join("vu1.console");
+        Qemu::boot(&self.sock, self.client, &self.spec.mac, &append, serial)
+    }
+}
+
+/// The `VM-` lines of a console.
+fn vm_lines(console: &str) -> Vec<&str> {
+    console.lines().filter(|l| l.starts_with("VM-")).collect()
+}
+
 #[test]
 fn vm_on_vhost_user_port_gets_mtu_8500_and_pings_across_sleds_at_full_size() -> Result<()> {
     let rack = standard::rack("vu", &[])?;
-    let vm = GuestSpec::dual("vu1", 0, 5);
-    let sock = rack.dir().join("vu1.sock");
-    let mut args = vm.create_args("-");
-    let at = args
-        .iter()
-        .position(|a| a == "--netns")
-        .ok_or_else(|| Error::new("create-xde arguments without --netns"))?;
-    args.drain(at..at + 2);
-    args.extend(["--vhost-user".into(), sock.display().to_string()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    rack.sled(0)?.admin(&args)?;
-    let sled0 = rack.sled(0)?.addr.to_string();
-    for ip in vm.addresses() {
-        let vni = vm.vni.to_string();
-        rack.sled(1)?
-            .admin(&["set-v2p", &ip.to_string(), &vm.mac, &sled0, &vni])?;
-    }
-
-    let peer = rack.guest(B1)?;
-    let (Some(ip4), Some(ip6)) = (vm.ipv4, vm.ipv6) else {
-        return Err(Error::new("the VM's spec is dual-stack"));
-    };
-    let append = format!(
-        "vm.ip4={ip4} vm.gw4={} vm.ip6={ip6} vm.gw6={} vm.peer4={} vm.peer6={} \
-         vm.size4={} vm.size6={}",
-        vm.gateway_ipv4,
-        vm.gateway_ipv6()?,
-        peer.ipv4()?,
-        peer.ipv6()?,
-        JUMBO_MTU - 28,
-        JUMBO_MTU - 48,
-    );
-    let mut qemu = Qemu::boot(&sock, &vm.mac, &append, rack.dir().join("vu1.console"))?;
+    let vm = VmPort::create(&rack, false)?;
+    let mut qemu = vm.boot(&rack, rack.guest(B1)?, "vm.job=ping")?;
     let console = qemu.wait_done(Duration::from_secs(300))?;
-    let lines: Vec<&str> = console.lines().filter(|l| l.starts_with("VM-")).collect();
+    let lines = vm_lines(&console);
     assert!(
         lines.contains(&format!("VM-MTU {JUMBO_MTU}").as_str()),
         "the guest's link MTU is not {JUMBO_MTU}: {lines:?}\n{console}"
@@ -259,6 +326,124 @@ fn vm_on_vhost_user_port_gets_mtu_8500_and_pings_across_sleds_at_full_size() -> 
     assert!(
         lines.contains(&"VM-PING6-OK"),
         "no full-size IPv6 ping: {lines:?}\n{console}"
+    );
+    Ok(())
+}
+
+/// Receives `bytes` on TCP `port` in `guest`'s namespace and prints their MD5
+/// (python3: the receiver needs no more than the harness has).
+fn md5_receiver(guest: &Guest, port: u16, bytes: u64) -> Result<Child> {
+    let script = format!(
+        "import socket,hashlib\n\
+         s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         s.settimeout(60);s.bind(('0.0.0.0',{port}));s.listen(1);c,_=s.accept()\n\
+         c.settimeout(120);h=hashlib.md5();n=0\n\
+         while n<{bytes}:\n b=c.recv(1<<20)\n if not b: break\n h.update(b);n+=len(b)\n\
+         print(n,h.hexdigest())\n"
+    );
+    Command::new("ip")
+        .args(["netns", "exec", guest.ns.name(), "python3", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("python3 receiver")
+}
+
+/// The receiver's `BYTES MD5` line.
+fn received(rx: Child) -> Result<String> {
+    let out = rx.wait_with_output()?;
+    if !out.status.success() {
+        return Err(Error::new(format!(
+            "receiver: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The MD5 the VM printed for the data it sent.
+fn sent_md5(console: &str) -> Result<&str> {
+    console
+        .lines()
+        .find_map(|l| l.strip_prefix("VM-MD5 "))
+        .map(str::trim)
+        .ok_or_else(|| Error::new(format!("no VM-MD5 line:\n{console}")))
+}
+
+/// Sums a counter over the ports of sled `index`.
+fn sled_counter(rack: &Rack, index: usize, name: &str) -> Result<u64> {
+    let counters = e2e::stats::parse(&rack.sled(index)?.admin(&["--json", "stats"])?)?;
+    Ok(e2e::stats::sum(&counters, name))
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn vm_on_vhost_user_port_sends_tcp_across_sleds_with_tso() -> Result<()> {
+    let rack = standard::rack("vut", &[])?;
+    let vm = VmPort::create(&rack, false)?;
+    let peer = rack.guest(B1)?;
+    let mib = 16;
+    let rx = md5_receiver(peer, 5001, mib * MIB)?;
+    let tso_before = sled_counter(&rack, 0, e2e::stats::TSO_BUFFERS)?;
+    let mut qemu = vm.boot(
+        &rack,
+        peer,
+        &format!("vm.job=tcp vm.mib={mib} vm.port=5001"),
+    )?;
+    let console = qemu.wait_done(Duration::from_secs(600))?;
+    let got = received(rx).map_err(|e| e.context(format!("console:\n{console}")))?;
+    let want = format!("{} {}", mib * MIB, sent_md5(&console)?);
+    assert_eq!(
+        got, want,
+        "received (bytes md5) differs from sent; console:\n{console}"
+    );
+    let tso = sled_counter(&rack, 0, e2e::stats::TSO_BUFFERS)? - tso_before;
+    assert!(
+        tso > 0,
+        "the VM sent no TSO buffer (tso_buffers_in did not grow); console:\n{console}"
+    );
+    Ok(())
+}
+
+#[test]
+fn vm_on_client_mode_port_survives_sigkill_and_restart_of_overlayd_mid_transfer() -> Result<()> {
+    let mut rack = standard::rack("vur", &[])?;
+    let vm = VmPort::create(&rack, true)?;
+    let mib = 128;
+    let rx = md5_receiver(rack.guest(B1)?, 5001, mib * MIB)?;
+    let mut qemu = vm.boot(
+        &rack,
+        rack.guest(B1)?,
+        &format!("vm.job=tcp vm.mib={mib} vm.port=5001"),
+    )?;
+    qemu.wait_for("VM-TCP-START", Duration::from_secs(300))?;
+    std::thread::sleep(Duration::from_millis(500));
+    rack.kill_daemon(0)?;
+    let at_kill = qemu.console();
+    assert!(
+        !at_kill.contains("VM-TCP-SENT"),
+        "the transfer was over before the kill: {:?}",
+        vm_lines(&at_kill)
+    );
+    // The new daemon restores the port from its state and connects to QEMU again.
+    rack.start_daemon(0, &[])?;
+    let console = qemu.wait_done(Duration::from_secs(600))?;
+    let got = received(rx).map_err(|e| e.context(format!("console:\n{console}")))?;
+    let want = format!("{} {}", mib * MIB, sent_md5(&console)?);
+    assert_eq!(
+        got, want,
+        "received (bytes md5) differs from sent; console:\n{console}"
+    );
+    assert!(
+        vm_lines(&console).contains(&"VM-TCP-SENT"),
+        "the VM's sender failed: {console}"
+    );
+    let log = rack.sled(0)?.daemon()?.log();
+    assert!(
+        log.contains("vhost-user front end connected"),
+        "the restarted daemon did not reconnect to QEMU:\n{log}"
     );
     Ok(())
 }
