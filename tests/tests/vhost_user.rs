@@ -379,26 +379,48 @@ fn sled_counter(rack: &Rack, index: usize, name: &str) -> Result<u64> {
 
 const MIB: u64 = 1 << 20;
 
+/// A transfer of `mib` MiB of random bytes from the VM to guest B1 (TCP port 5001).
+struct Transfer {
+    rx: Child,
+    qemu: Qemu,
+    bytes: u64,
+}
+
+impl Transfer {
+    /// Starts B1's receiver, then boots the VM to send.
+    fn start(rack: &Rack, vm: &VmPort, mib: u64) -> Result<Transfer> {
+        let peer = rack.guest(B1)?;
+        let bytes = mib * MIB;
+        let rx = md5_receiver(peer, 5001, bytes)?;
+        let job = format!("vm.job=tcp vm.mib={mib} vm.port=5001");
+        let qemu = vm.boot(rack, peer, &job)?;
+        Ok(Transfer { rx, qemu, bytes })
+    }
+
+    /// Waits for the VM to be done and checks that B1 received every byte and
+    /// that the VM's sender succeeded; returns the VM's console.
+    fn finish(mut self) -> Result<String> {
+        let console = self.qemu.wait_done(Duration::from_secs(600))?;
+        let got = received(self.rx).map_err(|e| e.context(format!("console:\n{console}")))?;
+        let want = format!("{} {}", self.bytes, sent_md5(&console)?);
+        assert_eq!(
+            got, want,
+            "received (bytes md5) differs from sent; console:\n{console}"
+        );
+        assert!(
+            vm_lines(&console).contains(&"VM-TCP-SENT"),
+            "the VM's sender failed: {console}"
+        );
+        Ok(console)
+    }
+}
+
 #[test]
 fn vm_on_vhost_user_port_sends_tcp_across_sleds_with_tso() -> Result<()> {
     let rack = standard::rack("vut", &[])?;
     let vm = VmPort::create(&rack, false)?;
-    let peer = rack.guest(B1)?;
-    let mib = 16;
-    let rx = md5_receiver(peer, 5001, mib * MIB)?;
     let tso_before = sled_counter(&rack, 0, e2e::stats::TSO_BUFFERS)?;
-    let mut qemu = vm.boot(
-        &rack,
-        peer,
-        &format!("vm.job=tcp vm.mib={mib} vm.port=5001"),
-    )?;
-    let console = qemu.wait_done(Duration::from_secs(600))?;
-    let got = received(rx).map_err(|e| e.context(format!("console:\n{console}")))?;
-    let want = format!("{} {}", mib * MIB, sent_md5(&console)?);
-    assert_eq!(
-        got, want,
-        "received (bytes md5) differs from sent; console:\n{console}"
-    );
+    let console = Transfer::start(&rack, &vm, 16)?.finish()?;
     let tso = sled_counter(&rack, 0, e2e::stats::TSO_BUFFERS)? - tso_before;
     assert!(
         tso > 0,
@@ -411,17 +433,13 @@ fn vm_on_vhost_user_port_sends_tcp_across_sleds_with_tso() -> Result<()> {
 fn vm_on_client_mode_port_survives_sigkill_and_restart_of_overlayd_mid_transfer() -> Result<()> {
     let mut rack = standard::rack("vur", &[])?;
     let vm = VmPort::create(&rack, true)?;
-    let mib = 128;
-    let rx = md5_receiver(rack.guest(B1)?, 5001, mib * MIB)?;
-    let mut qemu = vm.boot(
-        &rack,
-        rack.guest(B1)?,
-        &format!("vm.job=tcp vm.mib={mib} vm.port=5001"),
-    )?;
-    qemu.wait_for("VM-TCP-START", Duration::from_secs(300))?;
+    let mut transfer = Transfer::start(&rack, &vm, 128)?;
+    transfer
+        .qemu
+        .wait_for("VM-TCP-START", Duration::from_secs(300))?;
     std::thread::sleep(Duration::from_millis(500));
     rack.kill_daemon(0)?;
-    let at_kill = qemu.console();
+    let at_kill = transfer.qemu.console();
     assert!(
         !at_kill.contains("VM-TCP-SENT"),
         "the transfer was over before the kill: {:?}",
@@ -429,17 +447,7 @@ fn vm_on_client_mode_port_survives_sigkill_and_restart_of_overlayd_mid_transfer(
     );
     // The new daemon restores the port from its state and connects to QEMU again.
     rack.start_daemon(0, &[])?;
-    let console = qemu.wait_done(Duration::from_secs(600))?;
-    let got = received(rx).map_err(|e| e.context(format!("console:\n{console}")))?;
-    let want = format!("{} {}", mib * MIB, sent_md5(&console)?);
-    assert_eq!(
-        got, want,
-        "received (bytes md5) differs from sent; console:\n{console}"
-    );
-    assert!(
-        vm_lines(&console).contains(&"VM-TCP-SENT"),
-        "the VM's sender failed: {console}"
-    );
+    transfer.finish()?;
     let log = rack.sled(0)?.daemon()?.log();
     assert!(
         log.contains("vhost-user front end connected"),
