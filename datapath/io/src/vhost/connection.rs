@@ -81,13 +81,11 @@ pub(super) fn serve(shared: &Arc<Shared>, listener: Option<UnixListener>) {
         if shared.stop.load(Ordering::SeqCst) {
             break;
         }
-        shared.counters.connects.fetch_add(1, Ordering::Relaxed);
         shared.mark_changed();
         tracing::info!(port = %name, socket = %shared.cfg.socket.display(), "vhost-user front end connected");
         let ended = serve_one(shared, stream);
         shared.device().reset();
         shared.conn.lock().unwrap_or_else(|p| p.into_inner()).take();
-        shared.counters.disconnects.fetch_add(1, Ordering::Relaxed);
         shared.mark_changed();
         tracing::info!(port = %name, why = %ended, "vhost-user front end gone; rings stopped");
     }
@@ -103,17 +101,9 @@ fn serve_one(shared: &Shared, stream: UnixStream) -> Error {
             // been read whole and needs no reply: QEMU sends SET_VRING_ENABLE
             // before SET_FEATURES (see `device`). Skip it and go on.
             Err(e @ (Error::InactiveFeature(_) | Error::InactiveOperation(_))) => {
-                shared
-                    .counters
-                    .requests_refused
-                    .fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(port = %shared.cfg.name, error = %e, "vhost-user request refused");
             }
             Err(e @ (Error::InvalidOperation(_) | Error::InvalidParam)) => {
-                shared
-                    .counters
-                    .requests_refused
-                    .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(port = %shared.cfg.name, error = %e, "vhost-user request refused");
             }
             Err(e) => return e,

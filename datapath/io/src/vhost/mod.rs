@@ -32,7 +32,7 @@ mod device;
 
 use std::io::{self, IoSlice, Write as _};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::SystemTime;
@@ -70,20 +70,6 @@ pub struct DeviceConfig {
     pub mode: Mode,
 }
 
-/// Counters of one port's vhost-user side.
-#[derive(Default, Debug)]
-pub struct VhostCounters {
-    /// Front ends that connected (the first and each reconnection).
-    pub connects: AtomicU64,
-    pub disconnects: AtomicU64,
-    /// Requests refused and skipped (see [`device`]).
-    pub requests_refused: AtomicU64,
-    /// Transmitted chains dropped: shorter than the header, or longer than a frame.
-    pub tx_bad_chains: AtomicU64,
-    /// Frames for the guest dropped: its receive ring had too few buffers.
-    pub rx_no_buffers: AtomicU64,
-}
-
 /// What the connection thread and the worker share.
 struct Shared {
     cfg: DeviceConfig,
@@ -92,7 +78,6 @@ struct Shared {
     /// A handle on the current connection, to end it when the port is deleted.
     conn: Mutex<Option<std::os::unix::net::UnixStream>>,
     stop: AtomicBool,
-    counters: VhostCounters,
     /// When a front end last connected or went away.
     changed: Mutex<SystemTime>,
 }
@@ -129,7 +114,6 @@ impl VhostPort {
             device: Arc::new(Mutex::new(device)),
             conn: Mutex::new(None),
             stop: AtomicBool::new(false),
-            counters: VhostCounters::default(),
             changed: Mutex::new(SystemTime::now()),
         });
         let s = shared.clone();
@@ -151,10 +135,6 @@ impl VhostPort {
         &self.shared.cfg.socket
     }
 
-    pub fn counters(&self) -> &VhostCounters {
-        &self.shared.counters
-    }
-
     /// When a front end last connected or went away.
     pub fn changed(&self) -> SystemTime {
         *self
@@ -174,7 +154,9 @@ impl VhostPort {
     }
 
     /// Takes the next frame the guest sent, its header decoded, copied into
-    /// `buf`; `None` when the transmit ring is empty or not running.
+    /// `buf`; `None` when the transmit ring is empty or not running. A chain
+    /// shorter than the header or longer than `buf` is returned to the guest
+    /// and refused with `InvalidData` (the worker counts it in `tap_rx_errors`).
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(VnetHdr, usize)>> {
         let mut guard = self.shared.device();
         let dev = &mut *guard;
@@ -195,12 +177,7 @@ impl VhostPort {
             .add_used(mem, head, 0)
             .map_err(|e| io::Error::other(format!("transmit ring: {e}")))?;
         self.dirty[TX].set(true);
-        read.map(Some).inspect_err(|_| {
-            self.shared
-                .counters
-                .tx_bad_chains
-                .fetch_add(1, Ordering::Relaxed);
-        })
+        read.map(Some)
     }
 
     /// Writes one frame to the guest: `parts[0]` is its legacy vnet header
@@ -208,7 +185,8 @@ impl VhostPort {
     /// [`crate::tap::TapPort::write_gather`]. The frame is published in one step
     /// however many receive buffers it fills. Errors: `EIO` while no front end
     /// runs the ring (the link is down), `ENOBUFS` when the guest posted too few
-    /// buffers (the frame is dropped, as a full tap queue drops it).
+    /// buffers (the frame is dropped, as a full tap queue drops it; the worker
+    /// counts it in `tap_tx_errors`).
     pub fn write_gather(&self, parts: &[IoSlice<'_>]) -> io::Result<()> {
         let (hdr, frame) = match parts {
             [hdr, frame @ ..] if hdr.len() == VNET_HDR_LEN => (hdr, frame),
@@ -227,21 +205,9 @@ impl VhostPort {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let total = VNET_HDR_V1_LEN + frame.iter().map(|p| p.len()).sum::<usize>();
-        match fill_rx(&mut vring.queue, mem, hdr, frame, total, max_buffers) {
-            Ok(()) => {
-                self.dirty[RX].set(true);
-                Ok(())
-            }
-            Err(e) => {
-                if e.raw_os_error() == Some(libc::ENOBUFS) {
-                    self.shared
-                        .counters
-                        .rx_no_buffers
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e)
-            }
-        }
+        fill_rx(&mut vring.queue, mem, hdr, frame, total, max_buffers)?;
+        self.dirty[RX].set(true);
+        Ok(())
     }
 
     /// Interrupts the guest for the rings that returned buffers since the last
