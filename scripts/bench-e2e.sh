@@ -9,6 +9,7 @@
 #   bash scripts/bench-e2e.sh                     # 3 rounds of 5 s runs, all tests
 #   bash scripts/bench-e2e.sh --smoke             # about a minute: is the harness fine?
 #   bash scripts/bench-e2e.sh --variant ours1w= --variant ours2w='--cores 0,1'
+#   bash scripts/bench-e2e.sh --vm               # also VM rows (QEMU; slow under TCG)
 #   bash scripts/bench-e2e.sh --help
 #
 # See docs/benchmarks.md ("Side by side"). The binary removes everything it built

@@ -24,6 +24,17 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+# QEMU runs the virtual machine of tests/tests/vm.rs. Without its recommends (display
+# front ends, UEFI firmware, block drivers): the tests boot a kernel directly. The
+# guest's own packages (linux-image-cloud-amd64, busybox-static) are downloaded by
+# tests/vm/build-guest.sh, not installed.
+if ! dpkg-query -W -f='${Status}' qemu-system-x86 2>/dev/null | grep -q "install ok installed"; then
+    echo "installing: qemu-system-x86"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null
+fi
+
 # scapy for whichever python3 is first on PATH (the tests run `python3`): pip where
 # that python allows it, else Debian's package (for the system python).
 if ! python3 -c 'import scapy' 2>/dev/null; then

@@ -308,6 +308,11 @@ pub struct CreatePort {
     /// daemon's own namespace when absent.
     #[serde(default)]
     pub netns: Option<String>,
+    /// An existing interface to attach the port to instead of making a tap: the
+    /// host side of a hypervisor's tap (QEMU, libvirt), which the daemon reads and
+    /// writes with a packet socket and never deletes. Excludes `netns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach: Option<String>,
     /// Serve the guest over vhost-user at this socket instead of a tap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vhost_user: Option<VhostUser>,
@@ -863,13 +868,18 @@ impl fmt::Display for FwRule {
     }
 }
 
-/// A port as the state file keeps it: its configuration and where its tap goes.
+/// A port as the state file keeps it: its configuration and where its tap goes, or
+/// which interface it is attached to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortInfo {
     pub config: PortConfig,
     pub netns: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vhost_user: Option<VhostUser>,
+    /// The interface the port is attached to (`create-xde --attach`); absent for a
+    /// port with a tap of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach: Option<String>,
 }
 
 /// A port as `list-ports` shows it: what was configured and, when the dataplane does
@@ -1108,6 +1118,22 @@ pub(crate) mod tests {
                 config: sample_port("opte0", 5),
                 netns: Some("guest0".into()),
                 vhost_user: None,
+                attach: None,
+            })),
+            Request::CreatePort(Box::new(CreatePort {
+                config: sample_port("vm0", 6),
+                netns: None,
+                attach: Some("vnet0".into()),
+                vhost_user: None,
+            })),
+            Request::CreatePort(Box::new(CreatePort {
+                config: sample_port("vm1", 7),
+                netns: None,
+                attach: None,
+                vhost_user: Some(VhostUser {
+                    socket: "/run/overlayd/vm1.sock".into(),
+                    mode: VhostUserMode::Client,
+                }),
             })),
             Request::DeletePort {
                 name: "opte0".into(),
@@ -1335,6 +1361,7 @@ pub(crate) mod tests {
                         config: sample_port("opte1", 7),
                         netns: None,
                         vhost_user: None,
+                        attach: None,
                     },
                     not_applied: None,
                     link: Some(PortLink::Down {
@@ -1348,6 +1375,7 @@ pub(crate) mod tests {
                         config: sample_port("opte2", 8),
                         netns: Some("guest2".into()),
                         vhost_user: None,
+                        attach: None,
                     },
                     not_applied: Some(NotApplied {
                         reason: "network namespace \"guest2\" not found".into(),

@@ -347,9 +347,14 @@ pub struct CreateXde {
     /// Move the tap into this network namespace.
     #[arg(long)]
     pub netns: Option<String>,
+    /// Make no tap: attach the port to this existing interface, the host side of a
+    /// hypervisor's tap (QEMU `-netdev tap,ifname=IFACE,script=no`), which the
+    /// daemon never deletes.
+    #[arg(long, value_name = "IFACE", conflicts_with = "netns")]
+    pub attach: Option<String>,
     /// Serve a VM over vhost-user at this socket instead of a tap: overlayd is the
     /// backend of the VM's virtio-net device.
-    #[arg(long, value_name = "SOCKET_PATH", conflicts_with = "netns")]
+    #[arg(long, value_name = "SOCKET_PATH", conflicts_with_all = ["netns", "attach"])]
     pub vhost_user: Option<std::path::PathBuf>,
     /// Who listens on the vhost-user socket: overlayd (server) or QEMU (client:
     /// the VM survives a restart of overlayd).
@@ -728,6 +733,7 @@ impl Command {
                 }),
                 config: c.to_config()?,
                 netns: c.netns,
+                attach: c.attach,
             })),
             Command::DeleteXde { name } => Request::DeletePort { name },
             Command::ListPorts => Request::ListPorts,
@@ -1130,6 +1136,7 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
                 c.external.to_string(),
                 c.limits.describe(),
                 p.netns.clone().unwrap_or_else(|| "-".into()),
+                p.attach.clone().unwrap_or_else(|| "-".into()),
                 s.state.map_or("-".into(), |st| st.to_string()),
                 match &s.not_applied {
                     None => link_status(s.link.as_ref(), SystemTime::now()),
@@ -1146,7 +1153,8 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
     table(
         out,
         &[
-            "NAME", "MAC", "IP", "VNI", "MTU", "EXTERNAL", "LIMITS", "NETNS", "STATE", "STATUS",
+            "NAME", "MAC", "IP", "VNI", "MTU", "EXTERNAL", "LIMITS", "NETNS", "ATTACH", "STATE",
+            "STATUS",
         ],
         rows,
     );
@@ -1294,6 +1302,20 @@ mod tests {
             panic!()
         };
         assert_eq!(c.config.mtu, DEFAULT_PORT_MTU);
+        assert_eq!(c.attach, None);
+    }
+
+    /// `--attach IFACE` names the interface; with `--netns` it is refused, naming
+    /// both.
+    #[test]
+    fn create_xde_attaches_to_an_interface_but_not_with_a_netns() {
+        let Action::Call(Request::CreatePort(c)) = parse(&with(&["--attach", "vnet3"])).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((c.attach.as_deref(), c.netns), (Some("vnet3"), None));
+        let e = parse(&with(&["--attach", "vnet3", "--netns", "g0"])).unwrap_err();
+        assert!(e.contains("--attach") && e.contains("--netns"), "{e}");
     }
 
     #[test]
@@ -1449,6 +1471,7 @@ mod tests {
                 config,
                 netns: None,
                 vhost_user: None,
+                attach: None,
             },
             not_applied: None,
             link: None,
@@ -2040,6 +2063,11 @@ mod tests {
             config: crate::api::tests::sample_port(name, last),
             netns: netns.map(Into::into),
             vhost_user: None,
+            attach: None,
+        };
+        let attached = crate::api::PortInfo {
+            attach: Some("vnet7".into()),
+            ..port("opte2", 7, None)
         };
         let s = render(&Reply::Ports(vec![
             PortStatus {
@@ -2058,18 +2086,28 @@ mod tests {
                 link: None,
                 state: None,
             },
+            PortStatus {
+                port: attached,
+                not_applied: None,
+                link: Some(PortLink::Up),
+                state: Some(engine::PortState::Running),
+            },
         ]));
         let lines: Vec<&str> = s.lines().collect();
-        assert!(lines[0].ends_with("NETNS  STATE   STATUS"), "{s}");
+        assert!(lines[0].ends_with("NETNS  ATTACH  STATE    STATUS"), "{s}");
         assert!(
-            lines[1].starts_with("opte0") && lines[1].ends_with("-      paused  applied"),
+            lines[1].starts_with("opte0") && lines[1].ends_with("-      -       paused   applied"),
             "{s}"
         );
         assert!(
             lines[2].starts_with("opte1")
                 && lines[2].ends_with(
-                    "g1     -       NOT APPLIED (try 2, next in 2 s): network namespace \"g1\" not found"
+                    "g1     -       -        NOT APPLIED (try 2, next in 2 s): network namespace \"g1\" not found"
                 ),
+            "{s}"
+        );
+        assert!(
+            lines[3].starts_with("opte2") && lines[3].ends_with("-      vnet7   running  up"),
             "{s}"
         );
     }

@@ -552,8 +552,10 @@ impl<D: Dataplane> Controller<D> {
         Ok(Reply::Inspect(v))
     }
 
-    /// Per applied port (or the one asked for): what its tap's queue dropped of what
-    /// the guest sent (`guest_tx_dropped`), or why that cannot be read.
+    /// Per applied port with a tap (or the one asked for): what its tap's queue
+    /// dropped of what the guest sent (`guest_tx_dropped`), or why that cannot be
+    /// read. An attached port's loss is its packet socket's, counted by the worker
+    /// (`attached_rx_dropped`).
     fn tap_queues(&self, only: Option<&str>) -> Value {
         let m: serde_json::Map<String, Value> = self
             .state
@@ -561,6 +563,7 @@ impl<D: Dataplane> Controller<D> {
             .iter()
             .filter(|p| only.is_none_or(|o| o == p.config.name))
             .filter(|p| !self.unapplied_ports.contains_key(&p.config.name))
+            .filter(|p| p.attach.is_none())
             .map(|p| {
                 let name = &p.config.name;
                 let read = crate::tap_queue::guest_tx_dropped(
@@ -652,6 +655,7 @@ impl<D: Dataplane> Controller<D> {
             config: c.config,
             netns: c.netns,
             vhost_user: c.vhost_user,
+            attach: c.attach,
         };
         check_port(&self.state.ports, &info)?;
         let name = info.config.name.clone();
@@ -796,6 +800,7 @@ impl<D: Dataplane> Controller<D> {
 
     fn add_route(&mut self, port: &str, entry: RouteEntry) -> Result<Reply, String> {
         self.applied_port(port)?;
+        engine::port::check_network(entry.dest)?;
         if let Some(mtu) = entry.mtu {
             if mtu < engine::port::MIN_PORT_MTU {
                 return Err(format!(
@@ -1055,10 +1060,22 @@ fn check_port(others: &[PortInfo], p: &PortInfo) -> Result<(), String> {
     if let Some(ns) = &p.netns {
         check_netns_name(ns)?;
     }
+    match &p.attach {
+        Some(iface) => check_attach(others, p, iface)?,
+        None => {
+            let name = &p.config.name;
+            if let Some(o) = others.iter().find(|o| o.attach.as_ref() == Some(name)) {
+                return Err(format!(
+                    "port {:?} is attached to interface {name:?}: a tap cannot have its name",
+                    o.config.name
+                ));
+            }
+        }
+    }
     if let Some(v) = &p.vhost_user {
-        if p.netns.is_some() {
+        if p.netns.is_some() || p.attach.is_some() {
             return Err(format!(
-                "port {:?}: a vhost-user port has no tap to move into a namespace (drop --netns)",
+                "port {:?}: a vhost-user port has no tap or interface (drop --netns and --attach)",
                 p.config.name
             ));
         }
@@ -1070,6 +1087,44 @@ fn check_port(others: &[PortInfo], p: &PortInfo) -> Result<(), String> {
         }
     }
     check_port_against(others, &p.config)
+}
+
+/// Refuses an attachment that cannot be: with a namespace (an attached interface
+/// stays where its hypervisor made it, in the daemon's namespace), to a name no
+/// interface can have, or to an interface another port already uses (as its
+/// attachment, or as its tap: the daemon would read its own frames).
+fn check_attach(others: &[PortInfo], p: &PortInfo, iface: &str) -> Result<(), String> {
+    if let Some(ns) = &p.netns {
+        return Err(format!(
+            "port {:?}: --attach {iface:?} and --netns {ns:?} exclude each other (an attached interface stays in the daemon's namespace)",
+            p.config.name
+        ));
+    }
+    let b = iface.as_bytes();
+    if b.is_empty()
+        || b.len() >= libc::IFNAMSIZ
+        || b.iter()
+            .any(|&c| c == b'/' || c == b':' || c.is_ascii_whitespace() || c == 0)
+    {
+        return Err(format!(
+            "invalid interface name {iface:?} (1..{} bytes, no '/', ':' or white space)",
+            libc::IFNAMSIZ - 1
+        ));
+    }
+    for o in others.iter().filter(|o| o.config.name != p.config.name) {
+        if o.attach.as_deref() == Some(iface) {
+            return Err(format!(
+                "interface {iface:?} is already attached to port {:?}",
+                o.config.name
+            ));
+        }
+        if o.attach.is_none() && o.config.name == iface {
+            return Err(format!(
+                "interface {iface:?} is the tap of port {iface:?}, not a hypervisor's"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a port that collides with one of `others`: the same name (it names the
@@ -1315,6 +1370,7 @@ pub(crate) mod tests {
             config: sample_port(name, last),
             netns: None,
             vhost_user: None,
+            attach: None,
         }))
     }
 
@@ -1389,6 +1445,57 @@ pub(crate) mod tests {
         }
     }
 
+    /// `--attach` is refused with a namespace, with a name no interface can have,
+    /// on an interface another port is attached to or that is another port's tap,
+    /// and a tap may not take an attached interface's name; each error names the
+    /// bad value. Nothing refused is kept.
+    #[test]
+    fn attachments_are_checked() {
+        let mut c = Controller::new(Recorder::default(), None);
+        let attach = |name: &str, last: u8, iface: &str, netns: Option<&str>| {
+            Request::CreatePort(Box::new(CreatePort {
+                config: sample_port(name, last),
+                netns: netns.map(Into::into),
+                attach: Some(iface.into()),
+                vhost_user: None,
+            }))
+        };
+        let e = err(&mut c, attach("vm0", 5, "vnet0", Some("g0")));
+        assert!(
+            e.contains("\"vnet0\"") && e.contains("\"g0\"") && e.contains("exclude"),
+            "{e}"
+        );
+        for bad in ["", "a-name-far-too-long", "eth0:1", "a/b", "a b"] {
+            let e = err(&mut c, attach("vm0", 5, bad, None));
+            assert!(
+                e.contains(&format!("invalid interface name {bad:?}")),
+                "{e}"
+            );
+        }
+        ok(&mut c, attach("vm0", 5, "vnet0", None));
+        let e = err(&mut c, attach("vm1", 6, "vnet0", None));
+        assert!(
+            e.contains("\"vnet0\" is already attached to port \"vm0\""),
+            "{e}"
+        );
+        ok(&mut c, create("opte1", 7));
+        let e = err(&mut c, attach("vm2", 8, "opte1", None));
+        assert!(e.contains("\"opte1\" is the tap of port"), "{e}");
+        let e = err(&mut c, create("vnet0", 9));
+        assert!(
+            e.contains("port \"vm0\" is attached to interface \"vnet0\""),
+            "{e}"
+        );
+        let Outcome::Ok(Reply::Ports(ports)) = c.handle(Request::ListPorts) else {
+            panic!("no port list")
+        };
+        let kept: Vec<_> = ports
+            .iter()
+            .map(|p| (p.port.config.name.as_str(), p.port.attach.as_deref()))
+            .collect();
+        assert_eq!(kept, [("vm0", Some("vnet0")), ("opte1", None)]);
+    }
+
     #[test]
     fn refused_requests_change_nothing() {
         let mut c = Controller::new(Recorder::default(), None);
@@ -1403,6 +1510,7 @@ pub(crate) mod tests {
                 config: bad,
                 netns: None,
                 vhost_user: None,
+                attach: None,
             })),
         );
         assert!(e.contains("MTU 100"), "{e}");
@@ -1412,6 +1520,7 @@ pub(crate) mod tests {
                 config: sample_port("opte3", 8),
                 netns: Some("../etc".into()),
                 vhost_user: None,
+                attach: None,
             })),
         );
         assert!(e.contains("../etc"), "{e}");
@@ -1465,6 +1574,19 @@ pub(crate) mod tests {
             },
         );
         assert!(e.contains("576"), "{e}");
+        // A destination with host bits set, as `ip route` refuses it (the engine
+        // would match the network, the saved route would say otherwise).
+        let e = err(
+            &mut c,
+            Request::AddRouterEntry {
+                port: "opte0".into(),
+                entry: RouteEntry {
+                    dest: "10.9.0.1/6".parse().unwrap(),
+                    ..route
+                },
+            },
+        );
+        assert!(e.contains("10.9.0.1/6") && e.contains("8.0.0.0/6"), "{e}");
         c.dataplane_mut().refuse = Some("set_routes");
         let e = err(
             &mut c,
@@ -1827,6 +1949,7 @@ pub(crate) mod tests {
                 config: clash,
                 netns: None,
                 vhost_user: None,
+                attach: None,
             })),
         );
         assert!(e.contains("1500") && e.contains("opte0"), "{e}");
@@ -1964,6 +2087,7 @@ pub(crate) mod tests {
                 config: sample_port("opte0", 5),
                 netns: Some("g0".into()),
                 vhost_user: None,
+                attach: None,
             })),
         );
         ok(&mut c, create("opte1", 6));

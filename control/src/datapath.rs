@@ -30,10 +30,12 @@ use crate::api::{
 };
 use crate::config::DaemonConfig;
 use crate::controller::{Dataplane, Inspect, PortTables};
-use crate::guest_io::GuestIo;
 use crate::stats::{QueueRef, WorkerInfo, WorkerReport, WorkerView};
 use crate::worker::{Backoff, WorkerIo, WorkerStats};
 use crate::workers::{PortKey, WorkerPlane, Workers};
+use dpio::guest::GuestPort;
+use dpio::netlink::Netlink;
+use dpio::packet::PacketPort;
 use dpio::tap::TapPort;
 use dpio::vhost::VhostPort;
 use engine::nat::ExternalIps;
@@ -148,6 +150,59 @@ impl Datapath {
     }
 }
 
+/// Opens a port's device: attaches to its interface (`--attach`), or opens (or,
+/// after a restart or once its guest is back, reattaches to) its tap and puts it
+/// where the guest expects it.
+fn open_port(p: &PortInfo) -> Result<GuestPort, String> {
+    match &p.attach {
+        Some(iface) => attach_port(p, iface).map(GuestPort::Attached),
+        None => open_tap(p).map(GuestPort::Tap),
+    }
+}
+
+/// Attaches port `p` to the hypervisor's interface `iface`, in the daemon's
+/// namespace, saying what had to change on it.
+fn attach_port(p: &PortInfo, iface: &str) -> Result<PacketPort, String> {
+    let name = &p.config.name;
+    let mtu = u32::from(p.config.mtu);
+    let (port, done) = PacketPort::attach(iface, mtu).map_err(|e| format!("port {name:?}: {e}"))?;
+    if let Some(was) = done.mtu_raised_from {
+        // The hypervisor made it at its default; the VM's frames and ours are up to
+        // the port's MTU, which the VM's virtio device must advertise too
+        // (`xdeadm mtu`).
+        tracing::info!(port = %name, iface, from = was, to = mtu, "attached interface's MTU raised to the port's");
+    }
+    if done.brought_up {
+        tracing::info!(port = %name, iface, "attached interface was down: brought up");
+    }
+    Ok(port)
+}
+
+/// Refuses to attach port `p` to one of the daemon's underlay links (every worker
+/// has a socket on each): its Geneve traffic would be taken for a guest's frames
+/// and the guest's sent onto the sled's network. An interface that cannot be
+/// looked up is left for the attach to report.
+fn not_an_underlay_link(p: &PortInfo, io: &WorkerIo) -> Result<(), String> {
+    let Some(iface) = &p.attach else {
+        return Ok(());
+    };
+    let Ok(link) = Netlink::open().and_then(|mut nl| nl.link_by_name(iface)) else {
+        return Ok(());
+    };
+    if io
+        .queues
+        .sockets
+        .iter()
+        .any(|s| s.ifindex() == link.ifindex)
+    {
+        return Err(format!(
+            "port {:?}: interface {iface:?} is an underlay link of this daemon, not a hypervisor's",
+            p.config.name
+        ));
+    }
+    Ok(())
+}
+
 /// Opens (or, after a restart or once its guest is back, reattaches to) the tap of a
 /// port and puts it where the guest expects it.
 fn open_tap(p: &PortInfo) -> Result<TapPort, String> {
@@ -199,9 +254,9 @@ fn bridge_port_mac(guest: MacAddr) -> MacAddr {
 }
 
 /// A new port's guest side: its tap, or its vhost-user socket served.
-fn open_guest(p: &PortInfo, io: &WorkerIo) -> Result<GuestIo, String> {
+fn open_guest(p: &PortInfo, io: &WorkerIo) -> Result<GuestPort, String> {
     let Some(v) = &p.vhost_user else {
-        return open_tap(p).map(GuestIo::Tap);
+        return open_port(p);
     };
     let cfg = dpio::vhost::DeviceConfig {
         name: p.config.name.clone(),
@@ -216,7 +271,7 @@ fn open_guest(p: &PortInfo, io: &WorkerIo) -> Result<GuestIo, String> {
     io.epoll
         .watcher()
         .and_then(|w| VhostPort::start(cfg, w, crate::worker::TOKEN_DOORBELL))
-        .map(GuestIo::Vhost)
+        .map(GuestPort::Vhost)
         .map_err(|e| format!("port {:?}: {e}", p.config.name))
 }
 
@@ -229,11 +284,11 @@ pub(crate) struct PortTap {
     pub(crate) link: TapLink,
 }
 
-/// Whether a port's tap is served.
+/// Whether a port's tap (or attached interface) is served.
 pub(crate) enum TapLink {
-    /// Open and served: a tap in the worker's poll set, or a vhost-user port
-    /// (whose link follows its front end: see [`TapLink::view`]).
-    Up(GuestIo),
+    /// Open and served: a tap or attached interface in the worker's poll set, or
+    /// a vhost-user port (whose link follows its front end: see [`TapLink::view`]).
+    Up(GuestPort),
     /// Gone since `since` (why: `reason`); the [`Reattacher`] is getting it back.
     Down { since: SystemTime, reason: String },
 }
@@ -248,7 +303,7 @@ impl TapLink {
     /// As `list-ports` shows it.
     fn view(&self) -> PortLink {
         match self {
-            TapLink::Up(GuestIo::Vhost(v)) if !v.is_up() => PortLink::Down {
+            TapLink::Up(GuestPort::Vhost(v)) if !v.is_up() => PortLink::Down {
                 since_unix_ms: unix_ms(v.changed()),
                 reason: format!(
                     "no vhost-user front end on {} has started the rings",
@@ -316,7 +371,7 @@ enum Want {
 pub(crate) struct Reattached {
     pub(crate) slot: usize,
     pub(crate) gen: u64,
-    pub(crate) tap: TapPort,
+    pub(crate) tap: GuestPort,
 }
 
 /// One worker's tap re-opener: a thread that tries to open the taps of the
@@ -458,7 +513,7 @@ fn try_reattach(
     let Some(w) = waiting.get_mut(&key) else {
         return true;
     };
-    let tap = match open_tap(&w.port) {
+    let tap = match open_port(&w.port) {
         Ok(tap) => tap,
         Err(e) => {
             w.due = Instant::now() + w.backoff.next();
@@ -471,7 +526,7 @@ fn try_reattach(
         return false;
     }
     if waiting.remove(&key).is_none() {
-        if let Err(e) = tap.destroy() {
+        if let Err(e) = tap.release() {
             tracing::warn!(error = %e, "tap of a deleted port not destroyed");
         }
         return true;
@@ -544,7 +599,9 @@ impl Dataplane for Datapath {
         let Some(io) = &self.io else {
             return Ok(());
         };
-        let tap = open_guest(p, io).and_then(|t| io.watch_tap(&t, u64::from(id.0)).map(|()| t));
+        let tap = not_an_underlay_link(p, io)
+            .and_then(|()| open_guest(p, io))
+            .and_then(|t| io.watch_tap(&t, u64::from(id.0)).map(|()| t));
         let tap = match tap {
             Ok(t) => t,
             Err(e) => {
@@ -577,9 +634,11 @@ impl Dataplane for Datapath {
             return Ok(());
         };
         match port.link {
-            TapLink::Up(guest) => {
-                io.unwatch_tap(&guest);
-                if let Err(e) = guest.destroy() {
+            TapLink::Up(tap) => {
+                io.unwatch_tap(&tap);
+                // A tap is destroyed; an attached interface stays its owner's; a
+                // vhost-user port stops serving its socket.
+                if let Err(e) = tap.release() {
                     tracing::warn!(port = name, error = %e, "tap not destroyed");
                 }
             }
@@ -911,6 +970,7 @@ pub(crate) mod tests {
                 config: crate::api::tests::sample_port("opte0", 5),
                 netns: None,
                 vhost_user: None,
+                attach: None,
             })),
         );
         let rule = FwRule {
@@ -1104,6 +1164,7 @@ pub(crate) mod tests {
             config: crate::api::tests::sample_port(name, last),
             netns: Some(ns.clone()),
             vhost_user: None,
+            attach: None,
         };
         let r = Reattacher::start(0, || {}).unwrap();
         r.want(3, 1, &port("rat0", 1));
@@ -1129,6 +1190,6 @@ pub(crate) mod tests {
             .unwrap();
         assert!(!forgotten.status.success(), "a deleted port's tap was made");
         assert!(r.take().is_none());
-        back.tap.destroy().unwrap();
+        back.tap.release().unwrap();
     }
 }

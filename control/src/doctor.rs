@@ -765,6 +765,7 @@ LOC:     123456      65432      11111   Local timer interrupts
                     config,
                     netns: Some("g".into()),
                     vhost_user: None,
+                    attach: None,
                 },
                 not_applied: None,
                 link: Some(PortLink::Up),

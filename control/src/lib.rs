@@ -18,7 +18,6 @@ pub mod controller;
 pub mod daemon;
 pub mod datapath;
 pub mod doctor;
-pub mod guest_io;
 pub mod handoff;
 pub mod metrics;
 pub mod neighbours;

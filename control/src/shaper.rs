@@ -10,7 +10,7 @@
 //! (`rate_limited`). Held frames are copies: the buffers they arrived in go back
 //! to the underlay at the end of the round.
 
-use crate::guest_io::GuestIo;
+use dpio::guest::GuestPort;
 use engine::{Engine, PortId, VnetHdr};
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -93,7 +93,7 @@ impl IngressShaper {
     pub fn release<'t>(
         &mut self,
         engine: &mut Engine,
-        mut tap_of: impl FnMut(PortId) -> Option<&'t GuestIo>,
+        mut tap_of: impl FnMut(PortId) -> Option<&'t GuestPort>,
         clock: (Instant, u64),
     ) -> (u64, u64) {
         let (now, nanos) = clock;

@@ -184,11 +184,13 @@ mod tests {
                     config: sample_port("opte0", 5),
                     netns: Some("g0".into()),
                     vhost_user: None,
+                    attach: None,
                 },
                 PortInfo {
                     config: sample_port("opte1", 6),
                     netns: None,
                     vhost_user: None,
+                    attach: Some("vnet1".into()),
                 },
             ],
             v2p: vec![V2pEntry {
@@ -273,6 +275,21 @@ mod tests {
         assert_eq!(names, [STATE_FILE], "no temporary file left behind");
         let mode = fs::metadata(store.path()).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    /// A port saved before `--attach` existed (no `attach` key) loads as a tap
+    /// port, and a tap port is saved without the key (older daemons read it).
+    #[test]
+    fn ports_saved_without_attach_are_tap_ports() {
+        let mut v = serde_json::to_value(sample_state()).unwrap();
+        assert_eq!(v["ports"][1]["attach"], "vnet1");
+        for p in v["ports"].as_array_mut().unwrap() {
+            p.as_object_mut().unwrap().remove("attach");
+        }
+        let s: State = serde_json::from_value(v).unwrap();
+        assert!(s.ports.iter().all(|p| p.attach.is_none()));
+        let saved = serde_json::to_value(&s).unwrap();
+        assert!(saved["ports"][0].get("attach").is_none(), "{saved}");
     }
 
     fn mode(p: &Path) -> u32 {

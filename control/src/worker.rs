@@ -19,7 +19,7 @@
 //! fast path takes no lock.
 //!
 //! Faults: a tap that reports an error or hang-up, or whose read or write fails in
-//! a way that means its device is gone ([`TapFault::Gone`]), takes its port down
+//! a way that means its device is gone ([`GuestFault::Gone`]), takes its port down
 //! at the end of the round: its fd leaves the poll set (a dead fd is reported by
 //! every wait, which would keep the worker spinning), and the worker's
 //! [`crate::datapath::Reattacher`] gets the tap back on a back-off; the worker picks
@@ -30,14 +30,14 @@
 use crate::capture::{self, Captures, Dir, Point, Watch};
 use crate::config::PollMode;
 use crate::datapath::{Datapath, PortTap, Reattached, Reattacher, TapLink};
-use crate::guest_io::GuestIo;
 use crate::handoff::{handoff_ring, Doorbell, Handoff, HandoffRx, HandoffTx, PushError};
 use crate::neighbours::NextHops;
 use crate::shaper::{IngressShaper, Offer};
 use crate::underlay::{LentSlots, SendError, UnderlayQueues};
 use crate::workers::{serve_jobs, JobRx};
+use dpio::guest::{GuestFault, GuestPort};
 use dpio::poll::Epoll;
-use dpio::tap::{TapFault, MAX_GATHER, MAX_TAP_FRAME};
+use dpio::tap::{MAX_GATHER, MAX_TAP_FRAME};
 use dpio::xsk::{RxHeld, TxError};
 use engine::{Engine, FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest};
 use serde::Serialize;
@@ -114,7 +114,7 @@ pub struct WorkerStats {
     /// Tap reads refused for one frame (the tap itself is fine).
     pub tap_rx_errors: u64,
     /// Ports whose tap went away (an error or hang-up from epoll, or a read or
-    /// write failing as [`TapFault::Gone`]): taken down until the tap is back.
+    /// write failing as [`GuestFault::Gone`]): taken down until the tap is back.
     pub tap_gone: u64,
     /// Down ports whose tap was opened again: up and served again.
     pub tap_reattached: u64,
@@ -129,6 +129,11 @@ pub struct WorkerStats {
     pub tap_tx_no_port: u64,
     /// Frames of more pieces than one `writev` takes, copied into one buffer first.
     pub tap_tx_linearized: u64,
+    /// Frames from the VM of an attached port (`--attach`) that the kernel dropped
+    /// because the port's packet socket was full (the worker read too slowly);
+    /// read every tick. A tap's queue counts the same loss on the device instead
+    /// (`stats`' `tap_queues`).
+    pub attached_rx_dropped: u64,
     pub underlay_rx_frames: u64,
     pub underlay_tx_frames: u64,
     /// Underlay frames built outside the sockets' lent slots (none was free) and
@@ -167,6 +172,7 @@ engine::summed_across_workers!(WorkerStats {
     tap_tx_port_down,
     tap_tx_no_port,
     tap_tx_linearized,
+    attached_rx_dropped,
     underlay_rx_frames,
     underlay_tx_frames,
     underlay_tx_copied,
@@ -413,7 +419,7 @@ impl WorkerIo {
 
     /// Starts watching a port's tap (token: the engine's port id); a vhost-user
     /// port's ring is looked at every round instead.
-    pub(crate) fn watch_tap(&self, tap: &GuestIo, token: u64) -> Result<(), String> {
+    pub fn watch_tap(&self, tap: &GuestPort, token: u64) -> Result<(), String> {
         let Some(fd) = tap.poll_fd() else {
             return Ok(());
         };
@@ -460,7 +466,7 @@ impl WorkerIo {
     }
 
     /// Stops watching a tap (before it is closed).
-    pub(crate) fn unwatch_tap(&self, tap: &GuestIo) {
+    pub fn unwatch_tap(&self, tap: &GuestPort) {
         let Some(fd) = tap.poll_fd() else {
             return;
         };
@@ -493,7 +499,7 @@ impl WorkerIo {
     fn ready_vhost(&mut self, taps: &[Option<PortTap>]) {
         for (token, p) in taps.iter().enumerate() {
             let Some(PortTap {
-                link: TapLink::Up(GuestIo::Vhost(_)),
+                link: TapLink::Up(GuestPort::Vhost(_)),
                 ..
             }) = p
             else {
@@ -692,7 +698,7 @@ impl Datapath {
                         }
                     }
                     Ok(None) => break,
-                    Err(e) if TapFault::of(&e) == TapFault::Gone => {
+                    Err(e) if GuestFault::of(&e) == GuestFault::Gone => {
                         io.gone.push((token, format!("read: {e}")));
                         break;
                     }
@@ -815,8 +821,26 @@ impl Datapath {
         }
         out.clear();
         self.batch = out;
+        self.count_attached_drops();
         self.ports_down();
         self.taps_back();
+    }
+
+    /// Adds what the attached ports' sockets dropped since the last tick to
+    /// `attached_rx_dropped`.
+    fn count_attached_drops(&mut self) {
+        for port in self.taps.iter().flatten() {
+            let TapLink::Up(dev) = &port.link else {
+                continue;
+            };
+            match dev.take_drops() {
+                Some(Ok(n)) => self.stats.attached_rx_dropped += u64::from(n),
+                Some(Err(e)) => {
+                    tracing::debug!(port = %port.info.config.name, error = %e, "packet socket drops not read");
+                }
+                None => {}
+            }
+        }
     }
 
     /// Serves the taps the re-opener got back since the last look.
@@ -838,9 +862,12 @@ impl Datapath {
             };
             // Already down (found gone twice in one round), or a vhost-user port,
             // whose connection thread follows its front end by itself.
-            let TapLink::Up(tap @ GuestIo::Tap(_)) = &port.link else {
+            let TapLink::Up(tap) = &port.link else {
                 continue;
             };
+            if matches!(tap, GuestPort::Vhost(_)) {
+                continue;
+            }
             io.unwatch_tap(tap);
             self.stats.tap_gone += 1;
             tracing::warn!(
@@ -873,18 +900,17 @@ impl Datapath {
                 .flatten()
                 .any(|p| p.info.config.name == name)
             {
-                if let Err(e) = r.tap.destroy() {
+                if let Err(e) = r.tap.release() {
                     tracing::warn!(error = %e, "tap of a deleted port not destroyed");
                 }
             }
             return;
         };
-        let tap = GuestIo::Tap(r.tap);
-        match io.watch_tap(&tap, r.slot as u64) {
+        match io.watch_tap(&r.tap, r.slot as u64) {
             Ok(()) => {
                 self.stats.tap_reattached += 1;
                 tracing::info!(port = %port.info.config.name, "tap back: port up");
-                port.link = TapLink::Up(tap);
+                port.link = TapLink::Up(r.tap);
             }
             Err(e) => {
                 tracing::warn!(port = %port.info.config.name, error = %e, "re-opened tap not watched");
@@ -904,14 +930,14 @@ fn flush_guests(taps: &[Option<PortTap>]) {
 }
 
 /// The tap of port `token` if it is up.
-fn up_tap(taps: &[Option<PortTap>], port: engine::PortId) -> Option<&GuestIo> {
+fn up_tap(taps: &[Option<PortTap>], port: engine::PortId) -> Option<&GuestPort> {
     match &taps.get(port.0 as usize)?.as_ref()?.link {
         TapLink::Up(tap) => Some(tap),
         TapLink::Down { .. } => None,
     }
 }
 
-fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut GuestIo> {
+fn up_tap_mut(taps: &mut [Option<PortTap>], token: u64) -> Option<&mut GuestPort> {
     let port = taps.get_mut(usize::try_from(token).ok()?)?.as_mut()?;
     match &mut port.link {
         TapLink::Up(tap) => Some(tap),
@@ -971,17 +997,17 @@ fn drain(
                                 st.tap_tx_linearized += u64::from(linearized);
                                 None
                             }
-                            Err(e) => match TapFault::of(&e) {
-                                TapFault::LinkDown => {
+                            Err(e) => match GuestFault::of(&e) {
+                                GuestFault::LinkDown => {
                                     st.tap_tx_link_down += 1;
                                     Some("tap_tx_link_down")
                                 }
-                                TapFault::Gone => {
+                                GuestFault::Gone => {
                                     st.tap_tx_port_down += 1;
                                     io.gone.push((u64::from(port.0), format!("write: {e}")));
                                     Some("tap_tx_port_down")
                                 }
-                                TapFault::Frame => {
+                                GuestFault::Frame => {
                                     st.tap_tx_errors += 1;
                                     tracing::debug!(tap = tap.name(), error = %e, "tap write failed");
                                     Some("tap_tx_errors")
@@ -1089,7 +1115,7 @@ const FEW_PARTS: usize = 16;
 /// pieces, or of one copy of them when there are more than a `writev` takes.
 /// Returns whether the frame was copied.
 fn to_tap(
-    tap: &GuestIo,
+    tap: &GuestPort,
     hdr: &[u8],
     frame: FrameBytes<'_>,
     held: &Held,
@@ -1109,10 +1135,10 @@ fn to_tap(
         .map(|()| true)
 }
 
-/// [`TapPort::write_gather`] of the header and the frame's pieces, or `None` when
+/// [`GuestPort::write_gather`] of the header and the frame's pieces, or `None` when
 /// they are more than `N` (so the array stays small for the common frame).
 fn write_gathered<const N: usize>(
-    tap: &GuestIo,
+    tap: &GuestPort,
     hdr: &[u8],
     frame: FrameBytes<'_>,
     held: &Held,

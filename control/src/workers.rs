@@ -597,6 +597,7 @@ mod tests {
             config: sample_port(name, last),
             netns: None,
             vhost_user: None,
+            attach: None,
         }
     }
 
@@ -745,6 +746,7 @@ mod tests {
             config: sample_port("opte0", 5),
             netns: None,
             vhost_user: None,
+            attach: None,
         })));
         assert!(matches!(r, Outcome::Ok(_)), "{r:?}");
         assert_eq!(c.dataplane().owner("opte0"), Some(0));

@@ -143,6 +143,7 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
             config,
             netns: None,
             vhost_user: None,
+            attach: None,
         })),
     );
     let route = RouteEntry {

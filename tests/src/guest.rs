@@ -121,9 +121,18 @@ impl GuestSpec {
         link_local_eui64(&self.gateway_mac)
     }
 
+    /// The `xdeadm create-xde` arguments for this port without `--netns`, then
+    /// `extra` (e.g. `--attach IFACE`).
+    pub fn create_args_in_sled(&self, extra: &[&str]) -> Vec<String> {
+        let mut a = self.create_args(None);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    }
+
     /// The `xdeadm create-xde` arguments for this port, its tap moved into
-    /// namespace `netns`.
-    pub fn create_args(&self, netns: &str) -> Vec<String> {
+    /// namespace `netns`, or left in the daemon's namespace for a hypervisor to
+    /// bridge to a VM when `netns` is `None`.
+    pub fn create_args(&self, netns: Option<&str>) -> Vec<String> {
         let mut a: Vec<String> = vec![
             "create-xde".into(),
             self.name.clone(),
@@ -133,9 +142,10 @@ impl GuestSpec {
             self.gateway_mac.clone(),
             "--vpc-vni".into(),
             self.vni.to_string(),
-            "--netns".into(),
-            netns.into(),
         ];
+        if let Some(ns) = netns {
+            a.extend(["--netns".into(), ns.into()]);
+        }
         if let Some(ip) = self.ipv4 {
             a.extend([
                 "--private-ip".into(),
@@ -165,6 +175,33 @@ impl GuestSpec {
         }
         a
     }
+
+    /// The `xdeadm add-fw-rule` arguments that let in `allow_inbound_from`.
+    pub fn inbound_rule_args(&self) -> Vec<Vec<String>> {
+        self.allow_inbound_from
+            .iter()
+            .enumerate()
+            .map(|(i, host)| {
+                let priority = (100 + i).to_string();
+                [
+                    "add-fw-rule",
+                    &self.name,
+                    "--direction",
+                    "in",
+                    "--priority",
+                    &priority,
+                    "--host",
+                    host,
+                    "--proto",
+                    "any",
+                    "--action",
+                    "allow",
+                ]
+                .map(String::from)
+                .to_vec()
+            })
+            .collect()
+    }
 }
 
 /// fe80::/64 with the modified EUI-64 interface identifier of `mac` (RFC 4291 app. A).
@@ -190,6 +227,20 @@ pub fn link_local_eui64(mac: &str) -> Result<Ipv6Addr> {
     ))
 }
 
+/// Creates `spec`'s port on `sled` (its tap moved into namespace `netns`, or left
+/// in the sled's namespace when `None`) and allows inbound traffic from
+/// `spec.allow_inbound_from`.
+pub fn create_port(sled: &Sled, spec: &GuestSpec, netns: Option<&str>) -> Result<()> {
+    let args = spec.create_args(netns);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    sled.admin(&refs)?;
+    for rule in spec.inbound_rule_args() {
+        let refs: Vec<&str> = rule.iter().map(String::as_str).collect();
+        sled.admin(&refs)?;
+    }
+    Ok(())
+}
+
 /// A configured guest.
 #[derive(Debug)]
 pub struct Guest {
@@ -203,26 +254,7 @@ impl Guest {
     /// guest OS side ([`Guest::configure_os`]).
     pub fn create(sled: &Sled, ns_name: &str, spec: GuestSpec) -> Result<Guest> {
         let ns = Guest::namespace(ns_name)?;
-        let args = spec.create_args(ns.name());
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        sled.admin(&refs)?;
-        for (i, host) in spec.allow_inbound_from.iter().enumerate() {
-            let priority = (100 + i).to_string();
-            sled.admin(&[
-                "add-fw-rule",
-                &spec.name,
-                "--direction",
-                "in",
-                "--priority",
-                &priority,
-                "--host",
-                host,
-                "--proto",
-                "any",
-                "--action",
-                "allow",
-            ])?;
-        }
+        create_port(sled, &spec, Some(ns.name()))?;
         let guest = Guest { spec, ns };
         guest.configure_os()?;
         Ok(guest)
@@ -364,6 +396,32 @@ impl Guest {
         )
     }
 
+    /// Waits up to `within` until the guest's IPv6 MTU is `mtu` (an RA's MTU
+    /// option applied).
+    pub fn wait_for_ipv6_mtu(&self, mtu: u32, within: Duration) -> Result<()> {
+        poll_until(
+            &format!("IPv6 MTU {mtu} in guest {}", self.spec.name),
+            within,
+            || {
+                let m = self.ipv6_mtu()?;
+                if m == mtu {
+                    Ok(())
+                } else {
+                    Err(Error::new(format!("IPv6 MTU {m}")))
+                }
+            },
+        )
+    }
+
+    /// Pings of 8500-byte packets (the standard port MTU: 8472 bytes of ICMPv4
+    /// payload, 8452 of ICMPv6) from this guest to `peer` and back, IPv4 and IPv6.
+    pub fn full_size_pings(&self, peer: &Guest, within: Duration) -> Result<()> {
+        self.ping(peer.ipv4()?, 8472, within)?;
+        peer.ping(self.ipv4()?, 8472, within)?;
+        self.ping(peer.ipv6()?, 8452, within)?;
+        peer.ping(self.ipv6()?, 8452, within)
+    }
+
     /// The kernel's IPv6 MTU for the guest's interface (what an RA's MTU option set).
     pub fn ipv6_mtu(&self) -> Result<u32> {
         let key = format!("net.ipv6.conf.{}.mtu", self.spec.name);
@@ -400,7 +458,7 @@ mod tests {
         );
         assert_eq!(GuestSpec::v4("a", 0, 1).addresses().len(), 1);
         assert!(GuestSpec::v6("a", 0, 1).ipv4.is_none());
-        let args = GuestSpec::v4("a", 0, 1).mtu(None).create_args("ns");
+        let args = GuestSpec::v4("a", 0, 1).mtu(None).create_args(Some("ns"));
         assert!(!args.contains(&"--mtu".to_string()), "{args:?}");
     }
 }

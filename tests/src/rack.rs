@@ -61,6 +61,49 @@ pub struct Sled {
 }
 
 impl Sled {
+    /// Each port's link state (`up`, `down`; `none` for a port without one) as
+    /// `xdeadm --json list-ports` shows it.
+    pub fn link_states(&self) -> Result<Vec<(String, String)>> {
+        let out = self.admin(&["--json", "list-ports"])?;
+        let v: serde_json::Value = serde_json::from_str(&out)
+            .map_err(|e| Error::new(format!("list-ports is not JSON ({e}): {out}")))?;
+        let ports = v["data"].as_array().cloned().unwrap_or_default();
+        Ok(ports
+            .iter()
+            .map(|p| {
+                let name = p["config"]["name"].as_str().unwrap_or("?").to_string();
+                let state = p["link"]["state"].as_str().unwrap_or("none").to_string();
+                (name, state)
+            })
+            .collect())
+    }
+
+    /// Waits up to `within` until port `port` shows link state `want`.
+    pub fn wait_for_link(&self, port: &str, want: &str, within: Duration) -> Result<()> {
+        poll_until(
+            &format!("port {port} to be {want} on sled {}", self.index),
+            within,
+            || {
+                let states = self.link_states()?;
+                if states.iter().any(|(n, s)| n == port && s == want) {
+                    Ok(())
+                } else {
+                    Err(Error::new(format!("{states:?}")))
+                }
+            },
+        )
+    }
+
+    /// The sum of counter `name` over `xdeadm --json stats [PORT]`.
+    pub fn counter(&self, port: Option<&str>, name: &str) -> Result<u64> {
+        let mut args = vec!["--json", "stats"];
+        args.extend(port);
+        Ok(crate::stats::sum(
+            &crate::stats::parse(&self.admin(&args)?)?,
+            name,
+        ))
+    }
+
     pub fn daemon(&self) -> Result<&Overlayd> {
         self.daemon
             .as_ref()
@@ -362,21 +405,27 @@ impl Rack {
     /// for each such guest address), as the control plane would. A sled needs no V2P
     /// entry for its own guests, with one worker or several: the tests rely on that.
     pub fn publish_v2p(&self) -> Result<()> {
-        for sled in &self.sleds {
-            for g in self.guests.iter().filter(|g| g.spec.sled != sled.index) {
-                let host = self.sled(g.spec.sled)?.addr.to_string();
-                for ip in g.spec.addresses() {
-                    sled.admin(&[
-                        "set-v2p",
-                        &ip.to_string(),
-                        &g.spec.mac,
-                        &host,
-                        &g.spec.vni.to_string(),
-                    ])
-                    .with_context(|| {
-                        format!("V2P for guest {} on sled {}", g.spec.name, sled.index)
-                    })?;
-                }
+        for g in &self.guests {
+            self.publish_v2p_of(&g.spec)?;
+        }
+        Ok(())
+    }
+
+    /// Tells every sled but its own where the guest of `spec` lives: what
+    /// [`Rack::publish_v2p`] does for one guest, also one that is not in
+    /// `self.guests` (a virtual machine).
+    pub fn publish_v2p_of(&self, spec: &GuestSpec) -> Result<()> {
+        let host = self.sled(spec.sled)?.addr.to_string();
+        for sled in self.sleds.iter().filter(|s| s.index != spec.sled) {
+            for ip in spec.addresses() {
+                sled.admin(&[
+                    "set-v2p",
+                    &ip.to_string(),
+                    &spec.mac,
+                    &host,
+                    &spec.vni.to_string(),
+                ])
+                .with_context(|| format!("V2P for guest {} on sled {}", spec.name, sled.index))?;
             }
         }
         Ok(())

@@ -8,7 +8,8 @@
 //! | b1 | 1 | dual | 10.0.0.13 | fd00:1::d |
 //! | b2 | 1 | IPv6 | - | fd00:1::e |
 
-use crate::guest::GuestSpec;
+use crate::guest::{Guest, GuestSpec};
+use crate::netns::Netns;
 use crate::rack::{Rack, RackSpec};
 use crate::Result;
 
@@ -37,4 +38,14 @@ pub fn rack(prefix: &str, daemon_flags: &[&str]) -> Result<Rack> {
     }
     rack.publish_v2p()?;
     Ok(rack)
+}
+
+/// The standard rack and a fifth guest `vm` on sled 0 (dual-stack, number 9) that
+/// stands in for a VM a hypervisor attaches: its spec and its namespace, still
+/// empty. The test makes the VM's link and its port (without `--netns`), puts the
+/// guest in `rack.guests`, and publishes V2P again.
+pub fn rack_with_vm(prefix: &str, vm: &str) -> Result<(Rack, GuestSpec, Netns)> {
+    let rack = rack(prefix, &[])?;
+    let ns = Guest::namespace(&format!("{}-{vm}", rack.id))?;
+    Ok((rack, GuestSpec::dual(vm, 0, 9), ns))
 }

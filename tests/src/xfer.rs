@@ -71,15 +71,7 @@ pub fn transfer_between(
     timeout: Duration,
 ) -> Result<Report> {
     let addr = SocketAddr::new(to_ip, port).to_string();
-    let any = SocketAddr::new(
-        if to_ip.is_ipv4() {
-            IpAddr::from([0u8; 4])
-        } else {
-            IpAddr::from([0u16; 8])
-        },
-        port,
-    )
-    .to_string();
+    let any = any_addr(to_ip, port).to_string();
     let bin = xfer_bin.display().to_string();
     let seed = u64::from(std::process::id()) ^ bytes;
     let recv_cmd = to
@@ -124,6 +116,42 @@ pub fn transfer_between(
         )));
     }
     Ok(got)
+}
+
+/// Every address of `like`'s family, port `port`: where a receiver listens for
+/// connections to `like`.
+pub fn any_addr(like: IpAddr, port: u16) -> SocketAddr {
+    let ip = if like.is_ipv4() {
+        IpAddr::from([0u8; 4])
+    } else {
+        IpAddr::from([0u16; 8])
+    };
+    SocketAddr::new(ip, port)
+}
+
+/// Accepts one connection on `listener` within `wait` (the listener is made
+/// non-blocking; the connection is blocking).
+pub fn accept_within(listener: &TcpListener, wait: Duration) -> Result<TcpStream> {
+    listener.set_nonblocking(true)?;
+    let deadline = Instant::now() + wait;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(Error::new(format!(
+                        "no connection to {} in {wait:?}",
+                        listener.local_addr()?
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Opens a TCP connection from namespace `ns` to `to`, trying for `within`; reads
@@ -183,15 +211,7 @@ pub fn fetch(
     port: u16,
     bytes: u64,
 ) -> Result<()> {
-    let any = SocketAddr::new(
-        if server_ip.is_ipv4() {
-            IpAddr::from([0u8; 4])
-        } else {
-            IpAddr::from([0u16; 8])
-        },
-        port,
-    );
-    let listener = server.within(|| Ok(TcpListener::bind(any)?))?;
+    let listener = server.within(|| Ok(TcpListener::bind(any_addr(server_ip, port))?))?;
     // The first SYN may wait for neighbours on the way: a generous connect.
     let inside = connect(
         client,

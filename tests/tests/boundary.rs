@@ -22,7 +22,7 @@ use e2e::rack::{sled_underlay_addr, UNDERLAY_IF};
 use e2e::xfer::{connect, fetch, stream, transfer_between, Report};
 use e2e::{Error, Guest, Netns, Rack, Result};
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -131,6 +131,8 @@ fn guest_reaches_the_internet_through_the_v2b_endpoint_and_back() -> Result<()> 
 /// switch delivers to the floating IP, the guest's socket is on its private one and
 /// sees the server's own address) and that the replies leave from the floating IP:
 /// the client's kernel accepts only a SYN|ACK from the address it connected to.
+/// Then UDP to a closed port is refused: the guest's ICMP error comes back
+/// translated, quote included.
 #[test]
 fn the_internet_connects_in_to_floating_ips() -> Result<()> {
     let mut guest = floating_guest();
@@ -157,6 +159,23 @@ fn the_internet_connects_in_to_floating_ips() -> Result<()> {
         assert_eq!(inside.local_addr()?.ip(), private, "on its private address");
         assert_eq!(client.peer_addr()?, to);
         stream(inside, client, 1 << 20)?;
+
+        // UDP to a port nothing listens on: the guest's port unreachable comes back
+        // from the floating IP, quoting the datagram as sent, so the server's kernel
+        // matches it to the socket.
+        let closed = SocketAddr::new(floating, port + 20);
+        let refused = internet.server.within(|| {
+            let s = UdpSocket::bind(SocketAddr::new(unspecified(floating), 0))?;
+            s.connect(closed)?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.send(b"anyone?")?;
+            Ok(s.recv(&mut [0; 16]).map_err(|e| e.kind()))
+        })?;
+        assert_eq!(
+            refused,
+            Err(std::io::ErrorKind::ConnectionRefused),
+            "{closed}: the guest's ICMP error, translated"
+        );
     }
     assert_eq!(port_drops(&rack, GUEST, "nat_no_mapping")?, 0);
     assert_eq!(internet.counters()?.no_ingress, 0);

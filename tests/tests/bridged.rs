@@ -9,9 +9,9 @@
 //! exchanges full-size packets with a guest on the other sled, both ways, IPv4
 //! and IPv6.
 
-use e2e::guest::GuestSpec;
+use e2e::guest::create_port;
 use e2e::standard::{self, B1};
-use e2e::{Guest, Rack, RackSpec, Result};
+use e2e::{Guest, Result};
 use std::time::Duration;
 
 const VM: &str = "v1";
@@ -22,20 +22,10 @@ const VETH_SLED: &str = "vm-v1";
 
 #[test]
 fn a_guest_behind_a_bridge_gets_the_ra_and_full_size_traffic() -> Result<()> {
-    let mut rack = Rack::build(&RackSpec::new("vb", 2))?;
-    rack.start_daemons(&[])?;
-    for spec in standard::guests() {
-        rack.add_guest(spec)?;
-    }
-    let spec = GuestSpec::dual(VM, 0, 9);
-    let vm_ns = Guest::namespace(&format!("{}-{VM}", rack.id))?;
+    let (mut rack, spec, vm_ns) = standard::rack_with_vm("vb", VM)?;
     let sled = rack.sled(0)?;
     // The port without --netns: its tap stays in the sled's namespace.
-    let mut args = spec.create_args("");
-    let at = args.iter().position(|a| a == "--netns").unwrap();
-    args.drain(at..at + 2);
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    sled.admin(&refs)?;
+    create_port(sled, &spec, None)?;
     let tap_mac = sled
         .ns
         .run("cat", &[&format!("/sys/class/net/{VM}/address")])?;
@@ -74,19 +64,8 @@ fn a_guest_behind_a_bridge_gets_the_ra_and_full_size_traffic() -> Result<()> {
 
     let b1 = rack.guest(B1)?;
     let first = Duration::from_secs(20);
-    // Full size: 8500-byte packets (8472 bytes of ICMPv4 payload, 8452 of ICMPv6).
-    vm.ping(b1.ipv4()?, 8472, first)?;
-    b1.ping(vm.ipv4()?, 8472, first)?;
-    vm.ping(b1.ipv6()?, 8452, first)?;
-    b1.ping(vm.ipv6()?, 8452, first)?;
+    vm.full_size_pings(b1, first)?;
     // The RA reached the guest through the bridge: its IPv6 MTU is the port's.
-    e2e::poll_until("the RA's MTU in the bridged guest", first, || {
-        let m = vm.ipv6_mtu()?;
-        if m == 8500 {
-            Ok(())
-        } else {
-            Err(e2e::Error::new(format!("IPv6 MTU {m}")))
-        }
-    })?;
+    vm.wait_for_ipv6_mtu(8500, first)?;
     Ok(())
 }

@@ -7,7 +7,7 @@
 use e2e::capture::Capture;
 use e2e::rack::{Sled, BRIDGE, UNDERLAY_IF, UNDERLAY_MTU};
 use e2e::standard::{self, A1, A2, B1};
-use e2e::{poll_until, stats, Cmd, Error, Guest, Result};
+use e2e::{poll_until, Cmd, Error, Guest, Result};
 use serde_json::Value;
 use std::net::IpAddr;
 use std::path::Path;
@@ -20,45 +20,6 @@ const NOTICE: Duration = Duration::from_secs(15);
 
 fn xfer_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_e2e-xfer"))
-}
-
-/// Each port's link state (`up`, `down`) as `xdeadm --json list-ports` shows it.
-fn link_states(sled: &Sled) -> Result<Vec<(String, String)>> {
-    let out = sled.admin(&["--json", "list-ports"])?;
-    let v: Value = serde_json::from_str(&out)
-        .map_err(|e| Error::new(format!("list-ports is not JSON ({e}): {out}")))?;
-    let ports = v["data"].as_array().cloned().unwrap_or_default();
-    Ok(ports
-        .iter()
-        .map(|p| {
-            let name = p["config"]["name"].as_str().unwrap_or("?").to_string();
-            let state = p["link"]["state"].as_str().unwrap_or("none").to_string();
-            (name, state)
-        })
-        .collect())
-}
-
-/// Waits until port `port` of `sled` shows link state `want`.
-fn wait_for_link(sled: &Sled, port: &str, want: &str) -> Result<()> {
-    poll_until(
-        &format!("port {port} to be {want} on sled {}", sled.index),
-        NOTICE,
-        || {
-            let states = link_states(sled)?;
-            if states.iter().any(|(n, s)| n == port && s == want) {
-                Ok(())
-            } else {
-                Err(Error::new(format!("{states:?}")))
-            }
-        },
-    )
-}
-
-/// The sum of counter `name` over `xdeadm --json stats [PORT]` of a sled.
-fn counter(sled: &Sled, port: Option<&str>, name: &str) -> Result<u64> {
-    let mut args = vec!["--json", "stats"];
-    args.extend(port);
-    Ok(stats::sum(&stats::parse(&sled.admin(&args)?)?, name))
 }
 
 /// CPU time (user + system, all threads) of process `pid` so far.
@@ -119,14 +80,14 @@ fn vanished_guest_port_goes_down_idles_and_comes_back() -> Result<()> {
     drop(a2);
     rack.guests.retain(|g| g.spec.name != A1);
     let sled0 = rack.sled(0)?;
-    wait_for_link(sled0, A1, "down")?;
-    wait_for_link(sled0, A2, "down")?;
-    assert_eq!(counter(sled0, None, "tap_gone")?, 2);
+    sled0.wait_for_link(A1, "down", NOTICE)?;
+    sled0.wait_for_link(A2, "down", NOTICE)?;
+    assert_eq!(sled0.counter(None, "tap_gone")?, 2);
     // Sled 1 keeps sending to a2: counted, not silently lost.
     poll_until(
         "frames for the down port to be counted",
         NOTICE,
-        || match counter(sled0, None, "tap_tx_port_down")? {
+        || match sled0.counter(None, "tap_tx_port_down")? {
             0 => Err(Error::new("tap_tx_port_down is 0")),
             n => Ok(n),
         },
@@ -148,12 +109,12 @@ fn vanished_guest_port_goes_down_idles_and_comes_back() -> Result<()> {
         ns: Guest::namespace(&a2_ns)?,
     });
     let sled0 = rack.sled(0)?;
-    wait_for_link(sled0, A2, "up")?;
+    sled0.wait_for_link(A2, "up", NOTICE)?;
     let a2 = rack.guest(A2)?;
     a2.configure_os()?;
     a2.ping(rack.guest(B1)?.ipv4()?, 56, FIRST_REPLY)?;
-    assert_eq!(counter(sled0, None, "tap_reattached")?, 1);
-    let states = link_states(sled0)?;
+    assert_eq!(sled0.counter(None, "tap_reattached")?, 1);
+    let states = sled0.link_states()?;
     assert!(
         states.contains(&(A1.to_string(), "down".to_string())),
         "a1 stays down while its guest is away: {states:?}"
@@ -215,14 +176,14 @@ fn lowered_underlay_mtu_shrinks_segments_and_sends_packet_too_big() -> Result<()
     );
     wait_for_underlay_mtu(rack.sled(1)?, B1, 4000)?;
 
-    let ptb_before = counter(sled0, Some(A1), "packet_too_big")?;
+    let ptb_before = sled0.counter(Some(A1), "packet_too_big")?;
     let o = a1.ping_once(b1.ipv4()?, 8000)?;
     assert!(
         !o.status.success(),
         "an 8000-byte ping crossed a 4000-byte underlay"
     );
     assert!(
-        counter(sled0, Some(A1), "packet_too_big")? > ptb_before,
+        sled0.counter(Some(A1), "packet_too_big")? > ptb_before,
         "the dropped packet was not answered with Packet Too Big"
     );
 

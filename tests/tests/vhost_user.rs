@@ -261,12 +261,7 @@ impl VmPort {
     fn create(rack: &Rack, client: bool) -> Result<VmPort> {
         let spec = GuestSpec::dual("vu1", 0, 5);
         let sock = rack.dir().join("vu1.sock");
-        let mut args = spec.create_args("-");
-        let at = args
-            .iter()
-            .position(|a| a == "--netns")
-            .ok_or_else(|| Error::new("create-xde arguments without --netns"))?;
-        args.drain(at..at + 2);
+        let mut args = spec.create_args(None);
         args.extend(["--vhost-user".into(), sock.display().to_string()]);
         if client {
             args.extend(["--vhost-user-mode".into(), "client".into()]);

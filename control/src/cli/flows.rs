@@ -235,6 +235,7 @@ mod tests {
             config: crate::api::tests::sample_port("opte0", 5),
             netns: None,
             vhost_user: None,
+            attach: None,
         }));
         assert_eq!(c.handle(create), Outcome::Ok(Reply::Done));
         let show = |c: &mut Controller<Datapath>, r: Request| match c.handle(r.clone()) {

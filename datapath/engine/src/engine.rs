@@ -23,6 +23,7 @@
 //! neighbour changes) moves the engine epoch and every port's ([`Engine::bump`]). Every drop is counted
 //! under one [`DropReason`] (the counter name); docs/engine.md lists them all.
 
+mod external;
 mod inbound;
 mod layers;
 mod outbound;

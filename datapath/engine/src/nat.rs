@@ -15,7 +15,7 @@
 //! connection is gone is free for the next flow.
 //!
 //! The rewrite of an established flow is compiled into its flow-table entry
-//! ([`SrcNat`] in the encapsulation) and applied with incremental checksum updates
+//! ([`Rewrite`] in the encapsulation) and applied with incremental checksum updates
 //! (RFC 1624), so the fast path stays a table hit plus a few stores.
 
 use crate::drop::DropReason;
@@ -154,12 +154,140 @@ impl fmt::Display for ExternalIps {
     }
 }
 
-/// The compiled outbound rewrite of one flow: its source becomes `ip`, and its
-/// source port (echo: identifier) `port`.
+/// One end of a flow's packets rewritten to (`ip`, `port`) (echo: the identifier),
+/// with the checksum changes worked out when the flow is compiled: every packet of
+/// a flow has the same old address and port (they are in its key), so a packet
+/// needs stores and two checksum adjustments, not sums of the old and new values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SrcNat {
+pub struct Rewrite {
     pub ip: IpAddr,
     pub port: u16,
+    /// `!old + new` over the address's 16-bit words (RFC 1624), folded.
+    addr_delta: u16,
+    /// The same for the port.
+    port_delta: u16,
+}
+
+impl Rewrite {
+    /// The rewrite of address `old_ip` and port `old_port` to `ip` and `port`.
+    pub fn new(old_ip: IpAddr, old_port: u16, ip: IpAddr, port: u16) -> Rewrite {
+        fn words(a: IpAddr) -> u64 {
+            match a {
+                IpAddr::V4(a) => sum_words(&a.octets()),
+                IpAddr::V6(a) => sum_words(&a.octets()),
+            }
+        }
+        // `!x` of a folded sum is the sum of each word's complement, folded.
+        let addr = u64::from(!checksum::fold(words(old_ip))) + words(ip);
+        Rewrite {
+            ip,
+            port,
+            addr_delta: checksum::fold(addr),
+            port_delta: checksum::fold(u64::from(!old_port) + u64::from(port)),
+        }
+    }
+
+    /// What the rewrite adds to an unfolded pseudo-header sum (RFC 1624: the
+    /// address words' `!old + new`): a sum taken before it stands, with this added,
+    /// for the rewritten packet, so it need not be taken again.
+    pub fn pseudo_delta(&self) -> u64 {
+        u64::from(self.addr_delta)
+    }
+
+    /// Rewrites the `end` of the IP packet `m` describes in `frame`, which must
+    /// hold the old address and port this was made for, fixing the IPv4 header
+    /// checksum and the L4 checksum incrementally. The checksums must be complete
+    /// (outbound, the frame is rewritten as segmentation builds it, after a
+    /// `NEEDS_CSUM` checksum is completed). A UDP/IPv4 checksum of 0 (none) stays
+    /// 0; a UDP checksum that comes out 0 is sent as 0xffff. A packet of the other
+    /// family is left as it is (the callers choose by the packet's family).
+    pub fn apply(&self, frame: &mut [u8], m: &InnerMeta, end: End) {
+        let (l3, l4) = (m.l3_off, m.l4_off);
+        let src = end == End::Src;
+        let addr = u64::from(self.addr_delta);
+        // Each family's address is stored at its fixed size: no length-generic
+        // copy (a `memcpy` call) on the fast path of every NATed packet.
+        match (self.ip, m.l3) {
+            (IpAddr::V4(a), L3::Ipv4) => {
+                let at = l3 + if src { 12 } else { 16 };
+                let Some(old) = frame.get_mut(at..at + 4) else {
+                    return;
+                };
+                old.copy_from_slice(&a.octets());
+                adjust(frame, l3 + 10, addr, false);
+            }
+            (IpAddr::V6(a), L3::Ipv6) => {
+                let at = l3 + if src { 8 } else { 24 };
+                let Some(old) = frame.get_mut(at..at + 16) else {
+                    return;
+                };
+                old.copy_from_slice(&a.octets());
+            }
+            _ => return,
+        }
+        // A non-first fragment has no L4 header: only its address changes (the
+        // first fragment's L4 checksum covers the whole datagram).
+        if m.fragment && m.payload_off == m.l4_off {
+            return;
+        }
+        // ICMPv4's checksum has no pseudo-header; an echo identifier is at 4, the
+        // same place for either end.
+        let echo = is_echo(m.proto, m.icmp_type);
+        let port = u64::from(self.port_delta);
+        let port_at = l4 + if src { 0 } else { 2 };
+        let (csum_off, delta, port_at) = match m.proto {
+            PROTO_TCP => (l4 + 16, addr + port, Some(port_at)),
+            PROTO_UDP => (l4 + 6, addr + port, Some(port_at)),
+            PROTO_ICMP if echo => (l4 + 2, port, Some(l4 + 4)),
+            PROTO_ICMP => (l4 + 2, 0, None),
+            PROTO_ICMPV6 if echo => (l4 + 2, addr + port, Some(l4 + 4)),
+            PROTO_ICMPV6 => (l4 + 2, addr, None),
+            _ => return,
+        };
+        if let Some(at) = port_at {
+            if let Some(p) = frame.get_mut(at..at + 2) {
+                p.copy_from_slice(&self.port.to_be_bytes());
+            }
+        }
+        let udp_none =
+            m.proto == PROTO_UDP && m.l3 == L3::Ipv4 && read16(frame, csum_off) == Some(0);
+        if !udp_none {
+            adjust(frame, csum_off, delta, m.proto == PROTO_UDP);
+        }
+    }
+}
+
+/// The compiled outbound NAT of one flow: its source rewrite, and for an ICMP
+/// error about a packet that came in through NAT, the rewrite of the quoted
+/// packet's destination back to what its sender sent it to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrcNat {
+    pub rewrite: Rewrite,
+    pub quote: Option<Rewrite>,
+}
+
+impl SrcNat {
+    /// Rewrites `frame` (laid out as `m` says; its checksums complete) as it
+    /// leaves: its source, and an ICMP error's quote, whose checksum is then
+    /// computed afresh over the changed quote.
+    pub fn apply(&self, frame: &mut [u8], m: &InnerMeta) {
+        self.rewrite.apply(frame, m, End::Src);
+        if let Some(q) = &self.quote {
+            let to = q.ip;
+            if let Some((_, quoted)) = quote_of(m, frame) {
+                q.apply(frame, &quoted, End::Dst);
+                icmp_checksum(frame, m, to, m.dst_ip);
+            }
+        }
+    }
+}
+
+/// Unfolded sum of the 16-bit words of an address.
+#[inline]
+fn sum_words<const N: usize>(b: &[u8; N]) -> u64 {
+    b.chunks_exact(2)
+        .map(|w| u64::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum()
 }
 
 /// Whether a flow has ports (or an echo identifier) SNAT can allocate. A non-first
@@ -312,8 +440,9 @@ impl SnatTable {
 }
 
 /// The outbound NAT decision for flow `key` (guest as source) to the internet
-/// gateway. `Ok(None)` never happens for a port with external addresses: a flow of
-/// a family the port has no external address of is refused like a port without any.
+/// gateway: the source rewrite, a SNAT port allocated if the flow needs one. A flow
+/// of a family the port has no external address of is refused
+/// (`no_external_ip`), like a port without any.
 pub fn outbound(
     ext: &ExternalIps,
     snat: &mut SnatTable,
@@ -321,6 +450,72 @@ pub fn outbound(
     key: &FlowKey,
     now: u64,
 ) -> Result<SrcNat, DropReason> {
+    let rewrite = match source(ext, snat, fw, key, now)? {
+        Source::Ready(r) => r,
+        Source::Port(range) => {
+            let port = snat
+                .allocate(range, key, fw, now)
+                .ok_or(DropReason::SnatExhausted)?;
+            Rewrite::new(key.src_ip, key.src_port, range.ip, port)
+        }
+    };
+    Ok(SrcNat {
+        rewrite,
+        quote: None,
+    })
+}
+
+/// The outbound NAT decision for an ICMP error the guest sends to the internet
+/// about a packet it received through NAT, `quoted` that packet's flow (the guest
+/// as destination). The packet came in to an external address and port, which
+/// the error must come from and quote, or the sender cannot match it to its
+/// socket: the error's source becomes that address, and the quote's destination
+/// that address and port. Nothing is allocated: a quote no NAT state explains is
+/// `nat_no_mapping`.
+pub fn outbound_icmp_error(
+    ext: &ExternalIps,
+    snat: &SnatTable,
+    fw: &Firewall,
+    error: &FlowKey,
+    quoted: &FlowKey,
+    now: u64,
+) -> Result<SrcNat, DropReason> {
+    // The flow the quoted packet belongs to, as the guest's replies leave.
+    let flow = quoted.reversed();
+    if flow.src_ip != error.src_ip {
+        return Err(DropReason::NatNoMapping);
+    }
+    let quote = match source(ext, snat, fw, &flow, now)? {
+        Source::Ready(r) => r,
+        Source::Port(range) => {
+            let port = *snat
+                .by_private
+                .get(&private_key(&flow))
+                .ok_or(DropReason::NatNoMapping)?;
+            Rewrite::new(flow.src_ip, flow.src_port, range.ip, port)
+        }
+    };
+    Ok(SrcNat {
+        rewrite: Rewrite::new(error.src_ip, error.src_port, quote.ip, error.src_port),
+        quote: Some(quote),
+    })
+}
+
+/// Where flow `key`'s source goes through NAT, short of a SNAT port.
+enum Source<'a> {
+    /// Decided: a 1:1 address, or the SNAT address alone for a flow without ports.
+    Ready(Rewrite),
+    /// The SNAT address, with a port of this range.
+    Port(&'a SnatRange),
+}
+
+fn source<'a>(
+    ext: &'a ExternalIps,
+    snat: &SnatTable,
+    fw: &Firewall,
+    key: &FlowKey,
+    now: u64,
+) -> Result<Source<'a>, DropReason> {
     let v4 = key.src_ip.is_ipv4();
     if let Some(default) = ext.one_to_one(v4) {
         // A reply to a connection that came in to another 1:1 address leaves from it.
@@ -329,51 +524,85 @@ pub fn outbound(
             .get(&private_key(key))
             .filter(|(a, h)| ext.is_one_to_one(*a) && fw.is_live(*h, now))
             .map_or(default, |(a, _)| *a);
-        return Ok(SrcNat {
+        return Ok(Source::Ready(Rewrite::new(
+            key.src_ip,
+            key.src_port,
             ip,
-            port: key.src_port,
-        });
+            key.src_port,
+        )));
     }
     let range = ext.snat_for(v4).ok_or(DropReason::NoExternalIp)?;
     if !has_ports(key) {
         // Without ports (ICMP other than echo, other protocols) nothing can tell
         // the replies of two guests apart: only the address changes.
-        return Ok(SrcNat {
-            ip: range.ip,
-            port: key.src_port,
-        });
+        return Ok(Source::Ready(Rewrite::new(
+            key.src_ip,
+            key.src_port,
+            range.ip,
+            key.src_port,
+        )));
     }
-    let port = snat
-        .allocate(range, key, fw, now)
-        .ok_or(DropReason::SnatExhausted)?;
-    Ok(SrcNat { ip: range.ip, port })
+    Ok(Source::Port(range))
 }
 
-/// Translates an External frame for the port back to its private address, in
-/// `buf` (a copy of the IP frame `m` describes): a packet to one of the port's
-/// external addresses (SNAT: to a port a flow of that peer holds), or an ICMP error
-/// (Packet Too Big, destination unreachable, time exceeded...) quoting a packet
+/// Translates an ICMP error from outside (Packet Too Big, destination unreachable,
+/// time exceeded...) to external address `m.dst_ip` back to the port's private
+/// address, in `buf` (a copy of the IP frame `m` describes). It must quote a packet
 /// the port sent through NAT, whose quoted source is translated too, so that path
-/// MTU discovery works through NAT. Returns the translated packet's metadata and
-/// whether it came in to a 1:1 address (see [`note_inbound`]), or `None` if
-/// nothing maps (`nat_no_mapping`).
-pub fn inbound(
+/// MTU discovery works through NAT. Returns the translated packet's metadata, or
+/// `None` if nothing maps (`nat_no_mapping`). Other packets from outside are
+/// translated by [`inbound_target`] and [`rewrite`].
+pub fn inbound_icmp_error(
     ext: &ExternalIps,
     private4: Option<Ipv4Addr>,
     private6: Option<Ipv6Addr>,
     snat: &SnatTable,
     m: &InnerMeta,
     buf: &mut [u8],
-) -> Option<(InnerMeta, bool)> {
-    let private = match m.dst_ip {
-        IpAddr::V4(_) => IpAddr::V4(private4?),
-        IpAddr::V6(_) => IpAddr::V6(private6?),
-    };
-    if is_icmp_error(m) {
-        return icmp_error(ext, snat, m, private, buf).map(|t| (t, false));
+) -> Option<InnerMeta> {
+    let private = private_of(m.dst_ip, private4, private6)?;
+    icmp_error(ext, snat, m, private, buf)
+}
+
+/// Where an inbound packet to an external address goes: the port's private
+/// address of the packet's family (not kept here: a flow-table entry holding this
+/// stays small) and the private port, with the checksum changes worked out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InboundTarget {
+    /// The private port (echo: identifier).
+    pub port: u16,
+    addr_delta: u16,
+    port_delta: u16,
+    /// It came in to a 1:1 address (see [`note_inbound`]).
+    pub one_to_one: bool,
+}
+
+impl InboundTarget {
+    /// The rewrite to `private`, the port's address of the family this was made for.
+    pub fn rewrite(&self, private: IpAddr) -> Rewrite {
+        Rewrite {
+            ip: private,
+            port: self.port,
+            addr_delta: self.addr_delta,
+            port_delta: self.port_delta,
+        }
     }
+}
+
+/// The translation of packet `m` (not an ICMP error) from outside to one of the
+/// port's external addresses: to a 1:1 address (floating, ephemeral) the port's
+/// private address and the same port; to the SNAT address, the private port of the
+/// flow that holds the SNAT port for this peer. `None` if nothing maps.
+pub fn inbound_target(
+    ext: &ExternalIps,
+    private4: Option<Ipv4Addr>,
+    private6: Option<Ipv6Addr>,
+    snat: &SnatTable,
+    m: &InnerMeta,
+) -> Option<InboundTarget> {
+    let private = private_of(m.dst_ip, private4, private6)?;
     let one_to_one = ext.is_one_to_one(m.dst_ip);
-    let to = if one_to_one {
+    let port = if one_to_one {
         local_port(m)
     } else {
         let port = local_port(m);
@@ -384,8 +613,25 @@ pub fn inbound(
         }
         snat_private_port(ext, snat, m.dst_ip, m.proto, port, m.src_ip, remote_port)?
     };
-    rewrite(buf, m, End::Dst, private, to);
-    Some((rewritten_meta(m, End::Dst, private, to), one_to_one))
+    let r = Rewrite::new(m.dst_ip, local_port(m), private, port);
+    Some(InboundTarget {
+        port,
+        addr_delta: r.addr_delta,
+        port_delta: r.port_delta,
+        one_to_one,
+    })
+}
+
+/// The port's private address of `to`'s family, if it has one.
+pub fn private_of(
+    to: IpAddr,
+    private4: Option<Ipv4Addr>,
+    private6: Option<Ipv6Addr>,
+) -> Option<IpAddr> {
+    match to {
+        IpAddr::V4(_) => private4.map(IpAddr::V4),
+        IpAddr::V6(_) => private6.map(IpAddr::V6),
+    }
 }
 
 /// Remembers that the inbound connection of `key` (the translated packet's key,
@@ -452,8 +698,7 @@ fn icmp_error(
     private: IpAddr,
     buf: &mut [u8],
 ) -> Option<InnerMeta> {
-    let q_l3 = m.payload_off;
-    let (q, q_l4) = quoted_packet(0, m.proto, buf.get(q_l3..m.ip_end)?)?;
+    let (q, quoted) = quote_of(m, buf)?;
     if q.src_ip != m.dst_ip {
         return None;
     }
@@ -475,28 +720,53 @@ fn icmp_error(
         return None;
     };
     rewrite(buf, m, End::Dst, private, m.dst_port);
-    let quoted = InnerMeta {
+    rewrite(buf, &quoted, End::Src, private, port);
+    icmp_checksum(buf, m, m.src_ip, private);
+    Some(rewritten_meta(m, End::Dst, private, m.dst_port))
+}
+
+/// The flow of the packet the ICMP error `m` (in `frame`) quotes, and its
+/// metadata: its own addresses and ports, its headers where they lie in `frame`
+/// (what [`Rewrite::apply`] needs of it).
+fn quote_of(m: &InnerMeta, frame: &[u8]) -> Option<(FlowKey, InnerMeta)> {
+    let q_l3 = m.payload_off;
+    let (q, q_l4) = quoted_packet(0, m.proto, frame.get(q_l3..m.ip_end)?)?;
+    let meta = InnerMeta {
         l3_off: q_l3,
         l4_off: q_l3 + q_l4,
         proto: q.proto,
         icmp_type: q.icmp_type,
+        src_ip: q.src_ip,
+        dst_ip: q.dst_ip,
+        src_port: q.src_port,
+        dst_port: q.dst_port,
         ..*m
     };
-    rewrite(buf, &quoted, End::Src, private, port);
-    let icmp = buf.get_mut(m.l4_off..m.ip_end)?;
-    icmp.get_mut(2..4)?.fill(0);
-    let pseudo = match (private, m.src_ip) {
-        (IpAddr::V6(dst), IpAddr::V6(src)) => {
-            checksum::pseudo_header_v6(src, dst, m.proto, icmp.len() as u32)
+    Some((q, meta))
+}
+
+/// Computes the checksum of the ICMP message of packet `m` in `frame` afresh (an
+/// ICMPv6 one over the pseudo-header of `src` and `dst`, the packet's addresses).
+fn icmp_checksum(frame: &mut [u8], m: &InnerMeta, src: IpAddr, dst: IpAddr) {
+    let Some(icmp) = frame.get_mut(m.l4_off..m.ip_end) else {
+        return;
+    };
+    let Some(field) = icmp.get_mut(2..4) else {
+        return;
+    };
+    field.fill(0);
+    let pseudo = match (src, dst) {
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            checksum::pseudo_header_v6(s, d, m.proto, icmp.len() as u32)
         }
         _ => 0,
     };
     let c = !checksum::fold(checksum::sum(icmp, pseudo));
     icmp[2..4].copy_from_slice(&c.to_be_bytes());
-    Some(rewritten_meta(m, End::Dst, private, m.dst_port))
 }
 
-fn is_icmp_error(m: &InnerMeta) -> bool {
+/// Whether `m` is an ICMP or ICMPv6 error message (which quotes a packet).
+pub fn is_icmp_error(m: &InnerMeta) -> bool {
     match m.proto {
         PROTO_ICMP => wire::icmpv4::msg::is_error(m.icmp_type),
         PROTO_ICMPV6 => wire::icmpv6::msg::is_error(m.icmp_type),
@@ -545,73 +815,16 @@ pub enum End {
 }
 
 /// Rewrites one end of the IP packet `m` describes in `frame` to (`ip`, `port`)
-/// (echo: `port` is the identifier), fixing the IPv4 header checksum and the L4
-/// checksum incrementally. The checksums must be complete (outbound, the frame is
-/// rewritten as segmentation builds it, after a `NEEDS_CSUM` checksum is completed).
-/// A UDP/IPv4 checksum of 0 (none) stays 0. `ip` must be of the packet's family
-/// (the callers choose it by the packet's family).
+/// (echo: `port` is the identifier): [`Rewrite::apply`] of the rewrite worked out
+/// from the packet's own address and port, for a packet no compiled flow stands
+/// for (an ICMP error, a packet it quotes, a flow's first packet).
 pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16) {
-    let (l3, l4) = (m.l3_off, m.l4_off);
-    let (addr_off, port_off) = match (end, m.l3) {
-        (End::Src, L3::Ipv4) => (l3 + 12, 0),
-        (End::Dst, L3::Ipv4) => (l3 + 16, 2),
-        (End::Src, _) => (l3 + 8, 0),
-        (End::Dst, _) => (l3 + 24, 2),
+    let old = match end {
+        End::Src => (m.src_ip, m.src_port),
+        // The parser keeps an echo identifier in `src_port`, whichever end.
+        End::Dst => (m.dst_ip, local_port(m)),
     };
-    let mut new_addr = [0u8; 16];
-    let len = match ip {
-        IpAddr::V4(a) => {
-            new_addr[..4].copy_from_slice(&a.octets());
-            4
-        }
-        IpAddr::V6(a) => {
-            new_addr = a.octets();
-            16
-        }
-    };
-    let new = &new_addr[..len];
-    let Some(old) = frame.get(addr_off..addr_off + len) else {
-        return;
-    };
-    // RFC 1624 with every change summed first: a checksum takes `!old + new` of
-    // each changed word, and one's complement sums are associative, so each
-    // checksum is read, updated and written once, whatever changed.
-    let addr_delta = u64::from(!addr_sum(old)) + u64::from(addr_sum(new));
-    if m.l3 == L3::Ipv4 {
-        adjust(frame, l3 + 10, addr_delta, false);
-    }
-    let echo = is_echo(m.proto, m.icmp_type);
-    // A non-first fragment has no L4 header: only its address changes (the first
-    // fragment's L4 checksum covers the whole datagram).
-    let non_first_fragment = m.fragment && m.payload_off == m.l4_off;
-    // ICMPv4's checksum has no pseudo-header; an echo identifier is at 4, the same
-    // place for either end.
-    let (csum_off, in_pseudo, port_at) = match m.proto {
-        _ if non_first_fragment => {
-            frame[addr_off..addr_off + len].copy_from_slice(new);
-            return;
-        }
-        PROTO_TCP => (l4 + 16, true, Some(l4 + port_off)),
-        PROTO_UDP => (l4 + 6, true, Some(l4 + port_off)),
-        PROTO_ICMP => (l4 + 2, false, echo.then_some(l4 + 4)),
-        PROTO_ICMPV6 => (l4 + 2, true, echo.then_some(l4 + 4)),
-        _ => {
-            frame[addr_off..addr_off + len].copy_from_slice(new);
-            return;
-        }
-    };
-    let udp_none = m.proto == PROTO_UDP && m.l3 == L3::Ipv4 && read16(frame, csum_off) == Some(0);
-    let mut l4_delta = if in_pseudo { addr_delta } else { 0 };
-    frame[addr_off..addr_off + len].copy_from_slice(new);
-    if let Some(at) = port_at {
-        if let Some(old_port) = read16(frame, at) {
-            l4_delta += u64::from(!old_port) + u64::from(port);
-            frame[at..at + 2].copy_from_slice(&port.to_be_bytes());
-        }
-    }
-    if !udp_none {
-        adjust(frame, csum_off, l4_delta, m.proto == PROTO_UDP);
-    }
+    Rewrite::new(old.0, old.1, ip, port).apply(frame, m, end);
 }
 
 /// Applies `delta` (a sum of `!old + new` words, RFC 1624) to the checksum at `at`
@@ -621,7 +834,11 @@ pub fn rewrite(frame: &mut [u8], m: &InnerMeta, end: End, ip: IpAddr, port: u16)
 #[inline]
 fn adjust(frame: &mut [u8], at: usize, delta: u64, udp: bool) {
     if let Some(c) = read16(frame, at) {
-        let c = match !checksum::fold(u64::from(!c) + delta) {
+        // At most three 16-bit terms here: two end-around carries fold it.
+        let sum = u64::from(!c) + delta;
+        let sum = (sum & 0xffff) + (sum >> 16);
+        let sum = (sum & 0xffff) + (sum >> 16);
+        let c = match !(sum as u16) {
             0 if udp => 0xffff,
             c => c,
         };
@@ -629,18 +846,106 @@ fn adjust(frame: &mut [u8], at: usize, delta: u64, udp: bool) {
     }
 }
 
-/// The folded one's complement sum of an address's 16-bit words (4 or 16 bytes):
-/// a plain loop, cheaper for so few words than the general `checksum::sum`.
-#[inline]
-fn addr_sum(b: &[u8]) -> u16 {
-    let s: u64 = b
-        .chunks_exact(2)
-        .map(|w| u64::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum();
-    checksum::fold(s)
-}
-
 fn read16(frame: &[u8], at: usize) -> Option<u16> {
     let b = frame.get(at..at + 2)?;
     Some(u16::from_be_bytes([b[0], b[1]]))
+}
+
+#[cfg(test)]
+mod tests {
+    //! [`rewrite`]'s incremental checksums against etherparse computing them afresh,
+    //! for either family, either end, TCP and UDP (with and without an IPv4 UDP
+    //! checksum) and ICMP echo.
+    use super::*;
+    use etherparse::{IcmpEchoHeader, NetHeaders, PacketBuilder, PacketHeaders, TransportHeader};
+    use proptest::prelude::*;
+
+    /// A checksummed Ethernet/IP frame from (`src`, `dst`) of protocol `kind`
+    /// (0 TCP, 1 UDP, 2 ICMP echo request) with ports (identifier) `ports`.
+    fn frame(src: IpAddr, dst: IpAddr, kind: u8, ports: (u16, u16), payload: &[u8]) -> Vec<u8> {
+        let b = PacketBuilder::ethernet2([2; 6], [4; 6]);
+        let b = match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => b.ipv4(s.octets(), d.octets(), 64),
+            (IpAddr::V6(s), IpAddr::V6(d)) => b.ipv6(s.octets(), d.octets(), 64),
+            _ => unreachable!("one family"),
+        };
+        let mut out = Vec::new();
+        let echo = IcmpEchoHeader {
+            id: ports.0,
+            seq: 7,
+        };
+        match (kind, src.is_ipv4()) {
+            (0, _) => b.tcp(ports.0, ports.1, 1, 4096).write(&mut out, payload),
+            (1, _) => b.udp(ports.0, ports.1).write(&mut out, payload),
+            (_, true) => b
+                .icmpv4_echo_request(echo.id, echo.seq)
+                .write(&mut out, payload),
+            (_, false) => b
+                .icmpv6_echo_request(echo.id, echo.seq)
+                .write(&mut out, payload),
+        }
+        .expect("built");
+        out
+    }
+
+    /// Whether every checksum of `f` is what etherparse computes for it (an IPv4
+    /// UDP checksum of 0, none, passes).
+    fn checksums_right(f: &[u8]) -> bool {
+        let h = PacketHeaders::from_ethernet_slice(f).expect("parses");
+        let payload = h.payload.slice();
+        let Some(mut t) = h.transport.clone() else {
+            return false;
+        };
+        match h.net.as_ref() {
+            Some(NetHeaders::Ipv4(ip, _)) => {
+                if ip.header_checksum != ip.calc_header_checksum() {
+                    return false;
+                }
+                if matches!(&t, TransportHeader::Udp(u) if u.checksum == 0) {
+                    return true;
+                }
+                t.update_checksum_ipv4(ip, payload).expect("sums");
+            }
+            Some(NetHeaders::Ipv6(ip, _)) => t.update_checksum_ipv6(ip, payload).expect("sums"),
+            _ => return false,
+        }
+        h.transport.as_ref() == Some(&t)
+    }
+
+    fn addr(v4: bool, bytes: [u8; 16]) -> IpAddr {
+        if v4 {
+            IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(bytes))
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn rewrite_keeps_every_checksum_right(
+            v4 in any::<bool>(),
+            kind in 0u8..3,
+            src_end in any::<bool>(),
+            addrs in any::<([u8; 16], [u8; 16], [u8; 16])>(),
+            ports in any::<(u16, u16, u16)>(),
+            payload in proptest::collection::vec(any::<u8>(), 0..64),
+            udp_no_checksum in any::<bool>(),
+        ) {
+            let (src, dst, new) = (addr(v4, addrs.0), addr(v4, addrs.1), addr(v4, addrs.2));
+            let mut f = frame(src, dst, kind, (ports.0, ports.1), &payload);
+            let udp_none = kind == 1 && v4 && udp_no_checksum;
+            if udp_none {
+                f[14 + 20 + 6..14 + 20 + 8].fill(0);
+            }
+            let m = wire::meta::parse_inner(&f).expect("parses");
+            let end = if src_end { End::Src } else { End::Dst };
+            rewrite(&mut f, &m, end, new, ports.2);
+            prop_assert!(checksums_right(&f), "{:02x?}", f);
+            let after = wire::meta::parse_inner(&f).expect("still parses");
+            prop_assert_eq!(after, rewritten_meta(&m, end, new, ports.2));
+            if udp_none {
+                prop_assert_eq!(&f[14 + 20 + 6..14 + 20 + 8], &[0, 0]);
+            }
+        }
+    }
 }

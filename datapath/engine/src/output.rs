@@ -24,6 +24,7 @@ use crate::port::{PortId, Vni};
 /// Received frames up to this long are copied rather than referred to
 /// ([`TxBatch::push_received`]).
 const COPY_MAX: usize = 256;
+
 use core::ops::Range;
 use wire::vnet::VnetHdr;
 

@@ -284,13 +284,21 @@ impl PortCidrs {
     }
 }
 
-fn check_cidr(net: IpNet, cfg: &PortConfig) -> Result<(), String> {
+/// Refuses a prefix with host bits set (`10.9.0.1/6`), naming the network it would
+/// stand for, as `ip route` does: the operator meant one of the two, and a prefix
+/// kept as typed would not be the one matched.
+pub fn check_network(net: IpNet) -> Result<(), String> {
     if net.trunc() != net {
         return Err(format!(
             "prefix {net} has host bits set (the network is {})",
             net.trunc()
         ));
     }
+    Ok(())
+}
+
+fn check_cidr(net: IpNet, cfg: &PortConfig) -> Result<(), String> {
+    check_network(net)?;
     let (has, fam) = match net {
         IpNet::V4(_) => (cfg.ipv4.is_some(), 4),
         IpNet::V6(_) => (cfg.ipv6.is_some(), 6),

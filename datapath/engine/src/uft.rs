@@ -21,7 +21,7 @@ use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
 use crate::firewall::ConnHandle;
 use crate::flow::FlowKey;
-use crate::nat::SrcNat;
+use crate::nat::{InboundTarget, SrcNat};
 use crate::overlay::Sender;
 use crate::port::{PortId, Vni};
 use crate::slab::FlowSlab;
@@ -60,6 +60,10 @@ pub struct InAction {
     /// anyone else is dropped (`underlay_src_mismatch`) and leaves the entry as it was.
     pub sender: Sender,
     pub verdict: InVerdict,
+    /// A flow from outside to one of the port's external addresses: cached under
+    /// the key it arrives with, and translated to this private address and port
+    /// (`crate::nat`), so a packet of it needs no lookup of the NAT tables.
+    pub nat: Option<InboundTarget>,
 }
 
 /// The cached decision of an inbound flow.
@@ -83,7 +87,7 @@ impl CachedAction for OutAction {
                 e.ifindex,
                 if e.internal { "" } else { " (external)" },
                 e.nat
-                    .map(|n| format!(" nat src {} port {}", n.ip, n.port))
+                    .map(|n| format!(" nat src {} port {}", n.rewrite.ip, n.rewrite.port))
                     .unwrap_or_default()
             ),
             OutAction::Unresolved(p) => format!(
@@ -97,9 +101,13 @@ impl CachedAction for OutAction {
 
 impl CachedAction for InAction {
     fn describe(&self) -> String {
-        match self.verdict {
+        let d = match self.verdict {
             InVerdict::Deliver => format!("deliver from {}", self.sender),
             InVerdict::Drop(r) => format!("drop {r} from {}", self.sender),
+        };
+        match self.nat {
+            Some(t) => format!("{d}, nat to private port {}", t.port),
+            None => d,
         }
     }
 }
@@ -415,6 +423,7 @@ mod tests {
             action: InAction {
                 sender: Sender::Local,
                 verdict: InVerdict::Deliver,
+                nat: None,
             },
             path_mtu: 1500,
             needs_conn: true,

@@ -74,8 +74,8 @@ fn send(e: &mut Engine, p: PortId, f: &[u8], now: u64) -> Vec<Vec<u8>> {
 }
 
 /// `inner` (an IP packet in Ethernet, for guest 1's MAC) as boundary services hand
-/// it to sled A: from `BOUNDARY`, with the External option; what reached the guest.
-fn from_internet(e: &mut Engine, inner: &[u8], now: u64) -> Vec<Vec<u8>> {
+/// it to sled A: from `BOUNDARY`, with the External option.
+fn boundary_frame(inner: &[u8]) -> Vec<u8> {
     let t = OuterTemplate::new(
         MacAddr([2, 0, 0, 0, 0x99, 9]),
         MacAddr([2, 0, 0, 0, 0x99, 2]),
@@ -89,13 +89,28 @@ fn from_internet(e: &mut Engine, inner: &[u8], now: u64) -> Vec<Vec<u8>> {
     );
     let mut out = TxBatch::new();
     assert!(t.encapsulate(inner, None, TxDest::Underlay { ifindex: 1 }, &mut out) > 0);
-    let wire = out.frame(0).unwrap().1.to_vec();
-    receive(e, &[wire], now)
+    out.frame(0).unwrap().1.to_vec()
+}
+
+/// What reached the guest of `inners` sent by boundary services in one batch, with
+/// the offload metadata each was handed over with.
+fn from_internet_batch(e: &mut Engine, inners: &[Vec<u8>], now: u64) -> Vec<(VnetHdr, Vec<u8>)> {
+    let wires: Vec<Vec<u8>> = inners.iter().map(|i| boundary_frame(i)).collect();
+    receive(e, &wires, now)
         .into_iter()
-        .map(|(d, f)| {
-            assert!(matches!(d, TxDest::Port { .. }));
-            f
+        .map(|(d, f)| match d {
+            TxDest::Port { vnet, .. } => (vnet, f),
+            other => panic!("not to a port: {other:?}"),
         })
+        .collect()
+}
+
+/// [`from_internet_batch`] of one frame, without the metadata.
+fn from_internet(e: &mut Engine, inner: &[u8], now: u64) -> Vec<Vec<u8>> {
+    let inners = [inner.to_vec()];
+    from_internet_batch(e, &inners, now)
+        .into_iter()
+        .map(|(_, f)| f)
         .collect()
 }
 
@@ -783,4 +798,272 @@ fn vni_rules_never_match_traffic_outside_the_vpc() {
     let remote = IpAddr::V6(ip6("2001:db8:99::53"));
     assert_eq!(send(&mut e, p, &udp_to(remote, 40000), 2).len(), 1);
     assert_eq!(drops(&e, "fw_deny_out"), 0);
+}
+
+/// TCP from the internet through SNAT is coalesced like VPC traffic: segments of one
+/// batch reach the guest as one GSO frame with the private destination and a
+/// partial checksum over the private addresses, their payloads referred to where
+/// they arrived; a segment with a bad checksum is translated but handed over with
+/// no offload claims, for the guest to drop.
+#[test]
+fn tcp_from_the_internet_through_snat_is_coalesced() {
+    let g = guest(1);
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5099));
+    let remote = Ipv4Addr::new(8, 8, 8, 8);
+    let got = send(&mut e, p, &tcp_v4(&g, remote, 40000, 80, true, b""), 1);
+    let sport = checked(&got[0]).1 .0;
+    let from_remote = |seq: u32, syn: bool, payload: &[u8]| {
+        let mut f = Vec::new();
+        let b = PacketBuilder::ethernet2(SWITCH_MAC, g.mac.0)
+            .ipv4(remote.octets(), snat4().octets(), 60)
+            .tcp(80, sport, seq, 65535);
+        let b = if syn { b.syn().ack(1001) } else { b.ack(1001) };
+        b.write(&mut f, payload).unwrap();
+        f
+    };
+    assert_eq!(
+        from_internet(&mut e, &from_remote(5000, true, b""), 2).len(),
+        1
+    );
+    let mut ack = Vec::new();
+    PacketBuilder::ethernet2(g.mac.0, g.gw_mac.0)
+        .ipv4(g.v4.octets(), remote.octets(), 64)
+        .tcp(40000, 80, 1001, 65535)
+        .ack(5001)
+        .write(&mut ack, b"")
+        .unwrap();
+    assert_eq!(send(&mut e, p, &ack, 3).len(), 1);
+
+    let payloads: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i + 1; 1000]).collect();
+    let segs: Vec<Vec<u8>> = payloads
+        .iter()
+        .enumerate()
+        .map(|(i, pl)| from_remote(5001 + 1000 * i as u32, false, pl))
+        .collect();
+    let before = e.stats().coalescer;
+    let got = from_internet_batch(&mut e, &segs, 4);
+    assert_eq!(got.len(), 1, "three segments, one frame");
+    assert_eq!(e.stats().coalescer.merged - before.merged, 2);
+    let (vnet, mut f) = got.into_iter().next().unwrap();
+    assert_eq!(vnet.gso_type, wire::vnet::GSO_TCPV4);
+    assert_eq!(vnet.gso_size, 1000);
+    assert_eq!(vnet.flags, F_NEEDS_CSUM);
+    // Complete the checksum as the guest's NIC model would, then check it all.
+    let (start, field) = (
+        usize::from(vnet.csum_start),
+        usize::from(vnet.csum_start + vnet.csum_offset),
+    );
+    let c = !wire::checksum::fold(wire::checksum::sum(&f[start..], 0));
+    f[field..field + 2].copy_from_slice(&c.to_be_bytes());
+    assert_eq!(
+        checked(&f),
+        ((IpAddr::V4(remote), IpAddr::V4(g.v4)), (80, 40000))
+    );
+    assert_eq!(&f[..6], &g.mac.0);
+    assert_eq!(&f[6..12], &g.gw_mac.0);
+    assert_eq!(&f[f.len() - 3000..], &payloads.concat()[..]);
+
+    // A bad checksum: translated, passed on without offload claims, still bad.
+    let mut bad = from_remote(8001, false, &[9; 100]);
+    let n = bad.len();
+    bad[n - 1] ^= 0xff;
+    let got = from_internet_batch(&mut e, &[bad], 5);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, VnetHdr::default());
+    let h = PacketHeaders::from_ethernet_slice(&got[0].1).unwrap();
+    let Some(NetHeaders::Ipv4(ip, _)) = &h.net else {
+        panic!("IPv4")
+    };
+    assert_eq!(ip.destination, g.v4.octets());
+    assert_eq!(ip.header_checksum, ip.calc_header_checksum());
+    let Some(TransportHeader::Tcp(t)) = &h.transport else {
+        panic!("TCP")
+    };
+    assert_eq!(t.destination_port, 40000);
+    let want = t.calc_checksum_ipv4(ip, h.payload.slice()).unwrap();
+    assert_ne!(t.checksum, want, "the guest's stack must see the damage");
+}
+
+/// A flow from outside is cached under the key it arrives with (to the external
+/// address), its translation in the entry: its later packets hit that entry.
+#[test]
+fn replies_from_outside_are_cached_under_the_external_address() {
+    let g = guest(1);
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5099));
+    let remote = ip("8.8.8.8");
+    let got = send(&mut e, p, &udp_to(remote, 1111), 1);
+    let sport = checked(&got[0]).1 .0;
+    let reply = udp_reply(remote, IpAddr::V4(snat4()), sport);
+    for now in 2..5 {
+        assert_eq!(from_internet(&mut e, &reply, now).len(), 1);
+    }
+    let d = e.dump_uft("ga", 0, 100).unwrap();
+    let cached: Vec<_> = d
+        .inbound
+        .iter()
+        .filter(|f| f.key.dst_ip == IpAddr::V4(snat4()))
+        .collect();
+    assert_eq!(cached.len(), 1, "{:?}", d.inbound);
+    assert_eq!(cached[0].key.dst_port, sport);
+    assert_eq!(cached[0].hits, 2, "compiled once, then hit");
+    assert!(
+        cached[0].action.contains("nat to private port 1111"),
+        "{}",
+        cached[0].action
+    );
+    assert!(d.inbound.iter().all(|f| f.key.dst_ip != IpAddr::V4(g.v4)));
+}
+
+/// A SNAT port's translation lives only as long as the connection holding it:
+/// once that has expired, nothing gets in to the port, and when the port goes to
+/// another flow to the same peer, its replies reach that flow, not the old one.
+#[test]
+fn a_snat_port_reused_by_another_flow_delivers_to_that_flow() {
+    let g = guest(1);
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5000));
+    let remote = ip("8.8.8.8");
+    let s4 = IpAddr::V4(snat4());
+    let got = send(&mut e, p, &udp_to(remote, 1111), 1);
+    assert_eq!(checked(&got[0]).1 .0, 5000);
+    let reply = udp_reply(remote, s4, 5000);
+    let back = from_internet(&mut e, &reply, 2);
+    assert_eq!(checked(&back[0]), ((remote, IpAddr::V4(g.v4)), (53, 1111)));
+    let later = 3600 * S;
+    assert!(from_internet(&mut e, &reply, later).is_empty());
+    assert_eq!(drops(&e, "fw_deny_in"), 1, "no connection any more");
+    let got = send(&mut e, p, &udp_to(remote, 2222), later + 1);
+    assert_eq!(checked(&got[0]).1 .0, 5000, "the one port, again");
+    let back = from_internet(&mut e, &reply, later + 2);
+    assert_eq!(back.len(), 1);
+    assert_eq!(checked(&back[0]), ((remote, IpAddr::V4(g.v4)), (53, 2222)));
+}
+
+/// A refusal cached for a packet from outside to a floating IP is forgotten when
+/// the guest opens the connection it would belong to: the replies get in.
+#[test]
+fn a_connection_the_guest_opens_clears_a_refusal_cached_from_outside() {
+    let g = guest(1);
+    let (f4, _) = floating(&g);
+    let (mut e, p) = sled(ExternalIps {
+        floating: vec![IpAddr::V4(f4)],
+        ..Default::default()
+    });
+    let remote = ip("8.8.8.8");
+    let reply = udp_reply(remote, IpAddr::V4(f4), 1111);
+    assert!(from_internet(&mut e, &reply, 1).is_empty());
+    assert!(from_internet(&mut e, &reply, 2).is_empty());
+    assert_eq!(drops(&e, "fw_deny_in"), 2);
+    let d = e.dump_uft("ga", 0, 100).unwrap();
+    assert!(d.inbound.iter().any(|f| f.action.starts_with("drop")));
+    assert_eq!(send(&mut e, p, &udp_to(remote, 1111), 3).len(), 1);
+    let back = from_internet(&mut e, &reply, 4);
+    assert_eq!(back.len(), 1);
+    assert_eq!(checked(&back[0]), ((remote, IpAddr::V4(g.v4)), (53, 1111)));
+}
+
+/// The guest's ICMP error about `delivered` (an IP frame it got from outside):
+/// port unreachable, quoting as much as fits, to the packet's source.
+fn port_unreachable(delivered: &[u8]) -> Vec<u8> {
+    let g = guest(1);
+    let h = PacketHeaders::from_ethernet_slice(delivered).unwrap();
+    let quote = &delivered[14..];
+    let eth = PacketBuilder::ethernet2(g.mac.0, g.gw_mac.0);
+    let mut buf = Vec::new();
+    match h.net.unwrap() {
+        NetHeaders::Ipv4(ip, _) => eth
+            .ipv4(ip.destination, ip.source, 64)
+            .icmpv4(etherparse::Icmpv4Type::DestinationUnreachable(
+                etherparse::icmpv4::DestUnreachableHeader::Port,
+            ))
+            .write(&mut buf, &quote[..28])
+            .unwrap(),
+        NetHeaders::Ipv6(ip, _) => eth
+            .ipv6(ip.destination, ip.source, 64)
+            .icmpv6(etherparse::Icmpv6Type::DestinationUnreachable(
+                etherparse::icmpv6::DestUnreachableCode::Port,
+            ))
+            .write(&mut buf, quote)
+            .unwrap(),
+        NetHeaders::Arp(_) => panic!("not IP"),
+    }
+    buf
+}
+
+/// The quoted packet of ICMP error `f` (its checksums checked): (source,
+/// destination) address and (source, destination) port, and whether its IPv4
+/// header checksum is right.
+fn quote_of(f: &[u8]) -> ((IpAddr, IpAddr), (u16, u16), bool) {
+    checked(f);
+    let h = PacketHeaders::from_ethernet_slice(f).unwrap();
+    let body = h.payload.slice();
+    let (ips, l4, ok) = match h.net.unwrap() {
+        NetHeaders::Ipv4(..) => {
+            let q = etherparse::Ipv4HeaderSlice::from_slice(body)
+                .unwrap()
+                .to_header();
+            let ok = q.header_checksum == q.calc_header_checksum();
+            ((q.source.into(), q.destination.into()), 20, ok)
+        }
+        _ => {
+            let q = etherparse::Ipv6HeaderSlice::from_slice(body).unwrap();
+            (
+                (q.source_addr().into(), q.destination_addr().into()),
+                40,
+                true,
+            )
+        }
+    };
+    let ports = (
+        u16::from_be_bytes([body[l4], body[l4 + 1]]),
+        u16::from_be_bytes([body[l4 + 2], body[l4 + 3]]),
+    );
+    (ips, ports, ok)
+}
+
+/// The guest's ICMP errors about packets that came in through NAT leave as from
+/// where those packets were sent (the floating IP; the SNAT address), quoting
+/// them as sent (destination the external address and port), every checksum
+/// right, so the sender can match them to its socket.
+#[test]
+fn guest_icmp_errors_quote_what_the_sender_sent() {
+    let g = guest(1);
+    let (f4, _) = floating(&g);
+    let (mut e, p) = sled(ExternalIps {
+        floating: vec![IpAddr::V4(f4)],
+        ..Default::default()
+    });
+    let rule = Rule::new(10, FwAction::Allow)
+        .matching(Predicate::Proto(17))
+        .finalize()
+        .unwrap();
+    e.add_fw_rule("ga", Direction::In, rule).unwrap();
+    let remote = ip("203.0.113.50");
+    let got = from_internet(&mut e, &udp_reply(remote, IpAddr::V4(f4), 9999), 1);
+    assert_eq!(got.len(), 1);
+    let out = send(&mut e, p, &port_unreachable(&got[0]), 2);
+    assert_eq!(out.len(), 1);
+    assert_eq!(checked(&out[0]).0, (IpAddr::V4(f4), remote));
+    assert_eq!(
+        quote_of(&out[0]),
+        ((remote, IpAddr::V4(f4)), (53, 9999), true)
+    );
+
+    // SNAT, IPv6: the reply to the guest's query, quoted with its SNAT port.
+    let (mut e, p) = sled(snat(IpAddr::V6(snat6()), 5000, 5099));
+    let remote = ip("2001:db8:99::53");
+    let got = send(&mut e, p, &udp_to(remote, 1111), 1);
+    let sport = checked(&got[0]).1 .0;
+    let back = from_internet(&mut e, &udp_reply(remote, IpAddr::V6(snat6()), sport), 2);
+    assert_eq!(back.len(), 1);
+    let out = send(&mut e, p, &port_unreachable(&back[0]), 3);
+    assert_eq!(out.len(), 1);
+    assert_eq!(checked(&out[0]).0, (IpAddr::V6(snat6()), remote));
+    assert_eq!(
+        quote_of(&out[0]),
+        ((remote, IpAddr::V6(snat6())), (53, sport), true)
+    );
+    // An error about a packet no NAT state explains is refused.
+    let stranger = udp_reply(ip("2001:db8:99::54"), IpAddr::V6(g.v6), 7777);
+    assert!(send(&mut e, p, &port_unreachable(&stranger), 4).is_empty());
+    assert_eq!(drops(&e, "nat_no_mapping"), 1);
 }

@@ -5,6 +5,9 @@
 //! - [`xsk`]: AF_XDP sockets on a shared UMEM (own thin libc layer).
 //! - [`tap`]: persistent tap ports with `virtio_net_hdr` offloads for guests.
 //! - [`vhost`]: vhost-user ports, a VM's virtqueues in shared memory.
+//! - [`packet`]: `AF_PACKET` sockets with `PACKET_VNET_HDR` on an interface a
+//!   hypervisor owns (`create-xde --attach`).
+//! - [`guest`]: either of those, as the worker serves a port.
 //! - [`netlink`]: link facts, IPv6 neighbour and route lookups, the fast-path
 //!   [`netlink::NeighbourCache`] (slow path: the daemon runs it on its own thread).
 //! - [`netns`]: running a closure inside a named network namespace.
@@ -17,9 +20,11 @@
 
 pub mod channels;
 pub mod cpu;
+pub mod guest;
 pub mod icmp6;
 pub mod netlink;
 pub mod netns;
+pub mod packet;
 pub mod poll;
 pub mod probe;
 pub mod tap;

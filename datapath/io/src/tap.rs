@@ -76,34 +76,62 @@ fn ioctl_int(
     Ok(())
 }
 
-/// What a failed tap read or write says about the tap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TapFault {
-    /// The guest's side of the link is down (a write gets EIO): the device is
-    /// there, this frame is lost and later ones go through once the guest
-    /// brings its link up.
-    LinkDown,
-    /// The kernel refused this one frame (a malformed frame or vnet header,
-    /// memory pressure), or a frame we could not assemble: the tap is fine.
-    Frame,
-    /// Anything else: the descriptor no longer reaches a device (EBADFD once
-    /// the device was deleted, e.g. with the guest's namespace). The fd is
-    /// useless; the tap must be opened again.
-    Gone,
+/// One `writev` of a frame in at most [`MAX_GATHER`] parts to `fd` (a tap, or a
+/// bound packet socket: both take one frame per write), retried on EINTR.
+pub(crate) fn writev_all(fd: RawFd, parts: &[IoSlice<'_>]) -> io::Result<()> {
+    if parts.len() > MAX_GATHER {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} parts, at most {MAX_GATHER} per frame", parts.len()),
+        ));
+    }
+    loop {
+        // SAFETY: IoSlice is ABI-compatible with iovec on Unix (std guarantees
+        // it); every slice is live for the call, which only reads them, and
+        // the count is at most MAX_GATHER <= IOV_MAX.
+        let n = unsafe {
+            libc::writev(
+                fd,
+                parts.as_ptr().cast::<libc::iovec>(),
+                parts.len() as libc::c_int,
+            )
+        };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
-impl TapFault {
-    /// Classifies an error of [`TapPort::read`], [`TapPort::write`] or
-    /// [`TapPort::write_gather`] (which handle EAGAIN and EINTR themselves).
-    pub fn of(e: &io::Error) -> TapFault {
-        match e.raw_os_error() {
-            Some(libc::EIO) => TapFault::LinkDown,
-            Some(libc::EINVAL | libc::EMSGSIZE | libc::EFAULT | libc::ENOMEM | libc::ENOBUFS) => {
-                TapFault::Frame
+/// One read of (vnet header, frame) by `read`, which reads into the header it is
+/// given and the caller's buffer and returns the byte count, or the error:
+/// retried on EINTR, `None` on EAGAIN, the header and the frame's length
+/// otherwise. `what` names the device in errors.
+pub(crate) fn read_vnet(
+    what: &str,
+    mut read: impl FnMut(&mut [u8; VNET_HDR_LEN]) -> io::Result<usize>,
+) -> io::Result<Option<(VnetHdr, usize)>> {
+    let mut hdr = [0u8; VNET_HDR_LEN];
+    loop {
+        match read(&mut hdr) {
+            Ok(n) => {
+                let Some(len) = n.checked_sub(VNET_HDR_LEN) else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("{what}: {n} bytes, shorter than the vnet header"),
+                    ));
+                };
+                let vnet = VnetHdr::from_bytes(&hdr).ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, "vnet header did not parse")
+                })?;
+                return Ok(Some((vnet, len)));
             }
-            Some(_) => TapFault::Gone,
-            // Our own refusals (buffer, vnet header, part count) name no errno.
-            None => TapFault::Frame,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(e),
         }
     }
 }
@@ -253,47 +281,27 @@ impl TapPort {
                 ),
             ));
         }
-        let mut hdr = [0u8; VNET_HDR_LEN];
-        let iov = [
-            libc::iovec {
-                iov_base: hdr.as_mut_ptr().cast(),
-                iov_len: hdr.len(),
-            },
-            libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            },
-        ];
-        loop {
-            // SAFETY: both iovecs point to live, writable buffers of the stated lengths.
-            let n = unsafe { libc::readv(self.file.as_raw_fd(), iov.as_ptr(), 2) };
-            if n >= 0 {
-                let n = n as usize;
-                let Some(len) = n.checked_sub(VNET_HDR_LEN) else {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "tap {:?} returned {n} bytes, shorter than the vnet header",
-                            self.name
-                        ),
-                    ));
-                };
-                let vnet = VnetHdr::from_bytes(&hdr).ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::InvalidData, "vnet header did not parse")
-                })?;
-                return Ok(Some((vnet, len)));
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return Ok(None),
-                _ => return Err(e),
-            }
-        }
+        let fd = self.file.as_raw_fd();
+        read_vnet(&format!("tap {:?}", self.name), |hdr| {
+            let iov = [
+                libc::iovec {
+                    iov_base: hdr.as_mut_ptr().cast(),
+                    iov_len: hdr.len(),
+                },
+                libc::iovec {
+                    iov_base: buf.as_mut_ptr().cast(),
+                    iov_len: buf.len(),
+                },
+            ];
+            // SAFETY: both iovecs point to live, writable buffers of the stated
+            // lengths, exclusively borrowed for the call.
+            let n = unsafe { libc::readv(fd, iov.as_ptr(), 2) };
+            usize::try_from(n).map_err(|_| io::Error::last_os_error())
+        })
     }
 
     /// Writes one frame to the guest with its vnet header (one `writev`, no copy).
-    /// [`TapFault::of`] says what an error means for the tap.
+    /// [`GuestFault::of`] says what an error means for the tap.
     pub fn write(&self, vnet: &VnetHdr, frame: &[u8]) -> io::Result<()> {
         let hdr = vnet.to_bytes();
         self.write_gather(&[IoSlice::new(&hdr), IoSlice::new(frame)])
@@ -305,31 +313,7 @@ impl TapPort {
     /// copies each piece once, into the guest's buffer. At most [`MAX_GATHER`]
     /// parts.
     pub fn write_gather(&self, parts: &[IoSlice<'_>]) -> io::Result<()> {
-        if parts.len() > MAX_GATHER {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} parts, at most {MAX_GATHER} per frame", parts.len()),
-            ));
-        }
-        loop {
-            // SAFETY: IoSlice is ABI-compatible with iovec on Unix (std guarantees
-            // it); every slice is live for the call, which only reads them, and
-            // the count is at most MAX_GATHER <= IOV_MAX.
-            let n = unsafe {
-                libc::writev(
-                    self.file.as_raw_fd(),
-                    parts.as_ptr().cast::<libc::iovec>(),
-                    parts.len() as libc::c_int,
-                )
-            };
-            if n >= 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        writev_all(self.file.as_raw_fd(), parts)
     }
 
     /// Clears the persistent flag and closes the fd, which destroys the device
@@ -348,16 +332,11 @@ impl TapPort {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testnet::Netns;
-    use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
-    use std::net::{TcpStream, UdpSocket};
+    use crate::guest::{GuestFault, GuestPort};
+    use crate::testnet::{address_guest, guest_tso_buffer, Netns, GUEST, GUEST_MAC, GW, GW_MAC};
+    use etherparse::PacketBuilder;
+    use std::net::UdpSocket;
     use std::time::{Duration, Instant};
-    use wire::vnet::GSO_TCPV6;
-
-    const GUEST_MAC: [u8; 6] = [0x02, 0x08, 0x20, 0, 0, 0x02];
-    const GW_MAC: [u8; 6] = [0x02, 0x08, 0x20, 0, 0, 0x01];
-    const GUEST: [u8; 16] = [0xfd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
-    const GW: [u8; 16] = [0xfd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 
     /// A tap created in `host`, moved into `guest`, addressed there as
     /// fd01::2 with a permanent neighbour fd01::1 -> GW_MAC.
@@ -369,37 +348,12 @@ mod tests {
             tap.move_to_netns(&gname).expect("move tap");
             tap
         });
-        guest.ip(&["-6", "addr", "add", "fd01::2/64", "dev", "dpt0", "nodad"]);
-        guest.ip(&[
-            "-6",
-            "neigh",
-            "add",
-            "fd01::1",
-            "lladdr",
-            "02:08:20:00:00:01",
-            "dev",
-            "dpt0",
-            "nud",
-            "permanent",
-        ]);
+        address_guest(guest, "dpt0");
         let link = guest.run(|| Netlink::open().unwrap().link_by_name("dpt0").unwrap());
         assert_eq!(link.mac, Some(MacAddr(GUEST_MAC)));
         assert_eq!(link.mtu, 1500);
         assert!(link.up, "tap up after the move");
         tap
-    }
-
-    fn read_until(tap: &mut TapPort, pred: impl Fn(&VnetHdr, &[u8]) -> bool) -> (VnetHdr, Vec<u8>) {
-        let mut buf = vec![0u8; MAX_TAP_FRAME];
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            match tap.read(&mut buf).expect("tap read") {
-                Some((vnet, n)) if pred(&vnet, &buf[..n]) => return (vnet, buf[..n].to_vec()),
-                Some(_) => {}
-                None => std::thread::sleep(Duration::from_millis(5)),
-            }
-        }
-        panic!("no matching frame from the tap within 5 s");
     }
 
     /// A frame written with a vnet header reaches a UDP socket in the guest.
@@ -429,8 +383,8 @@ mod tests {
             .write(&VnetHdr::default(), &frame)
             .expect_err("write to a downed tap");
         assert_eq!(
-            TapFault::of(&e),
-            TapFault::LinkDown,
+            GuestFault::of(&e),
+            GuestFault::LinkDown,
             "EIO expected, got {e}"
         );
         tap.destroy().unwrap();
@@ -464,71 +418,17 @@ mod tests {
         drop(tap);
     }
 
-    /// TCP from the guest arrives as a TSO buffer: GSO_TCPV6 with gso_size,
-    /// longer than the MTU.
+    /// TCP from the guest arrives as a TSO buffer (see [`guest_tso_buffer`]).
     #[test]
     fn guest_tcp_arrives_as_tso_buffer() {
         let (host, guest) = (Netns::new(), Netns::new());
-        let mut tap = guest_tap(&host, &guest);
-        let sender = std::thread::spawn({
-            let name = guest.name.clone();
-            move || {
-                crate::netns::run_in_netns(&name, || {
-                    use std::io::Write;
-                    let addr = "[fd01::1]:8080".parse().unwrap();
-                    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-                        .expect("handshake");
-                    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
-                    let _ = s.write_all(&vec![0x5a; 60000]);
-                    std::thread::sleep(Duration::from_millis(500));
-                })
-                .unwrap()
-            }
-        });
-        let is_syn = |_: &VnetHdr, f: &[u8]| matches!(SlicedPacket::from_ethernet(f), Ok(SlicedPacket { transport: Some(TransportSlice::Tcp(t)), .. }) if t.syn() && t.destination_port() == 8080);
-        let (_, syn) = read_until(&mut tap, is_syn);
-        let Ok(SlicedPacket {
-            transport: Some(TransportSlice::Tcp(t)),
-            ..
-        }) = SlicedPacket::from_ethernet(&syn)
-        else {
-            unreachable!("matched above")
-        };
-        let mut synack = Vec::new();
-        PacketBuilder::ethernet2(GW_MAC, GUEST_MAC)
-            .ipv6(GW, GUEST, 64)
-            .tcp(8080, t.source_port(), 1000, 65535)
-            .syn()
-            .ack(t.sequence_number().wrapping_add(1))
-            .options(&[
-                etherparse::TcpOptionElement::MaximumSegmentSize(1440),
-                etherparse::TcpOptionElement::WindowScale(7),
-            ])
-            .unwrap()
-            .write(&mut synack, &[])
-            .unwrap();
-        tap.write(&VnetHdr::default(), &synack).unwrap();
-        let (vnet, frame) = read_until(&mut tap, |v, _| v.is_gso());
-        assert_eq!(vnet.gso_kind(), GSO_TCPV6);
-        assert!(
-            vnet.gso_size > 0 && vnet.gso_size <= 1440,
-            "gso_size {}",
-            vnet.gso_size
-        );
-        assert!(
-            frame.len() > 1514,
-            "a TSO buffer is longer than one MTU: {}",
-            frame.len()
-        );
-        assert!(vnet.needs_csum(), "TSO buffers carry a partial checksum");
-        assert_eq!(vnet.csum_start, 14 + 40);
-        assert_eq!(vnet.csum_offset, 16);
-        sender.join().unwrap();
-        tap.destroy().unwrap();
+        let mut port = GuestPort::Tap(guest_tap(&host, &guest));
+        guest_tso_buffer(&mut port, &guest);
+        port.release().unwrap();
     }
 
     /// Deleting the guest's namespace deletes the tap in it: epoll reports the
-    /// fd gone, and reads and writes on it fail as [`TapFault::Gone`].
+    /// fd gone, and reads and writes on it fail as [`GuestFault::Gone`].
     #[test]
     fn tap_deleted_with_its_namespace_is_gone() {
         let (host, guest) = (Netns::new(), Netns::new());
@@ -552,23 +452,11 @@ mod tests {
         }
         let mut buf = vec![0u8; MAX_TAP_FRAME];
         let e = tap.read(&mut buf).expect_err("read from a deleted tap");
-        assert_eq!(TapFault::of(&e), TapFault::Gone, "{e}");
+        assert_eq!(GuestFault::of(&e), GuestFault::Gone, "{e}");
         let e = tap
             .write(&VnetHdr::default(), &[0u8; 60])
             .expect_err("write to a deleted tap");
-        assert_eq!(TapFault::of(&e), TapFault::Gone, "{e}");
-    }
-
-    #[test]
-    fn faults_are_classified_by_errno() {
-        let os = io::Error::from_raw_os_error;
-        assert_eq!(TapFault::of(&os(libc::EIO)), TapFault::LinkDown);
-        assert_eq!(TapFault::of(&os(libc::EINVAL)), TapFault::Frame);
-        assert_eq!(TapFault::of(&os(libc::ENOBUFS)), TapFault::Frame);
-        assert_eq!(TapFault::of(&os(libc::EBADFD)), TapFault::Gone);
-        assert_eq!(TapFault::of(&os(libc::ENODEV)), TapFault::Gone);
-        let ours = io::Error::new(io::ErrorKind::InvalidData, "short frame");
-        assert_eq!(TapFault::of(&ours), TapFault::Frame);
+        assert_eq!(GuestFault::of(&e), GuestFault::Gone, "{e}");
     }
 
     /// A persistent tap survives its fd and can be attached again by name.

@@ -8,7 +8,12 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::guest::GuestPort;
 use crate::netns::run_in_netns;
+use crate::tap::MAX_TAP_FRAME;
+use etherparse::{PacketBuilder, SlicedPacket, TransportSlice};
+use std::net::TcpStream;
+use wire::vnet::{VnetHdr, GSO_TCPV6};
 
 /// These tests create namespaces and attach XDP programs: they need root.
 /// They fail loudly rather than skip, because CI runs them as root.
@@ -246,4 +251,108 @@ impl PacketSocket {
         }
         None
     }
+}
+
+/// A guest's MAC and fd01::2, and its gateway's MAC and fd01::1, for tests of a
+/// guest port (tap or attached interface) with the guest in a namespace.
+pub const GUEST_MAC: [u8; 6] = [0x02, 0x08, 0x20, 0, 0, 0x02];
+pub const GW_MAC: [u8; 6] = [0x02, 0x08, 0x20, 0, 0, 0x01];
+pub const GUEST: [u8; 16] = [0xfd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+pub const GW: [u8; 16] = [0xfd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+
+/// Addresses the guest's interface `dev` in `guest` as fd01::2/64 with a permanent
+/// neighbour fd01::1 -> [`GW_MAC`].
+pub fn address_guest(guest: &Netns, dev: &str) {
+    guest.ip(&["-6", "addr", "add", "fd01::2/64", "dev", dev, "nodad"]);
+    guest.ip(&[
+        "-6",
+        "neigh",
+        "add",
+        "fd01::1",
+        "lladdr",
+        &mac_str(GW_MAC),
+        "dev",
+        dev,
+        "nud",
+        "permanent",
+    ]);
+}
+
+/// The first frame from the guest `port` matching `pred`, read for up to 5 s.
+pub fn read_until(
+    port: &mut GuestPort,
+    pred: impl Fn(&VnetHdr, &[u8]) -> bool,
+) -> (VnetHdr, Vec<u8>) {
+    let mut buf = vec![0u8; MAX_TAP_FRAME];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        match port.read(&mut buf).expect("guest port read") {
+            Some((vnet, n)) if pred(&vnet, &buf[..n]) => return (vnet, buf[..n].to_vec()),
+            Some(_) => {}
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    panic!("no matching frame from the guest port within 5 s");
+}
+
+/// A TCP connection from the guest (addressed by [`address_guest`]) to fd01::1,
+/// answered by hand through `port`, and the first TSO buffer the guest then sends:
+/// asserted to be `GSO_TCPV6` with a `gso_size` no larger than the MSS, longer
+/// than one MTU, with a partial checksum at 54/16.
+pub fn guest_tso_buffer(port: &mut GuestPort, guest: &Netns) -> (VnetHdr, Vec<u8>) {
+    let sender = std::thread::spawn({
+        let name = guest.name.clone();
+        move || {
+            run_in_netns(&name, || {
+                use std::io::Write;
+                let addr = "[fd01::1]:8080".parse().unwrap();
+                let mut s =
+                    TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("handshake");
+                s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+                let _ = s.write_all(&vec![0x5a; 60000]);
+                std::thread::sleep(Duration::from_millis(500));
+            })
+            .unwrap()
+        }
+    });
+    let is_syn = |_: &VnetHdr, f: &[u8]| matches!(SlicedPacket::from_ethernet(f), Ok(SlicedPacket { transport: Some(TransportSlice::Tcp(t)), .. }) if t.syn() && t.destination_port() == 8080);
+    let (_, syn) = read_until(port, is_syn);
+    let Ok(SlicedPacket {
+        transport: Some(TransportSlice::Tcp(t)),
+        ..
+    }) = SlicedPacket::from_ethernet(&syn)
+    else {
+        unreachable!("matched above")
+    };
+    let mut synack = Vec::new();
+    PacketBuilder::ethernet2(GW_MAC, GUEST_MAC)
+        .ipv6(GW, GUEST, 64)
+        .tcp(8080, t.source_port(), 1000, 65535)
+        .syn()
+        .ack(t.sequence_number().wrapping_add(1))
+        .options(&[
+            etherparse::TcpOptionElement::MaximumSegmentSize(1440),
+            etherparse::TcpOptionElement::WindowScale(7),
+        ])
+        .unwrap()
+        .write(&mut synack, &[])
+        .unwrap();
+    port.write(&VnetHdr::default(), &synack).unwrap();
+    let (vnet, frame) = read_until(port, |v, _| v.is_gso());
+    assert_eq!(vnet.gso_kind(), GSO_TCPV6);
+    assert!(
+        vnet.gso_size > 0 && vnet.gso_size <= 1440,
+        "gso_size {}",
+        vnet.gso_size
+    );
+    assert!(
+        frame.len() > 1514,
+        "a TSO buffer is longer than one MTU: {}",
+        frame.len()
+    );
+    assert!(vnet.needs_csum(), "TSO buffers carry a partial checksum");
+    assert_eq!(vnet.csum_start, 14 + 40);
+    assert_eq!(vnet.csum_offset, 16);
+    sender.join().unwrap();
+    (vnet, frame)
 }

@@ -12,6 +12,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// The label of a VM's QEMU process among the watched ones: reported apart from
+/// the daemons (it is the guest, not the datapath).
+pub const VM_LABEL: &str = "qemu";
+
 /// A process whose CPU time is reported, e.g. `overlayd s0`.
 #[derive(Clone, Debug)]
 pub struct Watched {
@@ -234,13 +238,20 @@ impl Usage {
         }
     }
 
-    /// The watched processes' total, in cores; `None` for a setup without daemons.
+    /// The watched daemons' total, in cores; `None` for a setup without daemons.
     pub fn daemon_cores(&self) -> Option<f64> {
-        if self.processes.is_empty() {
-            None
-        } else {
-            Some(self.processes.iter().map(|p| p.cores).sum())
-        }
+        self.cores_where(|label| label != VM_LABEL)
+    }
+
+    /// The VM's QEMU process, in cores; `None` for a setup without a VM.
+    pub fn vm_cores(&self) -> Option<f64> {
+        self.cores_where(|label| label == VM_LABEL)
+    }
+
+    fn cores_where(&self, keep: impl Fn(&str) -> bool) -> Option<f64> {
+        let mut kept = self.processes.iter().filter(|p| keep(&p.label)).peekable();
+        kept.peek()?;
+        Some(kept.map(|p| p.cores).sum())
     }
 }
 
@@ -307,6 +318,25 @@ mod tests {
         assert_eq!(u.processes.len(), 1);
         assert!(!u.processes[0].threads.is_empty());
         assert!(u.busy_cores >= 0.0);
+    }
+
+    #[test]
+    fn qemu_is_counted_apart_from_the_daemons() {
+        let process = |label: &str, cores| ProcessUse {
+            label: label.into(),
+            cores,
+            threads: Vec::new(),
+        };
+        let mut u = Usage {
+            seconds: 1.0,
+            busy_cores: 2.0,
+            processes: vec![process("overlayd s0", 0.5), process("overlayd s1", 0.25)],
+        };
+        assert_eq!((u.daemon_cores(), u.vm_cores()), (Some(0.75), None));
+        u.processes.push(process(VM_LABEL, 1.0));
+        assert_eq!((u.daemon_cores(), u.vm_cores()), (Some(0.75), Some(1.0)));
+        u.processes.clear();
+        assert_eq!((u.daemon_cores(), u.vm_cores()), (None, None));
     }
 
     #[test]

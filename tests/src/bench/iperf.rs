@@ -10,6 +10,7 @@ use super::cpu::{Snapshot, Usage, Watched};
 use super::process::Background;
 use super::setup::{server_addr, Topology};
 use crate::cmd::Outcome;
+use crate::netns::Netns;
 use crate::poll::poll_until;
 use crate::{Error, Result};
 use serde_json::Value;
@@ -50,6 +51,10 @@ pub struct Test {
     pub mtu: u16,
     pub traffic: Traffic,
     pub family: Family,
+    /// Sent by a VM with busybox `nc` (one TCP stream; id prefix `vm-`), measured
+    /// by [`crate::bench::vm`] on the VM setups only; else iperf3 between guest
+    /// namespaces on every other setup.
+    pub from_vm: bool,
 }
 
 /// The guest MTUs the tests use: the datapath's jumbo port MTU and Ethernet's.
@@ -68,6 +73,7 @@ impl Test {
                         mtu,
                         traffic: Traffic::Tcp { streams },
                         family,
+                        from_vm: false,
                     });
                 }
             }
@@ -77,9 +83,23 @@ impl Test {
                 mtu: GUEST_MTUS[0],
                 traffic: Traffic::Udp64,
                 family,
+                from_vm: false,
             });
         }
         tests
+    }
+
+    /// The VM setups' tests: one TCP stream from the VM over each family at the
+    /// jumbo guest MTU (`vm-tcp1-v4-8500`, `vm-tcp1-v6-8500`).
+    pub fn vm_list() -> Vec<Test> {
+        [Family::V4, Family::V6]
+            .map(|family| Test {
+                mtu: GUEST_MTUS[0],
+                traffic: Traffic::Tcp { streams: 1 },
+                family,
+                from_vm: true,
+            })
+            .to_vec()
     }
 
     /// The smoke test's: one TCP stream over IPv6 and small UDP over IPv6, MTU 8500.
@@ -88,18 +108,25 @@ impl Test {
             mtu: GUEST_MTUS[0],
             traffic,
             family: Family::V6,
+            from_vm: false,
         };
         vec![test(Traffic::Tcp { streams: 1 }), test(Traffic::Udp64)]
     }
 
-    /// Parses an id as printed by `Display`: `tcp1-v6-8500`, `udp64-v4-1500`.
+    /// Parses an id as printed by `Display`: `tcp1-v6-8500`, `udp64-v4-1500`,
+    /// `vm-tcp1-v4-8500`.
     pub fn parse(id: &str) -> Result<Test> {
         let bad = |why: &str| {
             Error::new(format!(
-                "invalid test {id:?}: {why} (expected e.g. tcp1-v6-8500 or udp64-v4-8500)"
+                "invalid test {id:?}: {why} (expected e.g. tcp1-v6-8500, udp64-v4-8500 \
+                 or vm-tcp1-v4-8500)"
             ))
         };
-        let [traffic, family, mtu] = id.split('-').collect::<Vec<_>>()[..] else {
+        let (from_vm, rest) = match id.strip_prefix("vm-") {
+            Some(rest) => (true, rest),
+            None => (false, id),
+        };
+        let [traffic, family, mtu] = rest.split('-').collect::<Vec<_>>()[..] else {
             return Err(bad("not three parts joined by '-'"));
         };
         let traffic = match traffic {
@@ -119,10 +146,14 @@ impl Test {
             .ok()
             .filter(|m| (1280..=8500).contains(m))
             .ok_or_else(|| bad(&format!("guest MTU {mtu:?} is not in 1280..=8500")))?;
+        if from_vm && traffic != (Traffic::Tcp { streams: 1 }) {
+            return Err(bad("a VM sends one TCP stream only (busybox nc): vm-tcp1"));
+        }
         Ok(Test {
             mtu,
             traffic,
             family,
+            from_vm,
         })
     }
 
@@ -144,6 +175,9 @@ impl Test {
 
 impl fmt::Display for Test {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.from_vm {
+            write!(f, "vm-")?;
+        }
         match self.traffic {
             Traffic::Tcp { streams } => write!(f, "tcp{streams}")?,
             Traffic::Udp64 => write!(f, "udp{UDP_PAYLOAD}")?,
@@ -192,9 +226,11 @@ pub struct Measurement {
     pub cpu: Usage,
 }
 
-/// Runs `test` on `topo`: starts the server, runs the client, samples CPU of the
-/// machine and of the topology's daemons during the measured seconds.
+/// Runs `test` on `topo` whose client guest is the namespace `client`: starts the
+/// server, runs the client, samples CPU of the machine and of the topology's
+/// daemons during the measured seconds.
 pub fn measure(
+    client: &Netns,
     topo: &dyn Topology,
     test: Test,
     timing: Timing,
@@ -203,8 +239,7 @@ pub fn measure(
 ) -> Result<Measurement> {
     let addr = server_addr(test.family).to_string();
     let mut server = start_server(topo, &addr, dir)?;
-    let client = topo
-        .client()
+    let client = client
         .cmd("iperf3")
         .args(["-c", &addr, "-p", PORT, "-J", "--connect-timeout", "5000"])
         .args(["-t".to_string(), timing.seconds.to_string()])
@@ -360,7 +395,8 @@ mod tests {
 
     #[test]
     fn ids_round_trip() {
-        for t in Test::default_list().into_iter().chain(Test::smoke_list()) {
+        let all = [Test::default_list(), Test::smoke_list(), Test::vm_list()].concat();
+        for t in all {
             assert_eq!(Test::parse(&t.to_string()).unwrap(), t);
         }
         assert_eq!(
@@ -387,9 +423,29 @@ mod tests {
             "tcp1-v4-9000",
             "udp-v4-8500",
             "tcp1",
+            "vm-tcp4-v4-8500",
+            "vm-udp64-v6-8500",
+            "vm-tcp1-v4",
         ] {
             assert!(Test::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn vm_tests_carry_their_prefix() {
+        assert_eq!(
+            Test::vm_list()
+                .iter()
+                .map(Test::to_string)
+                .collect::<Vec<_>>(),
+            ["vm-tcp1-v4-8500", "vm-tcp1-v6-8500"]
+        );
+        let t = Test::parse("vm-tcp1-v6-1500").unwrap();
+        assert!(t.from_vm);
+        assert_eq!((t.mtu, t.family), (1500, Family::V6));
+        assert!(!Test::parse("tcp1-v6-1500").unwrap().from_vm);
+        let e = Test::parse("vm-tcp4-v4-8500").unwrap_err();
+        assert!(e.0.contains("one TCP stream"), "{e}");
     }
 
     #[test]

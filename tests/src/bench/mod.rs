@@ -7,12 +7,14 @@
 //! | `vxlan` | the kernel's VXLAN over IPv6, a Linux bridge per sled |
 //! | `veth` | nothing: one veth pair between the two guests (the ceiling) |
 //! | `ovs` | Open vSwitch's userspace (netdev) datapath with a Geneve/IPv6 tunnel |
+//! | `vm-bridge` (`--vm`; one per attachment way) | this datapath, the client a QEMU VM bridged to its port ([`vm`]) |
 //!
 //! Every setup with an underlay uses the harness's switch bridge and veth links at
 //! MTU 9000 ([`crate::Rack::build`]), so only the overlay differs.
 //!
 //! Modules: [`options`] (command line), [`setup`] (building each topology),
 //! [`ovs`] (the per-namespace OVS daemons), [`iperf`] (one measured run),
+//! [`vm`] (the VM setups and their busybox stream),
 //! [`cpu`] (CPU accounting from `/proc`), [`runner`] (rounds in alternation),
 //! [`report`] (medians, tables, JSON), [`process`] (background processes),
 //! [`signals`] (stopping cleanly on Ctrl-C).
@@ -26,3 +28,4 @@ pub mod report;
 pub mod runner;
 pub mod setup;
 pub mod signals;
+pub mod vm;

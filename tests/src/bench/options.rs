@@ -21,10 +21,18 @@ options:
                       (split at spaces), e.g. --variant ours2w='--cores 0,1';
                       repeatable; default: one variant `ours` with no flags
   --ours-flags FLAGS  the same as --variant ours=FLAGS
-  --skip SETUP[,..]   leave setups out: vxlan, veth, ovs, a variant's name, or
-                      `ours` for every variant; repeatable
+  --vm                add the VM setups (slow: QEMU, emulated where KVM does not
+                      work): this datapath with a VM on sled 0 as the client,
+                      one setup per attachment way (vm-bridge), measured with
+                      the vm-tcp1-v4-8500 and vm-tcp1-v6-8500 tests; not in the
+                      default run nor in --smoke
+  --skip SETUP[,..]   leave setups out: vxlan, veth, ovs, a variant's name, a VM
+                      setup's name, `ours` for every variant or `vm` for every
+                      VM setup; repeatable
   --tests ID[,..]     tests to run, e.g. tcp1-v6-8500,udp64-v4-8500 (default: all of
-                      tcp1/tcp4 x v4/v6 x 8500/1500, and udp64 x v4/v6 at 8500)
+                      tcp1/tcp4 x v4/v6 x 8500/1500, and udp64 x v4/v6 at 8500;
+                      with --vm also vm-tcp1 x v4/v6 at 8500); naming a vm-
+                      test implies --vm
   --smoke             a quick check of the harness: 1 round of 2 s runs of
                       tcp1-v6-8500 and udp64-v6-8500
   --json PATH         where to write every run and the medians
@@ -39,7 +47,8 @@ OVERLAYD_BIN and XDEADM_BIN name the daemon and admin tool (else they are built)
 pub struct Options {
     pub rounds: usize,
     pub timing: Timing,
-    /// In run order: this datapath's variants, then vxlan, veth, ovs.
+    /// In run order: this datapath's variants, then vxlan, veth, ovs, then the
+    /// VM setups.
     pub setups: Vec<Setup>,
     /// In run order.
     pub tests: Vec<Test>,
@@ -73,6 +82,7 @@ impl Options {
             match flag.as_str() {
                 "-h" | "--help" => return Ok(Parsed::Help),
                 "--smoke" => raw.smoke = true,
+                "--vm" => raw.vm = true,
                 "--rounds" => raw.rounds = Some(positive(&flag, &value()?)?),
                 "--seconds" => raw.seconds = Some(positive(&flag, &value()?)?),
                 "--omit" => raw.omit = Some(number(&flag, &value()?)?),
@@ -99,6 +109,7 @@ impl Options {
 #[derive(Default)]
 struct Raw {
     smoke: bool,
+    vm: bool,
     rounds: Option<u32>,
     seconds: Option<u32>,
     omit: Option<u32>,
@@ -109,17 +120,40 @@ struct Raw {
 }
 
 impl Raw {
+    /// Defaults filled in. Without `--tests`, the tests are those of the kept
+    /// setups; with it, every test named must have a setup to run on.
     fn resolve(self) -> Result<Options> {
-        let setups = setups(self.variants, &self.skip)?;
-        let tests = self.tests.unwrap_or_else(|| {
-            if self.smoke {
-                Test::smoke_list()
-            } else {
-                Test::default_list()
+        let vm = self.vm || self.tests.iter().flatten().any(|t| t.from_vm);
+        let setups = setups(self.variants, vm, &self.skip)?;
+        let tests = match self.tests {
+            Some(tests) => tests,
+            None => {
+                let mut tests = Vec::new();
+                if setups.iter().any(|s| !s.is_vm()) {
+                    tests = if self.smoke {
+                        Test::smoke_list()
+                    } else {
+                        Test::default_list()
+                    };
+                }
+                if setups.iter().any(Setup::is_vm) {
+                    tests.extend(Test::vm_list());
+                }
+                tests
             }
-        });
+        };
         if tests.is_empty() {
             return Err(Error::new("--tests names no test"));
+        }
+        if let Some(t) = tests.iter().find(|t| !setups.iter().any(|s| s.runs(t))) {
+            let which = if t.from_vm {
+                "a VM setup"
+            } else {
+                "a setup other than the VM ones"
+            };
+            return Err(Error::new(format!(
+                "test {t} needs {which}, and --skip leaves none"
+            )));
         }
         let smoke_or = |smoke: u32, full: u32| if self.smoke { smoke } else { full };
         Ok(Options {
@@ -137,9 +171,10 @@ impl Raw {
     }
 }
 
-/// This datapath's variants (or the default one), then the fixed setups, less the
-/// skipped ones. Names must be unique and skips must name something.
-fn setups(variants: Vec<(String, Vec<String>)>, skip: &[String]) -> Result<Vec<Setup>> {
+/// This datapath's variants (or the default one), then the fixed setups, then the
+/// VM setups if `vm`, less the skipped ones. Names must be unique and skips must
+/// name something.
+fn setups(variants: Vec<(String, Vec<String>)>, vm: bool, skip: &[String]) -> Result<Vec<Setup>> {
     let variants = if variants.is_empty() {
         vec![("ours".to_string(), Vec::new())]
     } else {
@@ -156,12 +191,15 @@ fn setups(variants: Vec<(String, Vec<String>)>, skip: &[String]) -> Result<Vec<S
         });
     }
     all.extend(KERNEL_AND_OVS.iter().filter_map(|n| Setup::fixed(n)));
+    if vm {
+        all.extend(Setup::vms());
+    }
     let is_ours = |s: &Setup| matches!(s.kind, Kind::Ours { .. });
     for name in skip {
-        if !(name == "ours" || all.iter().any(|s| &s.name == name)) {
+        if !(name == "ours" || name == "vm" || all.iter().any(|s| &s.name == name)) {
             let known: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
             return Err(Error::new(format!(
-                "--skip {name:?}: no such setup (known: ours, {})",
+                "--skip {name:?}: no such setup (known: ours, vm, {})",
                 known.join(", ")
             )));
         }
@@ -171,7 +209,7 @@ fn setups(variants: Vec<(String, Vec<String>)>, skip: &[String]) -> Result<Vec<S
         .filter(|s| {
             !skip
                 .iter()
-                .any(|k| *k == s.name || (k == "ours" && is_ours(s)))
+                .any(|k| *k == s.name || (k == "ours" && is_ours(s)) || (k == "vm" && s.is_vm()))
         })
         .collect();
     if kept.is_empty() {
@@ -189,9 +227,10 @@ fn variant(v: &str) -> Result<(String, Vec<String>)> {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    if !valid || Setup::fixed(name).is_some() {
+    if !valid || Setup::fixed(name).is_some() || name == "vm" || name.starts_with("vm-") {
         return Err(Error::new(format!(
-            "--variant {v:?}: the name must be letters, digits, '-' or '_' and not one of {}",
+            "--variant {v:?}: the name must be letters, digits, '-' or '_' and not one of \
+             vm, vm-*, {}",
             KERNEL_AND_OVS.join(", ")
         )));
     }
@@ -294,6 +333,33 @@ mod tests {
     }
 
     #[test]
+    fn vm_setups_only_when_asked_for() {
+        assert!(!parse(&[]).unwrap().setups.iter().any(Setup::is_vm));
+        assert!(!parse(&["--smoke"]).unwrap().setups.iter().any(Setup::is_vm));
+
+        let o = parse(&["--vm", "--skip", "vxlan,veth,ovs"]).unwrap();
+        assert_eq!(names(&o), ["ours", "vm-bridge", "vm-attach"]);
+        assert_eq!(o.tests, [Test::default_list(), Test::vm_list()].concat());
+
+        // Only VM setups left: only VM tests by default.
+        let o = parse(&["--vm", "--skip", "ours,vxlan,veth,ovs"]).unwrap();
+        assert_eq!(names(&o), ["vm-bridge", "vm-attach"]);
+        assert_eq!(o.tests, Test::vm_list());
+
+        // Naming a VM test brings the VM setups in.
+        let o = parse(&["--tests", "vm-tcp1-v6-8500,tcp1-v4-8500"]).unwrap();
+        assert_eq!(
+            names(&o),
+            ["ours", "vxlan", "veth", "ovs", "vm-bridge", "vm-attach"]
+        );
+        assert!(o.tests[0].from_vm && !o.tests[1].from_vm);
+
+        let o = parse(&["--vm", "--skip", "vm"]).unwrap();
+        assert_eq!(names(&o), ["ours", "vxlan", "veth", "ovs"]);
+        assert_eq!(o.tests, Test::default_list());
+    }
+
+    #[test]
     fn mistakes_are_named() {
         for (args, want) in [
             (&["--skip", "ovz"][..], "no such setup"),
@@ -305,6 +371,22 @@ mod tests {
             (&["--tests", "tcp9-v7-1"][..], "invalid test"),
             (&["--frobnicate"][..], "unknown option"),
             (&["--skip", "ours,vxlan,veth,ovs"][..], "no setup"),
+            (&["--skip", "vm-bridge"][..], "no such setup"),
+            (&["--variant", "vm-x=--cores 0"][..], "vm-*"),
+            (
+                &["--tests", "vm-tcp1-v4-8500", "--skip", "vm"][..],
+                "needs a VM setup",
+            ),
+            (
+                &[
+                    "--vm",
+                    "--tests",
+                    "tcp1-v4-8500",
+                    "--skip",
+                    "ours,vxlan,veth,ovs",
+                ][..],
+                "needs a setup other than the VM ones",
+            ),
         ] {
             let e = parse(args).unwrap_err();
             assert!(e.0.contains(want), "{args:?}: {e}");

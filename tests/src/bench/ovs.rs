@@ -22,7 +22,8 @@
 use super::cpu::Watched;
 use super::process::Background;
 use super::setup::{
-    address_guest, client_spec, guest_ns, server_spec, veth, Topology, GUEST_IF, SLED_GUEST_IF, VNI,
+    address_guest, client_spec, guest_ns, server_spec, veth, Client, Topology, GUEST_IF,
+    SLED_GUEST_IF, VNI,
 };
 use crate::cmd::Cmd;
 use crate::netns::Netns;
@@ -86,8 +87,8 @@ impl Ovs {
 }
 
 impl Topology for Ovs {
-    fn client(&self) -> &Netns {
-        &self.client
+    fn client(&self) -> Client<'_> {
+        Client::Netns(&self.client)
     }
 
     fn server(&self) -> &Netns {

@@ -1,5 +1,6 @@
 //! Results: medians per (test, setup) over the rounds, ratios to the baseline
-//! (kernel VXLAN), Markdown tables, and the JSON file with every run.
+//! (kernel VXLAN; for the VM tests the first VM setup, see [`baseline_name`]),
+//! Markdown tables, and the JSON file with every run.
 //!
 //! Every figure's median is taken over the successful runs separately (so "per
 //! busy core" is the median of each run's ratio, not a ratio of medians).
@@ -40,14 +41,19 @@ impl Run {
                         u.delivered_pps / 1e3,
                         u.loss_percent
                     ),
+                    None if self.test.from_vm => format!("{:6.0} Mbit/s", m.figures.gbps * 1e3),
                     None => format!("{:6.2} Gbit/s", m.figures.gbps),
                 };
                 let daemons = m
                     .cpu
                     .daemon_cores()
                     .map_or_else(String::new, |c| format!(", daemons {c:.2} cores"));
+                let qemu = m
+                    .cpu
+                    .vm_cores()
+                    .map_or_else(String::new, |c| format!(", QEMU {c:.2} cores"));
                 format!(
-                    "{head} {figure}, busy {:.2} cores{daemons}",
+                    "{head} {figure}, busy {:.2} cores{daemons}{qemu}",
                     m.cpu.busy_cores
                 )
             }
@@ -75,6 +81,8 @@ pub struct Medians {
     pub gbps_per_core: f64,
     /// Only for setups with daemons.
     pub daemon_cores: Option<f64>,
+    /// The VM's QEMU process; only for the VM setups.
+    pub vm_cores: Option<f64>,
     pub udp: Option<UdpMedians>,
     /// (process label, thread name, allowed CPUs, cores), sorted by process and thread.
     pub threads: Vec<(String, String, String, f64)>,
@@ -153,11 +161,13 @@ fn medians(ok: &[&Measurement]) -> Option<Medians> {
         None
     };
     let daemon_cores: Vec<f64> = ok.iter().filter_map(|m| m.cpu.daemon_cores()).collect();
+    let vm_cores: Vec<f64> = ok.iter().filter_map(|m| m.cpu.vm_cores()).collect();
     Some(Medians {
         gbps: of(&|m| m.figures.gbps)?,
         busy_cores: of(&|m| m.cpu.busy_cores)?,
         gbps_per_core: of(&gbps_per_core)?,
         daemon_cores: median(daemon_cores),
+        vm_cores: median(vm_cores),
         udp,
         threads: thread_medians(ok.iter().map(|m| &m.cpu)),
     })
@@ -198,11 +208,26 @@ fn thread_medians<'a>(
         .collect()
 }
 
+/// The setup `test`'s rows are compared with: kernel VXLAN, or for a VM test the
+/// first VM setup that has a row (the first attachment way run): a VM's figures
+/// depend on how its CPU is run (emulated under TCG), so they are compared only
+/// among VM setups of the same run.
+pub fn baseline_name<'a>(rows: &'a [Summary], test: &Test) -> Option<&'a str> {
+    if test.from_vm {
+        rows.iter()
+            .find(|r| r.test.from_vm)
+            .map(|r| r.setup.as_str())
+    } else {
+        Some(BASELINE)
+    }
+}
+
 /// `value / baseline` of the baseline setup's row for the same test.
 fn ratio(rows: &[Summary], row: &Summary, value: impl Fn(&Medians) -> Option<f64>) -> Option<f64> {
+    let name = baseline_name(rows, &row.test)?;
     let base = rows
         .iter()
-        .find(|r| r.test == row.test && r.setup == BASELINE)?;
+        .find(|r| r.test == row.test && r.setup == name)?;
     let b = value(base.medians.as_ref()?)?;
     let v = value(row.medians.as_ref()?)?;
     (b > 0.0).then(|| v / b)
@@ -216,24 +241,39 @@ fn fmt_ratio(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
 }
 
-/// The Markdown tables: TCP, small UDP, and the daemons' threads.
+/// The Markdown tables: TCP, small UDP, VM, and the daemons' (and QEMU's) threads.
 pub fn markdown(rows: &[Summary]) -> String {
     let mut out = String::new();
-    let tcp: Vec<&Summary> = rows.iter().filter(|r| !r.test.is_udp()).collect();
+    let tcp: Vec<&Summary> = rows
+        .iter()
+        .filter(|r| !r.test.is_udp() && !r.test.from_vm)
+        .collect();
     if !tcp.is_empty() {
-        out.push_str(&tcp_table(rows, &tcp));
+        out.push_str(&throughput_table(rows, &tcp, &TCP));
     }
     let udp: Vec<&Summary> = rows.iter().filter(|r| r.test.is_udp()).collect();
     if !udp.is_empty() {
-        out.push('\n');
+        separate(&mut out);
         out.push_str(&udp_table(rows, &udp));
+    }
+    let vm: Vec<&Summary> = rows.iter().filter(|r| r.test.from_vm).collect();
+    if let Some(first) = vm.first() {
+        separate(&mut out);
+        out.push_str(&throughput_table(rows, &vm, &vm_throughput(&first.setup)));
     }
     let threads = threads_table(rows);
     if !threads.is_empty() {
-        out.push('\n');
+        separate(&mut out);
         out.push_str(&threads);
     }
     out
+}
+
+/// A blank line between tables (none before the first).
+fn separate(out: &mut String) {
+    if !out.is_empty() {
+        out.push('\n');
+    }
 }
 
 /// One line on the other users' load: busy figures include it.
@@ -245,32 +285,6 @@ pub fn background_line(runs: &[Run]) -> Option<String> {
         "Background load (machine busy cores just before each topology was built, while \
          nothing of the benchmark ran): median {median:.2}, max {max:.2}."
     ))
-}
-
-fn tcp_table(all: &[Summary], rows: &[&Summary]) -> String {
-    let mut t = format!(
-        "| test | setup | Gbit/s | vs {BASELINE} | busy cores | vs {BASELINE} | Gbit/s per busy core | vs {BASELINE} | daemon cores | runs |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-    );
-    for r in rows {
-        let m = r.medians.as_ref();
-        let _ = writeln!(
-            t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} |",
-            r.test,
-            r.setup,
-            fmt_opt(m.map(|m| m.gbps), 2),
-            fmt_ratio(ratio(all, r, |m| Some(m.gbps))),
-            fmt_opt(m.map(|m| m.busy_cores), 2),
-            fmt_ratio(ratio(all, r, |m| Some(m.busy_cores))),
-            fmt_opt(m.map(|m| m.gbps_per_core), 2),
-            fmt_ratio(ratio(all, r, |m| Some(m.gbps_per_core))),
-            fmt_opt(m.and_then(|m| m.daemon_cores), 2),
-            r.ok,
-            r.total
-        );
-    }
-    t
 }
 
 fn udp_table(all: &[Summary], rows: &[&Summary]) -> String {
@@ -293,6 +307,83 @@ fn udp_table(all: &[Summary], rows: &[&Summary]) -> String {
             fmt_ratio(ratio(all, r, |m| Some(m.busy_cores))),
             fmt_opt(u.map(|u| u.kpps_per_core), 0),
             fmt_ratio(ratio(all, r, |m| m.udp.map(|u| u.kpps_per_core))),
+            fmt_opt(m.and_then(|m| m.daemon_cores), 2),
+            r.ok,
+            r.total
+        );
+    }
+    t
+}
+
+/// How a throughput table shows its rows.
+struct Throughput<'a> {
+    /// `Gbit/s` or `Mbit/s`.
+    unit: &'a str,
+    /// Per Gbit/s.
+    scale: f64,
+    decimals: usize,
+    /// The setup the ratios divide by.
+    baseline: &'a str,
+    /// A column of QEMU's cores (the VM rows).
+    qemu: bool,
+}
+
+/// The TCP tests, in Gbit/s against kernel VXLAN.
+const TCP: Throughput<'static> = Throughput {
+    unit: "Gbit/s",
+    scale: 1.0,
+    decimals: 2,
+    baseline: BASELINE,
+    qemu: false,
+};
+
+/// The VM tests against the first VM setup `first`, in Mbit/s (a VM's stream is
+/// far from a Gbit/s under TCG), with QEMU's cores apart from the daemons'.
+fn vm_throughput(first: &str) -> Throughput<'_> {
+    Throughput {
+        unit: "Mbit/s",
+        scale: 1e3,
+        decimals: 0,
+        baseline: first,
+        qemu: true,
+    }
+}
+
+fn throughput_table(all: &[Summary], rows: &[&Summary], how: &Throughput) -> String {
+    let Throughput {
+        unit,
+        scale,
+        decimals,
+        baseline: base,
+        qemu,
+    } = *how;
+    let (qemu_head, qemu_rule) = if qemu {
+        (" QEMU cores |", "---:|")
+    } else {
+        ("", "")
+    };
+    let mut t = format!(
+        "| test | setup | {unit} | vs {base} | busy cores | vs {base} | {unit} per busy core | vs {base} |{qemu_head} daemon cores | runs |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|{qemu_rule}---:|---:|\n"
+    );
+    for r in rows {
+        let m = r.medians.as_ref();
+        let qemu_cell = if qemu {
+            format!(" {} |", fmt_opt(m.and_then(|m| m.vm_cores), 2))
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |{qemu_cell} {} | {}/{} |",
+            r.test,
+            r.setup,
+            fmt_opt(m.map(|m| m.gbps * scale), decimals),
+            fmt_ratio(ratio(all, r, |m| Some(m.gbps))),
+            fmt_opt(m.map(|m| m.busy_cores), 2),
+            fmt_ratio(ratio(all, r, |m| Some(m.busy_cores))),
+            fmt_opt(m.map(|m| m.gbps_per_core * scale), decimals),
+            fmt_ratio(ratio(all, r, |m| Some(m.gbps_per_core))),
             fmt_opt(m.and_then(|m| m.daemon_cores), 2),
             r.ok,
             r.total
@@ -330,7 +421,9 @@ fn threads_table(rows: &[Summary]) -> String {
     if t.is_empty() {
         return t;
     }
-    format!("| test | setup | daemon threads, cores (@N: pinned to core N) |\n|---|---|---|\n{t}")
+    format!(
+        "| test | setup | daemon (and QEMU) threads, cores (@N: pinned to core N) |\n|---|---|---|\n{t}"
+    )
 }
 
 fn usage_json(u: &Usage) -> Value {
@@ -338,6 +431,7 @@ fn usage_json(u: &Usage) -> Value {
         "seconds": u.seconds,
         "busy_cores": u.busy_cores,
         "daemon_cores": u.daemon_cores(),
+        "vm_cores": u.vm_cores(),
         "daemons": u.processes.iter().map(|p| json!({
             "label": p.label,
             "cores": p.cores,
@@ -390,6 +484,7 @@ fn summary_json(all: &[Summary], r: &Summary) -> Value {
     v["busy_cores"] = json!(m.busy_cores);
     v["gbps_per_busy_core"] = json!(m.gbps_per_core);
     v["daemon_cores"] = json!(m.daemon_cores);
+    v["vm_cores"] = json!(m.vm_cores);
     v["udp"] = match m.udp {
         Some(u) => json!({
             "delivered_kpps": u.delivered_kpps,
@@ -398,18 +493,20 @@ fn summary_json(all: &[Summary], r: &Summary) -> Value {
         }),
         None => Value::Null,
     };
-    v[format!("vs_{BASELINE}")] = json!({
-        "gbps": ratio(all, r, |m| Some(m.gbps)),
-        "busy_cores": ratio(all, r, |m| Some(m.busy_cores)),
-        "gbps_per_busy_core": ratio(all, r, |m| Some(m.gbps_per_core)),
-        "delivered_kpps": ratio(all, r, |m| m.udp.map(|u| u.delivered_kpps)),
-        "delivered_kpps_per_busy_core": ratio(all, r, |m| m.udp.map(|u| u.kpps_per_core)),
-    });
     v["threads"] = m
         .threads
         .iter()
         .map(|(p, t, cpus, cores)| json!({"process": p, "thread": t, "cpus": cpus, "cores": cores}))
         .collect();
+    if let Some(baseline) = baseline_name(all, &r.test) {
+        v[format!("vs_{baseline}")] = json!({
+        "gbps": ratio(all, r, |m| Some(m.gbps)),
+        "busy_cores": ratio(all, r, |m| Some(m.busy_cores)),
+        "gbps_per_busy_core": ratio(all, r, |m| Some(m.gbps_per_core)),
+        "delivered_kpps": ratio(all, r, |m| m.udp.map(|u| u.delivered_kpps)),
+        "delivered_kpps_per_busy_core": ratio(all, r, |m| m.udp.map(|u| u.kpps_per_core)),
+        });
+    }
     v
 }
 
@@ -527,6 +624,68 @@ mod tests {
         assert_eq!(v["runs"].as_array().unwrap().len(), 6);
         assert_eq!(v["runs"][4]["error"], "boom\nlog");
         assert_eq!(v["medians"][0]["vs_vxlan"]["gbps"], 0.5);
+    }
+
+    #[test]
+    fn vm_rows_are_compared_with_the_first_vm_setup() {
+        let vm = |mbps: f64, busy, qemu| {
+            let mut m = measurement(mbps / 1e3, busy, 0.2);
+            m.cpu.processes.push(ProcessUse {
+                label: crate::bench::cpu::VM_LABEL.into(),
+                cores: qemu,
+                threads: vec![ThreadUse {
+                    name: "CPU 0/TCG".into(),
+                    cpus: "0-1".into(),
+                    cores: qemu,
+                }],
+            });
+            Ok(m)
+        };
+        let runs = vec![
+            run(1, "ours", "tcp1-v4-8500", Ok(measurement(6.0, 2.0, 0.9))),
+            run(1, "vm-a", "vm-tcp1-v4-8500", vm(400.0, 1.6, 1.0)),
+            run(1, "vm-b", "vm-tcp1-v4-8500", vm(600.0, 1.2, 0.9)),
+            run(2, "vm-a", "vm-tcp1-v4-8500", vm(500.0, 1.8, 1.0)),
+        ];
+        let setups = ["ours", "vxlan", "vm-a", "vm-b"].map(String::from);
+        let tests = ["tcp1-v4-8500", "vm-tcp1-v4-8500"].map(|t| Test::parse(t).unwrap());
+        let rows = summarize(&runs, &setups, &tests);
+        assert_eq!(rows.len(), 3);
+        assert_eq!(baseline_name(&rows, &tests[0]), Some(BASELINE));
+        assert_eq!(baseline_name(&rows, &tests[1]), Some("vm-a"));
+        let a = rows[1].medians.as_ref().unwrap();
+        assert_eq!((a.vm_cores, a.daemon_cores), (Some(1.0), Some(0.201)));
+        let md = markdown(&rows);
+        assert!(
+            md.contains("| test | setup | Mbit/s | vs vm-a | busy cores | vs vm-a |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| vm-tcp1-v4-8500 | vm-a | 450 | 1.00x | 1.70 | 1.00x | 264 | 1.00x | 1.00 | 0.20 | 2/2 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| vm-tcp1-v4-8500 | vm-b | 600 | 1.33x | 1.20 | 0.71x | 500 | 1.89x | 0.90 | 0.20 | 1/1 |"),
+            "{md}"
+        );
+        // The namespace test stays in the TCP table, compared with VXLAN (absent here).
+        assert!(md.contains("| tcp1-v4-8500 | ours | 6.00 | - |"), "{md}");
+        assert!(md.contains("qemu: CPU 0/TCG 0.90"), "{md}");
+        let only_vm = markdown(&rows[1..]);
+        assert!(
+            only_vm.starts_with("| test | setup | Mbit/s |"),
+            "{only_vm}"
+        );
+        assert!(runs[1].line().contains("400 Mbit/s"), "{}", runs[1].line());
+        assert!(
+            runs[1].line().contains("QEMU 1.00 cores"),
+            "{}",
+            runs[1].line()
+        );
+        let v = to_json(json!({}), &runs, &rows);
+        assert_eq!(v["medians"][2]["vs_vm-a"]["gbps"], 600.0 / 450.0);
+        assert_eq!(v["medians"][2]["vm_cores"], 0.9);
+        assert!(v["medians"][0].get("vs_vm-a").is_none());
     }
 
     #[test]

@@ -6,11 +6,12 @@
 //! run.
 
 use super::cpu::background_busy_cores;
-use super::iperf::{measure, Measurement, Test};
+use super::iperf::{self, Measurement, Test};
 use super::options::Options;
 use super::report::Run;
-use super::setup::{with_diagnostics, Kind, Setup, Topology};
+use super::setup::{with_diagnostics, Client, Kind, Setup, Topology};
 use super::signals;
+use super::vm;
 use crate::{Error, Result};
 use std::path::Path;
 use std::time::Duration;
@@ -45,14 +46,17 @@ impl Runner<'_> {
         let mtus = mtus(&self.opts.tests);
         for round in 1..=self.opts.rounds {
             for &mtu in &mtus {
-                let tests: Vec<Test> = self
-                    .opts
-                    .tests
-                    .iter()
-                    .copied()
-                    .filter(|t| t.mtu == mtu)
-                    .collect();
                 for setup in &self.opts.setups {
+                    let tests: Vec<Test> = self
+                        .opts
+                        .tests
+                        .iter()
+                        .copied()
+                        .filter(|t| t.mtu == mtu && setup.runs(t))
+                        .collect();
+                    if tests.is_empty() {
+                        continue;
+                    }
                     if signals::interrupted() {
                         return Outcome {
                             runs,
@@ -123,9 +127,14 @@ impl Runner<'_> {
         }
     }
 
+    /// iperf3 from a guest namespace, or a stream from a VM.
     fn measure(&self, topo: &dyn Topology, test: Test) -> Result<Measurement> {
-        measure(topo, test, self.opts.timing, self.dir, self.hz)
-            .map_err(|e| with_diagnostics(e, topo))
+        let timing = self.opts.timing;
+        match topo.client() {
+            Client::Netns(client) => iperf::measure(client, topo, test, timing, self.dir, self.hz),
+            Client::Vm(client) => vm::measure(client, topo, test, timing, self.hz),
+        }
+        .map_err(|e| with_diagnostics(e, topo))
     }
 }
 
@@ -144,6 +153,9 @@ fn mtus(tests: &[Test]) -> Vec<u16> {
 /// before anything is built.
 pub fn preflight(opts: &Options) -> Result<()> {
     let mut needed = vec!["ip", "ping", "ss", "iperf3"];
+    if opts.setups.iter().any(Setup::is_vm) {
+        needed.push(crate::vm::QEMU);
+    }
     if opts.setups.iter().any(|s| s.kind == Kind::Ovs) {
         needed.extend([
             "ethtool",

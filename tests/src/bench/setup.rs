@@ -7,14 +7,17 @@
 //! (`fd00:99::1`, `fd00:99::2` on `ul0`) whose full-size path is checked.
 
 use super::cpu::Watched;
-use super::iperf::Family;
+use super::iperf::{Family, Test};
 use super::ovs::Ovs;
 use super::process::tail;
+use super::vm::VmPair;
 use crate::guest::GuestSpec;
 use crate::netns::{unique_id, Netns};
 use crate::poll::poll_until;
 use crate::rack::{Rack, RackSpec, Sled, UNDERLAY_MTU};
+use crate::vm::{Vm, Way};
 use crate::{Cmd, Error, Result};
+use std::cell::RefCell;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
@@ -51,6 +54,11 @@ pub enum Kind {
     Vxlan,
     Veth,
     Ovs,
+    /// This datapath (default flags) with a VM as the client guest, attached to
+    /// its port this way.
+    Vm {
+        way: Way,
+    },
 }
 
 /// A named setup: a column of the results.
@@ -67,6 +75,33 @@ pub const BASELINE: &str = "vxlan";
 pub const KERNEL_AND_OVS: [&str; 3] = ["vxlan", "veth", "ovs"];
 
 impl Setup {
+    /// The VM setups, one per attachment way, in run order.
+    pub fn vms() -> Vec<Setup> {
+        Way::ALL
+            .into_iter()
+            .map(|way| Setup {
+                name: format!("vm-{}", way.name()),
+                kind: Kind::Vm { way },
+            })
+            .collect()
+    }
+
+    pub fn is_vm(&self) -> bool {
+        matches!(self.kind, Kind::Vm { .. })
+    }
+
+    /// Whether the setup runs this datapath's `overlayd` (its variants and the VM
+    /// setups).
+    pub fn runs_overlayd(&self) -> bool {
+        matches!(self.kind, Kind::Ours { .. } | Kind::Vm { .. })
+    }
+
+    /// Whether `test` runs on this setup: VM tests on the VM setups, the others
+    /// everywhere else.
+    pub fn runs(&self, test: &Test) -> bool {
+        test.from_vm == self.is_vm()
+    }
+
     /// A fixed setup by name (`vxlan`, `veth`, `ovs`).
     pub fn fixed(name: &str) -> Option<Setup> {
         let kind = match name {
@@ -90,16 +125,49 @@ impl Setup {
             Kind::Vxlan => Box::new(Vxlan::build(prefix, mtu)?),
             Kind::Veth => Box::new(Veth::build(prefix, mtu)?),
             Kind::Ovs => Box::new(Ovs::build(prefix, mtu)?),
+            Kind::Vm { way } => Box::new(VmPair::build(prefix, mtu, *way)?),
         };
         check_path(topo.as_ref(), mtu).map_err(|e| with_diagnostics(e, topo.as_ref()))?;
         Ok(topo)
     }
 }
 
+/// Where the client side of a test runs.
+pub enum Client<'a> {
+    /// A guest namespace: iperf3 and the host's tools.
+    Netns(&'a Netns),
+    /// A VM: busybox over its command channel.
+    Vm(&'a RefCell<Vm>),
+}
+
+impl Client<'_> {
+    /// One ping of `size` payload bytes to `target`; fragmentation forbidden in a
+    /// namespace (a VM's kernel sets DF itself: see [`check_path`]).
+    fn ping(&self, target: IpAddr, size: usize) -> Result<()> {
+        let family = if target.is_ipv4() { "-4" } else { "-6" };
+        match self {
+            Client::Netns(ns) => {
+                let (size, target) = (size.to_string(), target.to_string());
+                let args = [
+                    family, "-c", "1", "-W", "1", "-M", "do", "-s", &size, &target,
+                ];
+                ns.run("ping", &args).map(drop)
+            }
+            Client::Vm(vm) => vm
+                .borrow_mut()
+                .run(
+                    &format!("ping {family} -c 1 -W 2 -s {size} {target}"),
+                    super::vm::VM_COMMAND,
+                )
+                .map(drop),
+        }
+    }
+}
+
 /// A built topology. Dropping it removes everything it created.
 pub trait Topology {
-    /// The client guest's namespace.
-    fn client(&self) -> &Netns;
+    /// The client guest.
+    fn client(&self) -> Client<'_>;
     /// The server guest's namespace.
     fn server(&self) -> &Netns;
     /// The processes doing this setup's packet work in user space, whose CPU is
@@ -153,32 +221,27 @@ pub fn server_spec(mtu: u16) -> GuestSpec {
 
 /// Pings the server from the client over both families until a reply comes, then
 /// requires a full-size ping with fragmentation forbidden: a smaller MTU anywhere
-/// on the path fails here, not as a mysteriously slow run.
+/// on the path fails here, not as a mysteriously slow run. A VM's busybox ping
+/// cannot forbid fragmentation, so its kernel's counters must show none instead.
 fn check_path(topo: &dyn Topology, mtu: u16) -> Result<()> {
+    let client = topo.client();
     for family in [Family::V4, Family::V6] {
         let target = server_addr(family);
         poll_until(&format!("a ping reply from {target}"), FIRST_REPLY, || {
-            ping(topo.client(), target, 56)
+            client.ping(target, 56)
         })?;
         let headers = match family {
             Family::V4 => 20 + 8,
             Family::V6 => 40 + 8,
         };
-        ping(topo.client(), target, usize::from(mtu) - headers)
+        client
+            .ping(target, usize::from(mtu) - headers)
             .map_err(|e| e.context(format!("full-size ping at guest MTU {mtu}")))?;
     }
+    if let Client::Vm(vm) = client {
+        super::vm::require_unfragmented(&mut vm.borrow_mut())?;
+    }
     Ok(())
-}
-
-/// One ping of `size` payload bytes with fragmentation forbidden.
-fn ping(ns: &Netns, target: IpAddr, size: usize) -> Result<()> {
-    let family = if target.is_ipv4() { "-4" } else { "-6" };
-    let size = size.to_string();
-    let target = target.to_string();
-    let args = [
-        family, "-c", "1", "-W", "1", "-M", "do", "-s", &size, &target,
-    ];
-    ns.run("ping", &args).map(drop)
 }
 
 /// A guest namespace `{id}-{name}` (DAD off, so addresses work at once).
@@ -227,24 +290,18 @@ struct Ours {
 
 impl Ours {
     fn build(prefix: &str, mtu: u16, flags: &[String]) -> Result<Ours> {
-        let mut rack = Rack::build(&RackSpec::new(prefix, 2))?;
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        rack.start_daemons(&flags)?;
+        let mut rack = rack_with_daemons(prefix, flags)?;
         rack.add_guest(client_spec(mtu))?;
         rack.add_guest(server_spec(mtu))?;
         rack.publish_v2p()?;
-        // From here on, failures quote the logs' ends through `diagnostics`
-        // instead of printing whole logs when the rack is dropped.
-        for i in 0..rack.sleds.len() {
-            rack.sled_mut(i)?.daemon_mut()?.set_log_on_drop(false);
-        }
+        quiet_logs(&mut rack)?;
         Ok(Ours { rack })
     }
 }
 
 impl Topology for Ours {
-    fn client(&self) -> &Netns {
-        &self.rack.guests[0].ns
+    fn client(&self) -> Client<'_> {
+        Client::Netns(&self.rack.guests[0].ns)
     }
 
     fn server(&self) -> &Netns {
@@ -252,34 +309,59 @@ impl Topology for Ours {
     }
 
     fn daemons(&self) -> Vec<Watched> {
-        self.rack
-            .sleds
-            .iter()
-            .filter_map(|s| {
-                Some(Watched {
-                    label: format!("overlayd s{}", s.index),
-                    pid: s.daemon().ok()?.pid()?,
-                })
-            })
-            .collect()
+        daemons(&self.rack)
     }
 
     fn diagnostics(&self) -> String {
-        self.rack
-            .sleds
-            .iter()
-            .filter_map(|s| {
-                let d = s.daemon().ok()?;
-                Some(format!(
-                    "overlayd s{} log ({}), last lines:\n{}",
-                    s.index,
-                    d.paths().log.display(),
-                    tail(&d.log())
-                ))
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        diagnostics(&self.rack)
     }
+}
+
+/// The harness's two-sled rack with `overlayd` started on each sled with `flags`.
+pub fn rack_with_daemons(prefix: &str, flags: &[String]) -> Result<Rack> {
+    let mut rack = Rack::build(&RackSpec::new(prefix, 2))?;
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    rack.start_daemons(&flags)?;
+    Ok(rack)
+}
+
+/// From here on, failures quote the daemons' logs' ends through [`diagnostics`]
+/// instead of printing whole logs when the rack is dropped.
+pub fn quiet_logs(rack: &mut Rack) -> Result<()> {
+    for i in 0..rack.sleds.len() {
+        rack.sled_mut(i)?.daemon_mut()?.set_log_on_drop(false);
+    }
+    Ok(())
+}
+
+/// The rack's `overlayd` processes, one per sled.
+pub fn daemons(rack: &Rack) -> Vec<Watched> {
+    rack.sleds
+        .iter()
+        .filter_map(|s| {
+            Some(Watched {
+                label: format!("overlayd s{}", s.index),
+                pid: s.daemon().ok()?.pid()?,
+            })
+        })
+        .collect()
+}
+
+/// The end of each sled's `overlayd` log.
+pub fn diagnostics(rack: &Rack) -> String {
+    rack.sleds
+        .iter()
+        .filter_map(|s| {
+            let d = s.daemon().ok()?;
+            Some(format!(
+                "overlayd s{} log ({}), last lines:\n{}",
+                s.index,
+                d.paths().log.display(),
+                tail(&d.log())
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Kernel VXLAN over IPv6: per sled a VXLAN device toward the other sled and a
@@ -346,8 +428,8 @@ fn vxlan_bridge(sled: &Sled, peer: Ipv6Addr) -> Result<()> {
 }
 
 impl Topology for Vxlan {
-    fn client(&self) -> &Netns {
-        &self.client
+    fn client(&self) -> Client<'_> {
+        Client::Netns(&self.client)
     }
     fn server(&self) -> &Netns {
         &self.server
@@ -373,8 +455,8 @@ impl Veth {
 }
 
 impl Topology for Veth {
-    fn client(&self) -> &Netns {
-        &self.client
+    fn client(&self) -> Client<'_> {
+        Client::Netns(&self.client)
     }
     fn server(&self) -> &Netns {
         &self.server
@@ -396,6 +478,22 @@ mod tests {
         assert_eq!((c.sled, s.sled), (0, 1));
         assert_eq!((c.mtu, s.mtu), (Some(1500), Some(8500)));
         assert_ne!(c.mac, s.mac);
+    }
+
+    #[test]
+    fn vm_tests_run_on_vm_setups_only() {
+        let vm = &Setup::vms()[0];
+        let ours = Setup {
+            name: "ours".into(),
+            kind: Kind::Ours { flags: vec![] },
+        };
+        for test in Test::vm_list() {
+            assert!(vm.runs(&test) && !ours.runs(&test), "{test}");
+        }
+        for test in Test::default_list() {
+            assert!(!vm.runs(&test) && ours.runs(&test), "{test}");
+        }
+        assert_eq!(vm.name, "vm-bridge");
     }
 
     #[test]

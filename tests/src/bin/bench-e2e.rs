@@ -4,8 +4,8 @@
 //!
 //! Run through `scripts/bench-e2e.sh`, which installs the tools and builds in
 //! release mode; `bench-e2e --help` lists the options. Prints a progress line per
-//! run, then Markdown tables of the medians with ratios to VXLAN, and writes every
-//! run and the medians as JSON.
+//! run, then Markdown tables of the medians with ratios to VXLAN (the VM rows of
+//! `--vm`: to the first VM setup), and writes every run and the medians as JSON.
 //!
 //! Exit status: 0 when every run succeeded, 1 when any failed (the others are still
 //! reported), 2 for a bad command line, 130 when interrupted.
@@ -15,9 +15,10 @@ use e2e::bench::options::{Options, Parsed, USAGE};
 use e2e::bench::process::TempDir;
 use e2e::bench::report::{background_line, markdown, summarize, to_json, Run};
 use e2e::bench::runner::{preflight, Outcome, Runner};
-use e2e::bench::setup::Kind;
+use e2e::bench::setup::{Kind, Setup};
 use e2e::bench::signals;
 use e2e::netns::{sweep_stale, unique_id};
+use e2e::vm::{Accel, GuestImage};
 use e2e::{Cmd, Context, Result};
 use serde_json::{json, Value};
 use std::process::ExitCode;
@@ -54,11 +55,7 @@ fn run(opts: &Options) -> Result<ExitCode> {
     let prefix = std::env::var("BENCH_E2E_PREFIX").unwrap_or_else(|_| DEFAULT_PREFIX.into());
     // Namespaces of earlier runs that were killed before their guards ran.
     sweep_stale(&prefix)?;
-    if opts
-        .setups
-        .iter()
-        .any(|s| matches!(s.kind, Kind::Ours { .. }))
-    {
+    if opts.setups.iter().any(Setup::runs_overlayd) {
         e2e::bins::bins().context("locating overlayd and xdeadm")?;
     }
     let work = TempDir::create(&unique_id(&prefix))?;
@@ -130,14 +127,21 @@ fn meta(opts: &Options) -> Result<Value> {
             Kind::Ours { flags } => {
                 json!({"name": s.name, "kind": "ours", "overlayd_flags": flags})
             }
+            Kind::Vm { .. } => json!({"name": s.name, "kind": "vm"}),
             _ => json!({"name": s.name, "kind": s.name}),
         })
         .collect();
-    let overlayd = if opts
-        .setups
-        .iter()
-        .any(|s| matches!(s.kind, Kind::Ours { .. }))
-    {
+    // How the VMs ran: under TCG their figures mean little outside their run.
+    let vm = if opts.setups.iter().any(Setup::is_vm) {
+        let image = GuestImage::get()?;
+        Some(json!({
+            "accel": format!("{:?}", Accel::for_this_machine(image)?),
+            "guest_image": image.versions(),
+        }))
+    } else {
+        None
+    };
+    let overlayd = if opts.setups.iter().any(Setup::runs_overlayd) {
         Some(e2e::bins::bins()?.overlayd.display().to_string())
     } else {
         None
@@ -153,6 +157,7 @@ fn meta(opts: &Options) -> Result<Value> {
         "cpus": std::thread::available_parallelism().map(usize::from).ok(),
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|k| k.trim().to_string()),
         "overlayd": overlayd,
+        "vm": vm,
         "loadavg_start": loadavg(),
     }))
 }

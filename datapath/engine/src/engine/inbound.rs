@@ -2,7 +2,7 @@
 //! checks, coalescing), frames other workers hand over ([`Engine::process_sibling`]),
 //! and delivery to a port of this engine.
 
-use super::{confirm, ip_bytes, match_fields, quoted, slot_mut, Engine, Owner, Port};
+use super::{confirm, external, ip_bytes, match_fields, quoted, slot_mut, Engine, Owner, Port};
 use crate::drop::DropReason;
 use crate::firewall::TcpSegment;
 use crate::flow::FlowKey;
@@ -36,7 +36,7 @@ impl Via<'_> {
     /// Whether a frame of a cached flow comes from the flow's sender. Same-sled
     /// delivery has no underlay and nothing to check.
     #[inline]
-    fn admits(&self, s: &Sender) -> bool {
+    pub(super) fn admits(&self, s: &Sender) -> bool {
         match self {
             Via::Underlay { trust, from } => trust.admits(s, from),
             Via::Local => true,
@@ -140,42 +140,13 @@ impl Engine {
                 p.c.drops.inc(r);
                 return;
             }
-            // Translated straight into the frame the guest gets (the received buffer
-            // is not written to), after the port's held segments, to keep their
-            // order; a frame that is then refused is taken back.
-            self.coalescer.flush_for(port, out);
-            let dest = TxDest::Port {
+            let to = Delivery {
                 port,
-                vnet: VnetHdr::default(),
+                vni: um.vni,
+                mss: um.mss,
             };
-            let buf = out.push_unzeroed(dest, inner.len());
-            inner.copy_into(buf);
-            let (cfg, snat) = (&p.cfg, &p.snat);
-            let verdict = match nat::inbound(&cfg.external, cfg.ipv4, cfg.ipv6, snat, meta, buf) {
-                None => Err(DropReason::NatNoMapping),
-                Some((m, one_to_one)) => {
-                    let key = FlowKey::from_meta(um.vni, &m);
-                    let r = inbound_verdict(p, &via, &key, &m, buf, now);
-                    if r.is_ok() && one_to_one {
-                        let (ext, to) = (&p.cfg.external, meta.dst_ip);
-                        nat::note_inbound(ext, &mut p.snat, &p.fw, &key, to, now);
-                    }
-                    r
-                }
-            };
-            match verdict {
-                Ok(()) => {
-                    // The parser saw a whole Ethernet header: the MACs are there.
-                    buf[6..12].copy_from_slice(p.cfg.gateway_mac.as_bytes());
-                    p.c.in_packets += 1;
-                    p.c.in_bytes += inner.len() as u64;
-                    self.coalescer.count_passed();
-                }
-                Err(r) => {
-                    out.pop();
-                    p.c.drops.inc(r);
-                }
-            }
+            let coalescer = &mut self.coalescer;
+            external::from_outside(p, coalescer, &via, to, inner, meta, now, out);
             return;
         }
         let key = FlowKey::from_meta(um.vni, meta);
@@ -262,6 +233,15 @@ impl Engine {
     }
 }
 
+/// Which port a frame from the underlay is for, in which VPC (its VNI), and the
+/// sender's MSS (the Geneve Mss option).
+#[derive(Clone, Copy)]
+pub(super) struct Delivery {
+    pub port: PortId,
+    pub vni: u32,
+    pub mss: Option<u32>,
+}
+
 /// Inbound checks for a frame bound to port `p`, arrived `via` the underlay or from
 /// another local port: the destination must be the guest; then the cached flow, whose
 /// sender the frame must come from, or, for a new flow, the overlay's trust and the
@@ -312,20 +292,28 @@ pub(super) fn inbound_verdict(
             return verdict(e.action.verdict);
         }
     }
-    compile_inbound(p, via, key, m, head, now)
+    compile_inbound(p, via, key, m, head, now, None)
 }
 
 /// The inbound flow-table miss (or an entry that no longer holds): the overlay's
 /// trust, then the firewall, decide the flow, and the result is cached. Out of line,
 /// so that the hit path above keeps its registers.
+///
+/// A flow from outside comes with `nat`: the key it arrived with (to the external
+/// address), under which the outcome is cached with its translation, and that
+/// translation; `key` and `m` are the translated flow, which the firewall decides.
+/// A flow to a SNAT port is cached only while the connection holding the port
+/// lives (the port may go to another flow after it); a 1:1 address's translation
+/// holds until the epoch changes.
 #[cold]
-fn compile_inbound(
+pub(super) fn compile_inbound(
     p: &mut Port,
     via: &Via<'_>,
     key: &FlowKey,
     m: &InnerMeta,
     head: &[u8],
     now: u64,
+    nat: Option<(FlowKey, nat::InboundTarget)>,
 ) -> Result<(), DropReason> {
     let sender = via.sender(p.cfg.vni, m.src_ip)?;
     let seg = TcpSegment::read(m, head);
@@ -349,11 +337,23 @@ fn compile_inbound(
     if admitted.is_some_and(|a| a.created) {
         p.uft_out.remove(&key.reversed());
     }
+    let (cache_key, nat) = match nat {
+        Some((arrived, t)) => (arrived, Some(t)),
+        None => (*key, None),
+    };
+    let connected = admitted.is_some_and(|a| a.needs_conn && a.conn.is_some());
+    if nat.is_some_and(|t| !t.one_to_one) && !connected {
+        return verdict(v);
+    }
     p.uft_in.insert(
-        *key,
+        cache_key,
         UftEntry {
             epoch: p.epoch,
-            action: InAction { sender, verdict: v },
+            action: InAction {
+                sender,
+                verdict: v,
+                nat,
+            },
             path_mtu: 0,
             needs_conn: admitted.is_some_and(|a| a.needs_conn),
             conn: admitted.and_then(|a| a.conn),
@@ -366,7 +366,7 @@ fn compile_inbound(
     verdict(v)
 }
 
-fn verdict(v: InVerdict) -> Result<(), DropReason> {
+pub(super) fn verdict(v: InVerdict) -> Result<(), DropReason> {
     match v {
         InVerdict::Deliver => Ok(()),
         InVerdict::Drop(r) => Err(r),

@@ -599,12 +599,13 @@ fn compile_outbound(
         f.vpc_vni = Some(cfg.vni.get());
     }
     let seg = TcpSegment::read(m, frame);
+    let quote = quoted(key, m, frame);
     let decision = match fw.decide(
         Direction::Out,
         &f,
         seg,
         ip_bytes(m),
-        quoted(key, m, frame).as_ref(),
+        quote.as_ref(),
         env.now,
     ) {
         Ok(d) => d,
@@ -619,14 +620,25 @@ fn compile_outbound(
     // NAT (router -> NAT -> overlay): decided before the connection opens, so a
     // flow refused here (no external address, SNAT exhausted) opens nothing.
     let src_nat = match route.target {
-        RouteTarget::InternetGateway => {
-            match nat::outbound(&cfg.external, snat, fw, key, env.now) {
+        RouteTarget::InternetGateway => match &quote {
+            // An ICMP error about a packet that came in through NAT leaves as from
+            // where that packet was sent, quoting it as sent; decided per packet,
+            // as the firewall decides such errors.
+            Some(q) => Some(nat::outbound_icmp_error(
+                &cfg.external,
+                snat,
+                fw,
+                key,
+                q,
+                env.now,
+            )?),
+            None => match nat::outbound(&cfg.external, snat, fw, key, env.now) {
                 Ok(n) => Some(n),
                 // Exhaustion passes as flows end: decided again on the next packet.
                 Err(DropReason::SnatExhausted) => return Err(DropReason::SnatExhausted),
                 Err(r) => return Ok(drop(r)),
-            }
-        }
+            },
+        },
         RouteTarget::VpcSubnet | RouteTarget::Ip(_) | RouteTarget::Drop => None,
     };
     // The connection is opened here, for a flow the router and the overlay accepted
@@ -639,6 +651,13 @@ fn compile_outbound(
         };
         if a.created {
             uft_in.remove(&key.reversed());
+            // Through NAT, its replies arrive to the external address, and are
+            // cached under that key (`external.rs`).
+            if let Some(n) = src_nat {
+                let r = n.rewrite;
+                let sent = nat::rewritten_meta(m, nat::End::Src, r.ip, r.port);
+                uft_in.remove(&FlowKey::from_meta(key.vni, &sent).reversed());
+            }
         }
         UftEntry {
             epoch: env.epoch,

@@ -27,6 +27,7 @@ use super::{
     TCP_MIN_HEADER, TCP_PSH,
 };
 use crate::input::RxFrame;
+use crate::nat::{End, Rewrite};
 use crate::output::{InputRef, TxBatch, TxDest};
 use crate::port::PortId;
 use serde::Serialize;
@@ -129,8 +130,22 @@ pub(super) struct Pending {
     ip_sum: u64,
     /// [`tcp_pseudo`] of the flow (all merged segments have its addresses).
     pseudo: u64,
+    /// The same of the frame the guest gets: `pseudo`, or the translated flow's.
+    out_pseudo: u64,
     /// Insertion order, to pick the oldest slot to evict.
     age: u64,
+}
+
+/// What a first segment brings to [`Pending::begin`] besides its headers.
+struct Start {
+    port: PortId,
+    /// Its payload, where it was received.
+    payload: InputRef,
+    mss: Option<u32>,
+    gateway_mac: MacAddr,
+    age: u64,
+    /// [`tcp_pseudo`] of the segment as received.
+    pseudo: u64,
 }
 
 impl Pending {
@@ -154,6 +169,7 @@ impl Pending {
             first_id: 0,
             ip_sum: 0,
             pseudo: 0,
+            out_pseudo: 0,
             age: 0,
         }
     }
@@ -168,48 +184,45 @@ impl Pending {
     }
 
     /// Takes a first segment (checksum verified) as a new frame: `head` holds its
-    /// headers, `payload` refers to the rest.
-    #[allow(clippy::too_many_arguments)]
-    fn begin(
-        &mut self,
-        port: PortId,
-        head: &[u8],
-        m: &InnerMeta,
-        payload: InputRef,
-        mss: Option<u32>,
-        gateway_mac: MacAddr,
-        age: u64,
-        pseudo: u64,
-    ) {
+    /// headers, `start.payload` refers to the rest; `nat` translates the headers the
+    /// guest gets.
+    fn begin(&mut self, start: Start, head: &[u8], m: &InnerMeta, nat: Option<&Translation>) {
         let (hdrs, end) = (m.payload_off, m.ip_end);
         self.in_use = true;
-        self.port = port;
+        self.port = start.port;
         self.meta = *m;
         // `can_start` bounded the headers by MAX_HDR_LEN and `is_tcp_segment` put
         // them in `head`.
         self.hdr[..hdrs].copy_from_slice(&head[..hdrs]);
-        self.hdr[6..12].copy_from_slice(gateway_mac.as_bytes());
+        self.hdr[6..12].copy_from_slice(start.gateway_mac.as_bytes());
+        self.out_pseudo = match nat {
+            Some(t) => {
+                t.rewrite.apply(&mut self.hdr[..hdrs], m, t.end);
+                start.pseudo + t.rewrite.pseudo_delta()
+            }
+            None => start.pseudo,
+        };
         self.refs.clear();
-        self.refs.push(payload);
+        self.refs.push(start.payload);
         self.len = end;
         self.next_seq = seq_of(head, m.l4_off).wrapping_add((end - hdrs) as u32);
         self.seg_len = end - hdrs;
         self.segs = 1;
         self.closed = false;
         self.end_flags = 0;
-        self.mss = mss;
-        self.gso_size = mss.map_or(self.seg_len, |m| m as usize).max(1);
+        self.mss = start.mss;
+        self.gso_size = start.mss.map_or(self.seg_len, |m| m as usize).max(1);
         // `can_start` checked that the first segment is within this bound already.
         self.max_len = (m.l3_off + max_ip_len(m.l3)).min(hdrs + MAX_SEGMENTS * self.gso_size);
         self.id_mode = IdMode::Unknown;
         self.first_id = u16::from_be_bytes([head[m.l3_off + 4], head[m.l3_off + 5]]);
         self.ip_sum = match m.l3 {
-            // `can_start` checked the 20-byte header.
-            L3::Ipv4 => ipv4_fixed_sum(&head[m.l3_off..m.l3_off + 20]),
+            // `can_start` checked the 20-byte header; summed as the guest gets it.
+            L3::Ipv4 => ipv4_fixed_sum(&self.hdr[m.l3_off..m.l3_off + 20]),
             _ => 0,
         };
-        self.pseudo = pseudo;
-        self.age = age;
+        self.pseudo = start.pseudo;
+        self.age = start.age;
     }
 
     /// Takes a following segment (checksum verified): `head` holds its headers,
@@ -257,7 +270,7 @@ impl Pending {
             h[l3 + 4..l3 + 6].copy_from_slice(&((ip_len - 40) as u16).to_be_bytes());
         }
         h[l4 + 13] |= self.end_flags;
-        partial_checksum(h, l4, self.pseudo, self.len - l4);
+        partial_checksum(h, l4, self.out_pseudo, self.len - l4);
         gso_vnet(self.meta.l3, l4, hdrs, h[l4 + 13], payload, self.gso_size)
     }
 }
@@ -387,6 +400,15 @@ fn header_sum(header: &[u8], acc: u64) -> u64 {
     }
 }
 
+/// How the NAT layer translates a frame from outside (`crate::nat`): the frame is
+/// merged and checked as it arrived, and `rewrite` is applied to the `end` of the
+/// headers the guest gets, once per frame handed over.
+#[derive(Clone, Copy)]
+pub struct Translation {
+    pub rewrite: Rewrite,
+    pub end: End,
+}
+
 /// Merges in-order TCP segments per port and flow; see the module documentation.
 /// Slots and their lists are allocated on first use and kept, so the steady state
 /// allocates nothing.
@@ -422,11 +444,43 @@ impl Coalescer {
     ///
     /// Held frames refer to `frame`'s input: the caller keeps its inputs until the
     /// batch they end up in is drained, and flushes before that.
+    #[inline]
     pub fn push(
         &mut self,
         port: PortId,
         frame: RxFrame<'_>,
         meta: &InnerMeta,
+        mss: Option<u32>,
+        gateway_mac: MacAddr,
+        out: &mut TxBatch<'_>,
+    ) {
+        self.push_with(port, frame, meta, None, mss, gateway_mac, out);
+    }
+
+    /// [`Self::push`] for a frame the NAT layer translates (`t`): `frame` and `meta`
+    /// as received. Only headers change, so the payload is still referred to where
+    /// it arrived, and a merged frame is translated once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_translated(
+        &mut self,
+        port: PortId,
+        frame: RxFrame<'_>,
+        meta: &InnerMeta,
+        t: &Translation,
+        mss: Option<u32>,
+        gateway_mac: MacAddr,
+        out: &mut TxBatch<'_>,
+    ) {
+        self.push_with(port, frame, meta, Some(t), mss, gateway_mac, out);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push_with(
+        &mut self,
+        port: PortId,
+        frame: RxFrame<'_>,
+        meta: &InnerMeta,
+        nat: Option<&Translation>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
@@ -437,7 +491,7 @@ impl Coalescer {
         let head = frame.head();
         if !is_tcp_segment(head, frame.len(), meta) {
             self.flush_port(port, out);
-            self.emit_raw(port, &frame, meta, gateway_mac, out);
+            self.emit_raw(port, &frame, meta, nat, gateway_mac, out);
             return;
         }
         if let Some(i) = self.slots.iter().position(|p| p.same_flow(port, meta)) {
@@ -447,7 +501,7 @@ impl Coalescer {
                 }
                 // Bad checksum: keep order, let the guest drop it.
                 self.flush_slot(i, out);
-                self.emit_raw(port, &frame, meta, gateway_mac, out);
+                self.emit_raw(port, &frame, meta, nat, gateway_mac, out);
                 return;
             }
             self.flush_slot(i, out);
@@ -455,17 +509,25 @@ impl Coalescer {
         if can_start(head, meta, mss) {
             let pseudo = tcp_pseudo(meta);
             if !tcp_segment_ok(&frame, head, meta, pseudo) {
-                self.emit_raw(port, &frame, meta, gateway_mac, out);
+                self.emit_raw(port, &frame, meta, nat, gateway_mac, out);
                 return;
             }
             let i = self.free_slot(out);
             let payload = frame.input_ref(meta.payload_off..meta.ip_end);
             let age = self.next_age;
             self.next_age += 1;
-            self.slots[i].begin(port, head, meta, payload, mss, gateway_mac, age, pseudo);
+            let start = Start {
+                port,
+                payload,
+                mss,
+                gateway_mac,
+                age,
+                pseudo,
+            };
+            self.slots[i].begin(start, head, meta, nat);
             return;
         }
-        self.emit_single(port, &frame, head, meta, mss, gateway_mac, out);
+        self.emit_single(port, &frame, meta, nat, mss, gateway_mac, out);
     }
 
     /// Writes port `port`'s held frames to `out`: the caller is about to write a
@@ -605,18 +667,19 @@ impl Coalescer {
         &mut self,
         port: PortId,
         frame: &RxFrame<'_>,
-        head: &[u8],
         m: &InnerMeta,
+        nat: Option<&Translation>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
         let (l4, hdrs, end) = (m.l4_off, m.payload_off, m.ip_end);
         let payload = end - hdrs;
+        let head = frame.head();
         let flags = head[l4 + 13];
         let pseudo = tcp_pseudo(m);
         let gso = if !tcp_segment_ok(frame, head, m, pseudo) {
-            self.emit_raw(port, frame, m, gateway_mac, out);
+            self.emit_raw(port, frame, m, nat, gateway_mac, out);
             return;
         } else {
             mss.filter(|&gso| {
@@ -634,18 +697,27 @@ impl Coalescer {
         };
         let h = out.push_received(TxDest::Port { port, vnet }, frame, hdrs);
         h[6..12].copy_from_slice(gateway_mac.as_bytes());
+        let pseudo = match nat {
+            Some(t) => {
+                t.rewrite.apply(h, m, t.end);
+                pseudo + t.rewrite.pseudo_delta()
+            }
+            None => pseudo,
+        };
         if gso.is_some() {
             partial_checksum(h, l4, pseudo, end - l4);
         }
         self.count_out(&vnet);
     }
 
-    /// A frame passed on as is, bar the source MAC, with no offload claims.
+    /// A frame passed on as is (translated by `nat`), bar the source MAC, with no
+    /// offload claims.
     fn emit_raw(
         &mut self,
         port: PortId,
         frame: &RxFrame<'_>,
         m: &InnerMeta,
+        nat: Option<&Translation>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
@@ -653,8 +725,16 @@ impl Coalescer {
             port,
             vnet: VnetHdr::default(),
         };
-        // The parser saw a whole Ethernet header (14 bytes), so the MACs are there.
-        let h = out.push_received(dest, frame, 12);
+        // The parser saw a whole Ethernet header (14 bytes), so the MACs are there,
+        // and the headers a translation changes, in the frame's head.
+        let h = match nat {
+            None => out.push_received(dest, frame, 12),
+            Some(t) => {
+                let h = out.push_received(dest, frame, m.payload_off);
+                t.rewrite.apply(h, m, t.end);
+                h
+            }
+        };
         h[..6].copy_from_slice(m.dst_mac.as_bytes());
         h[6..12].copy_from_slice(gateway_mac.as_bytes());
         self.stats.frames_out += 1;

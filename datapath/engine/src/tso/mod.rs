@@ -14,11 +14,11 @@
 
 mod coalesce;
 
-pub use coalesce::{CoalesceStats, Coalescer};
+pub use coalesce::{CoalesceStats, Coalescer, Translation};
 
 use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
-use crate::nat::{self, SrcNat};
+use crate::nat::SrcNat;
 use crate::output::{TxBatch, TxDest};
 use std::net::IpAddr;
 use wire::checksum;
@@ -332,7 +332,7 @@ impl InnerEdit {
     #[inline]
     fn apply_nat(&self, inner: &mut [u8], meta: &InnerMeta) {
         if let Some(n) = &self.nat {
-            nat::rewrite(inner, meta, nat::End::Src, n.ip, n.port);
+            n.apply(inner, meta);
         }
     }
 }

@@ -229,6 +229,16 @@ impl VhostPort {
     }
 }
 
+impl std::fmt::Debug for VhostPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VhostPort")
+            .field("name", &self.shared.cfg.name)
+            .field("socket", &self.shared.cfg.socket)
+            .field("mode", &self.shared.cfg.mode)
+            .finish()
+    }
+}
+
 impl Drop for VhostPort {
     fn drop(&mut self) {
         connection::stop(&self.shared);

@@ -1,0 +1,10 @@
+#!/bin/bash
+# cap.sh NAME PAYLOAD MSS CSUM : capture on tgso-b (ns2) while writing one super-frame into tap tgso-t0 (ns1)
+name=$1; pl=$2; mss=$3; cs=${4:-1}
+ip netns exec tgso-n2 tcpdump -i tgso-b -s 0 -w ${TGSO_DIR:-/tmp/tgso}/$name.pcap -U udp port 6081 2>${TGSO_DIR:-/tmp/tgso}/$name.tcpdump.log &
+tp=$!
+sleep 1.5
+ip netns exec tgso-n1 ${TGSO_DIR:-/tmp/tgso}/gso_tx tap-super tgso-t0 02:00:00:00:0c:01 02:00:00:00:0b:01 fd00:77::1 fd00:77::2 $pl $mss 1 $cs
+sleep 1
+kill $tp; wait $tp 2>/dev/null
+python3 ${TGSO_DIR:-/tmp/tgso}/verify.py ${TGSO_DIR:-/tmp/tgso}/$name.pcap
