@@ -7,14 +7,12 @@
 # datapath for comparison (openvswitch-switch; its system service is not used).
 # prometheus scrapes the daemon's OpenMetrics endpoint in tests/tests/metrics.rs
 # (run as a child process; its system service is not used), asked with curl.
-# qemu-system-x86 boots the VM of tests/tests/vhost_user.rs (its kernel and busybox
-# are fetched with apt-get download at test time and cached).
 # Idempotent and quiet: it installs only what is missing.
 set -euo pipefail
 
 need_apt=()
 for pkg in clang llvm libbpf-dev iproute2 iputils-ping procps tshark tcpdump iperf3 \
-    ethtool ndisc6 python3 openvswitch-switch prometheus curl qemu-system-x86; do
+    ethtool ndisc6 python3 openvswitch-switch prometheus curl; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
