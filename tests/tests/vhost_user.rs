@@ -125,7 +125,10 @@ fn build_assets() -> Result<(PathBuf, PathBuf)> {
     // The cloud kernel's metapackage names the versioned image it depends on.
     sh(
         r#"
-        image=$(apt-cache depends linux-image-cloud-amd64 | sed -n 's/.*Depends: \(linux-image-[0-9].*\)/\1/p' | head -n1)
+        image() { apt-cache depends linux-image-cloud-amd64 2>/dev/null | sed -n 's/.*Depends: \(linux-image-[0-9].*\)/\1/p' | head -n1; }
+        # A fresh machine may have no package lists yet.
+        [ -n "$(image)" ] || apt-get update -qq
+        image=$(image)
         apt-get download -q "$image" busybox-static >/dev/null
         for d in *.deb; do dpkg-deb -x "$d" x; done
         cp x/boot/vmlinuz-* ../vmlinuz.new
