@@ -313,6 +313,30 @@ pub struct CreatePort {
     /// writes with a packet socket and never deletes. Excludes `netns`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attach: Option<String>,
+    /// Serve the guest over vhost-user at this socket instead of a tap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_user: Option<VhostUser>,
+}
+
+/// A port whose guest is a VM attached over vhost-user: overlayd is the backend
+/// of the VM's virtio-net device (see `docs/operating.md`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VhostUser {
+    /// The vhost-user socket's path.
+    pub socket: std::path::PathBuf,
+    pub mode: VhostUserMode,
+}
+
+/// Which side of the vhost-user socket listens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VhostUserMode {
+    /// overlayd listens; QEMU connects (`-chardev socket,...,reconnect=1`).
+    #[default]
+    Server,
+    /// QEMU listens (`-chardev socket,...,server=on`); overlayd connects, and
+    /// connects again after it restarts, while the VM keeps running.
+    Client,
 }
 
 /// A virtual-to-physical mapping: the guest `vpc_ip` in VPC `vni` has MAC `vpc_mac`
@@ -850,6 +874,8 @@ impl fmt::Display for FwRule {
 pub struct PortInfo {
     pub config: PortConfig,
     pub netns: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_user: Option<VhostUser>,
     /// The interface the port is attached to (`create-xde --attach`); absent for a
     /// port with a tap of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1091,12 +1117,23 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(CreatePort {
                 config: sample_port("opte0", 5),
                 netns: Some("guest0".into()),
+                vhost_user: None,
                 attach: None,
             })),
             Request::CreatePort(Box::new(CreatePort {
                 config: sample_port("vm0", 6),
                 netns: None,
                 attach: Some("vnet0".into()),
+                vhost_user: None,
+            })),
+            Request::CreatePort(Box::new(CreatePort {
+                config: sample_port("vm1", 7),
+                netns: None,
+                attach: None,
+                vhost_user: Some(VhostUser {
+                    socket: "/run/overlayd/vm1.sock".into(),
+                    mode: VhostUserMode::Client,
+                }),
             })),
             Request::DeletePort {
                 name: "opte0".into(),
@@ -1323,6 +1360,7 @@ pub(crate) mod tests {
                     port: PortInfo {
                         config: sample_port("opte1", 7),
                         netns: None,
+                        vhost_user: None,
                         attach: None,
                     },
                     not_applied: None,
@@ -1336,6 +1374,7 @@ pub(crate) mod tests {
                     port: PortInfo {
                         config: sample_port("opte2", 8),
                         netns: Some("guest2".into()),
+                        vhost_user: None,
                         attach: None,
                     },
                     not_applied: Some(NotApplied {

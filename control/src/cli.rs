@@ -305,6 +305,22 @@ impl CaptureArgs {
     }
 }
 
+/// `--vhost-user-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum VhostModeArg {
+    Server,
+    Client,
+}
+
+impl From<VhostModeArg> for crate::api::VhostUserMode {
+    fn from(m: VhostModeArg) -> Self {
+        match m {
+            VhostModeArg::Server => crate::api::VhostUserMode::Server,
+            VhostModeArg::Client => crate::api::VhostUserMode::Client,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct CreateXde {
     pub name: String,
@@ -336,6 +352,14 @@ pub struct CreateXde {
     /// daemon never deletes.
     #[arg(long, value_name = "IFACE", conflicts_with = "netns")]
     pub attach: Option<String>,
+    /// Serve a VM over vhost-user at this socket instead of a tap: overlayd is the
+    /// backend of the VM's virtio-net device.
+    #[arg(long, value_name = "SOCKET_PATH", conflicts_with_all = ["netns", "attach"])]
+    pub vhost_user: Option<std::path::PathBuf>,
+    /// Who listens on the vhost-user socket: overlayd (server) or QEMU (client:
+    /// the VM survives a restart of overlayd).
+    #[arg(long, value_enum, requires = "vhost_user", default_value_t = VhostModeArg::Server)]
+    pub vhost_user_mode: VhostModeArg,
     #[arg(long = "dns-server")]
     pub dns_server: Vec<IpAddr>,
     #[arg(long)]
@@ -703,6 +727,10 @@ impl Command {
     pub fn action(self) -> Result<Action, String> {
         let req = match self {
             Command::CreateXde(c) => Request::CreatePort(Box::new(CreatePort {
+                vhost_user: c.vhost_user.clone().map(|socket| crate::api::VhostUser {
+                    socket,
+                    mode: c.vhost_user_mode.into(),
+                }),
                 config: c.to_config()?,
                 netns: c.netns,
                 attach: c.attach,
@@ -1442,6 +1470,7 @@ mod tests {
             port: crate::api::PortInfo {
                 config,
                 netns: None,
+                vhost_user: None,
                 attach: None,
             },
             not_applied: None,
@@ -2033,6 +2062,7 @@ mod tests {
         let port = |name: &str, last: u8, netns: Option<&str>| crate::api::PortInfo {
             config: crate::api::tests::sample_port(name, last),
             netns: netns.map(Into::into),
+            vhost_user: None,
             attach: None,
         };
         let attached = crate::api::PortInfo {

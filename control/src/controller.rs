@@ -654,6 +654,7 @@ impl<D: Dataplane> Controller<D> {
         let info = PortInfo {
             config: c.config,
             netns: c.netns,
+            vhost_user: c.vhost_user,
             attach: c.attach,
         };
         check_port(&self.state.ports, &info)?;
@@ -1071,6 +1072,20 @@ fn check_port(others: &[PortInfo], p: &PortInfo) -> Result<(), String> {
             }
         }
     }
+    if let Some(v) = &p.vhost_user {
+        if p.netns.is_some() || p.attach.is_some() {
+            return Err(format!(
+                "port {:?}: a vhost-user port has no tap or interface (drop --netns and --attach)",
+                p.config.name
+            ));
+        }
+        if !v.socket.is_absolute() {
+            return Err(format!(
+                "vhost-user socket {:?} must be an absolute path",
+                v.socket.display()
+            ));
+        }
+    }
     check_port_against(others, &p.config)
 }
 
@@ -1354,6 +1369,7 @@ pub(crate) mod tests {
         Request::CreatePort(Box::new(CreatePort {
             config: sample_port(name, last),
             netns: None,
+            vhost_user: None,
             attach: None,
         }))
     }
@@ -1441,6 +1457,7 @@ pub(crate) mod tests {
                 config: sample_port(name, last),
                 netns: netns.map(Into::into),
                 attach: Some(iface.into()),
+                vhost_user: None,
             }))
         };
         let e = err(&mut c, attach("vm0", 5, "vnet0", Some("g0")));
@@ -1492,6 +1509,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(CreatePort {
                 config: bad,
                 netns: None,
+                vhost_user: None,
                 attach: None,
             })),
         );
@@ -1501,6 +1519,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(CreatePort {
                 config: sample_port("opte3", 8),
                 netns: Some("../etc".into()),
+                vhost_user: None,
                 attach: None,
             })),
         );
@@ -1929,6 +1948,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(CreatePort {
                 config: clash,
                 netns: None,
+                vhost_user: None,
                 attach: None,
             })),
         );
@@ -2066,6 +2086,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(CreatePort {
                 config: sample_port("opte0", 5),
                 netns: Some("g0".into()),
+                vhost_user: None,
                 attach: None,
             })),
         );

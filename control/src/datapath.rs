@@ -23,6 +23,7 @@
 //! Without I/O (tests, `--no-io` style embedding) the same [`Datapath`] runs with no
 //! taps and no underlay: requests are applied to the engine alone.
 
+use crate::api::VhostUserMode;
 use crate::api::{
     Direction, FwAction, FwHost, FwRule, Outcome, PortInfo, PortLink, Reply, RouteEntry,
     RouteTarget, V2pEntry,
@@ -36,6 +37,7 @@ use dpio::guest::GuestPort;
 use dpio::netlink::Netlink;
 use dpio::packet::PacketPort;
 use dpio::tap::TapPort;
+use dpio::vhost::VhostPort;
 use engine::nat::ExternalIps;
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::v2b::V2b;
@@ -251,6 +253,28 @@ fn bridge_port_mac(guest: MacAddr) -> MacAddr {
     MacAddr(m)
 }
 
+/// A new port's guest side: its tap, or its vhost-user socket served.
+fn open_guest(p: &PortInfo, io: &WorkerIo) -> Result<GuestPort, String> {
+    let Some(v) = &p.vhost_user else {
+        return open_port(p);
+    };
+    let cfg = dpio::vhost::DeviceConfig {
+        name: p.config.name.clone(),
+        socket: v.socket.clone(),
+        mode: match v.mode {
+            VhostUserMode::Server => dpio::vhost::Mode::Server,
+            VhostUserMode::Client => dpio::vhost::Mode::Client,
+        },
+    };
+    // A kick wakes the worker like its doorbell: the round then looks at every
+    // vhost-user port's transmit ring.
+    io.epoll
+        .watcher()
+        .and_then(|w| VhostPort::start(cfg, w, crate::worker::TOKEN_DOORBELL))
+        .map(GuestPort::Vhost)
+        .map_err(|e| format!("port {:?}: {e}", p.config.name))
+}
+
 /// One port's tap as its worker serves it.
 pub(crate) struct PortTap {
     /// What the tap is opened from: name, MAC, MTU, the guest's namespace.
@@ -262,7 +286,8 @@ pub(crate) struct PortTap {
 
 /// Whether a port's tap (or attached interface) is served.
 pub(crate) enum TapLink {
-    /// Open and in the worker's poll set.
+    /// Open and served: a tap or attached interface in the worker's poll set, or
+    /// a vhost-user port (whose link follows its front end: see [`TapLink::view`]).
     Up(GuestPort),
     /// Gone since `since` (why: `reason`); the [`Reattacher`] is getting it back.
     Down { since: SystemTime, reason: String },
@@ -278,6 +303,13 @@ impl TapLink {
     /// As `list-ports` shows it.
     fn view(&self) -> PortLink {
         match self {
+            TapLink::Up(GuestPort::Vhost(v)) if !v.is_up() => PortLink::Down {
+                since_unix_ms: unix_ms(v.changed()),
+                reason: format!(
+                    "no vhost-user front end on {} has started the rings",
+                    v.socket().display()
+                ),
+            },
             TapLink::Up(_) => PortLink::Up,
             TapLink::Down { since, reason } => PortLink::Down {
                 since_unix_ms: unix_ms(*since),
@@ -568,7 +600,7 @@ impl Dataplane for Datapath {
             return Ok(());
         };
         let tap = not_an_underlay_link(p, io)
-            .and_then(|()| open_port(p))
+            .and_then(|()| open_guest(p, io))
             .and_then(|t| io.watch_tap(&t, u64::from(id.0)).map(|()| t));
         let tap = match tap {
             Ok(t) => t,
@@ -604,7 +636,8 @@ impl Dataplane for Datapath {
         match port.link {
             TapLink::Up(tap) => {
                 io.unwatch_tap(&tap);
-                // A tap is destroyed; an attached interface stays its owner's.
+                // A tap is destroyed; an attached interface stays its owner's; a
+                // vhost-user port stops serving its socket.
                 if let Err(e) = tap.release() {
                     tracing::warn!(port = name, error = %e, "tap not destroyed");
                 }
@@ -936,6 +969,7 @@ pub(crate) mod tests {
             Request::CreatePort(Box::new(crate::api::CreatePort {
                 config: crate::api::tests::sample_port("opte0", 5),
                 netns: None,
+                vhost_user: None,
                 attach: None,
             })),
         );
@@ -1129,6 +1163,7 @@ pub(crate) mod tests {
         let port = |name: &str, last: u8| PortInfo {
             config: crate::api::tests::sample_port(name, last),
             netns: Some(ns.clone()),
+            vhost_user: None,
             attach: None,
         };
         let r = Reattacher::start(0, || {}).unwrap();

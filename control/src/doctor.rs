@@ -764,6 +764,7 @@ LOC:     123456      65432      11111   Local timer interrupts
                 port: PortInfo {
                     config,
                     netns: Some("g".into()),
+                    vhost_user: None,
                     attach: None,
                 },
                 not_applied: None,

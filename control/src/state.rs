@@ -183,11 +183,13 @@ mod tests {
                 PortInfo {
                     config: sample_port("opte0", 5),
                     netns: Some("g0".into()),
+                    vhost_user: None,
                     attach: None,
                 },
                 PortInfo {
                     config: sample_port("opte1", 6),
                     netns: None,
+                    vhost_user: None,
                     attach: Some("vnet1".into()),
                 },
             ],

@@ -99,7 +99,7 @@ impl Backoff {
 }
 
 /// epoll tokens that are not taps (taps use their engine port id).
-const TOKEN_DOORBELL: u64 = u64::MAX;
+pub(crate) const TOKEN_DOORBELL: u64 = u64::MAX;
 const TOKEN_UNDERLAY: u64 = u64::MAX - 1;
 
 /// Worker counters: what happened at the I/O edge that the engine cannot see.
@@ -352,7 +352,7 @@ pub struct WorkerIo {
     pub poll: PollMode,
     /// Re-opens the taps of ports that went down.
     pub(crate) reattach: Reattacher,
-    epoll: Epoll,
+    pub(crate) epoll: Epoll,
     held: Held,
     lent: LentSlots,
     /// Taps epoll reported readable this round.
@@ -417,10 +417,14 @@ impl WorkerIo {
         })
     }
 
-    /// Starts watching a port's tap (token: the engine's port id).
+    /// Starts watching a port's tap (token: the engine's port id); a vhost-user
+    /// port's ring is looked at every round instead.
     pub fn watch_tap(&self, tap: &GuestPort, token: u64) -> Result<(), String> {
+        let Some(fd) = tap.poll_fd() else {
+            return Ok(());
+        };
         self.epoll
-            .add(tap.as_raw_fd(), token)
+            .add(fd, token)
             .map_err(|e| format!("tap {:?}: {e}", tap.name()))
     }
 
@@ -438,7 +442,10 @@ impl WorkerIo {
             }
             let port = usize::try_from(token).ok().and_then(|i| taps.get(i)?.as_ref());
             if let Some(TapLink::Up(tap)) = port.map(|p| &p.link) {
-                if let Err(e) = epoll.add(tap.as_raw_fd(), token) {
+                let Some(fd) = tap.poll_fd() else {
+                    return false;
+                };
+                if let Err(e) = epoll.add(fd, token) {
                     if e.raw_os_error() != Some(libc::EEXIST) {
                         tracing::warn!(tap = tap.name(), error = %e, "paused tap not watched again");
                     }
@@ -460,7 +467,10 @@ impl WorkerIo {
 
     /// Stops watching a tap (before it is closed).
     pub fn unwatch_tap(&self, tap: &GuestPort) {
-        if let Err(e) = self.epoll.remove(tap.as_raw_fd()) {
+        let Some(fd) = tap.poll_fd() else {
+            return;
+        };
+        if let Err(e) = self.epoll.remove(fd) {
             tracing::debug!(tap = tap.name(), error = %e, "tap not in the poll set");
         }
     }
@@ -481,6 +491,25 @@ impl WorkerIo {
             self.epoll.add_edge(fd, TOKEN_UNDERLAY).map_err(err)?;
         }
         Ok(())
+    }
+
+    /// Adds the vhost-user ports to this round's ready ports (their transmit
+    /// rings are memory, looked at every round), but not those paused for their
+    /// egress limit.
+    fn ready_vhost(&mut self, taps: &[Option<PortTap>]) {
+        for (token, p) in taps.iter().enumerate() {
+            let Some(PortTap {
+                link: TapLink::Up(GuestPort::Vhost(_)),
+                ..
+            }) = p
+            else {
+                continue;
+            };
+            let token = token as u64;
+            if !self.paused.iter().any(|&(_, t)| t == token) {
+                self.ready.push(token);
+            }
+        }
     }
 
     /// Waits up to `timeout` for readiness and sorts what is ready into `ready`
@@ -628,6 +657,7 @@ impl Datapath {
         } else {
             io.ready.clear();
         }
+        io.ready_vhost(&self.taps);
         let mut got = io.take_inputs(st);
 
         let engine = &mut self.engine;
@@ -645,8 +675,10 @@ impl Datapath {
                 // by every wait and keep the worker from sleeping); the guest's
                 // frames wait in its queues.
                 if let Some(ns) = engine.egress_wait(port, nanos) {
-                    if let Err(e) = io.epoll.remove(tap.as_raw_fd()) {
-                        tracing::debug!(tap = tap.name(), error = %e, "tap not in the poll set");
+                    if let Some(fd) = tap.poll_fd() {
+                        if let Err(e) = io.epoll.remove(fd) {
+                            tracing::debug!(tap = tap.name(), error = %e, "tap not in the poll set");
+                        }
                     }
                     io.paused.push((now + Duration::from_nanos(ns), token));
                     break;
@@ -719,6 +751,7 @@ impl Datapath {
         engine.end_of_batch(&mut out);
         let mut out = out.unlend();
         drain(&out, io, &self.taps, st, &mut self.engine, (now, nanos));
+        flush_guests(&self.taps);
         out.clear();
         self.batch = out;
         io.release();
@@ -783,6 +816,7 @@ impl Datapath {
         if let Some(io) = self.io.as_mut() {
             let (taps, st) = (&self.taps, &mut self.stats);
             drain(&out, io, taps, st, &mut self.engine, (at, now));
+            flush_guests(taps);
             io.release();
         }
         out.clear();
@@ -826,9 +860,14 @@ impl Datapath {
             let Some(port) = slot.and_then(|i| self.taps.get_mut(i)?.as_mut()) else {
                 continue;
             };
+            // Already down (found gone twice in one round), or a vhost-user port,
+            // whose connection thread follows its front end by itself.
             let TapLink::Up(tap) = &port.link else {
-                continue; // already down (found gone twice in one round)
+                continue;
             };
+            if matches!(tap, GuestPort::Vhost(_)) {
+                continue;
+            }
             io.unwatch_tap(tap);
             self.stats.tap_gone += 1;
             tracing::warn!(
@@ -877,6 +916,15 @@ impl Datapath {
                 tracing::warn!(port = %port.info.config.name, error = %e, "re-opened tap not watched");
                 io.reattach.want(r.slot, port.gen, &port.info);
             }
+        }
+    }
+}
+
+/// After a round: interrupts the VMs whose rings returned buffers.
+fn flush_guests(taps: &[Option<PortTap>]) {
+    for p in taps.iter().flatten() {
+        if let TapLink::Up(g) = &p.link {
+            g.flush();
         }
     }
 }

@@ -596,6 +596,7 @@ mod tests {
         PortInfo {
             config: sample_port(name, last),
             netns: None,
+            vhost_user: None,
             attach: None,
         }
     }
@@ -744,6 +745,7 @@ mod tests {
         let r = c.handle(Request::CreatePort(Box::new(CreatePort {
             config: sample_port("opte0", 5),
             netns: None,
+            vhost_user: None,
             attach: None,
         })));
         assert!(matches!(r, Outcome::Ok(_)), "{r:?}");

@@ -142,6 +142,7 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
         Request::CreatePort(Box::new(CreatePort {
             config,
             netns: None,
+            vhost_user: None,
             attach: None,
         })),
     );

@@ -322,6 +322,26 @@ impl Rack {
         self.start_daemon(index, extra)
     }
 
+    /// SIGKILLs sled `index`'s daemon (a crash) and reaps it; it must die of the
+    /// signal. Its socket and state directory stay for [`Rack::start_daemon`].
+    pub fn kill_daemon(&mut self, index: usize) -> Result<()> {
+        let pid = self
+            .sled(index)?
+            .daemon()?
+            .pid()
+            .ok_or_else(|| Error::new(format!("sled {index}'s overlayd has no pid")))?;
+        Cmd::new("kill").args(["-KILL", &pid.to_string()]).run()?;
+        // Reaping it as a stop fails on its exit status, which says it died of
+        // the signal.
+        match self.stop_daemon(index) {
+            Err(e) if e.0.contains("signal: 9") => Ok(()),
+            Err(e) => Err(e.context("the daemon did not die of SIGKILL")),
+            Ok(()) => Err(Error::new(format!(
+                "sled {index}'s overlayd survived SIGKILL"
+            ))),
+        }
+    }
+
     /// Stops sled `index`'s daemon with SIGTERM; it must exit cleanly. Its socket
     /// and state directory stay for [`Rack::start_daemon`].
     pub fn stop_daemon(&mut self, index: usize) -> Result<()> {

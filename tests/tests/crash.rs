@@ -14,7 +14,7 @@
 use e2e::rack::RackSpec;
 use e2e::standard::{self, A1, A2, B1};
 use e2e::xfer::transfer;
-use e2e::{Cmd, Error, Rack, Result};
+use e2e::{Error, Rack, Result};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -119,20 +119,9 @@ fn wait_for_bytes(rack: &Rack, bytes: u64) -> Result<()> {
 /// SIGKILLs sled 0's daemon and starts a new one on the same state at once.
 /// Returns when the kill was sent and how long until the new daemon answered.
 fn kill_and_restart(rack: &mut Rack) -> Result<(SystemTime, Duration)> {
-    let pid = rack
-        .sled(0)?
-        .daemon()?
-        .pid()
-        .ok_or_else(|| Error::new("sled 0's overlayd has no pid"))?;
     let killed_at = SystemTime::now();
     let started = Instant::now();
-    Cmd::new("kill").args(["-KILL", &pid.to_string()]).run()?;
-    // Reaps the killed daemon: "restarting" it fails on its exit status, which says
-    // it died of the signal, and leaves the sled without a daemon.
-    let reaped = rack.restart_daemon(0, &[]).unwrap_err();
-    if !reaped.0.contains("signal: 9") {
-        return Err(reaped.context("the daemon did not die of SIGKILL"));
-    }
+    rack.kill_daemon(0)?;
     rack.start_daemon(0, &[])?;
     Ok((killed_at, started.elapsed()))
 }

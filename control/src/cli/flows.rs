@@ -234,6 +234,7 @@ mod tests {
         let create = Request::CreatePort(Box::new(CreatePort {
             config: crate::api::tests::sample_port("opte0", 5),
             netns: None,
+            vhost_user: None,
             attach: None,
         }));
         assert_eq!(c.handle(create), Outcome::Ok(Reply::Done));

@@ -1,8 +1,11 @@
 //! A guest port's I/O, whichever way the guest is reached: a tap the daemon made
-//! ([`TapPort`]), or an interface a hypervisor owns, attached with a packet socket
-//! ([`PacketPort`]). Both read and write (`virtio_net_hdr`, frame), so the worker
-//! serves them alike; they differ in who owns the device, i.e. in what deleting
-//! the port does to it.
+//! ([`TapPort`]), an interface a hypervisor owns, attached with a packet socket
+//! ([`PacketPort`]), or a VM's virtqueues over vhost-user ([`VhostPort`]). All
+//! read and write (`virtio_net_hdr`, frame), so the worker serves them alike; they
+//! differ in who owns the device, i.e. in what deleting the port does to it, and
+//! in how the worker learns that frames wait (a tap's or packet socket's fd is
+//! in its epoll set; a vhost-user port's transmit ring is memory, looked at every
+//! round).
 
 use std::io::{self, IoSlice};
 use std::os::fd::RawFd;
@@ -11,6 +14,7 @@ use wire::vnet::VnetHdr;
 
 use crate::packet::PacketPort;
 use crate::tap::TapPort;
+use crate::vhost::VhostPort;
 
 /// What a failed read or write of a guest port (a tap, or a packet socket on an
 /// attached interface) says about it.
@@ -61,6 +65,8 @@ pub enum GuestPort {
     Tap(TapPort),
     /// An interface attached with `--attach`: its owner (the hypervisor) deletes it.
     Attached(PacketPort),
+    /// A VM's virtio-net device served over vhost-user (`--vhost-user`).
+    Vhost(VhostPort),
 }
 
 impl GuestPort {
@@ -69,14 +75,16 @@ impl GuestPort {
         match self {
             GuestPort::Tap(t) => t.name(),
             GuestPort::Attached(p) => p.name(),
+            GuestPort::Vhost(v) => v.name(),
         }
     }
 
-    /// The fd to poll.
-    pub fn as_raw_fd(&self) -> RawFd {
+    /// The fd to poll; `None` for a vhost-user port, whose ring is polled.
+    pub fn poll_fd(&self) -> Option<RawFd> {
         match self {
-            GuestPort::Tap(t) => t.as_raw_fd(),
-            GuestPort::Attached(p) => p.as_raw_fd(),
+            GuestPort::Tap(t) => Some(t.as_raw_fd()),
+            GuestPort::Attached(p) => Some(p.as_raw_fd()),
+            GuestPort::Vhost(_) => None,
         }
     }
 
@@ -86,6 +94,7 @@ impl GuestPort {
         match self {
             GuestPort::Tap(t) => t.read(buf),
             GuestPort::Attached(p) => p.read(buf),
+            GuestPort::Vhost(v) => v.recv(buf),
         }
     }
 
@@ -94,6 +103,15 @@ impl GuestPort {
         match self {
             GuestPort::Tap(t) => t.write_gather(parts),
             GuestPort::Attached(p) => p.write_gather(parts),
+            GuestPort::Vhost(v) => v.write_gather(parts),
+        }
+    }
+
+    /// After a round: interrupts a VM whose rings returned buffers (a tap or a
+    /// packet socket needs nothing).
+    pub fn flush(&self) {
+        if let GuestPort::Vhost(v) = self {
+            v.flush();
         }
     }
 
@@ -108,18 +126,19 @@ impl GuestPort {
     /// buffer); `None` for a tap, whose queue counts them on the device.
     pub fn take_drops(&self) -> Option<io::Result<u32>> {
         match self {
-            GuestPort::Tap(_) => None,
+            GuestPort::Tap(_) | GuestPort::Vhost(_) => None,
             GuestPort::Attached(p) => Some(p.take_drops()),
         }
     }
 
     /// Lets go of the device for a deleted port: a tap the daemon made is
     /// destroyed; an attached interface is left to its owner (only our socket
-    /// closes).
+    /// closes); a vhost-user port stops serving its socket (its VM sees the
+    /// backend go away).
     pub fn release(self) -> io::Result<()> {
         match self {
             GuestPort::Tap(t) => t.destroy(),
-            GuestPort::Attached(_) => Ok(()),
+            GuestPort::Attached(_) | GuestPort::Vhost(_) => Ok(()),
         }
     }
 }

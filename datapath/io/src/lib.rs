@@ -4,6 +4,7 @@
 //! - [`xdp`]: loads and attaches the steering XDP program (`xdp-prog`) with aya.
 //! - [`xsk`]: AF_XDP sockets on a shared UMEM (own thin libc layer).
 //! - [`tap`]: persistent tap ports with `virtio_net_hdr` offloads for guests.
+//! - [`vhost`]: vhost-user ports, a VM's virtqueues in shared memory.
 //! - [`packet`]: `AF_PACKET` sockets with `PACKET_VNET_HDR` on an interface a
 //!   hypervisor owns (`create-xde --attach`).
 //! - [`guest`]: either of those, as the worker serves a port.
@@ -27,6 +28,7 @@ pub mod packet;
 pub mod poll;
 pub mod probe;
 pub mod tap;
+pub mod vhost;
 pub mod xdp;
 pub mod xsk;
 

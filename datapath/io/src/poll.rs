@@ -27,6 +27,50 @@ pub struct Ready {
     pub gone: bool,
 }
 
+/// Adds descriptors to an [`Epoll`] set from another thread: a vhost-user
+/// port's connection thread puts its rings' kick eventfds in its worker's set.
+pub struct EpollWatch {
+    fd: OwnedFd,
+}
+
+impl EpollWatch {
+    /// As [`Epoll::add_edge`].
+    pub fn add_edge(&self, fd: RawFd, token: u64) -> io::Result<()> {
+        ctl_add(&self.fd, fd, token, (libc::EPOLLIN | libc::EPOLLET) as u32)
+    }
+
+    /// As [`Epoll::remove`].
+    pub fn remove(&self, fd: RawFd) -> io::Result<()> {
+        ctl_del(&self.fd, fd)
+    }
+}
+
+fn ctl_add(epoll: &OwnedFd, fd: RawFd, token: u64, events: u32) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: `ev` is a valid epoll_event for the duration of the call.
+    let rc = unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    if rc < 0 {
+        return Err(os_err(format!("epoll_ctl ADD fd {fd}")));
+    }
+    Ok(())
+}
+
+fn ctl_del(epoll: &OwnedFd, fd: RawFd) -> io::Result<()> {
+    // SAFETY: EPOLL_CTL_DEL ignores the event argument (NULL is allowed since 2.6.9).
+    let rc = unsafe {
+        libc::epoll_ctl(
+            epoll.as_raw_fd(),
+            libc::EPOLL_CTL_DEL,
+            fd,
+            std::ptr::null_mut(),
+        )
+    };
+    if rc < 0 {
+        return Err(os_err(format!("epoll_ctl DEL fd {fd}")));
+    }
+    Ok(())
+}
+
 /// An epoll instance (level-triggered, `EPOLLIN`).
 pub struct Epoll {
     fd: OwnedFd,
@@ -63,30 +107,20 @@ impl Epoll {
     }
 
     fn ctl_add(&self, fd: RawFd, token: u64, events: u32) -> io::Result<()> {
-        let mut ev = libc::epoll_event { events, u64: token };
-        // SAFETY: `ev` is a valid epoll_event for the duration of the call.
-        let rc = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
-        if rc < 0 {
-            return Err(os_err(format!("epoll_ctl ADD fd {fd}")));
-        }
-        Ok(())
+        ctl_add(&self.fd, fd, token, events)
+    }
+
+    /// A handle another thread can add descriptors to this set with (the same
+    /// epoll instance, through a duplicate of its fd).
+    pub fn watcher(&self) -> io::Result<EpollWatch> {
+        Ok(EpollWatch {
+            fd: self.fd.try_clone()?,
+        })
     }
 
     /// Stops watching `fd`.
     pub fn remove(&self, fd: RawFd) -> io::Result<()> {
-        // SAFETY: EPOLL_CTL_DEL ignores the event argument (NULL is allowed since 2.6.9).
-        let rc = unsafe {
-            libc::epoll_ctl(
-                self.fd.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                fd,
-                std::ptr::null_mut(),
-            )
-        };
-        if rc < 0 {
-            return Err(os_err(format!("epoll_ctl DEL fd {fd}")));
-        }
-        Ok(())
+        ctl_del(&self.fd, fd)
     }
 
     /// Waits up to `timeout` (zero: just looks) and returns what is ready. An
