@@ -128,6 +128,11 @@ impl Sled {
         self.xdeadm(args)?.run()
     }
 
+    /// This sled's directory (its daemon's files).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Where this sled's daemon keeps its socket, state and log.
     pub fn daemon_paths(&self) -> DaemonPaths {
         DaemonPaths::under(&self.dir)

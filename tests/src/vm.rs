@@ -286,6 +286,17 @@ pub enum Attachment {
     /// once the tap exists, before QEMU starts (a hypervisor's tap exists before
     /// the port is made); `then` runs after it (the port's firewall rules).
     Attach { create: Cmd, then: Vec<Cmd> },
+    /// A vhost-user port: QEMU's virtio-net device is served by the daemon over
+    /// unix socket `socket` (no tap; the guest's memory is shared with the
+    /// daemon). `create` (the port's `create-xde ... --vhost-user`) and `then` run
+    /// before QEMU starts; `qemu_listens`: QEMU is the socket's server (the port in
+    /// client mode), else the daemon is and QEMU connects (and reconnects).
+    VhostUser {
+        create: Cmd,
+        then: Vec<Cmd>,
+        socket: PathBuf,
+        qemu_listens: bool,
+    },
 }
 
 impl Attachment {
@@ -307,6 +318,9 @@ impl Attachment {
                 }
                 Ok(())
             }
+            Attachment::VhostUser { .. } => Err(Error::new(
+                "a vhost-user port has no tap to attach (Vm::boot makes none for it)",
+            )),
         }
     }
 }
@@ -321,17 +335,21 @@ pub enum Way {
     /// The port is created with `--attach` on the VM's own tap
     /// ([`Attachment::Attach`]).
     Attach,
+    /// The port is a vhost-user backend, the daemon the socket's server
+    /// ([`Attachment::VhostUser`]).
+    VhostUser,
 }
 
 impl Way {
     /// Every way, in the order the benchmark runs them (the first is the others'
     /// reference in its report).
-    pub const ALL: [Way; 2] = [Way::Bridge, Way::Attach];
+    pub const ALL: [Way; 3] = [Way::Bridge, Way::Attach, Way::VhostUser];
 
     pub fn name(self) -> &'static str {
         match self {
             Way::Bridge => "bridge",
             Way::Attach => "attach",
+            Way::VhostUser => "vhost-user",
         }
     }
 
@@ -345,18 +363,30 @@ impl Way {
                     port: spec.name.clone(),
                 })
             }
-            Way::Attach => {
+            Way::Attach | Way::VhostUser => {
                 let cmd = |args: Vec<String>| {
                     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
                     sled.xdeadm(&refs)
                 };
-                Ok(Attachment::Attach {
-                    create: cmd(spec.create_args(None))?,
-                    then: spec
-                        .inbound_rule_args()
-                        .into_iter()
-                        .map(cmd)
-                        .collect::<Result<_>>()?,
+                let then = spec
+                    .inbound_rule_args()
+                    .into_iter()
+                    .map(cmd)
+                    .collect::<Result<_>>()?;
+                let mut create = spec.create_args(None);
+                if self == Way::Attach {
+                    return Ok(Attachment::Attach {
+                        create: cmd(create)?,
+                        then,
+                    });
+                }
+                let socket = sled.dir().join(format!("{}.vhost.sock", spec.name));
+                create.extend(["--vhost-user".into(), socket.display().to_string()]);
+                Ok(Attachment::VhostUser {
+                    create: cmd(create)?,
+                    then,
+                    socket,
+                    qemu_listens: false,
                 })
             }
         }
@@ -501,13 +531,33 @@ impl Vm {
             ns: ns.name().to_string(),
             names: Vec::new(),
         };
-        // Persistent, so it exists (and can be bridged) before QEMU opens it, as
-        // libvirt does; QEMU's virtio-net turns on the tap's offloads itself.
-        let tap = format!("t-{}", spec.name);
-        links.create(&tap, &["tuntap", "add", "dev", &tap, "mode", "tap"])?;
-        let mtu = spec.host_mtu.to_string();
-        links.ip(&["link", "set", &tap, "mtu", &mtu, "up"])?;
-        attach.attach(&mut links, &spec, &tap)?;
+        let nic = match attach {
+            Attachment::VhostUser {
+                create,
+                then,
+                socket,
+                qemu_listens,
+            } => {
+                for cmd in std::iter::once(create).chain(then) {
+                    cmd.clone().run()?;
+                }
+                Nic::VhostUser {
+                    socket: socket.clone(),
+                    qemu_listens: *qemu_listens,
+                }
+            }
+            _ => {
+                // Persistent, so it exists (and can be bridged) before QEMU opens
+                // it, as libvirt does; QEMU's virtio-net turns on the tap's
+                // offloads itself.
+                let tap = format!("t-{}", spec.name);
+                links.create(&tap, &["tuntap", "add", "dev", &tap, "mode", "tap"])?;
+                let mtu = spec.host_mtu.to_string();
+                links.ip(&["link", "set", &tap, "mtu", &mtu, "up"])?;
+                attach.attach(&mut links, &spec, &tap)?;
+                Nic::Tap(tap)
+            }
+        };
 
         let dir = dir.join(format!("vm-{}", spec.name));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -516,7 +566,7 @@ impl Vm {
             UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
         listener.set_nonblocking(true)?;
         let started = Instant::now();
-        let child = qemu_command(image, accel, &spec, ns.name(), &tap, &dir, &socket).spawn_with(
+        let child = qemu_command(image, accel, &spec, ns.name(), &nic, &dir, &socket).spawn_with(
             Stdio::null(),
             Stdio::from(File::create(dir.join("qemu.log"))?),
         )?;
@@ -642,12 +692,18 @@ impl Vm {
 /// The QEMU command line: the guest image booted directly, the kernel console on
 /// the first serial port (a file in `dir`), the command channel on the second (a
 /// client of `socket`), and a virtio-net NIC on `tap`, run in namespace `ns`.
+/// The VM's network device's back end: a tap, or a vhost-user socket.
+enum Nic {
+    Tap(String),
+    VhostUser { socket: PathBuf, qemu_listens: bool },
+}
+
 fn qemu_command(
     image: &GuestImage,
     accel: Accel,
     spec: &VmSpec,
     ns: &str,
-    tap: &str,
+    nic: &Nic,
     dir: &Path,
     socket: &Path,
 ) -> Cmd {
@@ -655,17 +711,18 @@ fn qemu_command(
     if let Some(ip6) = spec.ipv6 {
         append.push_str(&format!(" vm_ip6={ip6}"));
     }
-    // Offloads on both ways (QEMU's defaults, spelled out): the guest hands the tap
-    // 64 KiB TSO buffers with partial checksums, and takes them too.
-    let nic = format!(
+    // Offloads on both ways (QEMU's defaults, spelled out): the guest hands the
+    // datapath 64 KiB TSO buffers with partial checksums, and takes them too.
+    let mut device = format!(
         "virtio-net-pci,netdev=net0,mac={},host_mtu={},romfile=,csum=on,guest_csum=on,\
          gso=on,host_tso4=on,host_tso6=on,guest_tso4=on,guest_tso6=on,mrg_rxbuf=on",
         spec.mac, spec.host_mtu
     );
-    Cmd::in_netns(ns, QEMU)
+    let memory = spec.memory_mib.to_string();
+    let mut cmd = Cmd::in_netns(ns, QEMU)
         .args(["-name", &spec.name])
         .args(accel.qemu_args())
-        .args(["-smp", "1", "-m", &spec.memory_mib.to_string()])
+        .args(["-smp", "1", "-m", &memory])
         .args(["-nodefaults", "-display", "none", "-no-reboot"])
         .arg("-kernel")
         .arg(image.kernel().display().to_string())
@@ -675,13 +732,39 @@ fn qemu_command(
         .arg("-serial")
         .arg(format!("file:{}", dir.join("console.log").display()))
         .arg("-serial")
-        .arg(format!("unix:{}", socket.display()))
-        .arg("-netdev")
-        .arg(format!(
-            "tap,id=net0,ifname={tap},script=no,downscript=no,vhost=off"
-        ))
-        .args(["-device", &nic])
-        .die_with_parent()
+        .arg(format!("unix:{}", socket.display()));
+    match nic {
+        Nic::Tap(tap) => {
+            cmd = cmd.arg("-netdev").arg(format!(
+                "tap,id=net0,ifname={tap},script=no,downscript=no,vhost=off"
+            ));
+        }
+        Nic::VhostUser {
+            socket,
+            qemu_listens,
+        } => {
+            // The guest's memory is shared with the daemon, which reads and writes
+            // the rings and buffers in it.
+            let role = if *qemu_listens {
+                "server=on,wait=off"
+            } else {
+                "reconnect=1"
+            };
+            cmd = cmd
+                .arg("-object")
+                .arg(format!(
+                    "memory-backend-memfd,id=mem,size={memory}M,share=on"
+                ))
+                .args(["-machine", "memory-backend=mem"])
+                .arg("-chardev")
+                .arg(format!("socket,id=vu0,path={},{role}", socket.display()))
+                .args(["-netdev", "vhost-user,id=net0,chardev=vu0"]);
+            // QEMU 7.2 under TCG crashes starting a vhost-user device with MSI-X
+            // (a null dereference in msix_set_vector_notifiers): legacy interrupts.
+            device.push_str(",vectors=0");
+        }
+    }
+    cmd.args(["-device", &device]).die_with_parent()
 }
 
 /// Takes from `pending` everything up to the first complete line that starts with

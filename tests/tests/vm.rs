@@ -1,7 +1,9 @@
 //! A real virtual machine as a guest: Debian's cloud kernel with virtio-net and a
 //! busybox initramfs (tests/vm/build-guest.sh) in QEMU, attached each way a
 //! hypervisor attaches one: its tap bridged to a port created without `--netns`, as
-//! libvirt does, and its tap taken by the port itself (`--attach`). Against a namespace guest
+//! libvirt does, its tap taken by the port itself (`--attach`), and no tap at all:
+//! the port the vhost-user back end of its virtio-net device (tests/tests/vhost_user.rs
+//! also kills the daemon under a client-mode port mid-transfer). Against a namespace guest
 //! on the other sled, the VM's own kernel must show what the datapath promises a
 //! VM:
 //! - its link MTU from the virtio device (`host_mtu` = `xdeadm mtu`'s
@@ -50,6 +52,12 @@ fn a_qemu_vm_bridged_to_a_port_learns_the_mtu_and_carries_full_size_and_tso_traf
 fn a_qemu_vm_attached_with_attach_learns_the_mtu_and_carries_full_size_and_tso_traffic(
 ) -> Result<()> {
     a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic("va", Way::Attach)
+}
+
+#[test]
+fn a_qemu_vm_on_a_vhost_user_port_learns_the_mtu_and_carries_full_size_and_tso_traffic(
+) -> Result<()> {
+    a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic("vv", Way::VhostUser)
 }
 
 fn a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic(prefix: &str, way: Way) -> Result<()> {

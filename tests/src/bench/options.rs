@@ -338,19 +338,30 @@ mod tests {
         assert!(!parse(&["--smoke"]).unwrap().setups.iter().any(Setup::is_vm));
 
         let o = parse(&["--vm", "--skip", "vxlan,veth,ovs"]).unwrap();
-        assert_eq!(names(&o), ["ours", "vm-bridge", "vm-attach"]);
+        assert_eq!(
+            names(&o),
+            ["ours", "vm-bridge", "vm-attach", "vm-vhost-user"]
+        );
         assert_eq!(o.tests, [Test::default_list(), Test::vm_list()].concat());
 
         // Only VM setups left: only VM tests by default.
         let o = parse(&["--vm", "--skip", "ours,vxlan,veth,ovs"]).unwrap();
-        assert_eq!(names(&o), ["vm-bridge", "vm-attach"]);
+        assert_eq!(names(&o), ["vm-bridge", "vm-attach", "vm-vhost-user"]);
         assert_eq!(o.tests, Test::vm_list());
 
         // Naming a VM test brings the VM setups in.
         let o = parse(&["--tests", "vm-tcp1-v6-8500,tcp1-v4-8500"]).unwrap();
         assert_eq!(
             names(&o),
-            ["ours", "vxlan", "veth", "ovs", "vm-bridge", "vm-attach"]
+            [
+                "ours",
+                "vxlan",
+                "veth",
+                "ovs",
+                "vm-bridge",
+                "vm-attach",
+                "vm-vhost-user"
+            ]
         );
         assert!(o.tests[0].from_vm && !o.tests[1].from_vm);
 
