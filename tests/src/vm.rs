@@ -363,34 +363,49 @@ impl Way {
                     port: spec.name.clone(),
                 })
             }
-            Way::Attach | Way::VhostUser => {
-                let cmd = |args: Vec<String>| {
-                    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-                    sled.xdeadm(&refs)
-                };
-                let then = spec
-                    .inbound_rule_args()
-                    .into_iter()
-                    .map(cmd)
-                    .collect::<Result<_>>()?;
-                let mut create = spec.create_args(None);
-                if self == Way::Attach {
-                    return Ok(Attachment::Attach {
-                        create: cmd(create)?,
-                        then,
-                    });
-                }
-                let socket = sled.dir().join(format!("{}.vhost.sock", spec.name));
-                create.extend(["--vhost-user".into(), socket.display().to_string()]);
-                Ok(Attachment::VhostUser {
-                    create: cmd(create)?,
-                    then,
-                    socket,
-                    qemu_listens: false,
-                })
+            Way::Attach => {
+                let (create, then) = port_commands(sled, spec, &[])?;
+                Ok(Attachment::Attach { create, then })
             }
+            Way::VhostUser => Attachment::vhost_user(sled, spec, false),
         }
     }
+}
+
+impl Attachment {
+    /// A vhost-user port for `spec` on `sled`, its socket in the sled's directory;
+    /// `qemu_listens`: the port in client mode, QEMU the socket's server.
+    pub fn vhost_user(sled: &Sled, spec: &GuestSpec, qemu_listens: bool) -> Result<Attachment> {
+        let socket = sled.dir().join(format!("{}.vhost.sock", spec.name));
+        let path = socket.display().to_string();
+        let mut extra = vec!["--vhost-user", path.as_str()];
+        if qemu_listens {
+            extra.extend(["--vhost-user-mode", "client"]);
+        }
+        let (create, then) = port_commands(sled, spec, &extra)?;
+        Ok(Attachment::VhostUser {
+            create,
+            then,
+            socket,
+            qemu_listens,
+        })
+    }
+}
+
+/// The `xdeadm` commands that make `spec`'s port on `sled` in the daemon's
+/// namespace (`create-xde` with `extra`) and then let in its allowed sources.
+fn port_commands(sled: &Sled, spec: &GuestSpec, extra: &[&str]) -> Result<(Cmd, Vec<Cmd>)> {
+    let cmd = |args: Vec<String>| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        sled.xdeadm(&refs)
+    };
+    let create = cmd(spec.create_args_in_sled(extra))?;
+    let then = spec
+        .inbound_rule_args()
+        .into_iter()
+        .map(cmd)
+        .collect::<Result<_>>()?;
+    Ok((create, then))
 }
 
 /// Interfaces created in a namespace for a VM, deleted (newest first) on drop.

@@ -2,8 +2,8 @@
 //! busybox initramfs (tests/vm/build-guest.sh) in QEMU, attached each way a
 //! hypervisor attaches one: its tap bridged to a port created without `--netns`, as
 //! libvirt does, its tap taken by the port itself (`--attach`), and no tap at all:
-//! the port the vhost-user back end of its virtio-net device (tests/tests/vhost_user.rs
-//! also kills the daemon under a client-mode port mid-transfer). Against a namespace guest
+//! the port the vhost-user back end of its virtio-net device (and, in client mode,
+//! through a SIGKILL of the daemon mid-transfer). Against a namespace guest
 //! on the other sled, the VM's own kernel must show what the datapath promises a
 //! VM:
 //! - its link MTU from the virtio device (`host_mtu` = `xdeadm mtu`'s
@@ -22,7 +22,7 @@
 use e2e::guest::{Guest, GuestSpec, JUMBO_MTU};
 use e2e::rack::Sled;
 use e2e::standard::B1;
-use e2e::vm::{Vm, VmSpec, Way, FRAGMENTATION_COUNTERS};
+use e2e::vm::{Attachment, Vm, VmSpec, Way, FRAGMENTATION_COUNTERS};
 use e2e::xfer::{accept_within, any_addr};
 use e2e::{poll_until, Cmd, Error, Rack, RackSpec, Result};
 use std::io::Read;
@@ -34,6 +34,10 @@ const VM: &str = "v1";
 /// The bulk transfer's size: enough for many full TSO buffers, small enough for a
 /// few seconds under TCG.
 const BULK_MIB: u32 = 16;
+
+/// The transfer the daemon is killed in the middle of: long enough under TCG to
+/// outlast the kill by seconds.
+const KILL_MIB: u32 = 64;
 
 /// How many bulk transfers may pass without a TSO buffer before the test fails
 /// (see the transfers below).
@@ -58,6 +62,86 @@ fn a_qemu_vm_attached_with_attach_learns_the_mtu_and_carries_full_size_and_tso_t
 fn a_qemu_vm_on_a_vhost_user_port_learns_the_mtu_and_carries_full_size_and_tso_traffic(
 ) -> Result<()> {
     a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic("vv", Way::VhostUser)
+}
+
+/// A VM on a vhost-user port in client mode (QEMU the socket's server, as a
+/// hypervisor that outlives its back end runs it) keeps its TCP transfer through a
+/// SIGKILL of the daemon mid-transfer and its restart: the new daemon restores the
+/// port from its state, connects to QEMU again, the rings resume where QEMU's used
+/// indexes say, and the transfer arrives byte-exact.
+#[test]
+fn a_vm_on_a_client_mode_vhost_user_port_survives_sigkill_and_restart_of_overlayd() -> Result<()> {
+    let mut rack = Rack::build(&RackSpec::new("vk", 2))?;
+    rack.start_daemons(&[])?;
+    rack.add_guest(GuestSpec::dual(B1, 1, 3))?;
+    let spec = GuestSpec::dual(VM, 0, 9);
+    let attach = Attachment::vhost_user(rack.sled(0)?, &spec, true)?;
+    rack.publish_v2p()?;
+    rack.publish_v2p_of(&spec)?;
+    let vm_spec = VmSpec {
+        name: VM.to_string(),
+        mac: spec.mac.clone(),
+        host_mtu: JUMBO_MTU,
+        ipv6: spec.ipv6,
+        memory_mib: 256,
+    };
+    let mut vm = Vm::boot(&rack.sled(0)?.ns, vm_spec, &attach, rack.dir())?;
+    let sum = vm.run(
+        &format!(
+            "dd if=/dev/urandom of=/tmp/bulk bs=1048576 count={KILL_MIB} 2>/dev/null && \
+             sha256sum /tmp/bulk"
+        ),
+        VM_CMD,
+    )?;
+    let hash = sum
+        .split_whitespace()
+        .next()
+        .ok_or_else(|| Error::new(format!("sha256sum in the VM printed {sum:?}")))?
+        .to_string();
+    let b1 = rack.guest(B1)?;
+    let target = b1.ipv4()?;
+    let listener = b1
+        .ns
+        .within(|| Ok(TcpListener::bind(any_addr(target, 5301))?))?;
+    let receiver = std::thread::spawn(move || receive_all(&listener, VM_CMD));
+    // In the background of the VM's shell: the command channel stays free.
+    vm.run(
+        &format!("(nc {target} 5301 < /tmp/bulk; echo $? > /tmp/sent) >/dev/null 2>&1 &"),
+        VM_CMD,
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
+    rack.kill_daemon(0)?;
+    let at_kill = vm.run("cat /tmp/sent 2>/dev/null; true", VM_CMD)?;
+    assert!(
+        at_kill.trim().is_empty(),
+        "the transfer was over before the kill ({at_kill:?}): nothing was tested"
+    );
+    rack.start_daemon(0, &[])?;
+    let (data, secs) = receiver
+        .join()
+        .map_err(|_| Error::new("the receiving thread panicked"))??;
+    assert_eq!(data.len(), (KILL_MIB as usize) << 20, "bytes received");
+    let got = Cmd::new("sha256sum").stdin(data).run()?;
+    assert_eq!(
+        got.split_whitespace().next(),
+        Some(hash.as_str()),
+        "SHA-256"
+    );
+    poll_until("the VM's nc to finish", VM_CMD, || {
+        match vm.run("cat /tmp/sent 2>/dev/null; true", VM_CMD)?.trim() {
+            "0" => Ok(()),
+            other => Err(Error::new(format!("nc: {other:?}"))),
+        }
+    })?;
+    let log = rack.sled(0)?.daemon()?.log();
+    assert!(
+        log.contains("vhost-user front end connected"),
+        "the restarted daemon did not connect to QEMU again:\n{log}"
+    );
+    eprintln!("vm: {KILL_MIB} MiB through a daemon SIGKILL and restart in {secs:.1} s");
+    drop(vm);
+    rack.teardown_quietly();
+    Ok(())
 }
 
 fn a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic(prefix: &str, way: Way) -> Result<()> {
