@@ -324,6 +324,7 @@ pub struct CreatePort {
 pub struct VhostUser {
     /// The vhost-user socket's path.
     pub socket: std::path::PathBuf,
+    #[serde(default)]
     pub mode: VhostUserMode,
 }
 

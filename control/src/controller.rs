@@ -1085,6 +1085,18 @@ fn check_port(others: &[PortInfo], p: &PortInfo) -> Result<(), String> {
                 v.socket.display()
             ));
         }
+        let theirs = |o: &&PortInfo| o.config.name != p.config.name;
+        if let Some(o) = others
+            .iter()
+            .filter(theirs)
+            .find(|o| o.vhost_user.as_ref().is_some_and(|w| w.socket == v.socket))
+        {
+            return Err(format!(
+                "vhost-user socket {:?} is port {:?}'s",
+                v.socket.display(),
+                o.config.name
+            ));
+        }
     }
     check_port_against(others, &p.config)
 }

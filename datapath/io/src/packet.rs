@@ -69,9 +69,13 @@ fn setsockopt_int(
     Ok(())
 }
 
-/// `getsockopt(fd, level, opt)` into `out`. Only for plain C values (ints,
-/// `tpacket_stats`), which any bytes the kernel writes leave valid.
-fn getsockopt_into<T: Copy>(
+/// C values any bytes leave valid: what [`getsockopt_into`] may write.
+trait PlainC: Copy {}
+impl PlainC for libc::c_int {}
+impl PlainC for libc::tpacket_stats {}
+
+/// `getsockopt(fd, level, opt)` into `out`, a plain C value ([`PlainC`]).
+fn getsockopt_into<T: PlainC>(
     fd: RawFd,
     level: libc::c_int,
     opt: libc::c_int,
@@ -79,7 +83,7 @@ fn getsockopt_into<T: Copy>(
 ) -> io::Result<()> {
     let mut len = std::mem::size_of::<T>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `out`, which is live and
-    // exclusively borrowed; T is plain C data (see above), valid whatever is
+    // exclusively borrowed; T is plain C data (`PlainC`), valid whatever is
     // written, and len is updated in place.
     let r = unsafe { libc::getsockopt(fd, level, opt, (out as *mut T).cast(), &mut len) };
     if r < 0 {
@@ -140,12 +144,15 @@ impl PacketPort {
         let ctx = |what: &str, e: io::Error| {
             io::Error::new(e.kind(), format!("{what} on interface {name:?}: {e}"))
         };
+        // Protocol 0: the socket takes no frames until `bind` names the interface
+        // (and ETH_P_ALL); created with ETH_P_ALL it would queue every interface's
+        // frames meanwhile, which `read` would then return as the guest's.
         // SAFETY: socket has no memory preconditions; the fd is checked below.
         let raw = unsafe {
             libc::socket(
                 libc::AF_PACKET,
                 libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::c_int::from(eth_p_all()),
+                0,
             )
         };
         if raw < 0 {

@@ -273,7 +273,13 @@ pub(super) fn inbound_verdict(
         return Err(DropReason::InboundDstNotGuest);
     }
     let bytes = ip_bytes(m);
-    if let Some(e) = p.uft_in.lookup(key, p.epoch, now, bytes) {
+    // Entries with a NAT translation are for frames from outside only (keyed by
+    // the external address they arrive to, `external.rs`).
+    if let Some(e) = p
+        .uft_in
+        .lookup(key, p.epoch, now, bytes)
+        .filter(|e| e.action.nat.is_none())
+    {
         if !via.admits(&e.action.sender) {
             return Err(DropReason::UnderlaySrcMismatch);
         }

@@ -663,7 +663,10 @@ fn compile_outbound(
             epoch: env.epoch,
             action,
             path_mtu,
-            needs_conn: a.needs_conn,
+            // An ICMP error's quote translation is the quoted packet's: decided
+            // for every error (`needs_conn` without a connection), never cached
+            // for the next error of the same key, which may quote another flow.
+            needs_conn: a.needs_conn || src_nat.is_some_and(|n| n.quote.is_some()),
             conn: a.conn,
             created: env.now,
             last_hit: env.now,

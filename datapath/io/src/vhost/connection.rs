@@ -4,6 +4,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,12 +30,27 @@ pub(super) fn listen(cfg: &super::DeviceConfig) -> io::Result<Option<UnixListene
             format!("vhost-user socket {}: {e}", cfg.socket.display()),
         )
     };
-    match std::fs::remove_file(&cfg.socket) {
-        Ok(()) => {}
+    // Only a socket no one listens on any more (left by an earlier run) is
+    // replaced: a live socket (the daemon's API, another program's) or any other
+    // file at the path is refused, never deleted.
+    match std::fs::symlink_metadata(&cfg.socket) {
+        Ok(_) if is_stale_socket(&cfg.socket) => std::fs::remove_file(&cfg.socket).map_err(ctx)?,
+        Ok(_) => {
+            return Err(ctx(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "the path exists and is not a socket left by an earlier run",
+            )))
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(ctx(e)),
     }
     UnixListener::bind(&cfg.socket).map(Some).map_err(ctx)
+}
+
+/// Whether `path` is a unix socket that no one listens on (its listener is gone).
+pub(super) fn is_stale_socket(path: &std::path::Path) -> bool {
+    let socket = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
+    socket && UnixStream::connect(path).is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused)
 }
 
 /// Ends the thread: no new connection, and the current one is shut down.

@@ -44,6 +44,18 @@ const QUEUES: usize = 2;
 /// The largest ring the guest may set up (QEMU's own limit for virtio-net).
 const MAX_QUEUE_SIZE: u16 = 1024;
 
+/// The features a front end must take ([`VhostUserBackendReqHandlerMut::set_features`]).
+fn required_features() -> u64 {
+    [
+        VIRTIO_F_VERSION_1,
+        VIRTIO_NET_F_GUEST_CSUM,
+        VIRTIO_NET_F_GUEST_TSO4,
+        VIRTIO_NET_F_GUEST_TSO6,
+    ]
+    .iter()
+    .fold(0, |f, &b| f | 1 << b)
+}
+
 /// The virtio feature bits offered: what a Linux guest needs for jumbo frames,
 /// TSO and checksum offload in both directions, and mergeable receive buffers.
 /// QEMU keeps the device's config space itself: the MAC and MTU the guest reads
@@ -80,6 +92,10 @@ pub(super) struct Vring {
     /// when the parser must refuse it (unread by us): a ring waiting for an
     /// enable would never run.
     enabled: bool,
+    /// The front end published an available index no ring of this size can have:
+    /// the ring is stopped until the device is reset (a new connection), rather
+    /// than looked at (and complained about) on every round.
+    broken: bool,
 }
 
 impl Vring {
@@ -89,13 +105,39 @@ impl Vring {
             kick: None,
             call: None,
             enabled: true,
+            broken: false,
         })
     }
 
     /// Whether frames may move: started by its kick eventfd, enabled, and not
     /// stopped by `GET_VRING_BASE`.
     pub(super) fn running(&self) -> bool {
-        self.enabled && self.kick.is_some() && self.queue.ready()
+        self.enabled && !self.broken && self.kick.is_some() && self.queue.ready()
+    }
+
+    /// Whether the ring's available index is one the front end may publish (at
+    /// most a ring's worth past what was taken). A guest that writes another one
+    /// stops the ring, with one warning: `port` names it.
+    pub(super) fn sane(&mut self, mem: &GuestMemoryMmap, port: &str) -> bool {
+        let avail = self
+            .queue
+            .avail_idx(mem, std::sync::atomic::Ordering::Acquire)
+            .ok()
+            .map(|a| a.0);
+        let ahead = avail.map(|a| a.wrapping_sub(self.queue.next_avail()));
+        match ahead {
+            Some(n) if n <= self.queue.size() => true,
+            _ => {
+                self.broken = true;
+                tracing::warn!(
+                    port,
+                    available = ?avail,
+                    taken = self.queue.next_avail(),
+                    "vhost-user ring stopped: the guest published an impossible available index"
+                );
+                false
+            }
+        }
     }
 
     /// Interrupts the guest (the call eventfd), unless it asked not to be.
@@ -195,6 +237,7 @@ impl Device {
             v.queue.reset();
             v.call = None;
             v.enabled = true;
+            v.broken = false;
         }
         self.acked = 0;
         self.mem = GuestMemoryMmap::new();
@@ -233,6 +276,20 @@ impl VhostUserBackendReqHandlerMut for Device {
 
     fn set_features(&mut self, features: u64) -> Result<()> {
         if features & !offered_features() != 0 {
+            return Err(Error::InvalidParam);
+        }
+        // What the frame path assumes of every guest: the 12-byte v1 header, and
+        // that it takes the partial checksums and GSO frames the datapath hands
+        // over (coalesced TCP). A guest without them is refused (QEMU then reports
+        // the failure) rather than sent frames it never agreed to.
+        let missing = required_features() & !features;
+        if missing != 0 {
+            tracing::warn!(
+                port = %self.name,
+                features = format_args!("{features:#x}"),
+                missing = format_args!("{missing:#x}"),
+                "vhost-user front end refused: VERSION_1, GUEST_CSUM and GUEST_TSO4/6 are required"
+            );
             return Err(Error::InvalidParam);
         }
         self.acked = features;

@@ -161,7 +161,7 @@ impl VhostPort {
         let mut guard = self.shared.device();
         let dev = &mut *guard;
         let (mem, vring) = (&dev.mem, &mut dev.vrings[TX]);
-        if !vring.running() {
+        if !vring.running() || !vring.sane(mem, &self.shared.cfg.name) {
             return Ok(None);
         }
         let Some(chain) = vring.queue.pop_descriptor_chain(mem) else {
@@ -201,7 +201,7 @@ impl VhostPort {
         let dev = &mut *guard;
         let max_buffers = if dev.mergeable() { MAX_RX_BUFFERS } else { 1 };
         let (mem, vring) = (&dev.mem, &mut dev.vrings[RX]);
-        if !vring.running() {
+        if !vring.running() || !vring.sane(mem, &self.shared.cfg.name) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let total = VNET_HDR_V1_LEN + frame.iter().map(|p| p.len()).sum::<usize>();
@@ -245,8 +245,11 @@ impl Drop for VhostPort {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        if self.shared.cfg.mode == Mode::Server {
-            let _ = std::fs::remove_file(&self.shared.cfg.socket);
+        // Our listener is closed with the thread: a socket still listened on at
+        // the path is someone else's, and stays.
+        let socket = &self.shared.cfg.socket;
+        if self.shared.cfg.mode == Mode::Server && connection::is_stale_socket(socket) {
+            let _ = std::fs::remove_file(socket);
         }
     }
 }
