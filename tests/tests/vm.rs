@@ -86,18 +86,7 @@ fn a_vm_on_a_client_mode_vhost_user_port_survives_sigkill_and_restart_of_overlay
         memory_mib: 256,
     };
     let mut vm = Vm::boot(&rack.sled(0)?.ns, vm_spec, &attach, rack.dir())?;
-    let sum = vm.run(
-        &format!(
-            "dd if=/dev/urandom of=/tmp/bulk bs=1048576 count={KILL_MIB} 2>/dev/null && \
-             sha256sum /tmp/bulk"
-        ),
-        VM_CMD,
-    )?;
-    let hash = sum
-        .split_whitespace()
-        .next()
-        .ok_or_else(|| Error::new(format!("sha256sum in the VM printed {sum:?}")))?
-        .to_string();
+    let hash = random_file(&mut vm, KILL_MIB)?;
     let b1 = rack.guest(B1)?;
     let target = b1.ipv4()?;
     let listener = b1
@@ -230,18 +219,7 @@ fn a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic(prefix: &str, way: 
     eprintln!("vm: full-size pings in {:.1?}", started.elapsed());
 
     // Bulk TCP from the VM, byte-exact, as GSO buffers.
-    let hash = vm.run(
-        &format!(
-            "dd if=/dev/urandom of=/tmp/bulk bs=1048576 count={BULK_MIB} 2>/dev/null && \
-             sha256sum /tmp/bulk"
-        ),
-        VM_CMD,
-    )?;
-    let hash = hash
-        .split_whitespace()
-        .next()
-        .ok_or_else(|| Error::new(format!("sha256sum in the VM printed {hash:?}")))?
-        .to_string();
+    let hash = random_file(&mut vm, BULK_MIB)?;
     for (i, target) in [b1.ipv4()?, b1.ipv6()?].into_iter().enumerate() {
         // Every transfer must arrive byte-exact. Under TCG on a loaded machine the
         // VM's TCP can, once in a while, send a whole transfer one segment at a time
@@ -270,6 +248,21 @@ fn a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic(prefix: &str, way: 
     drop(vm);
     rack.teardown_quietly();
     Ok(())
+}
+
+/// Writes `mib` MiB of random bytes to `/tmp/bulk` in the VM; returns their SHA-256.
+fn random_file(vm: &mut Vm, mib: u32) -> Result<String> {
+    let sum = vm.run(
+        &format!(
+            "dd if=/dev/urandom of=/tmp/bulk bs=1048576 count={mib} 2>/dev/null && \
+             sha256sum /tmp/bulk"
+        ),
+        VM_CMD,
+    )?;
+    sum.split_whitespace()
+        .next()
+        .map(String::from)
+        .ok_or_else(|| Error::new(format!("sha256sum in the VM printed {sum:?}")))
 }
 
 /// The `virtio_host_mtu` `xdeadm --json mtu PORT` reports.
