@@ -88,6 +88,10 @@ impl Capture {
         let mut cmd = ns.cmd("tcpdump").args([
             "-i",
             iface,
+            // Without it libpcap hands frames over a block at a time (TPACKET_V3),
+            // and the frames of the block still open when tcpdump is stopped are
+            // never written: the last second or so before `stop` went missing.
+            "--immediate-mode",
             "-U",
             "-n",
             "-s",
