@@ -184,9 +184,9 @@ impl Pending {
     }
 
     /// Takes a first segment (checksum verified) as a new frame: `head` holds its
-    /// headers, `start.payload` refers to the rest; `nat` translates the headers the
-    /// guest gets.
-    fn begin(&mut self, start: Start, head: &[u8], m: &InnerMeta, nat: Option<&Translation>) {
+    /// headers, `start.payload` refers to the rest; `nat` rewrites the destination
+    /// in the headers the guest gets.
+    fn begin(&mut self, start: Start, head: &[u8], m: &InnerMeta, nat: Option<&Rewrite>) {
         let (hdrs, end) = (m.payload_off, m.ip_end);
         self.in_use = true;
         self.port = start.port;
@@ -197,8 +197,8 @@ impl Pending {
         self.hdr[6..12].copy_from_slice(start.gateway_mac.as_bytes());
         self.out_pseudo = match nat {
             Some(t) => {
-                t.rewrite.apply(&mut self.hdr[..hdrs], m, t.end);
-                start.pseudo + t.rewrite.pseudo_delta()
+                t.apply(&mut self.hdr[..hdrs], m, End::Dst);
+                start.pseudo + t.pseudo_delta()
             }
             None => start.pseudo,
         };
@@ -400,15 +400,6 @@ fn header_sum(header: &[u8], acc: u64) -> u64 {
     }
 }
 
-/// How the NAT layer translates a frame from outside (`crate::nat`): the frame is
-/// merged and checked as it arrived, and `rewrite` is applied to the `end` of the
-/// headers the guest gets, once per frame handed over.
-#[derive(Clone, Copy)]
-pub struct Translation {
-    pub rewrite: Rewrite,
-    pub end: End,
-}
-
 /// Merges in-order TCP segments per port and flow; see the module documentation.
 /// Slots and their lists are allocated on first use and kept, so the steady state
 /// allocates nothing.
@@ -457,21 +448,22 @@ impl Coalescer {
         self.push_with(port, frame, meta, None, mss, gateway_mac, out);
     }
 
-    /// [`Self::push`] for a frame the NAT layer translates (`t`): `frame` and `meta`
-    /// as received. Only headers change, so the payload is still referred to where
-    /// it arrived, and a merged frame is translated once.
+    /// [`Self::push`] for a frame the NAT layer translates (`dst`, the rewrite of
+    /// its destination): `frame` and `meta` as received. Only headers change, so
+    /// the payload is still referred to where it arrived, and a merged frame is
+    /// translated once.
     #[allow(clippy::too_many_arguments)]
     pub fn push_translated(
         &mut self,
         port: PortId,
         frame: RxFrame<'_>,
         meta: &InnerMeta,
-        t: &Translation,
+        dst: &Rewrite,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
-        self.push_with(port, frame, meta, Some(t), mss, gateway_mac, out);
+        self.push_with(port, frame, meta, Some(dst), mss, gateway_mac, out);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -480,7 +472,7 @@ impl Coalescer {
         port: PortId,
         frame: RxFrame<'_>,
         meta: &InnerMeta,
-        nat: Option<&Translation>,
+        nat: Option<&Rewrite>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
@@ -668,7 +660,7 @@ impl Coalescer {
         port: PortId,
         frame: &RxFrame<'_>,
         m: &InnerMeta,
-        nat: Option<&Translation>,
+        nat: Option<&Rewrite>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
@@ -699,8 +691,8 @@ impl Coalescer {
         h[6..12].copy_from_slice(gateway_mac.as_bytes());
         let pseudo = match nat {
             Some(t) => {
-                t.rewrite.apply(h, m, t.end);
-                pseudo + t.rewrite.pseudo_delta()
+                t.apply(h, m, End::Dst);
+                pseudo + t.pseudo_delta()
             }
             None => pseudo,
         };
@@ -710,14 +702,14 @@ impl Coalescer {
         self.count_out(&vnet);
     }
 
-    /// A frame passed on as is (translated by `nat`), bar the source MAC, with no
+    /// A frame passed on as is (its destination rewritten by `nat`), bar the source MAC, with no
     /// offload claims.
     fn emit_raw(
         &mut self,
         port: PortId,
         frame: &RxFrame<'_>,
         m: &InnerMeta,
-        nat: Option<&Translation>,
+        nat: Option<&Rewrite>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
@@ -731,7 +723,7 @@ impl Coalescer {
             None => out.push_received(dest, frame, 12),
             Some(t) => {
                 let h = out.push_received(dest, frame, m.payload_off);
-                t.rewrite.apply(h, m, t.end);
+                t.apply(h, m, End::Dst);
                 h
             }
         };

@@ -14,7 +14,7 @@
 
 mod coalesce;
 
-pub use coalesce::{CoalesceStats, Coalescer, Translation};
+pub use coalesce::{CoalesceStats, Coalescer};
 
 use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
