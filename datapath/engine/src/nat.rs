@@ -238,6 +238,13 @@ impl Rewrite {
         // quotes may end before the checksum (8 bytes of its L4 header).
         let (csum_at, delta, kind) = match m.proto {
             PROTO_TCP => {
+                // The fixed header in one view, as every segment has it; a quoted
+                // one may stop short of it, then field by field.
+                if let Some(h) = chunk_mut::<20>(frame, l4) {
+                    h[port_at..port_at + 2].copy_from_slice(&self.port.to_be_bytes());
+                    adjust(&mut h[16..18], addr + port, Csum::Plain);
+                    return;
+                }
                 self.store_port(frame, l4 + port_at);
                 (l4 + 16, addr + port, Csum::Plain)
             }

@@ -26,7 +26,7 @@ pub(super) fn from_outside(
     coalescer: &mut Coalescer,
     via: &Via<'_>,
     to: Delivery,
-    frame: RxFrame<'_>,
+    frame: &RxFrame<'_>,
     meta: &InnerMeta,
     now: u64,
     out: &mut TxBatch,
@@ -58,7 +58,7 @@ pub(super) fn from_outside(
         return;
     }
     // Headers across the frame's pieces: the whole frame is translated in a copy.
-    let buf = whole_copy(coalescer, to, &frame, out);
+    let buf = whole_copy(coalescer, to, frame, out);
     r.apply(buf, meta, End::Dst);
     // The parser saw a whole Ethernet header: the MACs are there.
     buf[6..12].copy_from_slice(gateway_mac.as_bytes());
@@ -178,7 +178,7 @@ fn icmp_error(
     coalescer: &mut Coalescer,
     via: &Via<'_>,
     to: Delivery,
-    frame: RxFrame<'_>,
+    frame: &RxFrame<'_>,
     meta: &InnerMeta,
     now: u64,
     out: &mut TxBatch,
@@ -189,7 +189,7 @@ fn icmp_error(
         p.c.drops.inc(r);
         return;
     }
-    let buf = whole_copy(coalescer, to, &frame, out);
+    let buf = whole_copy(coalescer, to, frame, out);
     let (cfg, snat) = (&p.cfg, &p.snat);
     let verdict = match nat::inbound_icmp_error(&cfg.external, cfg.ipv4, cfg.ipv6, snat, meta, buf)
     {

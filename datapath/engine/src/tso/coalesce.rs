@@ -445,7 +445,7 @@ impl Coalescer {
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
-        self.push_with(port, frame, meta, None, mss, gateway_mac, out);
+        self.push_with(port, &frame, meta, None, mss, gateway_mac, out);
     }
 
     /// [`Self::push`] for a frame the NAT layer translates (`dst`, the rewrite of
@@ -453,10 +453,11 @@ impl Coalescer {
     /// the payload is still referred to where it arrived, and a merged frame is
     /// translated once.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn push_translated(
         &mut self,
         port: PortId,
-        frame: RxFrame<'_>,
+        frame: &RxFrame<'_>,
         meta: &InnerMeta,
         dst: &Rewrite,
         mss: Option<u32>,
@@ -466,11 +467,13 @@ impl Coalescer {
         self.push_with(port, frame, meta, Some(dst), mss, gateway_mac, out);
     }
 
+    /// The frame by reference: the callers' copy is used where it is, not copied
+    /// again for the call.
     #[allow(clippy::too_many_arguments)]
     fn push_with(
         &mut self,
         port: PortId,
-        frame: RxFrame<'_>,
+        frame: &RxFrame<'_>,
         meta: &InnerMeta,
         nat: Option<&Rewrite>,
         mss: Option<u32>,
@@ -483,25 +486,25 @@ impl Coalescer {
         let head = frame.head();
         if !is_tcp_segment(head, frame.len(), meta) {
             self.flush_port(port, out);
-            self.emit_raw(port, &frame, meta, nat, gateway_mac, out);
+            self.emit_raw(port, frame, meta, nat, gateway_mac, out);
             return;
         }
         if let Some(i) = self.slots.iter().position(|p| p.same_flow(port, meta)) {
             if self.can_merge(i, head, meta, mss) {
-                if self.append(i, &frame, head, meta) {
+                if self.append(i, frame, head, meta) {
                     return;
                 }
                 // Bad checksum: keep order, let the guest drop it.
                 self.flush_slot(i, out);
-                self.emit_raw(port, &frame, meta, nat, gateway_mac, out);
+                self.emit_raw(port, frame, meta, nat, gateway_mac, out);
                 return;
             }
             self.flush_slot(i, out);
         }
         if can_start(head, meta, mss) {
             let pseudo = tcp_pseudo(meta);
-            if !tcp_segment_ok(&frame, head, meta, pseudo) {
-                self.emit_raw(port, &frame, meta, nat, gateway_mac, out);
+            if !tcp_segment_ok(frame, head, meta, pseudo) {
+                self.emit_raw(port, frame, meta, nat, gateway_mac, out);
                 return;
             }
             let i = self.free_slot(out);
@@ -519,7 +522,7 @@ impl Coalescer {
             self.slots[i].begin(start, head, meta, nat);
             return;
         }
-        self.emit_single(port, &frame, meta, nat, mss, gateway_mac, out);
+        self.emit_single(port, frame, meta, nat, mss, gateway_mac, out);
     }
 
     /// Writes port `port`'s held frames to `out`: the caller is about to write a
