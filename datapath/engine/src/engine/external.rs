@@ -114,7 +114,9 @@ fn dropped(p: &mut Port, r: DropReason) -> Option<InboundTarget> {
     None
 }
 
-/// The miss of [`nat_verdict`] (or an entry that no longer holds). Out of line, so
+/// The miss of [`nat_verdict`] (or an entry that no longer holds): the translation
+/// from the NAT tables, then the firewall decides the translated flow
+/// (`compile_inbound`, which caches the outcome under `arrived`). Out of line, so
 /// that the hit path keeps its registers.
 #[cold]
 #[inline(never)]
@@ -126,35 +128,24 @@ fn nat_miss(
     head: &[u8],
     now: u64,
 ) -> Option<InboundTarget> {
-    match nat_decide(p, via, arrived, meta, head, now) {
-        Ok(t) => Some(t),
-        Err(r) => dropped(p, r),
-    }
-}
-
-/// A new flow from outside: its translation from the NAT tables, then the
-/// firewall decides the translated flow (`compile_inbound`, which caches the
-/// outcome under `arrived`).
-fn nat_decide(
-    p: &mut Port,
-    via: &Via<'_>,
-    arrived: &FlowKey,
-    meta: &InnerMeta,
-    head: &[u8],
-    now: u64,
-) -> Result<InboundTarget, DropReason> {
     // Only boundary services send from outside: checked before the NAT tables
     // are (and again, for the entry, by `compile_inbound`).
     let cfg = &p.cfg;
-    via.sender(cfg.vni, meta.src_ip)?;
-    let t = nat::inbound_target(&cfg.external, cfg.ipv4, cfg.ipv6, &p.snat, meta)
-        .ok_or(DropReason::NatNoMapping)?;
-    let private =
-        nat::private_of(meta.dst_ip, cfg.ipv4, cfg.ipv6).ok_or(DropReason::NatNoMapping)?;
+    let found = via.sender(cfg.vni, meta.src_ip).and_then(|_| {
+        let t = nat::inbound_target(&cfg.external, cfg.ipv4, cfg.ipv6, &p.snat, meta);
+        t.zip(nat::private_of(meta.dst_ip, cfg.ipv4, cfg.ipv6))
+            .ok_or(DropReason::NatNoMapping)
+    });
+    let (t, private) = match found {
+        Ok(found) => found,
+        Err(r) => return dropped(p, r),
+    };
     let m = nat::rewritten_meta(meta, End::Dst, private, t.port);
     let key = FlowKey::from_meta(arrived.vni, &m);
-    compile_inbound(p, via, &key, &m, head, now, Some((*arrived, t)))?;
-    Ok(t)
+    match compile_inbound(p, via, &key, &m, head, now, Some((*arrived, t))) {
+        Ok(()) => Some(t),
+        Err(r) => dropped(p, r),
+    }
 }
 
 /// A connection from outside to a 1:1 address, translated by `r`: remembered so
