@@ -268,7 +268,8 @@ impl Rewrite {
                 (l4 + 2, addr + port, Csum::Plain)
             }
             PROTO_ICMPV6 => (l4 + 2, addr, Csum::Plain),
-            // Other ICMPv4 messages: nothing of theirs covers the address.
+            // Other ICMPv4 messages (their checksum covers no address) and other
+            // protocols: nothing more changes.
             _ => return,
         };
         if let Some(c) = chunk_mut::<2>(frame, csum_at) {
@@ -874,8 +875,9 @@ enum Csum {
 }
 
 /// Applies `delta` (a sum of `!old + new` words, RFC 1624) to the checksum in
-/// `field`. A UDP checksum that comes out 0 is sent as 0xffff, its other form: 0
-/// would mean "no checksum" (RFC 768).
+/// `field`, its two bytes (the callers' fixed-size views give exactly two). A UDP
+/// checksum that comes out 0 is sent as 0xffff, its other form: 0 would mean "no
+/// checksum" (RFC 768).
 #[inline]
 fn adjust(field: &mut [u8], delta: u64, kind: Csum) {
     let [hi, lo] = field else {

@@ -196,9 +196,9 @@ impl Pending {
         self.hdr[..hdrs].copy_from_slice(&head[..hdrs]);
         self.hdr[6..12].copy_from_slice(start.gateway_mac.as_bytes());
         self.out_pseudo = match nat {
-            Some(t) => {
-                t.apply(&mut self.hdr[..hdrs], m, End::Dst);
-                start.pseudo + t.pseudo_delta()
+            Some(r) => {
+                r.apply(&mut self.hdr[..hdrs], m, End::Dst);
+                start.pseudo + r.pseudo_delta()
             }
             None => start.pseudo,
         };
@@ -467,8 +467,9 @@ impl Coalescer {
         self.push_with(port, frame, meta, Some(dst), mss, gateway_mac, out);
     }
 
-    /// The frame by reference: the callers' copy is used where it is, not copied
-    /// again for the call.
+    /// [`Self::push`] and [`Self::push_translated`] (`nat`: the rewrite of the
+    /// destination). The frame by reference: the callers' copy is used where it
+    /// is, not copied again for the call.
     #[allow(clippy::too_many_arguments)]
     fn push_with(
         &mut self,
@@ -693,9 +694,9 @@ impl Coalescer {
         let h = out.push_received(TxDest::Port { port, vnet }, frame, hdrs);
         h[6..12].copy_from_slice(gateway_mac.as_bytes());
         let pseudo = match nat {
-            Some(t) => {
-                t.apply(h, m, End::Dst);
-                pseudo + t.pseudo_delta()
+            Some(r) => {
+                r.apply(h, m, End::Dst);
+                pseudo + r.pseudo_delta()
             }
             None => pseudo,
         };
@@ -705,8 +706,8 @@ impl Coalescer {
         self.count_out(&vnet);
     }
 
-    /// A frame passed on as is (its destination rewritten by `nat`), bar the source MAC, with no
-    /// offload claims.
+    /// A frame passed on as is (its destination rewritten by `nat`), bar the source
+    /// MAC, with no offload claims.
     fn emit_raw(
         &mut self,
         port: PortId,
@@ -724,9 +725,9 @@ impl Coalescer {
         // and the headers a translation changes, in the frame's head.
         let h = match nat {
             None => out.push_received(dest, frame, 12),
-            Some(t) => {
+            Some(r) => {
                 let h = out.push_received(dest, frame, m.payload_off);
-                t.apply(h, m, End::Dst);
+                r.apply(h, m, End::Dst);
                 h
             }
         };
