@@ -201,27 +201,28 @@ impl Rewrite {
     /// `NEEDS_CSUM` checksum is completed). A UDP/IPv4 checksum of 0 (none) stays
     /// 0; a UDP checksum that comes out 0 is sent as 0xffff. A packet of the other
     /// family is left as it is (the callers choose by the packet's family).
+    #[inline(always)]
     pub fn apply(&self, frame: &mut [u8], m: &InnerMeta, end: End) {
-        let (l3, l4) = (m.l3_off, m.l4_off);
         let src = end == End::Src;
         let addr = u64::from(self.addr_delta);
-        // Each family's address is stored at its fixed size: no length-generic
-        // copy (a `memcpy` call) on the fast path of every NATed packet.
+        // Each family's address is stored at its fixed size (no length-generic
+        // copy, a `memcpy` call, on the fast path of every NATed packet), into a
+        // view of the whole fixed header: one bounds check for all its fields.
         match (self.ip, m.l3) {
             (IpAddr::V4(a), L3::Ipv4) => {
-                let at = l3 + if src { 12 } else { 16 };
-                let Some(old) = frame.get_mut(at..at + 4) else {
+                let Some(h) = chunk_mut::<20>(frame, m.l3_off) else {
                     return;
                 };
-                old.copy_from_slice(&a.octets());
-                adjust(frame, l3 + 10, addr, Csum::Plain);
+                let at = if src { 12 } else { 16 };
+                h[at..at + 4].copy_from_slice(&a.octets());
+                adjust(&mut h[10..12], addr, Csum::Plain);
             }
             (IpAddr::V6(a), L3::Ipv6) => {
-                let at = l3 + if src { 8 } else { 24 };
-                let Some(old) = frame.get_mut(at..at + 16) else {
+                let Some(h) = chunk_mut::<40>(frame, m.l3_off) else {
                     return;
                 };
-                old.copy_from_slice(&a.octets());
+                let at = if src { 8 } else { 24 };
+                h[at..at + 16].copy_from_slice(&a.octets());
             }
             _ => return,
         }
@@ -230,31 +231,66 @@ impl Rewrite {
         if m.fragment && m.payload_off == m.l4_off {
             return;
         }
-        // ICMPv4's checksum has no pseudo-header; an echo identifier is at 4, the
-        // same place for either end.
+        let l4 = m.l4_off;
         let port = u64::from(self.port_delta);
-        let port_at = l4 + if src { 0 } else { 2 };
-        let (csum_off, delta, port_at, kind) = match m.proto {
-            PROTO_TCP => (l4 + 16, addr + port, Some(port_at), Csum::Plain),
-            PROTO_UDP if m.l3 == L3::Ipv4 => (l4 + 6, addr + port, Some(port_at), Csum::Udp4),
-            PROTO_UDP => (l4 + 6, addr + port, Some(port_at), Csum::Udp6),
+        let port_at = if src { 0 } else { 2 };
+        // The port and the checksum are looked for apart: the packet an ICMP error
+        // quotes may end before the checksum (8 bytes of its L4 header).
+        let (csum_at, delta, kind) = match m.proto {
+            PROTO_TCP => {
+                // The fixed header in one view, as every segment has it; a quoted
+                // one may stop short of it, then field by field.
+                if let Some(h) = chunk_mut::<20>(frame, l4) {
+                    h[port_at..port_at + 2].copy_from_slice(&self.port.to_be_bytes());
+                    adjust(&mut h[16..18], addr + port, Csum::Plain);
+                    return;
+                }
+                self.store_port(frame, l4 + port_at);
+                (l4 + 16, addr + port, Csum::Plain)
+            }
+            PROTO_UDP => {
+                self.store_port(frame, l4 + port_at);
+                let kind = if m.l3 == L3::Ipv4 {
+                    Csum::Udp4
+                } else {
+                    Csum::Udp6
+                };
+                (l4 + 6, addr + port, kind)
+            }
+            // An echo identifier is at 4, the same place for either end. ICMPv4's
+            // checksum has no pseudo-header.
             PROTO_ICMP if is_echo(m.proto, m.icmp_type) => {
-                (l4 + 2, port, Some(l4 + 4), Csum::Plain)
+                self.store_port(frame, l4 + 4);
+                (l4 + 2, port, Csum::Plain)
             }
-            PROTO_ICMP => (l4 + 2, 0, None, Csum::Plain),
             PROTO_ICMPV6 if is_echo(m.proto, m.icmp_type) => {
-                (l4 + 2, addr + port, Some(l4 + 4), Csum::Plain)
+                self.store_port(frame, l4 + 4);
+                (l4 + 2, addr + port, Csum::Plain)
             }
-            PROTO_ICMPV6 => (l4 + 2, addr, None, Csum::Plain),
+            PROTO_ICMPV6 => (l4 + 2, addr, Csum::Plain),
+            // Other ICMPv4 messages (their checksum covers no address) and other
+            // protocols: nothing more changes.
             _ => return,
         };
-        if let Some(at) = port_at {
-            if let Some(p) = frame.get_mut(at..at + 2) {
-                p.copy_from_slice(&self.port.to_be_bytes());
-            }
+        if let Some(c) = chunk_mut::<2>(frame, csum_at) {
+            adjust(c, delta, kind);
         }
-        adjust(frame, csum_off, delta, kind);
     }
+
+    /// Stores the new port (echo: identifier) at `at`, if `frame` reaches that far.
+    #[inline]
+    fn store_port(&self, frame: &mut [u8], at: usize) {
+        if let Some(p) = chunk_mut::<2>(frame, at) {
+            *p = self.port.to_be_bytes();
+        }
+    }
+}
+
+/// The `N` bytes of `frame` from `at` on, if it holds them: one bounds check, after
+/// which fields at fixed offsets need none.
+#[inline]
+fn chunk_mut<const N: usize>(frame: &mut [u8], at: usize) -> Option<&mut [u8; N]> {
+    frame.get_mut(at..)?.first_chunk_mut::<N>()
 }
 
 /// The compiled outbound NAT of one flow: its source rewrite, and for an ICMP
@@ -838,16 +874,16 @@ enum Csum {
     Udp6,
 }
 
-/// Applies `delta` (a sum of `!old + new` words, RFC 1624) to the checksum at `at`
-/// (nothing if the frame is shorter: the parser checked the headers, so this does
-/// not happen). A UDP checksum that comes out 0 is sent as 0xffff, its other form:
-/// 0 would mean "no checksum" (RFC 768).
+/// Applies `delta` (a sum of `!old + new` words, RFC 1624) to the checksum in
+/// `field`, its two bytes (the callers' fixed-size views give exactly two). A UDP
+/// checksum that comes out 0 is sent as 0xffff, its other form: 0 would mean "no
+/// checksum" (RFC 768).
 #[inline]
-fn adjust(frame: &mut [u8], at: usize, delta: u64, kind: Csum) {
-    let Some(field) = frame.get_mut(at..at + 2) else {
+fn adjust(field: &mut [u8], delta: u64, kind: Csum) {
+    let [hi, lo] = field else {
         return;
     };
-    let old = u16::from_be_bytes([field[0], field[1]]);
+    let old = u16::from_be_bytes([*hi, *lo]);
     if old == 0 && kind == Csum::Udp4 {
         return;
     }
@@ -859,7 +895,7 @@ fn adjust(frame: &mut [u8], at: usize, delta: u64, kind: Csum) {
         0 if kind != Csum::Plain => 0xffff,
         c => c,
     };
-    field.copy_from_slice(&c.to_be_bytes());
+    [*hi, *lo] = c.to_be_bytes();
 }
 
 #[cfg(test)]

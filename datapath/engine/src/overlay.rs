@@ -139,8 +139,17 @@ impl InboundTrust<'_> {
         if self.boundary.len() <= 8 {
             self.boundary.contains(&addr)
         } else {
-            self.boundary.binary_search(&addr).is_ok()
+            self.is_boundary_searched(addr)
         }
+    }
+
+    /// [`Self::is_boundary`] of a list too long to walk: out of line, so that the
+    /// walk above, inlined into every External frame's sender check, keeps few
+    /// registers.
+    #[cold]
+    #[inline(never)]
+    fn is_boundary_searched(&self, addr: Ipv6Addr) -> bool {
+        self.boundary.binary_search(&addr).is_ok()
     }
 }
 

@@ -10,10 +10,10 @@ use crate::drop::DropReason;
 use crate::firewall::TcpSegment;
 use crate::flow::FlowKey;
 use crate::input::RxFrame;
-use crate::nat::{self, End, InboundTarget};
+use crate::nat::{self, End, InboundTarget, Rewrite};
 use crate::output::{TxBatch, TxDest};
 use crate::rule::Direction;
-use crate::tso::{Coalescer, Translation};
+use crate::tso::Coalescer;
 use wire::meta::InnerMeta;
 use wire::vnet::VnetHdr;
 
@@ -26,7 +26,7 @@ pub(super) fn from_outside(
     coalescer: &mut Coalescer,
     via: &Via<'_>,
     to: Delivery,
-    frame: RxFrame<'_>,
+    frame: &RxFrame<'_>,
     meta: &InnerMeta,
     now: u64,
     out: &mut TxBatch,
@@ -35,12 +35,8 @@ pub(super) fn from_outside(
         return icmp_error(p, coalescer, via, to, frame, meta, now, out);
     }
     let arrived = FlowKey::from_meta(to.vni, meta);
-    let t = match nat_verdict(p, via, &arrived, meta, frame.head(), now) {
-        Ok(t) => t,
-        Err(r) => {
-            p.c.drops.inc(r);
-            return;
-        }
+    let Some(t) = nat_verdict(p, via, &arrived, meta, frame.head(), now) else {
+        return;
     };
     let Some(private) = nat::private_of(meta.dst_ip, p.cfg.ipv4, p.cfg.ipv6) else {
         // No translation is made for a family the port has no address of.
@@ -49,9 +45,7 @@ pub(super) fn from_outside(
     };
     let r = t.rewrite(private);
     if t.one_to_one {
-        let m = nat::rewritten_meta(meta, End::Dst, r.ip, r.port);
-        let key = FlowKey::from_meta(to.vni, &m);
-        nat::note_inbound(&p.cfg.external, &mut p.snat, &p.fw, &key, meta.dst_ip, now);
+        note_one_to_one(p, to.vni, meta, &r, now);
     }
     p.c.in_packets += 1;
     p.c.in_bytes += frame.len() as u64;
@@ -60,15 +54,11 @@ pub(super) fn from_outside(
     // and a coalesced frame is translated once.
     let n = meta.payload_off;
     if (wire::ethernet::HEADER_LEN..=frame.head().len()).contains(&n) {
-        let t = Translation {
-            rewrite: r,
-            end: End::Dst,
-        };
-        coalescer.push_translated(to.port, frame, meta, &t, to.mss, gateway_mac, out);
+        coalescer.push_translated(to.port, frame, meta, &r, to.mss, gateway_mac, out);
         return;
     }
     // Headers across the frame's pieces: the whole frame is translated in a copy.
-    let buf = whole_copy(coalescer, to, &frame, out);
+    let buf = whole_copy(coalescer, to, frame, out);
     r.apply(buf, meta, End::Dst);
     // The parser saw a whole Ethernet header: the MACs are there.
     buf[6..12].copy_from_slice(gateway_mac.as_bytes());
@@ -76,10 +66,14 @@ pub(super) fn from_outside(
 }
 
 /// The inbound flow table's verdict on a packet from outside, `arrived` its key
-/// (to the external address), and the packet's translation. A hit serves both;
-/// a miss finds the translation in the NAT tables and has the firewall decide the
-/// translated flow (`compile_inbound`, which caches the outcome under `arrived`).
-/// `head` is the start of the frame as received (read for the TCP header).
+/// (to the external address), and the packet's translation, or `None` with the
+/// drop counted. A hit serves both; a miss is [`nat_miss`]. `head` is the start of
+/// the frame as received (read for the TCP header).
+///
+/// An `Option` rather than a `Result`: it has the translation's own layout (its
+/// flag's spare values mark `None`), where the `Result` with the drop reason was
+/// packed at odd offsets and taken apart again on every packet.
+#[inline]
 fn nat_verdict(
     p: &mut Port,
     via: &Via<'_>,
@@ -87,48 +81,95 @@ fn nat_verdict(
     meta: &InnerMeta,
     head: &[u8],
     now: u64,
-) -> Result<InboundTarget, DropReason> {
+) -> Option<InboundTarget> {
     // One predictable branch for a port that is not paused.
     if p.paused {
-        return Err(DropReason::PortPaused);
+        return dropped(p, DropReason::PortPaused);
     }
     let bytes = ip_bytes(meta);
-    if let Some(e) = p.uft_in.lookup(arrived, p.epoch, now, bytes) {
-        // Entries under a key to an external address are made with a translation.
-        if let Some(t) = e.action.nat {
-            if !via.admits(&e.action.sender) {
-                return Err(DropReason::UnderlaySrcMismatch);
-            }
-            let seg = TcpSegment::read(meta, head);
-            if confirm(e, &mut p.fw, Direction::In, seg, bytes, now) {
-                return verdict(e.action.verdict).map(|()| t);
-            }
-        }
+    // Entries under a key to an external address are made with a translation.
+    let Some((e, t)) = p
+        .uft_in
+        .lookup(arrived, p.epoch, now, bytes)
+        .and_then(|e| e.action.nat.map(|t| (e, t)))
+    else {
+        return nat_miss(p, via, arrived, meta, head, now);
+    };
+    if !via.admits(&e.action.sender) {
+        return dropped(p, DropReason::UnderlaySrcMismatch);
     }
+    let seg = TcpSegment::read(meta, head);
+    if !confirm(e, &mut p.fw, Direction::In, seg, bytes, now) {
+        return nat_miss(p, via, arrived, meta, head, now);
+    }
+    match verdict(e.action.verdict) {
+        Ok(()) => Some(t),
+        Err(r) => dropped(p, r),
+    }
+}
+
+/// Counts a drop of port `p`'s frame, for [`nat_verdict`].
+fn dropped(p: &mut Port, r: DropReason) -> Option<InboundTarget> {
+    p.c.drops.inc(r);
+    None
+}
+
+/// The miss of [`nat_verdict`] (or an entry that no longer holds): the translation
+/// from the NAT tables, then the firewall decides the translated flow
+/// (`compile_inbound`, which caches the outcome under `arrived`). Out of line, so
+/// that the hit path keeps its registers.
+#[cold]
+#[inline(never)]
+fn nat_miss(
+    p: &mut Port,
+    via: &Via<'_>,
+    arrived: &FlowKey,
+    meta: &InnerMeta,
+    head: &[u8],
+    now: u64,
+) -> Option<InboundTarget> {
     // Only boundary services send from outside: checked before the NAT tables
     // are (and again, for the entry, by `compile_inbound`).
     let cfg = &p.cfg;
-    via.sender(cfg.vni, meta.src_ip)?;
-    let t = nat::inbound_target(&cfg.external, cfg.ipv4, cfg.ipv6, &p.snat, meta)
-        .ok_or(DropReason::NatNoMapping)?;
-    let private =
-        nat::private_of(meta.dst_ip, cfg.ipv4, cfg.ipv6).ok_or(DropReason::NatNoMapping)?;
+    let found = via.sender(cfg.vni, meta.src_ip).and_then(|_| {
+        let t = nat::inbound_target(&cfg.external, cfg.ipv4, cfg.ipv6, &p.snat, meta);
+        t.zip(nat::private_of(meta.dst_ip, cfg.ipv4, cfg.ipv6))
+            .ok_or(DropReason::NatNoMapping)
+    });
+    let (t, private) = match found {
+        Ok(found) => found,
+        Err(r) => return dropped(p, r),
+    };
     let m = nat::rewritten_meta(meta, End::Dst, private, t.port);
     let key = FlowKey::from_meta(arrived.vni, &m);
-    compile_inbound(p, via, &key, &m, head, now, Some((*arrived, t)))?;
-    Ok(t)
+    match compile_inbound(p, via, &key, &m, head, now, Some((*arrived, t))) {
+        Ok(()) => Some(t),
+        Err(r) => dropped(p, r),
+    }
+}
+
+/// A connection from outside to a 1:1 address, translated by `r`: remembered so
+/// that its replies leave from that address (`nat::note_inbound`). Out of line:
+/// SNAT flows never get here.
+#[inline(never)]
+fn note_one_to_one(p: &mut Port, vni: u32, meta: &InnerMeta, r: &Rewrite, now: u64) {
+    let m = nat::rewritten_meta(meta, End::Dst, r.ip, r.port);
+    let key = FlowKey::from_meta(vni, &m);
+    nat::note_inbound(&p.cfg.external, &mut p.snat, &p.fw, &key, meta.dst_ip, now);
 }
 
 /// An ICMP error from outside: translated (quote included) in a copy of the whole
 /// frame, then decided as the flow it is about, on every packet (the inbound
-/// firewall admits it through the connection it quotes).
+/// firewall admits it through the connection it quotes). Out of line, as the
+/// flow-table miss is.
 #[allow(clippy::too_many_arguments)]
+#[inline(never)]
 fn icmp_error(
     p: &mut Port,
     coalescer: &mut Coalescer,
     via: &Via<'_>,
     to: Delivery,
-    frame: RxFrame<'_>,
+    frame: &RxFrame<'_>,
     meta: &InnerMeta,
     now: u64,
     out: &mut TxBatch,
@@ -139,7 +180,7 @@ fn icmp_error(
         p.c.drops.inc(r);
         return;
     }
-    let buf = whole_copy(coalescer, to, &frame, out);
+    let buf = whole_copy(coalescer, to, frame, out);
     let (cfg, snat) = (&p.cfg, &p.snat);
     let verdict = match nat::inbound_icmp_error(&cfg.external, cfg.ipv4, cfg.ipv6, snat, meta, buf)
     {

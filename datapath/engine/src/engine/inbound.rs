@@ -142,7 +142,7 @@ impl Engine {
                 mss: um.mss,
             };
             let coalescer = &mut self.coalescer;
-            external::from_outside(p, coalescer, &via, to, inner, meta, now, out);
+            external::from_outside(p, coalescer, &via, to, &inner, meta, now, out);
             return;
         }
         let key = FlowKey::from_meta(um.vni, meta);

@@ -380,7 +380,7 @@ fn encapsulate(
     // The NAT layer's source rewrite happens as each frame is built (`InnerEdit`).
     let edit = tso::InnerEdit {
         dst_mac: e.inner_dst_mac,
-        nat: e.nat,
+        nat: e.nat.as_ref(),
     };
     let Some(mtu) = fragment_mtu else {
         let mss = u32::from(vnet.gso_size);

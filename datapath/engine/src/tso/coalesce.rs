@@ -184,9 +184,9 @@ impl Pending {
     }
 
     /// Takes a first segment (checksum verified) as a new frame: `head` holds its
-    /// headers, `start.payload` refers to the rest; `nat` translates the headers the
-    /// guest gets.
-    fn begin(&mut self, start: Start, head: &[u8], m: &InnerMeta, nat: Option<&Translation>) {
+    /// headers, `start.payload` refers to the rest; `nat` rewrites the destination
+    /// in the headers the guest gets.
+    fn begin(&mut self, start: Start, head: &[u8], m: &InnerMeta, nat: Option<&Rewrite>) {
         let (hdrs, end) = (m.payload_off, m.ip_end);
         self.in_use = true;
         self.port = start.port;
@@ -196,9 +196,9 @@ impl Pending {
         self.hdr[..hdrs].copy_from_slice(&head[..hdrs]);
         self.hdr[6..12].copy_from_slice(start.gateway_mac.as_bytes());
         self.out_pseudo = match nat {
-            Some(t) => {
-                t.rewrite.apply(&mut self.hdr[..hdrs], m, t.end);
-                start.pseudo + t.rewrite.pseudo_delta()
+            Some(r) => {
+                r.apply(&mut self.hdr[..hdrs], m, End::Dst);
+                start.pseudo + r.pseudo_delta()
             }
             None => start.pseudo,
         };
@@ -400,15 +400,6 @@ fn header_sum(header: &[u8], acc: u64) -> u64 {
     }
 }
 
-/// How the NAT layer translates a frame from outside (`crate::nat`): the frame is
-/// merged and checked as it arrived, and `rewrite` is applied to the `end` of the
-/// headers the guest gets, once per frame handed over.
-#[derive(Clone, Copy)]
-pub struct Translation {
-    pub rewrite: Rewrite,
-    pub end: End,
-}
-
 /// Merges in-order TCP segments per port and flow; see the module documentation.
 /// Slots and their lists are allocated on first use and kept, so the steady state
 /// allocates nothing.
@@ -454,33 +445,38 @@ impl Coalescer {
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
-        self.push_with(port, frame, meta, None, mss, gateway_mac, out);
+        self.push_with(port, &frame, meta, None, mss, gateway_mac, out);
     }
 
-    /// [`Self::push`] for a frame the NAT layer translates (`t`): `frame` and `meta`
-    /// as received. Only headers change, so the payload is still referred to where
-    /// it arrived, and a merged frame is translated once.
+    /// [`Self::push`] for a frame the NAT layer translates (`dst`, the rewrite of
+    /// its destination): `frame` and `meta` as received. Only headers change, so
+    /// the payload is still referred to where it arrived, and a merged frame is
+    /// translated once.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn push_translated(
         &mut self,
         port: PortId,
-        frame: RxFrame<'_>,
+        frame: &RxFrame<'_>,
         meta: &InnerMeta,
-        t: &Translation,
+        dst: &Rewrite,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
-        self.push_with(port, frame, meta, Some(t), mss, gateway_mac, out);
+        self.push_with(port, frame, meta, Some(dst), mss, gateway_mac, out);
     }
 
+    /// [`Self::push`] and [`Self::push_translated`] (`nat`: the rewrite of the
+    /// destination). The frame by reference: the callers' copy is used where it
+    /// is, not copied again for the call.
     #[allow(clippy::too_many_arguments)]
     fn push_with(
         &mut self,
         port: PortId,
-        frame: RxFrame<'_>,
+        frame: &RxFrame<'_>,
         meta: &InnerMeta,
-        nat: Option<&Translation>,
+        nat: Option<&Rewrite>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
@@ -491,25 +487,25 @@ impl Coalescer {
         let head = frame.head();
         if !is_tcp_segment(head, frame.len(), meta) {
             self.flush_port(port, out);
-            self.emit_raw(port, &frame, meta, nat, gateway_mac, out);
+            self.emit_raw(port, frame, meta, nat, gateway_mac, out);
             return;
         }
         if let Some(i) = self.slots.iter().position(|p| p.same_flow(port, meta)) {
             if self.can_merge(i, head, meta, mss) {
-                if self.append(i, &frame, head, meta) {
+                if self.append(i, frame, head, meta) {
                     return;
                 }
                 // Bad checksum: keep order, let the guest drop it.
                 self.flush_slot(i, out);
-                self.emit_raw(port, &frame, meta, nat, gateway_mac, out);
+                self.emit_raw(port, frame, meta, nat, gateway_mac, out);
                 return;
             }
             self.flush_slot(i, out);
         }
         if can_start(head, meta, mss) {
             let pseudo = tcp_pseudo(meta);
-            if !tcp_segment_ok(&frame, head, meta, pseudo) {
-                self.emit_raw(port, &frame, meta, nat, gateway_mac, out);
+            if !tcp_segment_ok(frame, head, meta, pseudo) {
+                self.emit_raw(port, frame, meta, nat, gateway_mac, out);
                 return;
             }
             let i = self.free_slot(out);
@@ -527,7 +523,7 @@ impl Coalescer {
             self.slots[i].begin(start, head, meta, nat);
             return;
         }
-        self.emit_single(port, &frame, meta, nat, mss, gateway_mac, out);
+        self.emit_single(port, frame, meta, nat, mss, gateway_mac, out);
     }
 
     /// Writes port `port`'s held frames to `out`: the caller is about to write a
@@ -668,7 +664,7 @@ impl Coalescer {
         port: PortId,
         frame: &RxFrame<'_>,
         m: &InnerMeta,
-        nat: Option<&Translation>,
+        nat: Option<&Rewrite>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
@@ -698,9 +694,9 @@ impl Coalescer {
         let h = out.push_received(TxDest::Port { port, vnet }, frame, hdrs);
         h[6..12].copy_from_slice(gateway_mac.as_bytes());
         let pseudo = match nat {
-            Some(t) => {
-                t.rewrite.apply(h, m, t.end);
-                pseudo + t.rewrite.pseudo_delta()
+            Some(r) => {
+                r.apply(h, m, End::Dst);
+                pseudo + r.pseudo_delta()
             }
             None => pseudo,
         };
@@ -710,14 +706,14 @@ impl Coalescer {
         self.count_out(&vnet);
     }
 
-    /// A frame passed on as is (translated by `nat`), bar the source MAC, with no
-    /// offload claims.
+    /// A frame passed on as is (its destination rewritten by `nat`), bar the source
+    /// MAC, with no offload claims.
     fn emit_raw(
         &mut self,
         port: PortId,
         frame: &RxFrame<'_>,
         m: &InnerMeta,
-        nat: Option<&Translation>,
+        nat: Option<&Rewrite>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
@@ -729,9 +725,9 @@ impl Coalescer {
         // and the headers a translation changes, in the frame's head.
         let h = match nat {
             None => out.push_received(dest, frame, 12),
-            Some(t) => {
+            Some(r) => {
                 let h = out.push_received(dest, frame, m.payload_off);
-                t.rewrite.apply(h, m, t.end);
+                r.apply(h, m, End::Dst);
                 h
             }
         };
