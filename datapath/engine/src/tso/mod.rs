@@ -13,8 +13,10 @@
 //! ([`wire::checksum::copy_and_sum`]). See docs/mtu-and-tso.md for the MTU budget and worked examples.
 
 mod coalesce;
+mod tunnel;
 
 pub use coalesce::{CoalesceStats, Coalescer, Translation};
+pub use tunnel::{super_frames, SuperFrames};
 
 use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
