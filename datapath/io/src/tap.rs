@@ -35,13 +35,13 @@ pub struct TapPort {
 
 /// `struct ifreq` as used by TUNSETIFF: name + flags.
 #[repr(C)]
-struct IfReqFlags {
-    name: [u8; libc::IFNAMSIZ],
-    flags: libc::c_short,
-    _pad: [u8; 22],
+pub(crate) struct IfReqFlags {
+    pub(crate) name: [u8; libc::IFNAMSIZ],
+    pub(crate) flags: libc::c_short,
+    pub(crate) _pad: [u8; 22],
 }
 
-fn name_bytes(name: &str) -> io::Result<[u8; libc::IFNAMSIZ]> {
+pub(crate) fn name_bytes(name: &str) -> io::Result<[u8; libc::IFNAMSIZ]> {
     let b = name.as_bytes();
     if b.is_empty() || b.len() >= libc::IFNAMSIZ || b.contains(&0) || b.contains(&b'/') {
         return Err(io::Error::new(

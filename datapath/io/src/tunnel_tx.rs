@@ -1,0 +1,349 @@
+//! The underlay's tunnel tap: transmit of UDP-tunnel GSO super-frames (Linux 6.17+).
+//!
+//! AF_XDP has no GSO, so a guest TSO buffer sent through it is cut in user space into
+//! ~8.9 KB frames, each an skb and a kernel copy in copy mode. A tap whose vnet
+//! header is the 24-byte `virtio_net_hdr_v1_hash_tunnel` takes one encapsulated
+//! super-frame of up to 64 KiB instead and has the kernel segment it as late as it
+//! can: software GSO at the first device without UDP-tunnel TSO, or the NIC
+//! (docs/tunnel-gso.md). AF_PACKET and macvtap refuse that header.
+//!
+//! One multi-queue tap per underlay link, named after it ([`tap_name`]), with a queue
+//! per worker ([`TunnelQueue`]). It has no address, and IPv6 is off on it. Frames
+//! written to it are complete (outer Ethernet with the next hop's MAC, as AF_XDP
+//! frames are) and enter the tap's ingress, where a tc program (tcx, from
+//! `xdp-prog/src/tunnel_redirect.bpf.c`) redirects each to the underlay link's
+//! egress: no route, bridge or neighbour entry is involved. The tap is not
+//! persistent: the kernel deletes it with its last queue, so a daemon that exits or
+//! crashes leaves nothing behind. A leftover tap of that name (made persistent by
+//! something else) is taken over: made non-persistent and joined.
+//!
+//! Support is probed with `TUNSETOFFLOAD` including `TUN_F_UDP_TUNNEL_GSO`, which
+//! kernels without tunnel GSO refuse with EINVAL (`TUNSETVNETHDRSZ` 24 alone is
+//! accepted by older kernels too). The offloads it turns on govern only what the
+//! kernel may hand a reader of the tap, and nobody reads it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+
+use aya::maps::{Array, MapData, PerCpuArray};
+use aya::programs::{tc::TcAttachType, SchedClassifier};
+use aya::Ebpf;
+use wire::vnet::TUNNEL_VNET_HDR_LEN;
+
+use crate::netlink::Netlink;
+use crate::tap::{name_bytes, writev_all, IfReqFlags};
+
+/// `TUN_F_UDP_TUNNEL_GSO` (include/uapi/linux/if_tun.h, Linux 6.17+).
+const TUN_F_UDP_TUNNEL_GSO: libc::c_uint = 0x080;
+/// `TUN_F_UDP_TUNNEL_GSO_CSUM` (Linux 6.17+).
+const TUN_F_UDP_TUNNEL_GSO_CSUM: libc::c_uint = 0x100;
+
+/// The name of link `link`'s tunnel tap: `gso-` and the link's name, or, when that
+/// is longer than an interface name may be (15 bytes), `gso-` and its index.
+pub fn tap_name(link: &str, ifindex: u32) -> String {
+    let name = format!("gso-{link}");
+    if name.len() < libc::IFNAMSIZ {
+        name
+    } else {
+        format!("gso-{ifindex}")
+    }
+}
+
+/// One queue of a tunnel tap: a worker writes its super-frames here.
+#[derive(Debug)]
+pub struct TunnelQueue {
+    file: File,
+    /// The underlay link the tap's frames leave by.
+    link_ifindex: u32,
+}
+
+impl TunnelQueue {
+    /// Attaches a new queue to tunnel tap `name` (creating the tap if absent),
+    /// non-blocking, with the 24-byte tunnel vnet header.
+    fn open(name: &str, link_ifindex: u32) -> io::Result<TunnelQueue> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open("/dev/net/tun")
+            .map_err(|e| io::Error::new(e.kind(), format!("open /dev/net/tun: {e}")))?;
+        let flags = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR | libc::IFF_MULTI_QUEUE;
+        set_iff(file.as_raw_fd(), name, flags)?;
+        let hdr_len = TUNNEL_VNET_HDR_LEN as libc::c_int;
+        // SAFETY: TUNSETVNETHDRSZ reads an int through the pointer, which points
+        // to a live local.
+        if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETVNETHDRSZ, &hdr_len) } < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("TUNSETVNETHDRSZ {hdr_len} on tap {name:?}: {e}"),
+            ));
+        }
+        Ok(TunnelQueue { file, link_ifindex })
+    }
+
+    /// The underlay link this queue's frames leave by.
+    pub fn link_ifindex(&self) -> u32 {
+        self.link_ifindex
+    }
+
+    /// Writes one super-frame: the tunnel vnet header followed by `parts`, in one
+    /// `writev`. EAGAIN and ENOBUFS come back as errors: the caller counts the frame
+    /// as dropped rather than block (TCP retransmits it).
+    pub fn write(&self, hdr: &[u8; TUNNEL_VNET_HDR_LEN], parts: &[&[u8]]) -> io::Result<()> {
+        const MAX_PARTS: usize = 8;
+        if parts.len() >= MAX_PARTS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} parts, at most {} per super-frame",
+                    parts.len(),
+                    MAX_PARTS - 1
+                ),
+            ));
+        }
+        let mut iov = [IoSlice::new(&[]); MAX_PARTS];
+        iov[0] = IoSlice::new(hdr);
+        for (slot, p) in iov[1..].iter_mut().zip(parts) {
+            *slot = IoSlice::new(p);
+        }
+        writev_all(self.file.as_raw_fd(), &iov[..=parts.len()])
+    }
+}
+
+impl AsRawFd for TunnelQueue {
+    fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
+/// `TUNSETIFF` with `flags` for tap `name`.
+fn set_iff(fd: RawFd, name: &str, flags: libc::c_int) -> io::Result<()> {
+    let mut req = IfReqFlags {
+        name: name_bytes(name)?,
+        flags: flags as libc::c_short,
+        _pad: [0; 22],
+    };
+    // SAFETY: TUNSETIFF reads and writes a struct ifreq; IfReqFlags has its
+    // layout (16-byte name, then the flags union member, 40 bytes total).
+    if unsafe { libc::ioctl(fd, libc::TUNSETIFF, &mut req as *mut IfReqFlags) } < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("TUNSETIFF tap {name:?}: {e}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A tunnel tap for one underlay link: its redirect program, and the queues not
+/// yet handed to workers. Dropping it and every queue deletes the tap.
+pub struct TunnelTap {
+    name: String,
+    link: String,
+    queues: Vec<TunnelQueue>,
+    /// Kept for its lifetime: the tcx link goes with it, and with the tap.
+    ebpf: Ebpf,
+}
+
+impl std::fmt::Debug for TunnelTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TunnelTap")
+            .field("name", &self.name)
+            .field("link", &self.link)
+            .field("queues", &self.queues.len())
+            .finish()
+    }
+}
+
+impl TunnelTap {
+    /// Creates link `link`'s (index `link_ifindex`) tunnel tap in the calling
+    /// thread's network namespace with `queues` queues, probes tunnel GSO, brings
+    /// the tap up and attaches the redirect to `link_ifindex`. An error of kind
+    /// [`io::ErrorKind::Unsupported`] means the kernel has no UDP-tunnel GSO on
+    /// taps (before 6.17); the message says why in either case.
+    pub fn open(link: &str, link_ifindex: u32, queues: usize) -> io::Result<TunnelTap> {
+        let name = tap_name(link, link_ifindex);
+        let first = match TunnelQueue::open(&name, link_ifindex) {
+            Ok(q) => q,
+            // A tap of that name made by something else (single-queue, or
+            // persistent with other flags): take it over.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EBUSY)) => {
+                release_leftover(&name).map_err(|r| {
+                    io::Error::new(e.kind(), format!("{e}; taking the tap over: {r}"))
+                })?;
+                TunnelQueue::open(&name, link_ifindex)?
+            }
+            Err(e) => return Err(e),
+        };
+        probe(&first, &name)?;
+        let mut all = vec![first];
+        for _ in 1..queues.max(1) {
+            all.push(TunnelQueue::open(&name, link_ifindex)?);
+        }
+        disable_ipv6(&name);
+        let mut nl = Netlink::open()?;
+        let tap = nl.link_by_name(&name)?;
+        nl.set_up(tap.ifindex, true)
+            .map_err(|e| io::Error::new(e.kind(), format!("bring tap {name:?} up: {e}")))?;
+        let ebpf = attach_redirect(&name, link_ifindex)?;
+        tracing::info!(tap = %name, link, queues = all.len(), "underlay tunnel GSO tap ready");
+        Ok(TunnelTap {
+            name,
+            link: link.to_string(),
+            queues: all,
+            ebpf,
+        })
+    }
+
+    /// The tap's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The underlay link it sends out of.
+    pub fn link(&self) -> &str {
+        &self.link
+    }
+
+    /// The queues, for the workers (one each); the tap lives until the last is
+    /// dropped.
+    pub fn take_queues(&mut self) -> Vec<TunnelQueue> {
+        std::mem::take(&mut self.queues)
+    }
+
+    /// Frames the redirect program dropped for want of a target (0 unless the
+    /// loader is broken).
+    pub fn redirect_drops(&mut self) -> io::Result<u64> {
+        let map = self
+            .ebpf
+            .map_mut(xdp_prog::REDIRECT_DROPS_MAP)
+            .ok_or_else(|| io::Error::other("redirect program has no drop counter"))?;
+        let map: PerCpuArray<&mut MapData, u64> =
+            PerCpuArray::try_from(map).map_err(io::Error::other)?;
+        Ok(map.get(&0, 0).map_err(io::Error::other)?.iter().sum())
+    }
+}
+
+/// Whether the kernel takes UDP-tunnel GSO on `q`'s tap: `TUNSETOFFLOAD` with
+/// `TUN_F_UDP_TUNNEL_GSO` (valid only with `TUN_F_CSUM` and a TSO bit).
+fn probe(q: &TunnelQueue, name: &str) -> io::Result<()> {
+    let offloads = libc::TUN_F_CSUM
+        | libc::TUN_F_TSO4
+        | libc::TUN_F_TSO6
+        | TUN_F_UDP_TUNNEL_GSO
+        | TUN_F_UDP_TUNNEL_GSO_CSUM;
+    // SAFETY: TUNSETOFFLOAD takes its flag word by value.
+    if unsafe {
+        libc::ioctl(
+            q.as_raw_fd(),
+            libc::TUNSETOFFLOAD,
+            offloads as libc::c_ulong,
+        )
+    } == 0
+    {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EINVAL) {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "the kernel refuses TUNSETOFFLOAD with TUN_F_UDP_TUNNEL_GSO on tap {name:?} \
+                 ({e}): UDP-tunnel GSO on taps needs Linux 6.17 or later"
+            ),
+        ));
+    }
+    Err(io::Error::new(
+        e.kind(),
+        format!("TUNSETOFFLOAD on tap {name:?}: {e}"),
+    ))
+}
+
+/// Makes a leftover tap `name` non-persistent, so that it goes when its last user
+/// closes it (now, when nobody else has it open). It is opened with the flags it
+/// has (`TUNSETIFF` refuses others), tried in turn.
+fn release_leftover(name: &str) -> io::Result<()> {
+    let mut last = io::Error::other("no flags fit");
+    for flags in [
+        libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR,
+        libc::IFF_TAP | libc::IFF_NO_PI,
+        libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR | libc::IFF_MULTI_QUEUE,
+        libc::IFF_TAP,
+    ] {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open("/dev/net/tun")?;
+        match set_iff(file.as_raw_fd(), name, flags) {
+            Ok(()) => {
+                // SAFETY: TUNSETPERSIST takes its flag by value.
+                if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETPERSIST, 0 as libc::c_ulong) }
+                    < 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                tracing::warn!(tap = name, "took over a leftover tunnel tap");
+                return Ok(());
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Turns IPv6 off on the tap before it comes up: no link-local address, no
+/// router solicitations or DAD probes queued for a reader that never reads.
+/// Best effort: without it the tap works the same.
+fn disable_ipv6(name: &str) {
+    let path = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
+    if let Err(e) = std::fs::write(&path, "1") {
+        tracing::debug!(tap = name, error = %e, "IPv6 left on for the tunnel tap");
+    }
+}
+
+/// Loads the redirect program, points it at `link_ifindex` and attaches it to the
+/// ingress of tap `name` (tcx on Linux 6.6+, which every kernel with tunnel GSO
+/// is).
+fn attach_redirect(name: &str, link_ifindex: u32) -> io::Result<Ebpf> {
+    let err = |what: &str, e: &dyn std::fmt::Display| {
+        io::Error::other(format!("tunnel tap {name:?} redirect: {what}: {e}"))
+    };
+    crate::raise_memlock_limit();
+    let mut ebpf =
+        Ebpf::load(xdp_prog::TUNNEL_REDIRECT_OBJECT).map_err(|e| err("load object", &e))?;
+    {
+        let map = ebpf
+            .map_mut(xdp_prog::REDIRECT_TO_MAP)
+            .ok_or_else(|| err("object", &"map redirect_to missing"))?;
+        let mut to: Array<&mut MapData, u32> =
+            Array::try_from(map).map_err(|e| err("redirect_to", &e))?;
+        to.set(0, link_ifindex, 0)
+            .map_err(|e| err("set target", &e))?;
+    }
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(xdp_prog::TUNNEL_REDIRECT_PROGRAM)
+        .ok_or_else(|| err("object", &"program tunnel_redirect missing"))?
+        .try_into()
+        .map_err(|e| err("program type", &e))?;
+    prog.load().map_err(|e| err("verifier", &e))?;
+    prog.attach(name, TcAttachType::Ingress)
+        .map_err(|e| err("attach to ingress", &e))?;
+    Ok(ebpf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tap_names_fit_an_interface_name() {
+        assert_eq!(tap_name("eth0", 2), "gso-eth0");
+        assert_eq!(tap_name("underlay01", 7), "gso-underlay01");
+        assert_eq!(tap_name("enp129s0f0np0", 12), "gso-12");
+        assert!(tap_name("enp129s0f0np0", u32::MAX).len() < libc::IFNAMSIZ);
+    }
+}
