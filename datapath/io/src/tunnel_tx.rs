@@ -17,6 +17,13 @@
 //! crashes leaves nothing behind. A leftover tap of that name (made persistent by
 //! something else) is taken over: made non-persistent and joined.
 //!
+//! A veth never completes a partial checksum: a segment it carries keeps the
+//! checksum offload request, and an XDP program on the far end (another sled's
+//! datapath) reads the unfinished checksum. So on a veth underlay the tunnel path
+//! turns the link's transmit checksum offload off ([`complete_checksums_on_veth`]):
+//! the kernel then segments and checksums in software at the link, as for a NIC
+//! without UDP-tunnel TSO. A NIC keeps its offloads and completes them on the wire.
+//!
 //! Support is probed with `TUNSETOFFLOAD` including `TUN_F_UDP_TUNNEL_GSO`, which
 //! kernels without tunnel GSO refuse with EINVAL (`TUNSETVNETHDRSZ` 24 alone is
 //! accepted by older kernels too). The offloads it turns on govern only what the
@@ -32,6 +39,7 @@ use aya::programs::{tc::TcAttachType, SchedClassifier};
 use aya::Ebpf;
 use wire::vnet::TUNNEL_VNET_HDR_LEN;
 
+use crate::channels::{ethtool, EthtoolStruct};
 use crate::netlink::Netlink;
 use crate::tap::{name_bytes, writev_all, IfReqFlags};
 
@@ -179,6 +187,7 @@ impl TunnelTap {
             Err(e) => return Err(e),
         };
         probe(&first, &name)?;
+        complete_checksums_on_veth(link)?;
         let mut all = vec![first];
         for _ in 1..queues.max(1) {
             all.push(TunnelQueue::open(&name, link_ifindex)?);
@@ -333,6 +342,92 @@ fn attach_redirect(name: &str, link_ifindex: u32) -> io::Result<Ebpf> {
     prog.attach(name, TcAttachType::Ingress)
         .map_err(|e| err("attach to ingress", &e))?;
     Ok(ebpf)
+}
+
+const ETHTOOL_GDRVINFO: u32 = 0x03;
+const ETHTOOL_GTXCSUM: u32 = 0x16;
+const ETHTOOL_STXCSUM: u32 = 0x17;
+
+/// `struct ethtool_drvinfo` (linux/ethtool.h).
+#[repr(C)]
+struct DrvInfo {
+    cmd: u32,
+    driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    n_priv_flags: u32,
+    n_stats: u32,
+    testinfo_len: u32,
+    eedump_len: u32,
+    regdump_len: u32,
+}
+
+// SAFETY: `DrvInfo` is `struct ethtool_drvinfo`, sent with GDRVINFO only.
+unsafe impl EthtoolStruct for DrvInfo {}
+
+/// `struct ethtool_value` (linux/ethtool.h).
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
+// SAFETY: `EthtoolValue` is `struct ethtool_value`, sent with G/STXCSUM only.
+unsafe impl EthtoolStruct for EthtoolValue {}
+
+/// The name of `ifname`'s driver (`ethtool -i`).
+fn driver(ifname: &str) -> io::Result<String> {
+    let mut info = DrvInfo {
+        cmd: ETHTOOL_GDRVINFO,
+        driver: [0; 32],
+        version: [0; 32],
+        fw_version: [0; 32],
+        bus_info: [0; 32],
+        erom_version: [0; 32],
+        reserved2: [0; 12],
+        n_priv_flags: 0,
+        n_stats: 0,
+        testinfo_len: 0,
+        eedump_len: 0,
+        regdump_len: 0,
+    };
+    ethtool(ifname, &mut info)?;
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
+    Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
+/// On a veth, turns transmit checksum offload off (`ethtool -K IF tx off`), so that
+/// the kernel completes every checksum of the segments it cuts from super-frames
+/// (see the module documentation); returns whether it was on. Other links are left
+/// alone.
+pub fn complete_checksums_on_veth(ifname: &str) -> io::Result<bool> {
+    let fail =
+        |what: &str, e: io::Error| io::Error::new(e.kind(), format!("{what} on {ifname:?}: {e}"));
+    if driver(ifname).map_err(|e| fail("ETHTOOL_GDRVINFO", e))? != "veth" {
+        return Ok(false);
+    }
+    let mut v = EthtoolValue {
+        cmd: ETHTOOL_GTXCSUM,
+        data: 0,
+    };
+    ethtool(ifname, &mut v).map_err(|e| fail("ETHTOOL_GTXCSUM", e))?;
+    if v.data == 0 {
+        return Ok(false);
+    }
+    let mut off = EthtoolValue {
+        cmd: ETHTOOL_STXCSUM,
+        data: 0,
+    };
+    ethtool(ifname, &mut off).map_err(|e| fail("ETHTOOL_STXCSUM", e))?;
+    tracing::info!(
+        iface = ifname,
+        "transmit checksum offload turned off on the veth underlay: the kernel completes \
+         the checksums of segmented super-frames"
+    );
+    Ok(true)
 }
 
 #[cfg(test)]
