@@ -506,9 +506,12 @@ mod tests {
             "busy",
             "--boundary-vni",
             "1234",
+            "--underlay-gso",
+            "off",
         ])
         .unwrap();
         let c = DaemonConfig::resolve(&a).unwrap();
+        assert_eq!(c.underlay_gso, UnderlayGso::Off);
         assert_eq!(c.underlay, ["eth0", "eth1"]);
         assert_eq!(c.underlay_addr, "fd00:99::1".parse::<Ipv6Addr>().unwrap());
         assert_eq!(c.cores, [0, 1]);
@@ -528,6 +531,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.boundary_vni.get(), DEFAULT_BOUNDARY_VNI);
         assert_eq!(c.xdp_mode, XdpMode::Native);
+        assert_eq!(c.underlay_gso, UnderlayGso::Auto);
+        assert!(args(&["--underlay", "eth0", "--underlay-gso", "yes"]).is_err());
         assert_eq!(c.poll, PollMode::Adaptive);
         assert_eq!(c.log_level, "info");
         let e = DaemonConfig::resolve(&args(&["--underlay-addr", "fd00::1"]).unwrap()).unwrap_err();

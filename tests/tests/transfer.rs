@@ -106,3 +106,71 @@ fn tunneled_tso_rides_jumbo_frames_with_the_mss_option() -> Result<()> {
     }
     Ok(())
 }
+
+/// `--underlay-gso off` and `on` carry the same bulk TCP byte for byte. With `on`
+/// every guest TSO buffer leaves as UDP-tunnel GSO super-frames written to the
+/// underlay's tunnel tap, which the kernel cuts into the frames the datapath cuts
+/// with `off`: the switch sees only frames that fit the underlay, filling it as
+/// before. With `off` no super-frame is made.
+#[test]
+fn underlay_gso_on_and_off_carry_bulk_tcp_intact() -> Result<()> {
+    for mode in ["off", "on"] {
+        let rack = standard::rack("e2e", &["--underlay-gso", mode])?;
+        let (a1, b1) = (rack.guest(A1)?, rack.guest(B1)?);
+        let sled0 = rack.sled(0)?;
+        let file = rack.dir().join(format!("gso-{mode}.pcap"));
+        let cap = Capture::start(&rack.switch, &sled0.bridge_port, &file, "udp port 6081")?;
+        transfer(
+            xfer_bin(),
+            a1,
+            b1,
+            b1.ipv4()?,
+            5204,
+            50 << 20,
+            Duration::from_secs(300),
+        )?;
+        let frames = cap.stop()?;
+        let geneve: Vec<_> = frames.iter().filter(|f| f.is_geneve()).collect();
+        assert!(
+            geneve.len() > 5000,
+            "{mode}: only {} Geneve frames",
+            geneve.len()
+        );
+        let biggest = geneve.iter().map(|f| f.len).max().unwrap_or(0);
+        assert!(
+            biggest <= MAX_UNDERLAY_FRAME,
+            "{mode}: a {biggest}-byte frame left sled 0 for the switch"
+        );
+        let full = geneve
+            .iter()
+            .filter(|f| f.len == MAX_UNDERLAY_FRAME)
+            .count();
+        assert!(full > 1000, "{mode}: only {full} frames fill the underlay");
+
+        let json = sled0.admin(&["--json", "stats"])?;
+        let counters = e2e::stats::parse(&json)?;
+        let buffers = e2e::stats::sum(&counters, e2e::stats::TSO_BUFFERS);
+        let segments = e2e::stats::sum(&counters, e2e::stats::TSO_SEGMENTS);
+        let supers = e2e::stats::sum(&counters, "tso_super_frames_out");
+        let written = e2e::stats::sum(&counters, "underlay_gso_tx_frames");
+        let refused = e2e::stats::sum(&counters, "underlay_gso_tx_errors");
+        let summary = format!(
+            "{mode}: {buffers} TSO buffers, {segments} segments, {supers} super-frames, \
+             {written} written, {refused} refused"
+        );
+        eprintln!("{summary}");
+        assert!(segments > buffers && buffers > 100, "{summary}");
+        let stats: serde_json::Value = serde_json::from_str(&json)
+            .map_err(|e| e2e::Error::new(format!("stats are not JSON: {e}")))?;
+        let path = &stats["data"]["underlay"][0]["tx_path"];
+        if mode == "on" {
+            assert!(supers > 100 && supers <= buffers, "{summary}");
+            assert_eq!(written + refused, supers, "{summary}");
+            assert_eq!(path, "tunnel-gso", "{stats}");
+        } else {
+            assert_eq!((supers, written, refused), (0, 0, 0), "{summary}");
+            assert_eq!(path, "af-xdp", "{stats}");
+        }
+    }
+    Ok(())
+}

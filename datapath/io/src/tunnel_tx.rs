@@ -176,9 +176,14 @@ impl TunnelTap {
         let name = tap_name(link, link_ifindex);
         let first = match TunnelQueue::open(&name, link_ifindex) {
             Ok(q) => q,
-            // A tap of that name made by something else (single-queue, or
-            // persistent with other flags): take it over.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EBUSY)) => {
+            // A tap of that name made by something else (single-queue: EINVAL,
+            // or in use: EBUSY): take it over.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::InvalidInput | io::ErrorKind::ResourceBusy
+                ) =>
+            {
                 release_leftover(&name).map_err(|r| {
                     io::Error::new(e.kind(), format!("{e}; taking the tap over: {r}"))
                 })?;
@@ -433,6 +438,9 @@ pub fn complete_checksums_on_veth(ifname: &str) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testnet::{PacketSocket, VethPair, MAC_A, MAC_B};
+    use std::time::Duration;
+    use wire::vnet::{TunnelVnetHdr, VnetHdr, F_NEEDS_CSUM, GSO_TCPV4, GSO_UDP_TUNNEL_IPV6};
 
     #[test]
     fn tap_names_fit_an_interface_name() {
@@ -440,5 +448,136 @@ mod tests {
         assert_eq!(tap_name("underlay01", 7), "gso-underlay01");
         assert_eq!(tap_name("enp129s0f0np0", 12), "gso-12");
         assert!(tap_name("enp129s0f0np0", u32::MAX).len() < libc::IFNAMSIZ);
+    }
+
+    /// Naive one's-complement sum of big-endian 16-bit words, folded.
+    fn sum(data: &[u8]) -> u16 {
+        let mut acc: u32 = 0;
+        for c in data.chunks(2) {
+            acc += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        acc as u16
+    }
+
+    const MSS: usize = 1000;
+    const SEGMENTS: usize = 3;
+    /// Outer Ethernet + IPv6 + UDP + Geneve, inner Ethernet, IPv4, TCP.
+    const INNER_NH: usize = 14 + 40 + 8 + 8 + 14;
+    const INNER_TH: usize = INNER_NH + 20;
+    const HDRS: usize = INNER_TH + 20;
+
+    /// A super-frame from MAC_A/fd00::a to MAC_B/fd00::b of `SEGMENTS` * `MSS`
+    /// payload bytes, seeded as the kernel wants (no outer checksum).
+    fn super_frame() -> (TunnelVnetHdr, Vec<u8>) {
+        let payload: Vec<u8> = (0..SEGMENTS * MSS).map(|i| (i * 7 + 3) as u8).collect();
+        let mut f = Vec::new();
+        f.extend_from_slice(&MAC_B);
+        f.extend_from_slice(&MAC_A);
+        f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+        let udp_len = (HDRS - 54 + payload.len()) as u16;
+        f.extend_from_slice(&udp_len.to_be_bytes());
+        f.extend_from_slice(&[17, 64]);
+        f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0a]);
+        f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0b]);
+        f.extend_from_slice(&[0x30, 0x39, 0x17, 0xc1]); // 12345 -> 6081
+        f.extend_from_slice(&udp_len.to_be_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f.extend_from_slice(&[0, 0, 0x65, 0x58, 0, 0, 0x0a, 0]); // Geneve, VNI 10
+        f.extend_from_slice(&[0xa8, 0x40, 0x25, 0xff, 0, 2, 0xa8, 0x40, 0x25, 0xff, 0, 1]);
+        f.extend_from_slice(&[0x08, 0x00]);
+        let ip_len = (HDRS - INNER_NH + payload.len()) as u16;
+        f.extend_from_slice(&[0x45, 0]);
+        f.extend_from_slice(&ip_len.to_be_bytes());
+        f.extend_from_slice(&[0, 7, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 5, 10, 0, 0, 6]);
+        let c = !sum(&f[INNER_NH..INNER_TH]);
+        f[INNER_NH + 10..INNER_NH + 12].copy_from_slice(&c.to_be_bytes());
+        f.extend_from_slice(&[0x9c, 0x40, 0x14, 0x51, 0, 0, 0x10, 0, 0, 0, 0, 1]);
+        f.extend_from_slice(&[0x50, 0x18, 0xff, 0xff, 0, 0, 0, 0]);
+        let tcp_len = (HDRS - INNER_TH + payload.len()) as u16;
+        let mut pseudo = f[INNER_NH + 12..INNER_TH].to_vec();
+        pseudo.extend_from_slice(&[0, 6]);
+        pseudo.extend_from_slice(&tcp_len.to_be_bytes());
+        let seed = sum(&pseudo);
+        f[INNER_TH + 16..INNER_TH + 18].copy_from_slice(&seed.to_be_bytes());
+        f.extend_from_slice(&payload);
+        let hdr = TunnelVnetHdr {
+            vnet: VnetHdr {
+                flags: F_NEEDS_CSUM,
+                gso_type: GSO_TCPV4 | GSO_UDP_TUNNEL_IPV6,
+                hdr_len: HDRS as u16,
+                gso_size: MSS as u16,
+                csum_start: INNER_TH as u16,
+                csum_offset: 16,
+            },
+            outer_th: 54,
+            inner_nh: INNER_NH as u16,
+        };
+        (hdr, f)
+    }
+
+    /// One super-frame written to va's tunnel tap leaves va as `SEGMENTS` Geneve
+    /// frames with complete inner checksums and a continuous sequence space (va is
+    /// a veth: its checksum offload is turned off); the tap is made up, named for
+    /// the link, taken over when left over, and gone once closed.
+    #[test]
+    fn a_super_frame_leaves_the_link_segmented_and_checksummed() {
+        let pair = VethPair::new(9000);
+        let mut tap = pair.a.run(|| {
+            let va = Netlink::open().unwrap().link_by_name("va").unwrap();
+            // A leftover persistent single-queue tap of that name is taken over.
+            let tun = std::process::Command::new("ip")
+                .args(["tuntap", "add", "mode", "tap", "name", "gso-va"])
+                .status()
+                .unwrap();
+            assert!(tun.success());
+            TunnelTap::open("va", va.ifindex, 2).expect("tunnel tap")
+        });
+        assert_eq!(tap.name(), "gso-va");
+        let queues = tap.take_queues();
+        assert_eq!(queues.len(), 2);
+        let up = pair
+            .a
+            .run(|| Netlink::open().unwrap().link_by_name("gso-va").unwrap().up);
+        assert!(up, "tunnel tap up");
+        let b = pair.b.name.clone();
+        let sock = crate::netns::run_in_netns(&b, || PacketSocket::open("vb"))
+            .unwrap()
+            .unwrap();
+        let (hdr, frame) = super_frame();
+        queues[1]
+            .write(&hdr.to_bytes(), &[&frame[..HDRS], &frame[HDRS..]])
+            .expect("write");
+        let mut seqs = Vec::new();
+        for _ in 0..SEGMENTS {
+            let seg = sock
+                .recv_matching(Duration::from_secs(5), |f| {
+                    f.len() > HDRS && f[12..14] == [0x86, 0xdd] && f[56..58] == [0x17, 0xc1]
+                })
+                .expect("a segment arrives");
+            assert_eq!(seg.len(), HDRS + MSS);
+            assert_eq!(
+                u16::from_be_bytes([seg[58], seg[59]]) as usize,
+                seg.len() - 54
+            );
+            assert_eq!(sum(&seg[INNER_NH..INNER_TH]), 0xffff, "inner IPv4 checksum");
+            let mut v = seg[INNER_NH + 12..INNER_TH].to_vec();
+            v.extend_from_slice(&[0, 6]);
+            v.extend_from_slice(&((seg.len() - INNER_TH) as u16).to_be_bytes());
+            v.extend_from_slice(&seg[INNER_TH..]);
+            assert_eq!(sum(&v), 0xffff, "inner TCP checksum");
+            assert_eq!(seg[HDRS..], frame[HDRS + seqs.len() * MSS..][..MSS]);
+            seqs.push(u32::from_be_bytes(
+                seg[INNER_TH + 4..INNER_TH + 8].try_into().unwrap(),
+            ));
+        }
+        assert_eq!(seqs, [0x1000, 0x1000 + MSS as u32, 0x1000 + 2 * MSS as u32]);
+        assert_eq!(tap.redirect_drops().unwrap(), 0);
+        drop(queues);
+        drop(tap);
+        let gone = pair
+            .a
+            .run(|| Netlink::open().unwrap().link_by_name("gso-va").map(|_| ()));
+        assert_eq!(gone.unwrap_err().kind(), io::ErrorKind::NotFound);
     }
 }
