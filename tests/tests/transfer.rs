@@ -1,10 +1,10 @@
 //! TCP between guests on different sleds: every byte of a 200 MB transfer arrives
 //! intact, and the underlay carries it as tunneled-TSO jumbo frames.
 
-use e2e::capture::{Capture, OXIDE_OPTION_CLASS, OXIDE_OPTION_MSS};
+use e2e::capture::{Capture, Frame, OXIDE_OPTION_CLASS, OXIDE_OPTION_MSS};
 use e2e::standard::{self, A1, B1, B2};
 use e2e::xfer::transfer;
-use e2e::Result;
+use e2e::{Error, Result};
 use std::path::Path;
 use std::time::Duration;
 
@@ -14,6 +14,29 @@ fn xfer_bin() -> &'static Path {
 
 /// Ethernet header + the 9000-byte underlay MTU.
 const MAX_UNDERLAY_FRAME: u32 = 14 + 9000;
+
+/// The Geneve frames of a capture, more than `at_least` of them, and the longest,
+/// which must fit the 9000-byte underlay (`what` names the run in the errors).
+fn geneve_within_underlay<'f>(
+    frames: &'f [Frame],
+    at_least: usize,
+    what: &str,
+) -> Result<(Vec<&'f Frame>, u32)> {
+    let geneve: Vec<_> = frames.iter().filter(|f| f.is_geneve()).collect();
+    if geneve.len() <= at_least {
+        return Err(Error::new(format!(
+            "{what}: only {} Geneve frames",
+            geneve.len()
+        )));
+    }
+    let biggest = geneve.iter().map(|f| f.len).max().unwrap_or(0);
+    if biggest > MAX_UNDERLAY_FRAME {
+        return Err(Error::new(format!(
+            "{what}: a {biggest}-byte frame exceeds the 9000-byte underlay"
+        )));
+    }
+    Ok((geneve, biggest))
+}
 
 #[test]
 fn tcp_200mb_across_sleds_arrives_intact() -> Result<()> {
@@ -58,13 +81,7 @@ fn tunneled_tso_rides_jumbo_frames_with_the_mss_option() -> Result<()> {
         Duration::from_secs(120),
     )?;
     let frames = cap.stop()?;
-    let geneve: Vec<_> = frames.iter().filter(|f| f.is_geneve()).collect();
-    assert!(geneve.len() > 1000, "only {} Geneve frames", geneve.len());
-    let biggest = geneve.iter().map(|f| f.len).max().unwrap_or(0);
-    assert!(
-        biggest <= MAX_UNDERLAY_FRAME,
-        "a {biggest}-byte frame exceeds the 9000-byte underlay"
-    );
+    let (geneve, biggest) = geneve_within_underlay(&frames, 1000, "")?;
     // TSO cut the guests' 64 KiB buffers into segments that fill the underlay: far
     // larger than the guest's own 8500 MTU would give through a 1500-byte path.
     assert!(
@@ -130,17 +147,7 @@ fn underlay_gso_on_and_off_carry_bulk_tcp_intact() -> Result<()> {
             Duration::from_secs(300),
         )?;
         let frames = cap.stop()?;
-        let geneve: Vec<_> = frames.iter().filter(|f| f.is_geneve()).collect();
-        assert!(
-            geneve.len() > 5000,
-            "{mode}: only {} Geneve frames",
-            geneve.len()
-        );
-        let biggest = geneve.iter().map(|f| f.len).max().unwrap_or(0);
-        assert!(
-            biggest <= MAX_UNDERLAY_FRAME,
-            "{mode}: a {biggest}-byte frame left sled 0 for the switch"
-        );
+        let (geneve, _) = geneve_within_underlay(&frames, 5000, mode)?;
         let full = geneve
             .iter()
             .filter(|f| f.len == MAX_UNDERLAY_FRAME)
@@ -161,7 +168,7 @@ fn underlay_gso_on_and_off_carry_bulk_tcp_intact() -> Result<()> {
         eprintln!("{summary}");
         assert!(segments > buffers && buffers > 100, "{summary}");
         let stats: serde_json::Value = serde_json::from_str(&json)
-            .map_err(|e| e2e::Error::new(format!("stats are not JSON: {e}")))?;
+            .map_err(|e| Error::new(format!("stats are not JSON: {e}")))?;
         let path = &stats["data"]["underlay"][0]["tx_path"];
         if mode == "on" {
             assert!(supers > 100 && supers <= buffers, "{summary}");

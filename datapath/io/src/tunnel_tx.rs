@@ -29,10 +29,9 @@
 //! accepted by older kernels too). The offloads it turns on govern only what the
 //! kernel may hand a reader of the tap, and nobody reads it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
 
 use aya::maps::{Array, MapData, PerCpuArray};
 use aya::programs::{tc::TcAttachType, SchedClassifier};
@@ -41,7 +40,7 @@ use wire::vnet::TUNNEL_VNET_HDR_LEN;
 
 use crate::channels::{ethtool, EthtoolStruct};
 use crate::netlink::Netlink;
-use crate::tap::{name_bytes, writev_all, IfReqFlags};
+use crate::tap::{open_tun, writev_all};
 
 /// `TUN_F_UDP_TUNNEL_GSO` (include/uapi/linux/if_tun.h, Linux 6.17+).
 const TUN_F_UDP_TUNNEL_GSO: libc::c_uint = 0x080;
@@ -71,14 +70,8 @@ impl TunnelQueue {
     /// Attaches a new queue to tunnel tap `name` (creating the tap if absent),
     /// non-blocking, with the 24-byte tunnel vnet header.
     fn open(name: &str, link_ifindex: u32) -> io::Result<TunnelQueue> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open("/dev/net/tun")
-            .map_err(|e| io::Error::new(e.kind(), format!("open /dev/net/tun: {e}")))?;
         let flags = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR | libc::IFF_MULTI_QUEUE;
-        set_iff(file.as_raw_fd(), name, flags)?;
+        let file = open_tun(name, flags)?;
         let hdr_len = TUNNEL_VNET_HDR_LEN as libc::c_int;
         // SAFETY: TUNSETVNETHDRSZ reads an int through the pointer, which points
         // to a live local.
@@ -125,25 +118,6 @@ impl AsRawFd for TunnelQueue {
     fn as_raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()
     }
-}
-
-/// `TUNSETIFF` with `flags` for tap `name`.
-fn set_iff(fd: RawFd, name: &str, flags: libc::c_int) -> io::Result<()> {
-    let mut req = IfReqFlags {
-        name: name_bytes(name)?,
-        flags: flags as libc::c_short,
-        _pad: [0; 22],
-    };
-    // SAFETY: TUNSETIFF reads and writes a struct ifreq; IfReqFlags has its
-    // layout (16-byte name, then the flags union member, 40 bytes total).
-    if unsafe { libc::ioctl(fd, libc::TUNSETIFF, &mut req as *mut IfReqFlags) } < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(
-            e.kind(),
-            format!("TUNSETIFF tap {name:?}: {e}"),
-        ));
-    }
-    Ok(())
 }
 
 /// A tunnel tap for one underlay link: its redirect program, and the queues not
@@ -287,13 +261,8 @@ fn release_leftover(name: &str) -> io::Result<()> {
         libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR | libc::IFF_MULTI_QUEUE,
         libc::IFF_TAP,
     ] {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open("/dev/net/tun")?;
-        match set_iff(file.as_raw_fd(), name, flags) {
-            Ok(()) => {
+        match open_tun(name, flags) {
+            Ok(file) => {
                 // SAFETY: TUNSETPERSIST takes its flag by value.
                 if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETPERSIST, 0 as libc::c_ulong) }
                     < 0

@@ -32,7 +32,7 @@
 //! today (a GSO skb no longer than its `gso_size` is not segmented, and its
 //! checksums would stay partial).
 
-use super::{check_gso, InnerEdit, TsoDrop, MAX_SEGMENTS, PROTO_TCP};
+use super::{gso_payload, InnerEdit, TsoDrop, PROTO_TCP};
 use super::{TCP_CWR, TCP_FIN, TCP_PSH};
 use crate::encap::OuterTemplate;
 use crate::output::{TunnelGso, TxBatch, TxDest};
@@ -74,17 +74,9 @@ pub fn super_frames(
     if !vnet.is_gso() {
         return Ok(None);
     }
-    check_gso(frame.len(), vnet, meta)?;
-    if seg_payload == 0 {
-        return Err(TsoDrop::SegmentSizeZero);
-    }
-    let payload = &frame[meta.payload_off..meta.ip_end];
-    let nseg = payload.len().div_ceil(seg_payload);
-    if nseg <= 1 {
+    let (payload, nseg) = gso_payload(frame, vnet, meta, seg_payload)?;
+    if nseg == 1 {
         return Ok(None);
-    }
-    if nseg > MAX_SEGMENTS {
-        return Err(TsoDrop::TooManySegments);
     }
     let hdrs = meta.payload_off;
     let (l3, l4) = (meta.l3_off, meta.l4_off);
@@ -179,7 +171,7 @@ pub fn super_frames(
 
 /// The folded, not complemented, pseudo-header sum of a TCP segment of `tcp_len`
 /// bytes, with the addresses as they are in `inner` now (after any NAT rewrite).
-/// `meta.l3` is IPv4 or IPv6 ([`check_gso`] made sure).
+/// `meta.l3` is IPv4 or IPv6 (`check_gso` made sure).
 fn tcp_seed(inner: &[u8], meta: &InnerMeta, tcp_len: usize) -> u16 {
     let l3 = meta.l3_off;
     let addrs = if meta.l3 == L3::Ipv4 {
