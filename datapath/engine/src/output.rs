@@ -456,6 +456,15 @@ mod tests {
 
     const UL: TxDest = TxDest::Underlay { ifindex: 3 };
 
+    /// The super-frame variant makes no destination larger than a sibling's
+    /// guest frame (worker, VNI and virtio-net header) already is.
+    #[test]
+    fn a_super_frame_destination_is_no_larger_than_a_siblings() {
+        let sibling = core::mem::size_of::<(u16, Vni, VnetHdr)>();
+        assert_eq!(core::mem::size_of::<TunnelGso>(), 10);
+        assert!(core::mem::size_of::<TxDest>() <= sibling + 4, "{sibling}");
+    }
+
     #[test]
     fn push_and_pop() {
         let mut b = TxBatch::new();
