@@ -10,7 +10,9 @@
 //!    [`UmemSpace`]), held underlay frames and handed-over frames (decapsulated and
 //!    coalesced frames refer to the held buffers instead of copying them);
 //! 4. the batch is drained: lent frames are submitted, tap frames written with one
-//!    gathering `writev` each, frames for other workers handed to them;
+//!    gathering `writev` each, super-frames (`--underlay-gso`) written to the
+//!    underlay's tunnel tap after a kick of what was submitted before them, frames
+//!    for other workers handed to them;
 //! 5. held buffers go back (AF_XDP fill ring, other workers), and one kick sends
 //!    everything submitted.
 //!
