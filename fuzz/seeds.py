@@ -43,8 +43,13 @@ def seeds(target):
             yield frame
         elif target == "process":
             # First byte selects the path (0/1: guest port 0/1 with a 10-byte
-            # virtio_net_hdr in front, 2: underlay), as fuzz_targets/process.rs reads it.
-            yield (bytes([0]) + bytes(10) + frame) if inner else (bytes([2]) + frame)
+            # virtio_net_hdr in front, 2: underlay) and, with its top bit, the sled
+            # that sends super-frames, as fuzz_targets/process.rs reads it.
+            if inner:
+                yield bytes([0]) + bytes(10) + frame
+                yield bytes([0x80]) + bytes(10) + frame
+            else:
+                yield bytes([2]) + frame
 
 
 def main():
