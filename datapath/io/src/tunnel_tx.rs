@@ -495,11 +495,17 @@ mod tests {
         let mut tap = pair.a.run(|| {
             let va = Netlink::open().unwrap().link_by_name("va").unwrap();
             // A leftover persistent single-queue tap of that name is taken over.
-            let tun = std::process::Command::new("ip")
-                .args(["tuntap", "add", "mode", "tap", "name", "gso-va"])
-                .status()
-                .unwrap();
-            assert!(tun.success());
+            let leftover = open_tun("gso-va", libc::IFF_TAP | libc::IFF_NO_PI).unwrap();
+            // SAFETY: TUNSETPERSIST takes its flag by value.
+            let persist = unsafe {
+                libc::ioctl(
+                    leftover.as_raw_fd(),
+                    libc::TUNSETPERSIST,
+                    1 as libc::c_ulong,
+                )
+            };
+            assert_eq!(persist, 0, "{}", io::Error::last_os_error());
+            drop(leftover);
             TunnelTap::open("va", va.ifindex, 2).expect("tunnel tap")
         });
         assert_eq!(tap.name(), "gso-va");
