@@ -1474,3 +1474,57 @@ fn what_does_not_become_a_super_frame() {
     );
     assert!(out.is_empty());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// For any buffer, segment size and header shape, the kernel's segmentation of
+    /// the super-frames equals today's segments byte for byte, and a buffer of one
+    /// segment is left to today's path.
+    #[test]
+    fn super_frames_always_cut_into_todays_segments(
+        v6 in any::<bool>(),
+        opts in opts_strategy(),
+        len_frac in 0.0f64..1.0,
+        seed in any::<u64>(),
+        mtu in prop_oneof![Just(9000u16), 1280u16..9001],
+        seq in any::<u32>(),
+        ip_id in any::<u16>(),
+        flags in any::<u8>(),
+        udp_checksum in any::<bool>(),
+    ) {
+        let ip_hdr = if v6 { 0 } else { 20 };
+        let max = 65535 - ip_hdr - 20 - opts.len();
+        let len = (1.0 + len_frac.powi(2) * (max - 1) as f64) as usize;
+        let mut spec = Spec::new(v6, pattern(seed, len));
+        spec.opts = opts;
+        spec.seq = seq;
+        spec.ip_id = ip_id;
+        spec.flags = flags;
+        let f = spec.build();
+        let meta = parse_inner(&f).unwrap();
+        let seg = internal_segment_size(mtu, &meta);
+        let outer = template_with(false, udp_checksum);
+        let edit = InnerEdit {
+            dst_mac: MacAddr(DST_GUEST_MAC),
+            nat: None,
+        };
+        if len <= seg {
+            let mut out = TxBatch::new();
+            let vnet = spec.vnet(1448);
+            let r = super_frames(&f, &vnet, &meta, seg, 1448, &outer, &edit, 7, &mut out);
+            prop_assert_eq!(r, Ok(None));
+            prop_assert!(out.is_empty());
+        } else {
+            let (supers, sent, today) = super_and_today(&f, &spec.vnet(1448), seg, &outer, &edit);
+            prop_assert_eq!(sent.frames, supers.len());
+            prop_assert_eq!(sent.segments, today.len());
+            let mut cut = Vec::new();
+            for (gso, sf) in &supers {
+                check_super_frame(sf, gso, udp_checksum);
+                cut.extend(kernel_segments(sf, gso));
+            }
+            prop_assert!(cut == today, "{} super-frames, {} segments", supers.len(), today.len());
+        }
+    }
+}
