@@ -409,7 +409,9 @@ mod tests {
     use super::*;
     use crate::testnet::{PacketSocket, VethPair, MAC_A, MAC_B};
     use std::time::Duration;
-    use wire::vnet::{TunnelVnetHdr, VnetHdr, F_NEEDS_CSUM, GSO_TCPV4, GSO_UDP_TUNNEL_IPV6};
+    use wire::vnet::{
+        TunnelVnetHdr, VnetHdr, F_NEEDS_CSUM, F_UDP_TUNNEL_CSUM, GSO_TCPV4, GSO_UDP_TUNNEL_IPV6,
+    };
 
     #[test]
     fn tap_names_fit_an_interface_name() {
@@ -437,8 +439,11 @@ mod tests {
     const HDRS: usize = INNER_TH + 20;
 
     /// A super-frame from MAC_A/fd00::a to MAC_B/fd00::b of `SEGMENTS` * `MSS`
-    /// payload bytes, seeded as the kernel wants (no outer checksum).
-    fn super_frame() -> (TunnelVnetHdr, Vec<u8>) {
+    /// payload bytes, seeded as the kernel wants: the inner TCP checksum field
+    /// with the pseudo-header sum, and with `outer_csum` the outer UDP checksum
+    /// field with the IPv6 pseudo-header sum (32-bit length) and
+    /// `F_UDP_TUNNEL_CSUM`; zero without.
+    fn super_frame(outer_csum: bool) -> (TunnelVnetHdr, Vec<u8>) {
         let payload: Vec<u8> = (0..SEGMENTS * MSS).map(|i| (i * 7 + 3) as u8).collect();
         let mut f = Vec::new();
         f.extend_from_slice(&MAC_B);
@@ -470,9 +475,17 @@ mod tests {
         let seed = sum(&pseudo);
         f[INNER_TH + 16..INNER_TH + 18].copy_from_slice(&seed.to_be_bytes());
         f.extend_from_slice(&payload);
+        let mut flags = F_NEEDS_CSUM;
+        if outer_csum {
+            let mut pseudo = f[22..54].to_vec();
+            pseudo.extend_from_slice(&u32::from(udp_len).to_be_bytes());
+            pseudo.extend_from_slice(&[0, 0, 0, 17]);
+            f[60..62].copy_from_slice(&sum(&pseudo).to_be_bytes());
+            flags |= F_UDP_TUNNEL_CSUM;
+        }
         let hdr = TunnelVnetHdr {
             vnet: VnetHdr {
-                flags: F_NEEDS_CSUM,
+                flags,
                 gso_type: GSO_TCPV4 | GSO_UDP_TUNNEL_IPV6,
                 hdr_len: HDRS as u16,
                 gso_size: MSS as u16,
@@ -485,10 +498,34 @@ mod tests {
         (hdr, f)
     }
 
-    /// One super-frame written to va's tunnel tap leaves va as `SEGMENTS` Geneve
-    /// frames with complete inner checksums and a continuous sequence space (va is
-    /// a veth: its checksum offload is turned off); the tap is made up, named for
-    /// the link, taken over when left over, and gone once closed.
+    /// Checks one wire segment: its length, the outer UDP length and checksum (0,
+    /// or valid when `outer_csum`), the inner IPv4 and TCP checksums.
+    fn check_segment(seg: &[u8], outer_csum: bool) {
+        assert_eq!(seg.len(), HDRS + MSS);
+        let udp_len = seg.len() - 54;
+        assert_eq!(usize::from(u16::from_be_bytes([seg[58], seg[59]])), udp_len);
+        if outer_csum {
+            let mut v = seg[22..54].to_vec();
+            v.extend_from_slice(&(udp_len as u32).to_be_bytes());
+            v.extend_from_slice(&[0, 0, 0, 17]);
+            v.extend_from_slice(&seg[54..]);
+            assert_eq!(sum(&v), 0xffff, "outer UDP checksum");
+        } else {
+            assert_eq!(seg[60..62], [0, 0], "outer UDP checksum left zero");
+        }
+        assert_eq!(sum(&seg[INNER_NH..INNER_TH]), 0xffff, "inner IPv4 checksum");
+        let mut v = seg[INNER_NH + 12..INNER_TH].to_vec();
+        v.extend_from_slice(&[0, 6]);
+        v.extend_from_slice(&((seg.len() - INNER_TH) as u16).to_be_bytes());
+        v.extend_from_slice(&seg[INNER_TH..]);
+        assert_eq!(sum(&v), 0xffff, "inner TCP checksum");
+    }
+
+    /// A super-frame written to va's tunnel tap leaves va as `SEGMENTS` Geneve
+    /// frames with complete inner checksums and a continuous sequence space, its
+    /// outer UDP checksum zero or, seeded with `F_UDP_TUNNEL_CSUM`, completed (va
+    /// is a veth: its checksum offload is turned off); the tap is made up, named
+    /// for the link, taken over when left over, and gone once closed.
     #[test]
     fn a_super_frame_leaves_the_link_segmented_and_checksummed() {
         let pair = VethPair::new(9000);
@@ -519,34 +556,26 @@ mod tests {
         let sock = crate::netns::run_in_netns(&b, || PacketSocket::open("vb"))
             .unwrap()
             .unwrap();
-        let (hdr, frame) = super_frame();
-        queues[1]
-            .write(&hdr.to_bytes(), &[&frame[..HDRS], &frame[HDRS..]])
-            .expect("write");
-        let mut seqs = Vec::new();
-        for _ in 0..SEGMENTS {
-            let seg = sock
-                .recv_matching(Duration::from_secs(5), |f| {
-                    f.len() > HDRS && f[12..14] == [0x86, 0xdd] && f[56..58] == [0x17, 0xc1]
-                })
-                .expect("a segment arrives");
-            assert_eq!(seg.len(), HDRS + MSS);
-            assert_eq!(
-                u16::from_be_bytes([seg[58], seg[59]]) as usize,
-                seg.len() - 54
-            );
-            assert_eq!(sum(&seg[INNER_NH..INNER_TH]), 0xffff, "inner IPv4 checksum");
-            let mut v = seg[INNER_NH + 12..INNER_TH].to_vec();
-            v.extend_from_slice(&[0, 6]);
-            v.extend_from_slice(&((seg.len() - INNER_TH) as u16).to_be_bytes());
-            v.extend_from_slice(&seg[INNER_TH..]);
-            assert_eq!(sum(&v), 0xffff, "inner TCP checksum");
-            assert_eq!(seg[HDRS..], frame[HDRS + seqs.len() * MSS..][..MSS]);
-            seqs.push(u32::from_be_bytes(
-                seg[INNER_TH + 4..INNER_TH + 8].try_into().unwrap(),
-            ));
+        for outer_csum in [false, true] {
+            let (hdr, frame) = super_frame(outer_csum);
+            queues[1]
+                .write(&hdr.to_bytes(), &[&frame[..HDRS], &frame[HDRS..]])
+                .expect("write");
+            let mut seqs = Vec::new();
+            for _ in 0..SEGMENTS {
+                let seg = sock
+                    .recv_matching(Duration::from_secs(5), |f| {
+                        f.len() > HDRS && f[12..14] == [0x86, 0xdd] && f[56..58] == [0x17, 0xc1]
+                    })
+                    .expect("a segment arrives");
+                check_segment(&seg, outer_csum);
+                assert_eq!(seg[HDRS..], frame[HDRS + seqs.len() * MSS..][..MSS]);
+                seqs.push(u32::from_be_bytes(
+                    seg[INNER_TH + 4..INNER_TH + 8].try_into().unwrap(),
+                ));
+            }
+            assert_eq!(seqs, [0x1000, 0x1000 + MSS as u32, 0x1000 + 2 * MSS as u32]);
         }
-        assert_eq!(seqs, [0x1000, 0x1000 + MSS as u32, 0x1000 + 2 * MSS as u32]);
         assert_eq!(tap.redirect_drops().unwrap(), 0);
         drop(queues);
         drop(tap);
