@@ -48,6 +48,46 @@ impl fmt::Display for XdpMode {
     }
 }
 
+/// Whether guest TSO buffers leave as UDP-tunnel GSO super-frames through the
+/// underlay's tunnel tap (`dpio::tunnel_tx`, Linux 6.17+) for the kernel to
+/// segment, or are cut into frames by the datapath and sent by AF_XDP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnderlayGso {
+    /// Use it when the kernel supports it; otherwise today's path, with one
+    /// warning saying why.
+    #[default]
+    Auto,
+    /// Use it; the daemon does not start when the kernel cannot.
+    On,
+    /// Never: the datapath segments and AF_XDP sends every frame.
+    Off,
+}
+
+impl FromStr for UnderlayGso {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(UnderlayGso::Auto),
+            "on" => Ok(UnderlayGso::On),
+            "off" => Ok(UnderlayGso::Off),
+            _ => Err(format!(
+                "invalid underlay GSO mode {s:?}: expected auto, on or off"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for UnderlayGso {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            UnderlayGso::Auto => "auto",
+            UnderlayGso::On => "on",
+            UnderlayGso::Off => "off",
+        })
+    }
+}
+
 /// How a worker waits for work.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -190,6 +230,7 @@ pub struct FileConfig {
     pub boundary_services: Option<Ipv6Addr>,
     pub boundary_vni: Option<Vni>,
     pub xdp_mode: Option<XdpMode>,
+    pub underlay_gso: Option<UnderlayGso>,
     pub poll: Option<PollMode>,
     pub log_level: Option<String>,
     pub table_budget_mib: Option<usize>,
@@ -248,6 +289,12 @@ pub struct DaemonArgs {
     pub boundary_vni: Option<Vni>,
     #[arg(long, value_name = "native|skb")]
     pub xdp_mode: Option<XdpMode>,
+    /// How guest TSO buffers reach the underlay: `auto` (the default) hands each
+    /// to the kernel as one UDP-tunnel GSO super-frame through a tunnel tap when
+    /// the kernel can (Linux 6.17+); `on` requires that; `off` cuts them into
+    /// frames here and sends those by AF_XDP.
+    #[arg(long, value_name = "auto|on|off")]
+    pub underlay_gso: Option<UnderlayGso>,
     /// How workers wait for work: `adaptive` (the default) sleeps in epoll as soon
     /// as there is none, so a worker shares its core with guests; `busy` never
     /// sleeps (a core dedicated to each worker).
@@ -313,6 +360,7 @@ pub struct DaemonConfig {
     pub boundary_services: Option<Ipv6Addr>,
     pub boundary_vni: Vni,
     pub xdp_mode: XdpMode,
+    pub underlay_gso: UnderlayGso,
     pub poll: PollMode,
     pub log_level: String,
     /// The sled's flow and connection table budget (docs/engine.md, "Table budget").
@@ -407,6 +455,7 @@ impl DaemonConfig {
             boundary_services: args.boundary_services.or(file.boundary_services),
             boundary_vni,
             xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
+            underlay_gso: args.underlay_gso.or(file.underlay_gso).unwrap_or_default(),
             poll: args.poll.or(file.poll).unwrap_or_default(),
             log_level: args
                 .log_level
@@ -457,9 +506,12 @@ mod tests {
             "busy",
             "--boundary-vni",
             "1234",
+            "--underlay-gso",
+            "off",
         ])
         .unwrap();
         let c = DaemonConfig::resolve(&a).unwrap();
+        assert_eq!(c.underlay_gso, UnderlayGso::Off);
         assert_eq!(c.underlay, ["eth0", "eth1"]);
         assert_eq!(c.underlay_addr, "fd00:99::1".parse::<Ipv6Addr>().unwrap());
         assert_eq!(c.cores, [0, 1]);
@@ -479,6 +531,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.boundary_vni.get(), DEFAULT_BOUNDARY_VNI);
         assert_eq!(c.xdp_mode, XdpMode::Native);
+        assert_eq!(c.underlay_gso, UnderlayGso::Auto);
+        assert!(args(&["--underlay", "eth0", "--underlay-gso", "yes"]).is_err());
         assert_eq!(c.poll, PollMode::Adaptive);
         assert_eq!(c.log_level, "info");
         let e = DaemonConfig::resolve(&args(&["--underlay-addr", "fd00::1"]).unwrap()).unwrap_err();

@@ -113,8 +113,9 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     warn_if_address_missing(cfg.underlay_addr);
     let n = cfg.cores.len().max(1);
     let mut underlay = Underlay::open(cfg, n)?;
-    let ecfg = engine_config(cfg, underlay.mtu())?;
-    tracing::info!(underlay_mtu = ecfg.underlay_mtu, addr = %cfg.underlay_addr, workers = n, poll = %cfg.poll, "engine configured");
+    let mut ecfg = engine_config(cfg, underlay.mtu())?;
+    ecfg.underlay_tunnel_gso = underlay.tunnel_gso();
+    tracing::info!(underlay_mtu = ecfg.underlay_mtu, addr = %cfg.underlay_addr, workers = n, poll = %cfg.poll, tunnel_gso = ecfg.underlay_tunnel_gso, "engine configured");
     let doorbells = (0..n)
         .map(|_| Doorbell::new().map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;

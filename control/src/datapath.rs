@@ -1105,6 +1105,7 @@ pub(crate) mod tests {
             boundary_services: None,
             boundary_vni: Vni::new(99).unwrap(),
             xdp_mode: crate::config::XdpMode::Native,
+            underlay_gso: crate::config::UnderlayGso::Auto,
             poll: crate::config::PollMode::Adaptive,
             log_level: "info".into(),
             tables: engine::TableBudget {

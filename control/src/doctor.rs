@@ -9,7 +9,7 @@
 //! inputs.
 
 use crate::api::{Check, CheckStatus, PeerPath, PortLink, PortStatus, Reply, Request};
-use crate::config::{CoreList, DaemonConfig, XdpMode};
+use crate::config::{CoreList, DaemonConfig, UnderlayGso, XdpMode};
 use crate::controller::Controller;
 use crate::datapath::{with_port_links, Datapath};
 use crate::workers::Workers;
@@ -32,6 +32,10 @@ pub struct LinkFacts {
     pub queues: u32,
     /// `ethtool -k IFACE` output, or why it could not be read.
     pub features: Result<String, String>,
+    /// The link's tunnel tap when guest TSO buffers leave through it as
+    /// super-frames (`--underlay-gso`); `None`: the datapath segments them and
+    /// AF_XDP sends the frames.
+    pub tunnel_tap: Option<String>,
 }
 
 /// One port as the daemon has it.
@@ -72,6 +76,7 @@ pub struct HostFacts {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Facts {
     pub xdp_mode: XdpMode,
+    pub underlay_gso: UnderlayGso,
     pub links: Vec<LinkFacts>,
     /// The mode of every AF_XDP socket (`copy` or `zero_copy`).
     pub xsk_modes: Vec<String>,
@@ -109,6 +114,7 @@ pub fn checks(f: &Facts) -> Vec<Check> {
     for l in &f.links {
         out.push(queues(l, f.workers));
         out.push(offloads(l));
+        out.push(tx_path(l, f.underlay_gso));
     }
     out.push(underlay_mtu(&f.links, &f.ports));
     out.extend(worker_cores(&f.cores, &f.host));
@@ -143,6 +149,31 @@ fn xsk_mode(modes: &[String]) -> Check {
             "af-xdp-mode",
             format!("copy mode on {c} of {n} sockets: the kernel copies every frame"),
             "use a NIC whose driver supports AF_XDP zero-copy (e.g. ice, i40e, mlx5) in native XDP mode",
+        ),
+    }
+}
+
+/// How guest TSO buffers leave by link `l`, against what `--underlay-gso` asked.
+fn tx_path(l: &LinkFacts, mode: UnderlayGso) -> Check {
+    let name = format!("underlay-tx-path:{}", l.name);
+    match (&l.tunnel_tap, mode) {
+        (Some(tap), _) => pass(
+            &name,
+            format!(
+                "tunnel GSO: guest TSO buffers leave as super-frames through tap {tap}, \
+                 segmented by the kernel or the NIC"
+            ),
+        ),
+        (None, UnderlayGso::Off) => pass(
+            &name,
+            "AF_XDP (--underlay-gso off): the datapath segments every guest TSO buffer".into(),
+        ),
+        (None, _) => warn(
+            &name,
+            "AF_XDP: the datapath segments every guest TSO buffer, the tunnel tap could not \
+             be used (the daemon's log says why)"
+                .into(),
+            "UDP-tunnel GSO on taps needs Linux 6.17 or later",
         ),
     }
 }
@@ -663,6 +694,7 @@ pub fn gather(cfg: &DaemonConfig, ctl: &mut Controller<Workers<Datapath>>) -> Fa
                 mtu: link_mtu(name).unwrap_or_else(|| from_stats("mtu")),
                 queues: from_stats("queues"),
                 features: features(name),
+                tunnel_tap: link.and_then(|l| l["tunnel_tap"].as_str().map(str::to_string)),
                 name: name.clone(),
             }
         })
@@ -713,6 +745,7 @@ pub fn gather(cfg: &DaemonConfig, ctl: &mut Controller<Workers<Datapath>>) -> Fa
     }
     Facts {
         xdp_mode: cfg.xdp_mode,
+        underlay_gso: cfg.underlay_gso,
         links,
         xsk_modes,
         workers: cfg.cores.len().max(1),
@@ -753,6 +786,7 @@ LOC:     123456      65432      11111   Local timer interrupts
             mtu,
             queues,
             features: Ok(features.into()),
+            tunnel_tap: None,
         }
     }
 
@@ -779,9 +813,12 @@ LOC:     123456      65432      11111   Local timer interrupts
     }
 
     fn facts() -> Facts {
+        let mut ul0 = link(9000, 2, "rx-vlan-offload: off\n");
+        ul0.tunnel_tap = Some("gso-ul0".into());
         Facts {
             xdp_mode: XdpMode::Native,
-            links: vec![link(9000, 2, "rx-vlan-offload: off\n")],
+            underlay_gso: UnderlayGso::Auto,
+            links: vec![ul0],
             xsk_modes: vec!["zero_copy".into(), "zero_copy".into()],
             workers: 2,
             cores: vec![2, 3],
@@ -811,6 +848,27 @@ LOC:     123456      65432      11111   Local timer interrupts
         let c = checks(&facts());
         assert!(c.iter().all(|c| c.status == CheckStatus::Pass), "{c:#?}");
         assert!(c.iter().all(|c| c.fix.is_none()));
+    }
+
+    #[test]
+    fn the_transmit_path_says_which_and_warns_when_auto_fell_back() {
+        let mut f = facts();
+        let path = |f: &Facts| find(&checks(f), "underlay-tx-path:ul0").clone();
+        let on = path(&f);
+        assert_eq!(on.status, CheckStatus::Pass);
+        assert!(
+            on.detail.contains("tunnel GSO") && on.detail.contains("gso-ul0"),
+            "{on:?}"
+        );
+        f.links[0].tunnel_tap = None;
+        let fell_back = path(&f);
+        assert_eq!(fell_back.status, CheckStatus::Warn);
+        assert!(fell_back.detail.starts_with("AF_XDP"), "{fell_back:?}");
+        assert!(fell_back.fix.as_deref().unwrap().contains("6.17"));
+        f.underlay_gso = UnderlayGso::Off;
+        let off = path(&f);
+        assert_eq!(off.status, CheckStatus::Pass);
+        assert!(off.detail.contains("--underlay-gso off"), "{off:?}");
     }
 
     #[test]

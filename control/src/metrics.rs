@@ -236,6 +236,12 @@ fn port_metrics(e: &mut Exposition, port: &str, p: &Value) {
         &p["tso_segments_out"],
     );
     e.counter(
+        "overlayd_port_tso_super_frames",
+        "UDP-tunnel GSO super-frames made of guest GSO buffers for the kernel to cut.",
+        &l,
+        &p["tso_super_frames_out"],
+    );
+    e.counter(
         "overlayd_port_local_delivered",
         "Frames delivered to another port of this sled without encapsulation.",
         &l,

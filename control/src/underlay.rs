@@ -1,6 +1,7 @@
 //! The daemon's underlay edge: for each underlay interface, the link facts, the
 //! attached XDP steering program and one AF_XDP socket per receive queue, all on one
-//! shared UMEM. The sockets are handed out to the workers ([`Underlay::take_queues`]:
+//! shared UMEM, and with `--underlay-gso` its tunnel tap (`dpio::tunnel_tx`), one
+//! queue per worker, for guest TSO buffers as UDP-tunnel GSO super-frames. The sockets are handed out to the workers ([`Underlay::take_queues`]:
 //! queue `i` to worker `i % workers`); each worker receives and transmits on its own
 //! sockets only ([`UnderlayQueues`]). The links and their programs stay with the
 //! daemon's main thread, which reads their counters for `stats`.
@@ -11,11 +12,12 @@
 //! its program and sockets attached again, the workers' sockets replaced between
 //! their rounds.
 
-use crate::config::{DaemonConfig, XdpMode};
+use crate::config::{DaemonConfig, UnderlayGso, XdpMode};
 use crate::datapath::Datapath;
 use crate::worker::Backoff;
 use crate::workers::Workers;
 use dpio::netlink::{Event, Events, Group, LinkInfo, Netlink};
+use dpio::tunnel_tx::{TunnelQueue, TunnelTap};
 use dpio::xdp::{AttachMode, SteeringProgram};
 use dpio::xsk::{BindMode, TxError, TxSlot, Umem, XskConfig, XskMode, XskSocket, XskStats};
 use engine::{FrameSpace, LentFrame, TxDest};
@@ -26,6 +28,7 @@ use std::net::Ipv6Addr;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use wire::vnet::TUNNEL_VNET_HDR_LEN;
 use wire::MacAddr;
 
 /// Room in a frame beyond the link MTU: the Ethernet header and a VLAN tag.
@@ -51,6 +54,9 @@ pub struct Underlay {
     /// The longest frame a transmit slot holds: a link MTU beyond it needs new
     /// sockets.
     max_tx_frame: usize,
+    /// Every link's tunnel tap, in link order, when guest TSO buffers leave as
+    /// UDP-tunnel GSO super-frames (`--underlay-gso`); empty otherwise.
+    tunnels: Vec<TunnelTap>,
     /// Kept alive while sockets use it (`None` with no link).
     _umem: Option<Umem>,
 }
@@ -108,6 +114,7 @@ impl Underlay {
             links: Vec::new(),
             sockets: Vec::new(),
             max_tx_frame: 0,
+            tunnels: Vec::new(),
             _umem: None,
         }
     }
@@ -173,12 +180,20 @@ impl Underlay {
                 program,
             });
         }
+        let tunnels = open_tunnels(cfg.underlay_gso, &links, workers)?;
         Ok(Underlay {
             links,
             sockets: all_sockets,
             max_tx_frame: xsk_cfg.max_tx_frame,
+            tunnels,
             _umem: Some(umem),
         })
+    }
+
+    /// Whether guest TSO buffers leave as UDP-tunnel GSO super-frames through the
+    /// links' tunnel taps (what the engines are configured with).
+    pub fn tunnel_gso(&self) -> bool {
+        !self.tunnels.is_empty()
     }
 
     /// Hands the sockets to `workers` workers: queue `i` of every link to worker
@@ -194,6 +209,12 @@ impl Underlay {
                 q.sockets.push(s);
             }
         }
+        // `open_tunnels` gave every tap one queue per worker.
+        for tap in &mut self.tunnels {
+            for (q, t) in out.iter_mut().zip(tap.take_queues()) {
+                q.tunnels.push(t);
+            }
+        }
         out
     }
 
@@ -206,20 +227,38 @@ impl Underlay {
     /// Link facts and XDP program counters of every link, for `stats` (the
     /// sockets' counters come from the workers that own them).
     pub fn stats(&mut self) -> Vec<LinkStats> {
+        let tx_path = if self.tunnels.is_empty() {
+            TX_PATH_AF_XDP
+        } else {
+            TX_PATH_TUNNEL_GSO
+        };
+        let tunnels = &mut self.tunnels;
         self.links
             .iter_mut()
-            .map(|l| LinkStats {
-                name: l.name.clone(),
-                ifindex: l.ifindex,
-                mtu: l.mtu,
-                queues: l.queues,
-                xdp: match l.program.counters() {
-                    Ok(c) => c
-                        .into_iter()
-                        .map(|(k, v)| (k.name().to_string(), v))
-                        .collect(),
-                    Err(e) => BTreeMap::from([(format!("unreadable: {e}"), 0)]),
-                },
+            .map(|l| {
+                let tunnel = tunnels.iter_mut().find(|t| t.link() == l.name);
+                LinkStats {
+                    name: l.name.clone(),
+                    ifindex: l.ifindex,
+                    mtu: l.mtu,
+                    queues: l.queues,
+                    tx_path,
+                    tunnel_tap: tunnel.as_ref().map(|t| t.name().to_string()),
+                    tunnel_redirect_drops: tunnel.and_then(|t| match t.redirect_drops() {
+                        Ok(n) => Some(n),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "tunnel redirect drops unreadable");
+                            None
+                        }
+                    }),
+                    xdp: match l.program.counters() {
+                        Ok(c) => c
+                            .into_iter()
+                            .map(|(k, v)| (k.name().to_string(), v))
+                            .collect(),
+                        Err(e) => BTreeMap::from([(format!("unreadable: {e}"), 0)]),
+                    },
+                }
             })
             .collect()
     }
@@ -234,6 +273,45 @@ impl Underlay {
                 mtu: l.mtu,
                 queues: l.queues,
             })
+    }
+}
+
+/// `stats`' `tx_path` of a link whose guest TSO buffers leave as super-frames
+/// through its tunnel tap.
+pub const TX_PATH_TUNNEL_GSO: &str = "tunnel-gso";
+/// `stats`' `tx_path` of a link where the datapath segments and AF_XDP sends all.
+pub const TX_PATH_AF_XDP: &str = "af-xdp";
+
+/// Opens every link's tunnel tap with one queue per worker, as `mode` asks: none
+/// for `off`; all or an error naming the reason for `on`; for `auto` all, or none
+/// with one warning saying why (the kernel predates tunnel GSO on taps, or a step
+/// failed).
+fn open_tunnels(
+    mode: UnderlayGso,
+    links: &[UnderlayLink],
+    workers: usize,
+) -> Result<Vec<TunnelTap>, String> {
+    if mode == UnderlayGso::Off {
+        return Ok(Vec::new());
+    }
+    let opened: Result<Vec<TunnelTap>, String> = links
+        .iter()
+        .map(|l| {
+            TunnelTap::open(&l.name, l.ifindex, workers.max(1))
+                .map_err(|e| format!("underlay {:?}: {e}", l.name))
+        })
+        .collect();
+    match (opened, mode) {
+        (Ok(t), _) => Ok(t),
+        (Err(e), UnderlayGso::On) => Err(format!("--underlay-gso on: {e}")),
+        (Err(e), _) => {
+            tracing::warn!(
+                reason = %e,
+                "underlay tunnel GSO not used (--underlay-gso auto): the datapath \
+                 segments guest TSO buffers and AF_XDP sends the frames"
+            );
+            Ok(Vec::new())
+        }
     }
 }
 
@@ -317,8 +395,17 @@ impl UnderlayWatch {
         engine_mtu: u32,
     ) -> Result<UnderlayWatch, String> {
         let err = |e: io::Error| format!("underlay link notifications: {e}");
+        // The engines were configured with the transmit path found at start; a
+        // re-attach must give them the same, or fail and retry (never a silent
+        // switch that would leave super-frames without a tap).
+        let mut cfg = cfg.clone();
+        cfg.underlay_gso = if underlay.tunnel_gso() {
+            UnderlayGso::On
+        } else {
+            UnderlayGso::Off
+        };
         Ok(UnderlayWatch {
-            cfg: cfg.clone(),
+            cfg,
             workers,
             underlay: Arc::new(Mutex::new(underlay)),
             events: Events::subscribe(&[Group::Link]).map_err(err)?,
@@ -501,10 +588,14 @@ impl UnderlayWatch {
 }
 
 /// The underlay sockets one worker owns: it receives on all of them and
-/// transmits on the first of each link.
+/// transmits on the first of each link; and its queue of each link's tunnel tap
+/// (none without `--underlay-gso`).
 #[derive(Default)]
 pub struct UnderlayQueues {
     pub sockets: Vec<XskSocket>,
+    pub tunnels: Vec<TunnelQueue>,
+    /// Frames were queued on a socket since the last kick.
+    pending: bool,
 }
 
 impl UnderlayQueues {
@@ -515,13 +606,15 @@ impl UnderlayQueues {
             .iter_mut()
             .find(|s| s.ifindex() == ifindex)
             .ok_or(SendError::NoSuchLink)?;
-        match sock.send(frame) {
+        let r = match sock.send(frame) {
             Err(TxError::Full) => {
                 sock.kick();
                 sock.send(frame).map_err(SendError::Tx)
             }
             r => r.map_err(SendError::Tx),
-        }
+        };
+        self.pending |= r.is_ok();
+        r
     }
 
     /// Tells the kernel about queued frames (and reclaims completions).
@@ -529,6 +622,27 @@ impl UnderlayQueues {
         for s in &mut self.sockets {
             s.kick();
         }
+        self.pending = false;
+    }
+
+    /// Writes super-frame `frame` (with its tunnel vnet header `hdr`) to link
+    /// `ifindex`'s tunnel tap. Frames queued on the sockets are kicked first, so
+    /// that the wire sees a flow's frames in the order the engine made them.
+    pub fn send_super(
+        &mut self,
+        ifindex: u32,
+        hdr: &[u8; TUNNEL_VNET_HDR_LEN],
+        frame: &[&[u8]],
+    ) -> Result<(), SuperError> {
+        if self.pending {
+            self.kick();
+        }
+        let q = self
+            .tunnels
+            .iter()
+            .find(|q| q.link_ifindex() == ifindex)
+            .ok_or(SuperError::NoSuchLink)?;
+        q.write(hdr, frame).map_err(SuperError::Write)
     }
 
     /// Counters of every socket.
@@ -558,7 +672,9 @@ impl UnderlayQueues {
     ) -> Result<(), SendError> {
         let (s, slot) = lent.take(frame).ok_or(SendError::NotLent)?;
         let sock = self.sockets.get_mut(s).ok_or(SendError::NoSuchLink)?;
-        sock.submit(slot, len).map_err(SendError::Tx)
+        sock.submit(slot, len).map_err(SendError::Tx)?;
+        self.pending = true;
+        Ok(())
     }
 
     /// The first `len` bytes of lent frame `frame`, as the engine wrote them and
@@ -653,6 +769,17 @@ pub enum SendError {
     Tx(TxError),
 }
 
+/// Why a super-frame was not sent.
+#[derive(Debug)]
+pub enum SuperError {
+    /// No tunnel tap for the interface the engine named (a link re-attached
+    /// meanwhile, or not an underlay link).
+    NoSuchLink,
+    /// The tap refused the write (EAGAIN, ENOBUFS, EINVAL for a header the
+    /// kernel rejects, ...).
+    Write(io::Error),
+}
+
 /// Counters of one underlay link.
 #[derive(Debug, Serialize)]
 pub struct LinkStats {
@@ -660,6 +787,14 @@ pub struct LinkStats {
     pub ifindex: u32,
     pub mtu: u32,
     pub queues: u32,
+    /// How guest TSO buffers leave: [`TX_PATH_TUNNEL_GSO`] or [`TX_PATH_AF_XDP`].
+    pub tx_path: &'static str,
+    /// The link's tunnel tap, when [`LinkStats::tx_path`] is tunnel GSO.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tunnel_tap: Option<String>,
+    /// Frames the tunnel tap's redirect program dropped (it had no target).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tunnel_redirect_drops: Option<u64>,
     /// XDP program counters by name.
     pub xdp: BTreeMap<String, u64>,
 }

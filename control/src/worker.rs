@@ -10,7 +10,9 @@
 //!    [`UmemSpace`]), held underlay frames and handed-over frames (decapsulated and
 //!    coalesced frames refer to the held buffers instead of copying them);
 //! 4. the batch is drained: lent frames are submitted, tap frames written with one
-//!    gathering `writev` each, frames for other workers handed to them;
+//!    gathering `writev` each, super-frames (`--underlay-gso`) written to the
+//!    underlay's tunnel tap after a kick of what was submitted before them, frames
+//!    for other workers handed to them;
 //! 5. held buffers go back (AF_XDP fill ring, other workers), and one kick sends
 //!    everything submitted.
 //!
@@ -33,13 +35,13 @@ use crate::datapath::{Datapath, PortTap, Reattached, Reattacher, TapLink};
 use crate::handoff::{handoff_ring, Doorbell, Handoff, HandoffRx, HandoffTx, PushError};
 use crate::neighbours::NextHops;
 use crate::shaper::{IngressShaper, Offer};
-use crate::underlay::{LentSlots, SendError, UnderlayQueues};
+use crate::underlay::{LentSlots, SendError, SuperError, UnderlayQueues};
 use crate::workers::{serve_jobs, JobRx};
 use dpio::guest::{GuestFault, GuestPort};
 use dpio::poll::Epoll;
 use dpio::tap::{MAX_GATHER, MAX_TAP_FRAME};
 use dpio::xsk::{RxHeld, TxError};
-use engine::{Engine, FrameBytes, InputRef, RxFrame, SiblingFrame, TxBatch, TxDest};
+use engine::{Engine, FrameBytes, InputRef, RxFrame, SiblingFrame, TunnelGso, TxBatch, TxDest};
 use serde::Serialize;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -145,6 +147,11 @@ pub struct WorkerStats {
     pub underlay_tx_invalid: u64,
     /// The engine named an interface that is not an underlay link: dropped.
     pub underlay_tx_no_link: u64,
+    /// UDP-tunnel GSO super-frames written to the underlay's tunnel taps
+    /// (`--underlay-gso`), each cut into wire frames by the kernel.
+    pub underlay_gso_tx_frames: u64,
+    /// Super-frames a tunnel tap refused (EAGAIN, ENOBUFS, ...): dropped.
+    pub underlay_gso_tx_errors: u64,
     /// Frames handed to other workers (for their ports), and taken from them.
     pub handoff_out: u64,
     pub handoff_in: u64,
@@ -179,6 +186,8 @@ engine::summed_across_workers!(WorkerStats {
     underlay_tx_full,
     underlay_tx_invalid,
     underlay_tx_no_link,
+    underlay_gso_tx_frames,
+    underlay_gso_tx_errors,
     handoff_out,
     handoff_in,
     handoff_full,
@@ -964,6 +973,12 @@ fn drain(
                 }
                 to_underlay(io, ifindex, frame, st)
             }
+            TxDest::UnderlayGso { ifindex, gso } => {
+                if !io.captures.is_empty() {
+                    capture_underlay_out(io, index, frame, st);
+                }
+                to_tunnel(io, ifindex, &gso, frame, st)
+            }
             TxDest::Port { port, vnet } => {
                 let tap = match taps.get(port.0 as usize).and_then(Option::as_ref) {
                     Some(PortTap {
@@ -1104,6 +1119,34 @@ fn to_underlay(io: &mut WorkerIo, ifindex: u32, frame: FrameBytes<'_>, st: &mut 
         Err(SendError::NoSuchLink) => st.underlay_tx_no_link += 1,
         Err(SendError::Tx(TxError::Full)) => st.underlay_tx_full += 1,
         Err(SendError::Tx(_) | SendError::NotLent) => st.underlay_tx_invalid += 1,
+    }
+}
+
+/// One super-frame to the underlay link's tunnel tap (`--underlay-gso`), behind
+/// its tunnel vnet header. A refused write is a counted drop, never a wait: TCP
+/// sends the data again.
+fn to_tunnel(
+    io: &mut WorkerIo,
+    ifindex: u32,
+    gso: &TunnelGso,
+    frame: FrameBytes<'_>,
+    st: &mut WorkerStats,
+) {
+    // The engine builds super-frames in the batch's arena.
+    let FrameBytes::Own(bytes) = frame else {
+        st.underlay_tx_invalid += 1;
+        return;
+    };
+    match io
+        .queues
+        .send_super(ifindex, &gso.header().to_bytes(), &[bytes])
+    {
+        Ok(()) => st.underlay_gso_tx_frames += 1,
+        Err(SuperError::NoSuchLink) => st.underlay_tx_no_link += 1,
+        Err(SuperError::Write(e)) => {
+            st.underlay_gso_tx_errors += 1;
+            tracing::debug!(ifindex, error = %e, "tunnel tap write failed");
+        }
     }
 }
 

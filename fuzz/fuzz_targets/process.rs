@@ -73,10 +73,12 @@ const VNIS: [u32; 3] = [1193046, 77, 16777215];
 /// VNI) find a port, and their inner source (172.30.0.5 / fd00:1122::5,
 /// a8:40:25:00:00:01) is what V2P maps to fd00:99::1, so they pass the underlay source
 /// check unless the fuzzer changes a byte of it; fd00:99::1 is boundary services too,
-/// so External frames pass it as well.
-fn sled() -> Sled {
+/// so External frames pass it as well. With `tunnel_gso` guest TSO buffers leave as
+/// UDP-tunnel GSO super-frames instead of segments.
+fn sled(tunnel_gso: bool) -> Sled {
     let mut cfg = EngineConfig::new("fd00:99::2".parse().unwrap());
     cfg.boundary_services = Some("fd00:99::1".parse().unwrap());
+    cfg.underlay_tunnel_gso = tunnel_gso;
     let mut engine = Engine::new(cfg).unwrap();
     let a = engine.add_port(port("opte0", VNIS[0], 1, 2, 5)).unwrap();
     let b = engine.add_port(port("opte1", VNIS[0], 2, 0xfe, 6)).unwrap();
@@ -111,10 +113,17 @@ fn sled() -> Sled {
 
 fuzz_target!(|data: &[u8]| {
     static SLED: OnceLock<Mutex<Sled>> = OnceLock::new();
+    static SLED_GSO: OnceLock<Mutex<Sled>> = OnceLock::new();
     let Some((&sel, rest)) = data.split_first() else {
         return;
     };
-    let mut s = SLED.get_or_init(|| Mutex::new(sled())).lock().unwrap();
+    // The selector's top bit picks the sled that hands the kernel super-frames.
+    let (cell, gso) = if sel & 0x80 != 0 {
+        (&SLED_GSO, true)
+    } else {
+        (&SLED, false)
+    };
+    let mut s = cell.get_or_init(|| Mutex::new(sled(gso))).lock().unwrap();
     let s = &mut *s;
     s.now += u64::from(sel) * 10_000_000;
     s.out.clear();
@@ -145,6 +154,17 @@ fuzz_target!(|data: &[u8]| {
                 assert!(frame.len() <= 14 + UNDERLAY_MTU, "{} bytes", frame.len());
                 if let Err(e) = parse_underlay(&frame) {
                     panic!("we emitted an underlay frame we refuse: {e}");
+                }
+            }
+            TxDest::UnderlayGso { gso, .. } => {
+                // One outer IPv6 payload length's worth, and every segment the
+                // kernel cuts fits the underlay.
+                assert!(frame.len() <= 14 + 40 + 65535, "{} bytes", frame.len());
+                let seg = usize::from(gso.hdr_len) + usize::from(gso.gso_size);
+                assert!(seg <= 14 + UNDERLAY_MTU, "{seg}-byte segments");
+                assert!(usize::from(gso.hdr_len) < frame.len());
+                if let Err(e) = parse_underlay(&frame) {
+                    panic!("we emitted a super-frame we refuse: {e}");
                 }
             }
             TxDest::Port { .. } => assert!(frame.len() <= 14 + 65535),

@@ -52,6 +52,15 @@ fn doctor_passes_a_healthy_mtu_and_flags_a_lowered_one() -> Result<()> {
         "{checks:#}"
     );
     assert_eq!(checks["xdp-mode"]["status"], "pass", "{checks:#}");
+    // This kernel (6.18) takes UDP-tunnel GSO on taps: the default `auto` uses it.
+    let tx_path = &checks["underlay-tx-path:ul0"];
+    assert_eq!(tx_path["status"], "pass", "{checks:#}");
+    assert!(
+        tx_path["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("tunnel GSO") && d.contains("gso-ul0")),
+        "{checks:#}"
+    );
     for host_check in ["offloads:ul0", "worker-core:1", "af-xdp-mode"] {
         assert!(
             checks[host_check]["status"].is_string(),

@@ -1,7 +1,8 @@
-//! The XDP program that steers this sled's Geneve traffic into AF_XDP sockets.
+//! The XDP program that steers this sled's Geneve traffic into AF_XDP sockets, and
+//! the tc program that sends the underlay tunnel tap's frames out of the underlay.
 //!
-//! The program is C (`src/steer.bpf.c`), compiled by clang in `build.rs`, and
-//! embedded here as an ELF object that `dpio::xdp` loads with aya. The map and
+//! The programs are C (`src/*.bpf.c`), compiled by clang in `build.rs`, and
+//! embedded here as ELF objects that `dpio::xdp` and `dpio::tunnel_tx` load with aya. The map and
 //! program names below are the contract between the C source and the loader.
 
 /// 8-byte alignment for the embedded object: the ELF parser aya uses reads
@@ -18,6 +19,21 @@ static STEER_ALIGNED: &Aligned<[u8]> = &Aligned {
 
 /// The compiled BPF ELF object (`steer.bpf.o`), 8-byte aligned.
 pub static STEER_OBJECT: &[u8] = &STEER_ALIGNED.bytes;
+
+static TUNNEL_REDIRECT_ALIGNED: &Aligned<[u8]> = &Aligned {
+    bytes: *include_bytes!(concat!(env!("OUT_DIR"), "/tunnel_redirect.bpf.o")),
+};
+
+/// The compiled tc program of the underlay tunnel tap (`tunnel_redirect.bpf.o`,
+/// from `src/tunnel_redirect.bpf.c`), 8-byte aligned: it redirects every frame
+/// written to the tap to the underlay interface's egress.
+pub static TUNNEL_REDIRECT_OBJECT: &[u8] = &TUNNEL_REDIRECT_ALIGNED.bytes;
+/// Name of its program function (section `classifier`).
+pub const TUNNEL_REDIRECT_PROGRAM: &str = "tunnel_redirect";
+/// `BPF_MAP_TYPE_ARRAY` of one `u32`: the ifindex to redirect to.
+pub const REDIRECT_TO_MAP: &str = "redirect_to";
+/// `BPF_MAP_TYPE_PERCPU_ARRAY` of one `u64`: frames dropped because no target was set.
+pub const REDIRECT_DROPS_MAP: &str = "redirect_drops";
 
 /// Name of the XDP program function (section `xdp.frags`).
 pub const PROGRAM_NAME: &str = "steer";

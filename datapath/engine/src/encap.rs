@@ -132,6 +132,45 @@ impl OuterTemplate {
         let Some(h) = buf.get_mut(..hlen) else {
             return;
         };
+        let udp_len = self.write_fields(h, inner_len, mss_option);
+        if self.udp_checksum {
+            let Some(datagram) = buf.get(field::UDP..hlen + inner_len) else {
+                return;
+            };
+            let mut c = !checksum::fold(checksum::sum(datagram, self.pseudo_header(udp_len)));
+            if c == 0 {
+                // A computed zero is sent as all ones (RFC 8200 §8.1): zero means "none".
+                c = 0xffff;
+            }
+            buf[field::UDP_CHECKSUM].copy_from_slice(&c.to_be_bytes());
+        }
+    }
+
+    /// Whether frames of this flow carry an outer UDP checksum.
+    pub fn udp_checksum(&self) -> bool {
+        self.udp_checksum
+    }
+
+    /// Writes the outer header of a UDP-tunnel GSO super-frame into `h` (exactly
+    /// [`Self::header_len`] bytes) for an inner frame of `inner_len` bytes. With
+    /// [`Self::udp_checksum`] the UDP checksum field holds the IPv6 pseudo-header
+    /// seed, folded and not complemented, which the kernel's
+    /// `__skb_udp_tunnel_segment` completes per segment (`F_UDP_TUNNEL_CSUM`);
+    /// otherwise it is zero and copied into every segment as it is.
+    pub fn write_gso_header(&self, h: &mut [u8], inner_len: usize, mss_option: Option<u32>) {
+        debug_assert_eq!(h.len(), self.header_len(mss_option.is_some()));
+        debug_assert!(inner_len <= self.max_inner_len(mss_option.is_some()));
+        let udp_len = self.write_fields(h, inner_len, mss_option);
+        if self.udp_checksum {
+            let seed = checksum::fold(self.pseudo_header(udp_len));
+            h[field::UDP_CHECKSUM].copy_from_slice(&seed.to_be_bytes());
+        }
+    }
+
+    /// Copies the template into `h` (the whole outer header) and fills in the
+    /// option and length fields; returns the UDP length.
+    fn write_fields(&self, h: &mut [u8], inner_len: usize, mss_option: Option<u32>) -> u16 {
+        let hlen = h.len();
         h[..self.base_len].copy_from_slice(&self.bytes[..self.base_len]);
         if let Some(mss) = mss_option {
             // `h` is exactly long enough for the option, so this cannot fail.
@@ -142,20 +181,14 @@ impl OuterTemplate {
         let udp_len = (hlen - field::UDP + inner_len) as u16;
         h[field::IPV6_PAYLOAD_LEN].copy_from_slice(&udp_len.to_be_bytes());
         h[field::UDP_LEN].copy_from_slice(&udp_len.to_be_bytes());
-        if self.udp_checksum {
-            let Some(datagram) = buf.get(field::UDP..hlen + inner_len) else {
-                return;
-            };
-            let src = Ipv6Addr::from(octets16(&self.bytes[field::IPV6_SRC]));
-            let dst = Ipv6Addr::from(octets16(&self.bytes[field::IPV6_DST]));
-            let acc = checksum::pseudo_header_v6(src, dst, 17, u32::from(udp_len));
-            let mut c = !checksum::fold(checksum::sum(datagram, acc));
-            if c == 0 {
-                // A computed zero is sent as all ones (RFC 8200 §8.1): zero means "none".
-                c = 0xffff;
-            }
-            buf[field::UDP_CHECKSUM].copy_from_slice(&c.to_be_bytes());
-        }
+        udp_len
+    }
+
+    /// The unfolded IPv6 pseudo-header sum of a UDP datagram of `udp_len` bytes.
+    fn pseudo_header(&self, udp_len: u16) -> u64 {
+        let src = Ipv6Addr::from(octets16(&self.bytes[field::IPV6_SRC]));
+        let dst = Ipv6Addr::from(octets16(&self.bytes[field::IPV6_DST]));
+        checksum::pseudo_header_v6(src, dst, 17, u32::from(udp_len))
     }
 
     /// Appends one encapsulated frame holding `inner` to `out` and returns its length,

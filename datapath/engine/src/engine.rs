@@ -90,6 +90,11 @@ pub struct EngineConfig {
     pub boundary_vni: Vni,
     /// Compute the outer UDP checksum (off: zero is allowed for tunnels over IPv6).
     pub outer_udp_checksum: bool,
+    /// The underlay transmit path takes UDP-tunnel GSO super-frames (a tunnel tap,
+    /// Linux 6.17+; the daemon probes it): guest TSO buffers then leave as one
+    /// super-frame each ([`crate::tso::super_frames`], [`crate::TxDest::UnderlayGso`])
+    /// for the kernel to cut, instead of being cut into segments here.
+    pub underlay_tunnel_gso: bool,
     pub flow: FlowLimits,
     /// Memory for all ports' flow and connection tables, shared evenly by up to
     /// `tables.ports` ports: a port's tables get the `flow` limits scaled down to its
@@ -118,6 +123,7 @@ impl EngineConfig {
             boundary_services: None,
             boundary_vni: Vni::DEFAULT_BOUNDARY,
             outer_udp_checksum: false,
+            underlay_tunnel_gso: false,
             flow: FlowLimits::default(),
             tables: TableBudget::default(),
             hash_seed: 0x6f76_6572_6c61_7964,

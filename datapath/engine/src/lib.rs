@@ -38,7 +38,9 @@ pub use engine::{Engine, EngineConfig, EngineError, EngineStats, NextHop, Underl
 pub use firewall::{FlowLimits, FwAction};
 pub use flow::FlowKey;
 pub use input::RxFrame;
-pub use output::{FrameBytes, FrameSpace, InputRef, LentFrame, SiblingFrame, TxBatch, TxDest};
+pub use output::{
+    FrameBytes, FrameSpace, InputRef, LentFrame, SiblingFrame, TunnelGso, TxBatch, TxDest,
+};
 pub use port::{CidrDir, PortCidrs, PortConfig, PortId, PortState, Vni};
 pub use ratelimit::PortLimits;
 pub use router::{RouteClass, RouteTarget};

@@ -26,17 +26,60 @@ use crate::port::{PortId, Vni};
 const COPY_MAX: usize = 256;
 
 use core::ops::Range;
-use wire::vnet::VnetHdr;
+use wire::vnet::{TunnelVnetHdr, VnetHdr};
 
 /// Where a frame goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TxDest {
     /// Out of the underlay interface with this index (outer headers are in the frame).
     Underlay { ifindex: u32 },
+    /// Out of the underlay interface with this index as one UDP-tunnel GSO
+    /// super-frame, which the kernel cuts into wire frames (`tso::super_frames`);
+    /// only when the engine is configured for it (`EngineConfig::underlay_tunnel_gso`).
+    UnderlayGso { ifindex: u32, gso: TunnelGso },
     /// To a guest port, with the offload metadata to hand the guest.
     Port { port: PortId, vnet: VnetHdr },
     /// To another worker of this sled, which owns the port the frame is for.
     Sibling { worker: u16, frame: SiblingFrame },
+}
+
+/// The offload metadata of an underlay super-frame: the fields of its
+/// `virtio_net_hdr_v1_hash_tunnel` that vary, in 10 bytes so that [`TxDest`] stays
+/// as small as its guest variant. The outer UDP header is always at 54 (Ethernet and
+/// IPv6 without extension headers) and the inner checksum is TCP's, at 16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TunnelGso {
+    pub flags: u8,
+    pub gso_type: u8,
+    /// Every header, outer and inner.
+    pub hdr_len: u16,
+    /// Payload bytes per wire frame (the inner MSS).
+    pub gso_size: u16,
+    /// Offset of the inner TCP header.
+    pub csum_start: u16,
+    /// Offset of the inner IP header.
+    pub inner_nh: u16,
+}
+
+impl TunnelGso {
+    /// Offset of the outer UDP header: outer Ethernet + IPv6.
+    pub const OUTER_TH: u16 = 54;
+
+    /// The header the kernel takes in front of the frame.
+    pub fn header(&self) -> TunnelVnetHdr {
+        TunnelVnetHdr {
+            vnet: VnetHdr {
+                flags: self.flags,
+                gso_type: self.gso_type,
+                hdr_len: self.hdr_len,
+                gso_size: self.gso_size,
+                csum_start: self.csum_start,
+                csum_offset: 16,
+            },
+            outer_th: Self::OUTER_TH,
+            inner_nh: self.inner_nh,
+        }
+    }
 }
 
 /// What a frame handed to another worker is, so the owner knows how to take it.
@@ -412,6 +455,15 @@ mod tests {
     use super::*;
 
     const UL: TxDest = TxDest::Underlay { ifindex: 3 };
+
+    /// The super-frame variant makes no destination larger than a sibling's
+    /// guest frame (worker, VNI and virtio-net header) already is.
+    #[test]
+    fn a_super_frame_destination_is_no_larger_than_a_siblings() {
+        let sibling = core::mem::size_of::<(u16, Vni, VnetHdr)>();
+        assert_eq!(core::mem::size_of::<TunnelGso>(), 10);
+        assert!(core::mem::size_of::<TxDest>() <= sibling + 4, "{sibling}");
+    }
 
     #[test]
     fn push_and_pop() {

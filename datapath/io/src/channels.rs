@@ -37,7 +37,20 @@ struct IfReqData {
     _pad: [u8; 16],
 }
 
-fn ethtool(ifname: &str, ch: &mut Channels) -> io::Result<()> {
+/// A `repr(C)` struct of `linux/ethtool.h` whose first field is the `cmd` word,
+/// which `SIOCETHTOOL` reads and writes whole for the commands it is used with.
+///
+/// # Safety
+///
+/// The implementing type must have exactly the layout the kernel expects for
+/// every command it is sent with.
+pub(crate) unsafe trait EthtoolStruct {}
+
+// SAFETY: `Channels` is `struct ethtool_channels`, sent with G/SCHANNELS only.
+unsafe impl EthtoolStruct for Channels {}
+
+/// `SIOCETHTOOL` on `ifname` with `arg` (its `cmd` set by the caller).
+pub(crate) fn ethtool<T: EthtoolStruct>(ifname: &str, arg: &mut T) -> io::Result<()> {
     let mut name = [0 as libc::c_char; libc::IFNAMSIZ];
     if ifname.len() >= name.len() || ifname.bytes().any(|b| b == 0) {
         return Err(io::Error::new(
@@ -57,12 +70,12 @@ fn ethtool(ifname: &str, ch: &mut Channels) -> io::Result<()> {
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     let mut req = IfReqData {
         name,
-        data: (ch as *mut Channels).cast(),
+        data: (arg as *mut T).cast(),
         _pad: [0; 16],
     };
     // SAFETY: SIOCETHTOOL reads the ifreq (a NUL-terminated name and a pointer
-    // to `ch`), and reads/writes one `struct ethtool_channels` through that
-    // pointer; both live until the call returns.
+    // to `arg`), and reads/writes one struct of `arg`'s command through that
+    // pointer (`EthtoolStruct`'s contract); both live until the call returns.
     let rc = unsafe {
         libc::ioctl(
             sock.as_raw_fd(),

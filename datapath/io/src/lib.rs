@@ -4,6 +4,8 @@
 //! - [`xdp`]: loads and attaches the steering XDP program (`xdp-prog`) with aya.
 //! - [`xsk`]: AF_XDP sockets on a shared UMEM (own thin libc layer).
 //! - [`tap`]: persistent tap ports with `virtio_net_hdr` offloads for guests.
+//! - [`tunnel_tx`]: the underlay's tunnel tap, which takes UDP-tunnel GSO
+//!   super-frames for the kernel to segment (Linux 6.17+).
 //! - [`vhost`]: vhost-user ports, a VM's virtqueues in shared memory.
 //! - [`packet`]: `AF_PACKET` sockets with `PACKET_VNET_HDR` on an interface a
 //!   hypervisor owns (`create-xde --attach`).
@@ -28,6 +30,7 @@ pub mod packet;
 pub mod poll;
 pub mod probe;
 pub mod tap;
+pub mod tunnel_tx;
 pub mod vhost;
 pub mod xdp;
 pub mod xsk;

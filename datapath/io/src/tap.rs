@@ -136,37 +136,44 @@ pub(crate) fn read_vnet(
     }
 }
 
+/// Opens /dev/net/tun, non-blocking, and binds it to tap `name` with `flags`
+/// (`IFF_*`), creating the tap if absent.
+pub(crate) fn open_tun(name: &str, flags: libc::c_int) -> io::Result<File> {
+    let ifname = name_bytes(name)?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open("/dev/net/tun")
+        .map_err(|e| io::Error::new(e.kind(), format!("open /dev/net/tun: {e}")))?;
+    let mut req = IfReqFlags {
+        name: ifname,
+        flags: flags as libc::c_short,
+        _pad: [0; 22],
+    };
+    // SAFETY: TUNSETIFF reads and writes a struct ifreq; IfReqFlags has
+    // its layout (16-byte name, then the flags union member, 40 bytes total).
+    if unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            libc::TUNSETIFF,
+            &mut req as *mut IfReqFlags,
+        )
+    } < 0
+    {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("TUNSETIFF tap {name:?}: {e}"),
+        ));
+    }
+    Ok(file)
+}
+
 impl TapPort {
     /// Opens /dev/net/tun and binds it to tap `name`, creating it if absent.
     fn open(name: &str) -> io::Result<TapPort> {
-        let ifname = name_bytes(name)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open("/dev/net/tun")
-            .map_err(|e| io::Error::new(e.kind(), format!("open /dev/net/tun: {e}")))?;
-        let mut req = IfReqFlags {
-            name: ifname,
-            flags: (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short,
-            _pad: [0; 22],
-        };
-        // SAFETY: TUNSETIFF reads and writes a struct ifreq; IfReqFlags has
-        // its layout (16-byte name, then the flags union member, 40 bytes total).
-        if unsafe {
-            libc::ioctl(
-                file.as_raw_fd(),
-                libc::TUNSETIFF,
-                &mut req as *mut IfReqFlags,
-            )
-        } < 0
-        {
-            let e = io::Error::last_os_error();
-            return Err(io::Error::new(
-                e.kind(),
-                format!("TUNSETIFF tap {name:?}: {e}"),
-            ));
-        }
+        let file = open_tun(name, libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR)?;
         let fd = file.as_raw_fd();
         let hdr_len: libc::c_int = VNET_HDR_LEN as libc::c_int;
         // SAFETY: TUNSETVNETHDRSZ reads an int through the pointer.

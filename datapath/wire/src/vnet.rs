@@ -27,6 +27,15 @@ pub const GSO_TCPV6: u8 = 4;
 /// `VIRTIO_NET_HDR_GSO_ECN`: the buffer's TCP header has CWR set; only the first
 /// segment keeps it.
 pub const GSO_ECN: u8 = 0x80;
+/// `VIRTIO_NET_HDR_GSO_UDP_TUNNEL_IPV6` (Linux 6.17+): the buffer is encapsulated in
+/// UDP over IPv6 and the inner packet is what `gso_type`'s low bits say.
+pub const GSO_UDP_TUNNEL_IPV6: u8 = 0x40;
+/// `VIRTIO_NET_HDR_F_UDP_TUNNEL_CSUM` (Linux 6.17+): the outer UDP checksum field holds
+/// the pseudo-header seed and is completed per segment.
+pub const F_UDP_TUNNEL_CSUM: u8 = 8;
+/// Size of `struct virtio_net_hdr_v1_hash_tunnel`: the header a tap configured with
+/// `TUNSETVNETHDRSZ` 24 takes in front of every frame.
+pub const TUNNEL_VNET_HDR_LEN: usize = 24;
 
 /// The decoded header. Values are host order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -79,9 +88,60 @@ impl VnetHdr {
     }
 }
 
+/// `struct virtio_net_hdr_v1_hash_tunnel` (Linux 6.17+): a [`VnetHdr`] for a
+/// UDP-encapsulated GSO buffer, plus where the outer transport header and the inner
+/// network header start. Written in front of a super-frame on a tap whose header
+/// size is [`TUNNEL_VNET_HDR_LEN`], it has the kernel cut the buffer late (software
+/// GSO at the first device without UDP-tunnel TSO, or the NIC), replicating
+/// everything between `outer_th` and `inner_nh` verbatim (docs/tunnel-gso.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TunnelVnetHdr {
+    /// `flags`, `gso_type`, `hdr_len`, `gso_size`, `csum_start` (the inner L4
+    /// header) and `csum_offset`; `num_buffers` and the hash fields are zero.
+    pub vnet: VnetHdr,
+    /// Offset of the outer UDP header.
+    pub outer_th: u16,
+    /// Offset of the inner IP header.
+    pub inner_nh: u16,
+}
+
+impl TunnelVnetHdr {
+    pub fn to_bytes(&self) -> [u8; TUNNEL_VNET_HDR_LEN] {
+        let mut b = [0u8; TUNNEL_VNET_HDR_LEN];
+        b[..VNET_HDR_LEN].copy_from_slice(&self.vnet.to_bytes());
+        // 10..12 num_buffers, 12..20 hash value, report and padding: zero.
+        b[20..22].copy_from_slice(&self.outer_th.to_le_bytes());
+        b[22..24].copy_from_slice(&self.inner_nh.to_le_bytes());
+        b
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tunnel_header_layout_is_the_kernels() {
+        // The docs/tunnel-gso.md example: Geneve without options, inner IPv4,
+        // gso_size 8800, outer UDP checksum seeded.
+        let h = TunnelVnetHdr {
+            vnet: VnetHdr {
+                flags: F_NEEDS_CSUM | F_UDP_TUNNEL_CSUM,
+                gso_type: GSO_TCPV4 | GSO_UDP_TUNNEL_IPV6,
+                hdr_len: 124,
+                gso_size: 8800,
+                csum_start: 104,
+                csum_offset: 16,
+            },
+            outer_th: 54,
+            inner_nh: 84,
+        };
+        let want = [
+            9u8, 0x41, 124, 0, 0x60, 0x22, 104, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 54, 0, 84,
+            0,
+        ];
+        assert_eq!(h.to_bytes(), want);
+    }
 
     #[test]
     fn round_trip_as_seen_from_a_linux_tap() {

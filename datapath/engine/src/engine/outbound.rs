@@ -188,7 +188,7 @@ impl Engine {
             Next::Encap(e) => {
                 let mtu = fragment.then_some(path_mtu);
                 let bufs = FragmentBufs { scratch, csum_buf };
-                encapsulate(ecfg.underlay_mtu, e, &vnet, frame, meta, mtu, bufs, c, out);
+                encapsulate(ecfg, e, &vnet, frame, meta, mtu, bufs, c, out);
             }
             Next::Hold(plan) => {
                 let held = HeldFrame {
@@ -320,8 +320,8 @@ fn send_held(
     };
     let mtu = too_big(&meta, &vnet, path_mtu).then_some(path_mtu);
     let e = encap_through(&plan, *hop, ecfg);
-    let (underlay_mtu, frame, c) = (ecfg.underlay_mtu, &h.frame, &mut p.c);
-    encapsulate(underlay_mtu, &e, &vnet, frame, &meta, mtu, bufs, c, out);
+    let (frame, c) = (&h.frame, &mut p.c);
+    encapsulate(ecfg, &e, &vnet, frame, &meta, mtu, bufs, c, out);
 }
 
 /// The encapsulation of `plan` through next hop `hop`.
@@ -358,10 +358,11 @@ struct FragmentBufs<'a> {
 /// Encapsulates a guest frame into the batch with tunneled TSO (VPC-internal TCP in
 /// underlay-sized segments, traffic to the internet in the guest's own MSS), or, when
 /// `fragment_mtu` is given (IPv4 without DF above its path MTU), each of its
-/// fragments.
+/// fragments. With [`EngineConfig::underlay_tunnel_gso`] a GSO buffer of more than
+/// one segment leaves as super-frames the kernel cuts into the same segments.
 #[allow(clippy::too_many_arguments)]
 fn encapsulate(
-    underlay_mtu: u16,
+    ecfg: &EngineConfig,
     e: &EncapAction,
     vnet: &VnetHdr,
     frame: &[u8],
@@ -373,7 +374,7 @@ fn encapsulate(
 ) {
     let dest = TxDest::Underlay { ifindex: e.ifindex };
     let seg_payload = if e.internal {
-        tso::internal_segment_size(underlay_mtu, meta)
+        tso::internal_segment_size(ecfg.underlay_mtu, meta)
     } else {
         usize::from(vnet.gso_size)
     };
@@ -385,6 +386,32 @@ fn encapsulate(
     let Some(mtu) = fragment_mtu else {
         let mss = u32::from(vnet.gso_size);
         let outer = &e.outer;
+        if ecfg.underlay_tunnel_gso {
+            let ifindex = e.ifindex;
+            match tso::super_frames(
+                frame,
+                vnet,
+                meta,
+                seg_payload,
+                mss,
+                outer,
+                &edit,
+                ifindex,
+                out,
+            ) {
+                Ok(Some(sent)) => {
+                    c.tso_segments_out += sent.segments as u64;
+                    c.tso_super_frames_out += sent.frames as u64;
+                    return;
+                }
+                // Not a GSO buffer, or one segment: as without tunnel GSO.
+                Ok(None) => {}
+                Err(d) => {
+                    c.drops.inc(DropReason::from(d));
+                    return;
+                }
+            }
+        }
         match tso::segment_with(frame, vnet, meta, seg_payload, mss, outer, edit, dest, out) {
             Ok(n) if vnet.is_gso() => c.tso_segments_out += n as u64,
             Ok(_) => {}

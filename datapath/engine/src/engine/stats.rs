@@ -23,6 +23,7 @@ pub(super) struct PortCounters {
     pub(super) out_bytes: u64,
     pub(super) tso_buffers_in: u64,
     pub(super) tso_segments_out: u64,
+    pub(super) tso_super_frames_out: u64,
     pub(super) local_delivered: u64,
     /// Times the guest had to wait for its egress limit's tokens.
     pub(super) egress_throttled: u64,
@@ -45,6 +46,9 @@ pub struct PortStats {
     /// GSO buffers received from the guest and the underlay frames made of them.
     pub tso_buffers_in: u64,
     pub tso_segments_out: u64,
+    /// UDP-tunnel GSO super-frames those segments left in, for the kernel to cut
+    /// (`--underlay-gso`); 0 when the datapath cuts them itself.
+    pub tso_super_frames_out: u64,
     /// Frames delivered to another port of this sled without encapsulation.
     pub local_delivered: u64,
     /// Times the guest had to wait before its next frame was taken: its egress
@@ -150,6 +154,7 @@ impl PortStats {
             out_bytes: p.c.out_bytes,
             tso_buffers_in: p.c.tso_buffers_in,
             tso_segments_out: p.c.tso_segments_out,
+            tso_super_frames_out: p.c.tso_super_frames_out,
             local_delivered: p.c.local_delivered,
             egress_throttled: p.c.egress_throttled,
             ingress_throttled: p.c.ingress_throttled,

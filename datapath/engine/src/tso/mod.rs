@@ -13,8 +13,10 @@
 //! ([`wire::checksum::copy_and_sum`]). See docs/mtu-and-tso.md for the MTU budget and worked examples.
 
 mod coalesce;
+mod tunnel;
 
 pub use coalesce::{CoalesceStats, Coalescer};
+pub use tunnel::{super_frames, SuperFrames};
 
 use crate::drop::DropReason;
 use crate::encap::OuterTemplate;
@@ -272,6 +274,27 @@ fn check_gso(frame_len: usize, vnet: &VnetHdr, meta: &InnerMeta) -> Result<(), T
     Ok(())
 }
 
+/// The payload of GSO buffer `frame` and how many segments of `seg_payload` bytes it
+/// makes (at least one), once [`check_gso`] passed and the count is within
+/// [`MAX_SEGMENTS`].
+fn gso_payload<'f>(
+    frame: &'f [u8],
+    vnet: &VnetHdr,
+    meta: &InnerMeta,
+    seg_payload: usize,
+) -> Result<(&'f [u8], usize), TsoDrop> {
+    check_gso(frame.len(), vnet, meta)?;
+    if seg_payload == 0 {
+        return Err(TsoDrop::SegmentSizeZero);
+    }
+    let payload = &frame[meta.payload_off..meta.ip_end];
+    let nseg = payload.len().div_ceil(seg_payload).max(1);
+    if nseg > MAX_SEGMENTS {
+        return Err(TsoDrop::TooManySegments);
+    }
+    Ok((payload, nseg))
+}
+
 /// Guest buffer -> encapsulated underlay frames in `out`; returns the number of frames.
 ///
 /// GSO TCP buffers are cut into segments of at most `seg_payload` payload bytes (see
@@ -356,15 +379,7 @@ pub fn segment_with(
     if !vnet.is_gso() {
         return encapsulate_one(frame, vnet, meta, outer, edit, dest, out);
     }
-    check_gso(frame.len(), vnet, meta)?;
-    if seg_payload == 0 {
-        return Err(TsoDrop::SegmentSizeZero);
-    }
-    let payload = &frame[meta.payload_off..meta.ip_end];
-    let nseg = payload.len().div_ceil(seg_payload).max(1);
-    if nseg > MAX_SEGMENTS {
-        return Err(TsoDrop::TooManySegments);
-    }
+    let (payload, nseg) = gso_payload(frame, vnet, meta, seg_payload)?;
     let seg_max = seg_payload.min(payload.len());
     let hdrs = meta.payload_off;
     // The inner IPv4 total length / IPv6 payload length and the outer IPv6 payload

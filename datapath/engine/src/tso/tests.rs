@@ -4,10 +4,13 @@
 
 use super::*;
 use crate::input::RxFrame;
+use crate::output::TunnelGso;
 use crate::port::{PortId, Vni};
 use proptest::prelude::*;
 use wire::meta::{parse_inner, parse_underlay};
-use wire::vnet::{F_DATA_VALID, F_NEEDS_CSUM, GSO_ECN, GSO_NONE, GSO_UDP};
+use wire::vnet::{
+    F_DATA_VALID, F_NEEDS_CSUM, F_UDP_TUNNEL_CSUM, GSO_ECN, GSO_NONE, GSO_UDP, GSO_UDP_TUNNEL_IPV6,
+};
 
 const GUEST_MAC: [u8; 6] = [0xa8, 0x40, 0x25, 0xff, 0, 1];
 const GW_MAC: [u8; 6] = [0xa8, 0x40, 0x25, 0, 0, 1];
@@ -150,6 +153,12 @@ fn pseudo_bytes(f: &[u8], l3: usize, l4: usize, end: usize) -> Vec<u8> {
 }
 
 fn template() -> OuterTemplate {
+    template_with(false, false)
+}
+
+/// The test flow's outer headers, with the External option and the outer UDP
+/// checksum as given.
+fn template_with(external: bool, udp_checksum: bool) -> OuterTemplate {
     OuterTemplate::new(
         "02:00:00:00:00:01".parse().unwrap(),
         "02:00:00:00:00:02".parse().unwrap(),
@@ -158,8 +167,8 @@ fn template() -> OuterTemplate {
         4242,
         77,
         Vni::new(1701).unwrap(),
-        false,
-        false,
+        external,
+        udp_checksum,
     )
 }
 
@@ -1148,4 +1157,374 @@ fn headers_across_pieces_pass_through_unclaimed() {
     assert_eq!(&out[0].1[12..], &f[12..]);
     assert_eq!(&out[0].1[6..12], &GW_MAC);
     assert!(matches!(out[0].0, TxDest::Port { vnet, .. } if vnet == VnetHdr::default()));
+}
+
+/// What the kernel's GSO makes of a UDP-tunnel super-frame (`__skb_udp_tunnel_segment`
+/// over `tcp_gso_segment`), written naively here from docs/tunnel-gso.md: every
+/// header up to `hdr_len` replicated; per segment the outer IPv6 payload and UDP
+/// lengths, the outer UDP checksum completed over the segment when
+/// `F_UDP_TUNNEL_CSUM` says so (else copied), the inner IPv4 total length, ID
+/// (+1 per segment) and header checksum or the IPv6 payload length, the TCP
+/// sequence number, CWR on the first segment only, FIN/PSH on the last only, and
+/// the TCP checksum computed over the segment.
+fn kernel_segments(sf: &[u8], gso: &TunnelGso) -> Vec<Vec<u8>> {
+    let hdr = usize::from(gso.hdr_len);
+    let mss = usize::from(gso.gso_size);
+    let l3 = usize::from(gso.inner_nh);
+    let l4 = usize::from(gso.csum_start);
+    let v4 = sf[l3] >> 4 == 4;
+    let payload = &sf[hdr..];
+    let n = payload.len().div_ceil(mss);
+    let mut segs = Vec::new();
+    for (k, chunk) in payload.chunks(mss).enumerate() {
+        let mut f = sf[..hdr].to_vec();
+        f.extend_from_slice(chunk);
+        let udp_len = (f.len() - 54) as u16;
+        f[18..20].copy_from_slice(&udp_len.to_be_bytes());
+        f[58..60].copy_from_slice(&udp_len.to_be_bytes());
+        if v4 {
+            let ip_len = (f.len() - l3) as u16;
+            f[l3 + 2..l3 + 4].copy_from_slice(&ip_len.to_be_bytes());
+            let id = be16(&f, l3 + 4).wrapping_add(k as u16);
+            f[l3 + 4..l3 + 6].copy_from_slice(&id.to_be_bytes());
+            f[l3 + 10..l3 + 12].fill(0);
+            let c = !naive_sum(&f[l3..l4]);
+            f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+        } else {
+            let plen = (f.len() - l3 - 40) as u16;
+            f[l3 + 4..l3 + 6].copy_from_slice(&plen.to_be_bytes());
+        }
+        let seq = be32(&f, l4 + 4).wrapping_add((k * mss) as u32);
+        f[l4 + 4..l4 + 8].copy_from_slice(&seq.to_be_bytes());
+        if k > 0 {
+            f[l4 + 13] &= !TCP_CWR;
+        }
+        if k + 1 < n {
+            f[l4 + 13] &= !(TCP_FIN | TCP_PSH);
+        }
+        f[l4 + 16..l4 + 18].fill(0);
+        let mut v = pseudo_bytes(&f, l3, l4, f.len());
+        v.extend_from_slice(&f[l4..]);
+        let c = !naive_sum(&v);
+        f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
+        if gso.flags & F_UDP_TUNNEL_CSUM != 0 {
+            f[60..62].fill(0);
+            let mut v = f[22..54].to_vec(); // outer source and destination
+            v.extend_from_slice(&u32::from(udp_len).to_be_bytes());
+            v.extend_from_slice(&[0, 0, 0, 17]);
+            v.extend_from_slice(&f[54..]);
+            let c = match !naive_sum(&v) {
+                0 => 0xffff,
+                c => c,
+            };
+            f[60..62].copy_from_slice(&c.to_be_bytes());
+        }
+        segs.push(f);
+    }
+    segs
+}
+
+/// Super-frames, each with its offload metadata.
+type Supers = Vec<(TunnelGso, Vec<u8>)>;
+
+/// The super-frames of `f` (with `edit`) and what `segment_with` sends for it today.
+fn super_and_today(
+    f: &[u8],
+    vnet: &VnetHdr,
+    seg: usize,
+    outer: &OuterTemplate,
+    edit: &InnerEdit,
+) -> (Supers, SuperFrames, Vec<Vec<u8>>) {
+    let meta = parse_inner(f).expect("test frame parses");
+    let mss = u32::from(vnet.gso_size);
+    let mut out = TxBatch::new();
+    let sent = super_frames(f, vnet, &meta, seg, mss, outer, edit, 7, &mut out)
+        .expect("accepted")
+        .expect("a super-frame");
+    let supers = own_frames(&out)
+        .into_iter()
+        .map(|(dest, b)| match dest {
+            TxDest::UnderlayGso { ifindex: 7, gso } => (gso, b),
+            d => panic!("super-frame to {d:?}"),
+        })
+        .collect();
+    let mut today = TxBatch::new();
+    segment_with(f, vnet, &meta, seg, mss, outer, *edit, UNDERLAY, &mut today).unwrap();
+    let today = own_frames(&today).into_iter().map(|(_, b)| b).collect();
+    (supers, sent, today)
+}
+
+/// Checks a super-frame's own headers independently (etherparse for the lengths,
+/// the naive sum for the seeds).
+fn check_super_frame(sf: &[u8], gso: &TunnelGso, udp_checksum: bool) {
+    use etherparse::{NetSlice, SlicedPacket, TransportSlice};
+    let outer = SlicedPacket::from_ethernet(sf).expect("outer parses");
+    let Some(NetSlice::Ipv6(ip6)) = &outer.net else {
+        panic!("outer IPv6")
+    };
+    assert_eq!(
+        usize::from(ip6.header().payload_length()) + 54,
+        sf.len(),
+        "outer payload length"
+    );
+    let Some(TransportSlice::Udp(udp)) = &outer.transport else {
+        panic!("outer UDP")
+    };
+    assert_eq!(usize::from(udp.length()), sf.len() - 54);
+    assert_eq!(udp.destination_port(), 6081);
+    let l3 = usize::from(gso.inner_nh);
+    let l4 = usize::from(gso.csum_start);
+    let inner = SlicedPacket::from_ethernet(&sf[l3 - 14..]).expect("inner parses");
+    match &inner.net {
+        Some(NetSlice::Ipv4(ip)) => {
+            assert_eq!(usize::from(ip.header().total_len()), sf.len() - l3);
+            assert_eq!(naive_sum(&sf[l3..l4]), 0xffff, "inner IPv4 header checksum");
+        }
+        Some(NetSlice::Ipv6(ip)) => {
+            assert_eq!(
+                usize::from(ip.header().payload_length()),
+                sf.len() - l3 - 40
+            );
+        }
+        n => panic!("inner {n:?}"),
+    }
+    let Some(TransportSlice::Tcp(tcp)) = &inner.transport else {
+        panic!("inner TCP")
+    };
+    // The seed: the pseudo-header sum with the full TCP length, not complemented.
+    let pseudo = pseudo_bytes(sf, l3, l4, sf.len());
+    assert_eq!(tcp.checksum(), naive_sum(&pseudo), "inner TCP seed");
+    let outer_seed = if udp_checksum {
+        let mut v = sf[22..54].to_vec();
+        v.extend_from_slice(&((sf.len() - 54) as u32).to_be_bytes());
+        v.extend_from_slice(&[0, 0, 0, 17]);
+        naive_sum(&v)
+    } else {
+        0
+    };
+    assert_eq!(udp.checksum(), outer_seed, "outer UDP seed");
+    assert_eq!(
+        usize::from(gso.hdr_len),
+        l4 + tcp.slice().len() - tcp.payload().len()
+    );
+    assert_eq!(gso.flags & F_NEEDS_CSUM, F_NEEDS_CSUM);
+    assert_eq!(gso.flags & F_UDP_TUNNEL_CSUM != 0, udp_checksum);
+    assert_eq!(gso.gso_type & GSO_UDP_TUNNEL_IPV6, GSO_UDP_TUNNEL_IPV6);
+}
+
+/// The kernel's segmentation of the super-frames equals today's segments, byte for
+/// byte, for both inner families, with and without the outer UDP checksum, and
+/// through NAT.
+#[test]
+fn kernel_segmentation_of_super_frames_equals_todays_segments() {
+    for v6 in [false, true] {
+        for (outer, udp_checksum) in [(template(), false), (template_with(true, true), true)] {
+            for nat in [false, true] {
+                let mut spec = Spec::new(v6, pattern(u64::from(v6) + 3, 40_001));
+                spec.flags = 0x10 | TCP_CWR | TCP_PSH;
+                let f = spec.build();
+                let seg = internal_segment_size(9000, &parse_inner(&f).unwrap());
+                let nat = nat.then(|| {
+                    let (old, new): (IpAddr, IpAddr) = if v6 {
+                        ("fd00::5".parse().unwrap(), "2001:db8::9".parse().unwrap())
+                    } else {
+                        (
+                            "172.30.0.5".parse().unwrap(),
+                            "198.51.100.9".parse().unwrap(),
+                        )
+                    };
+                    SrcNat {
+                        rewrite: crate::nat::Rewrite::new(old, 0x9c40, new, 40123),
+                        quote: None,
+                    }
+                });
+                let edit = InnerEdit {
+                    dst_mac: MacAddr(DST_GUEST_MAC),
+                    nat: nat.as_ref(),
+                };
+                let (supers, sent, today) =
+                    super_and_today(&f, &spec.vnet(1448), seg, &outer, &edit);
+                assert_eq!(supers.len(), 1);
+                assert_eq!(sent.frames, 1);
+                assert_eq!(sent.segments, today.len());
+                assert_eq!(today.len(), 40_001_usize.div_ceil(seg));
+                let (gso, sf) = &supers[0];
+                assert_eq!(usize::from(gso.gso_size), seg);
+                check_super_frame(sf, gso, udp_checksum);
+                let cut = kernel_segments(sf, gso);
+                assert_eq!(cut.len(), today.len());
+                for (i, (k, t)) in cut.iter().zip(&today).enumerate() {
+                    assert!(
+                        k == t,
+                        "segment {i} differs (v6 {v6}, csum {udp_checksum}, nat {})",
+                        edit.nat.is_some()
+                    );
+                }
+                if edit.nat.is_some() {
+                    // The NAT source is in the super-frame, not only in what the
+                    // kernel would make of it.
+                    let sport = be16(sf, usize::from(gso.csum_start));
+                    assert_eq!(sport, 40123);
+                }
+            }
+        }
+    }
+}
+
+/// A buffer whose outer IPv6 payload would pass 65535 bytes becomes two
+/// super-frames split at a segment boundary, which together cut into today's
+/// segments; the IP ID and sequence number continue across them, CWR is on the
+/// first only and PSH on the last only.
+#[test]
+fn a_buffer_past_the_outer_length_limit_is_split_at_a_segment_boundary() {
+    for v6 in [false, true] {
+        let hdrs = Spec::new(v6, Vec::new()).hdrs();
+        // The largest payload a guest sends: the inner IP length at 65535.
+        let len = 65535 - (hdrs - 14) + if v6 { 40 } else { 0 };
+        let mut spec = Spec::new(v6, pattern(9, len));
+        spec.flags = 0x10 | TCP_CWR | TCP_PSH | TCP_FIN;
+        let f = spec.build();
+        let seg = 1000;
+        let edit = InnerEdit {
+            dst_mac: MacAddr(DST_GUEST_MAC),
+            nat: None,
+        };
+        let outer = template();
+        let (supers, sent, today) = super_and_today(&f, &spec.vnet(1448), seg, &outer, &edit);
+        assert_eq!(supers.len(), 2, "v6 {v6}");
+        assert_eq!(sent.frames, 2);
+        assert_eq!(sent.segments, len.div_ceil(seg));
+        let mut cut = Vec::new();
+        for (gso, sf) in &supers {
+            assert!(sf.len() - 54 <= 65535, "outer payload {}", sf.len() - 54);
+            check_super_frame(sf, gso, false);
+            cut.extend(kernel_segments(sf, gso));
+        }
+        let (first, second) = (&supers[0].1, &supers[1].1);
+        let l4 = usize::from(supers[0].0.csum_start);
+        assert_eq!(
+            (first.len() - usize::from(supers[0].0.hdr_len)) % seg,
+            0,
+            "split at a boundary"
+        );
+        assert_eq!(first[l4 + 13] & (TCP_CWR | TCP_PSH | TCP_FIN), TCP_CWR);
+        assert_eq!(
+            second[l4 + 13] & (TCP_CWR | TCP_PSH | TCP_FIN),
+            TCP_PSH | TCP_FIN
+        );
+        assert_eq!(cut.len(), today.len());
+        assert!(
+            cut == today,
+            "v6 {v6}: the two super-frames cut into today's segments"
+        );
+    }
+}
+
+/// What is not a super-frame: a frame without GSO, a buffer of one segment (both
+/// sent as today), and a buffer with bad metadata (the same drop as today).
+#[test]
+fn what_does_not_become_a_super_frame() {
+    let spec = Spec::new(false, pattern(1, 3000));
+    let f = spec.build();
+    let meta = parse_inner(&f).unwrap();
+    let outer = template();
+    let edit = InnerEdit {
+        dst_mac: MacAddr(DST_GUEST_MAC),
+        nat: None,
+    };
+    let mut out = TxBatch::new();
+    let plain = VnetHdr::default();
+    assert_eq!(
+        super_frames(&f, &plain, &meta, 1000, 0, &outer, &edit, 7, &mut out),
+        Ok(None)
+    );
+    assert_eq!(
+        super_frames(
+            &f,
+            &spec.vnet(1448),
+            &meta,
+            3000,
+            1448,
+            &outer,
+            &edit,
+            7,
+            &mut out
+        ),
+        Ok(None)
+    );
+    let mut bad = spec.vnet(1448);
+    bad.gso_type = GSO_UDP;
+    assert_eq!(
+        super_frames(&f, &bad, &meta, 1000, 1448, &outer, &edit, 7, &mut out),
+        Err(TsoDrop::BadGsoType)
+    );
+    assert_eq!(
+        super_frames(
+            &f,
+            &spec.vnet(1448),
+            &meta,
+            0,
+            1448,
+            &outer,
+            &edit,
+            7,
+            &mut out
+        ),
+        Err(TsoDrop::SegmentSizeZero)
+    );
+    assert!(out.is_empty());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// For any buffer, segment size and header shape, the kernel's segmentation of
+    /// the super-frames equals today's segments byte for byte, and a buffer of one
+    /// segment is left to today's path.
+    #[test]
+    fn super_frames_always_cut_into_todays_segments(
+        v6 in any::<bool>(),
+        opts in opts_strategy(),
+        len_frac in 0.0f64..1.0,
+        seed in any::<u64>(),
+        mtu in prop_oneof![Just(9000u16), 1280u16..9001],
+        seq in any::<u32>(),
+        ip_id in any::<u16>(),
+        flags in any::<u8>(),
+        udp_checksum in any::<bool>(),
+    ) {
+        let ip_hdr = if v6 { 0 } else { 20 };
+        let max = 65535 - ip_hdr - 20 - opts.len();
+        let len = (1.0 + len_frac.powi(2) * (max - 1) as f64) as usize;
+        let mut spec = Spec::new(v6, pattern(seed, len));
+        spec.opts = opts;
+        spec.seq = seq;
+        spec.ip_id = ip_id;
+        spec.flags = flags;
+        let f = spec.build();
+        let meta = parse_inner(&f).unwrap();
+        let seg = internal_segment_size(mtu, &meta);
+        let outer = template_with(false, udp_checksum);
+        let edit = InnerEdit {
+            dst_mac: MacAddr(DST_GUEST_MAC),
+            nat: None,
+        };
+        if len <= seg {
+            let mut out = TxBatch::new();
+            let vnet = spec.vnet(1448);
+            let r = super_frames(&f, &vnet, &meta, seg, 1448, &outer, &edit, 7, &mut out);
+            prop_assert_eq!(r, Ok(None));
+            prop_assert!(out.is_empty());
+        } else {
+            let (supers, sent, today) = super_and_today(&f, &spec.vnet(1448), seg, &outer, &edit);
+            prop_assert_eq!(sent.frames, supers.len());
+            prop_assert_eq!(sent.segments, today.len());
+            let mut cut = Vec::new();
+            for (gso, sf) in &supers {
+                check_super_frame(sf, gso, udp_checksum);
+                cut.extend(kernel_segments(sf, gso));
+            }
+            prop_assert!(cut == today, "{} super-frames, {} segments", supers.len(), today.len());
+        }
+    }
 }
