@@ -1,8 +1,9 @@
 //! The daemon's underlay edge: for each underlay interface, the link facts, the
 //! attached XDP steering program and one AF_XDP socket per receive queue, all on one
 //! shared UMEM, and with `--underlay-gso` its tunnel tap (`dpio::tunnel_tx`), one
-//! queue per worker, for guest TSO buffers as UDP-tunnel GSO super-frames. The sockets are handed out to the workers ([`Underlay::take_queues`]:
-//! queue `i` to worker `i % workers`); each worker receives and transmits on its own
+//! queue per worker, for guest TSO buffers as UDP-tunnel GSO super-frames. The
+//! sockets are handed out to the workers ([`Underlay::take_queues`]: queue `i` to
+//! worker `i % workers`); each worker receives and transmits on its own
 //! sockets only ([`UnderlayQueues`]). The links and their programs stay with the
 //! daemon's main thread, which reads their counters for `stats`.
 //!
