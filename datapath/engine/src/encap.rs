@@ -168,7 +168,9 @@ impl OuterTemplate {
     }
 
     /// Copies the template into `h` (the whole outer header) and fills in the
-    /// option and length fields; returns the UDP length.
+    /// option and length fields; returns the UDP length. Inlined: as a call it cost
+    /// every encapsulated frame 16 instructions.
+    #[inline(always)]
     fn write_fields(&self, h: &mut [u8], inner_len: usize, mss_option: Option<u32>) -> u16 {
         let hlen = h.len();
         h[..self.base_len].copy_from_slice(&self.bytes[..self.base_len]);
