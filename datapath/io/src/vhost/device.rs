@@ -255,6 +255,36 @@ fn unsupported<T>(what: &'static str) -> Result<T> {
     Err(Error::InvalidOperation(what))
 }
 
+/// Refuses a guest memory region whose backing file is shorter than the part the
+/// front end asks us to map: the first touch of a missing page would kill the
+/// daemon, every port with it, with SIGBUS. A memfd the front end could still
+/// shrink (not sealed with `F_SEAL_SHRINK`) is mapped with a warning: truncating it
+/// later would do the same, and only the front end can rule that out (QEMU seals
+/// its memfd backends unless told `seal=off`).
+fn check_backing(file: &File, offset: u64, size: u64, port: &str) -> std::io::Result<()> {
+    let meta = file.metadata()?;
+    let end = offset.checked_add(size);
+    // Only a regular file (memfd, hugetlbfs, tmpfs) has a length to check.
+    if meta.is_file() && end.is_none_or(|end| meta.len() < end) {
+        return Err(std::io::Error::other(format!(
+            "guest memory region of {size} bytes at file offset {offset} is beyond its \
+             backing file's {} bytes",
+            meta.len()
+        )));
+    }
+    // SAFETY: F_GET_SEALS takes no argument and only reads the descriptor's seals;
+    // on a file that is not a memfd it fails with EINVAL.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals >= 0 && seals & libc::F_SEAL_SHRINK == 0 {
+        tracing::warn!(
+            port = %port,
+            "guest memory is a memfd the front end may still shrink (not sealed with \
+             F_SEAL_SHRINK): a truncation would kill overlayd with SIGBUS"
+        );
+    }
+    Ok(())
+}
+
 impl VhostUserBackendReqHandlerMut for Device {
     fn set_owner(&mut self) -> Result<()> {
         Ok(())
@@ -310,6 +340,8 @@ impl VhostUserBackendReqHandlerMut for Device {
         let mut maps = Vec::with_capacity(ctx.len());
         for (r, file) in ctx.iter().zip(files) {
             let size = usize::try_from(r.memory_size).map_err(|_| Error::InvalidParam)?;
+            check_backing(&file, r.mmap_offset, r.memory_size, &self.name)
+                .map_err(Error::ReqHandlerError)?;
             let mmap = MmapRegion::from_file(FileOffset::new(file, r.mmap_offset), size)
                 .map_err(|e| Error::ReqHandlerError(std::io::Error::other(e)))?;
             let region = GuestRegionMmap::new(mmap, GuestAddress(r.guest_phys_addr))
@@ -478,5 +510,48 @@ impl VhostUserBackendReqHandlerMut for Device {
 
     fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> Result<()> {
         unsupported("SET_LOG_BASE")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_backing;
+    use std::fs::File;
+    use std::io::Write as _;
+    use std::os::fd::FromRawFd as _;
+
+    /// A memfd of `len` bytes, sealed against shrinking or not.
+    fn memfd(len: usize, seal: bool) -> File {
+        // SAFETY: the name is a NUL-terminated literal; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"vhost-test".as_ptr(), libc::MFD_ALLOW_SEALING) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        let mut f = unsafe { File::from_raw_fd(fd) };
+        f.write_all(&vec![0; len]).unwrap();
+        if seal {
+            // SAFETY: F_ADD_SEALS takes the seal bits by value on our own memfd.
+            let r = unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
+            assert_eq!(r, 0, "F_ADD_SEALS: {}", std::io::Error::last_os_error());
+        }
+        f
+    }
+
+    #[test]
+    fn a_region_beyond_its_backing_file_is_refused_naming_the_sizes() {
+        let f = memfd(0x2000, true);
+        check_backing(&f, 0, 0x2000, "p").unwrap();
+        check_backing(&f, 0x1000, 0x1000, "p").unwrap();
+        let e = check_backing(&f, 0x1000, 0x2000, "p")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("8192 bytes at file offset 4096") && e.contains("file's 8192 bytes"),
+            "{e}"
+        );
+        assert!(check_backing(&f, u64::MAX, 2, "p").is_err());
+        // Unsealed: mapped (with a warning), the size still checked.
+        let f = memfd(0x1000, false);
+        check_backing(&f, 0, 0x1000, "p").unwrap();
+        assert!(check_backing(&f, 0, 0x1001, "p").is_err());
     }
 }
