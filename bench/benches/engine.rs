@@ -18,6 +18,7 @@
 use bench::alloc::{per_packets, CountingAlloc};
 use bench::frames::{data_frame, FlowSpec};
 use bench::nat::NatFastPath;
+use bench::tso::TsoOut;
 use bench::{Dir, FastPath, Scenario, SlowPath, TwoSleds};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use engine::TxBatch;
@@ -111,6 +112,25 @@ fn nat_fast_path(c: &mut Criterion) {
     g.finish();
 }
 
+/// A 64 KiB guest TSO buffer (`bench::tso`), cut into segments or sent as
+/// super-frames; throughput in bytes of TCP payload.
+fn tso_out(c: &mut Criterion) {
+    let mut g = c.benchmark_group("tso_out");
+    g.throughput(Throughput::Bytes(bench::tso::PAYLOAD as u64));
+    for (id, tunnel_gso) in bench::tso::WAYS {
+        let mut t = fixture(TsoOut::new(tunnel_gso));
+        let mut out = TxBatch::new();
+        g.bench_function(format!("ipv4/tcp/64k/{id}"), |b| {
+            b.iter(|| {
+                t.process(black_box(&mut out));
+                out.clear();
+            })
+        });
+        fixture(t.check());
+    }
+    g.finish();
+}
+
 fn slow_path(c: &mut Criterion) {
     let mut g = c.benchmark_group("slow_path");
     g.throughput(Throughput::Elements(1));
@@ -144,5 +164,5 @@ fn slow_path(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parse, fast_path, nat_fast_path, slow_path);
+criterion_group!(benches, parse, fast_path, nat_fast_path, tso_out, slow_path);
 criterion_main!(benches);

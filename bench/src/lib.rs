@@ -18,6 +18,7 @@ pub mod frames;
 pub mod nat;
 pub mod scenario;
 pub mod sleds;
+pub mod tso;
 
 pub use scenario::{Dir, FastPath, IpVersion, Scenario, SlowPath, Transport};
 pub use sleds::{PeerRoute, Sled, TwoSleds, NOW};

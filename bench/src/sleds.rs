@@ -77,10 +77,20 @@ pub(crate) fn guest_port(n: u8) -> Result<PortConfig, String> {
 impl TwoSleds {
     /// Builds both sleds; errors are the engine's (naming the refused value).
     pub fn new() -> Result<TwoSleds, String> {
+        TwoSleds::with_tunnel_gso(false)
+    }
+
+    /// [`TwoSleds::new`], with sled A sending guest TSO buffers as UDP-tunnel GSO
+    /// super-frames when `tunnel_gso` (`EngineConfig::underlay_tunnel_gso`).
+    pub fn with_tunnel_gso(tunnel_gso: bool) -> Result<TwoSleds, String> {
         let addr = |n: u16| Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, n);
         let (ua, ub) = (addr(1), addr(2));
         let (ma, mb) = (mac("02:00:00:00:99:01")?, mac("02:00:00:00:99:02")?);
-        let mut a = sled(EngineConfig::new(ua), ma, guest_port(1)?, ub, mb)?;
+        let ecfg_a = EngineConfig {
+            underlay_tunnel_gso: tunnel_gso,
+            ..EngineConfig::new(ua)
+        };
+        let mut a = sled(ecfg_a, ma, guest_port(1)?, ub, mb)?;
         let mut b = sled(EngineConfig::new(ub), mb, guest_port(2)?, ua, ma)?;
         map_peer_guest(&mut a, &b.cfg, ub)?;
         map_peer_guest(&mut b, &a.cfg, ua)?;
