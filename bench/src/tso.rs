@@ -53,8 +53,8 @@ impl TsoOut {
             csum_start: 34,
             csum_offset: 16,
         };
-        // Eight segments of the 9000-byte underlay; a super-frame holds whole
-        // segments within the outer IPv6 payload's 65535 bytes: seven, then one.
+        // Eight segments of the 9000-byte underlay; a super-frame holds at most
+        // seven within the outer IPv6 payload's 65535 bytes: spread as four and four.
         let want = if tunnel_gso { (2, true) } else { (8, false) };
         let mut t = TsoOut {
             sled: sleds.a,

@@ -1174,6 +1174,13 @@ fn kernel_segments(sf: &[u8], gso: &TunnelGso) -> Vec<Vec<u8>> {
     let l4 = usize::from(gso.csum_start);
     let v4 = sf[l3] >> 4 == 4;
     let payload = &sf[hdr..];
+    // `__virtio_net_hdr_to_skb` takes a frame of one segment as no GSO at all:
+    // nothing would cut it or complete its outer checksum.
+    assert!(
+        payload.len() > mss,
+        "a super-frame of one segment ({} bytes, gso_size {mss})",
+        payload.len()
+    );
     let n = payload.len().div_ceil(mss);
     let mut segs = Vec::new();
     for (k, chunk) in payload.chunks(mss).enumerate() {
@@ -1402,11 +1409,11 @@ fn a_buffer_past_the_outer_length_limit_is_split_at_a_segment_boundary() {
         }
         let (first, second) = (&supers[0].1, &supers[1].1);
         let l4 = usize::from(supers[0].0.csum_start);
-        assert_eq!(
-            (first.len() - usize::from(supers[0].0.hdr_len)) % seg,
-            0,
-            "split at a boundary"
-        );
+        let hdr_len = usize::from(supers[0].0.hdr_len);
+        assert_eq!((first.len() - hdr_len) % seg, 0, "split at a boundary");
+        // Spread evenly: 66 segments as 33 + 33, not 65 + 1 (a lone segment
+        // would not be GSO to the kernel).
+        assert_eq!((first.len() - hdr_len) / seg, len.div_ceil(seg) / 2);
         assert_eq!(first[l4 + 13] & (TCP_CWR | TCP_PSH | TCP_FIN), TCP_CWR);
         assert_eq!(
             second[l4 + 13] & (TCP_CWR | TCP_PSH | TCP_FIN),

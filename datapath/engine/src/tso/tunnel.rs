@@ -81,10 +81,24 @@ pub fn super_frames(
     let hdrs = meta.payload_off;
     let (l3, l4) = (meta.l3_off, meta.l4_off);
     let hlen = outer.header_len(true);
-    // Payload per super-frame: whole segments, as many as the outer IPv6 payload
-    // length allows (which also keeps the inner IP lengths within 16 bits).
+    // Whole segments per super-frame, at most as many as the outer IPv6 payload
+    // length allows (which also keeps the inner IP lengths within 16 bits), spread
+    // evenly over the super-frames needed: each must hold two segments or more,
+    // since the kernel does not take a frame of one segment as GSO (it would leave
+    // with a seed for its outer UDP checksum). Where no spread gives that (a
+    // segment over a third of 64 KiB), the buffer is segmented as without tunnel
+    // GSO.
     let room = outer.max_inner_len(true).saturating_sub(hdrs);
-    let per_frame = room / seg_payload * seg_payload;
+    let max_per = room / seg_payload;
+    if max_per == 0 {
+        return Err(TsoDrop::TooBig);
+    }
+    let nframes = nseg.div_ceil(max_per);
+    let per = nseg.div_ceil(nframes);
+    if nseg - (nframes - 1) * per < 2 {
+        return Ok(None);
+    }
+    let per_frame = per * seg_payload;
     let (Ok(gso_size), Ok(hdr_len), Ok(csum_start), Ok(inner_nh)) = (
         u16::try_from(seg_payload),
         u16::try_from(hlen + hdrs),
@@ -93,9 +107,6 @@ pub fn super_frames(
     ) else {
         return Err(TsoDrop::TooBig);
     };
-    if per_frame == 0 {
-        return Err(TsoDrop::TooBig);
-    }
     let inner_kind = if meta.l3 == L3::Ipv4 {
         GSO_TCPV4
     } else {
@@ -120,7 +131,6 @@ pub fn super_frames(
     let base_id = u16::from_be_bytes([frame[l3 + 4], frame[l3 + 5]]);
     let base_seq = u32::from_be_bytes([frame[l4 + 4], frame[l4 + 5], frame[l4 + 6], frame[l4 + 7]]);
     let base_flags = frame[l4 + 13];
-    let nframes = payload.len().div_ceil(per_frame);
     let mut start = 0;
     for i in 0..nframes {
         let end = (start + per_frame).min(payload.len());
