@@ -128,6 +128,29 @@ pub struct TunnelTap {
     queues: Vec<TunnelQueue>,
     /// Kept for its lifetime: the tcx link goes with it, and with the tap.
     ebpf: Ebpf,
+    /// The link is a veth whose transmit checksum offload this tap turned off:
+    /// turned on again when the tap goes.
+    restore_tx_csum: bool,
+}
+
+impl Drop for TunnelTap {
+    fn drop(&mut self) {
+        if !self.restore_tx_csum {
+            return;
+        }
+        match set_tx_csum(&self.link, true) {
+            Ok(()) => tracing::info!(
+                iface = %self.link,
+                "transmit checksum offload of the veth underlay turned on again"
+            ),
+            // The link may be gone (deleted, or re-created under its name).
+            Err(e) => tracing::warn!(
+                iface = %self.link,
+                error = %e,
+                "transmit checksum offload of the veth underlay not turned on again"
+            ),
+        }
+    }
 }
 
 impl std::fmt::Debug for TunnelTap {
@@ -166,7 +189,10 @@ impl TunnelTap {
             Err(e) => return Err(e),
         };
         probe(&first, &name)?;
-        complete_checksums_on_veth(link)?;
+        // A leftover persistent multi-queue tap was joined without complaint: it
+        // too must go with the daemon.
+        not_persistent(&first)
+            .map_err(|e| io::Error::new(e.kind(), format!("TUNSETPERSIST 0 on {name:?}: {e}")))?;
         let mut all = vec![first];
         for _ in 1..queues.max(1) {
             all.push(TunnelQueue::open(&name, link_ifindex)?);
@@ -177,12 +203,16 @@ impl TunnelTap {
         nl.set_up(tap.ifindex, true)
             .map_err(|e| io::Error::new(e.kind(), format!("bring tap {name:?} up: {e}")))?;
         let ebpf = attach_redirect(&name, link_ifindex)?;
+        // Last, so that a failure above (and the fallback it brings) leaves the
+        // link as it was.
+        let restore_tx_csum = complete_checksums_on_veth(link)?;
         tracing::info!(tap = %name, link, queues = all.len(), "underlay tunnel GSO tap ready");
         Ok(TunnelTap {
             name,
             link: link.to_string(),
             queues: all,
             ebpf,
+            restore_tx_csum,
         })
     }
 
@@ -263,12 +293,7 @@ fn release_leftover(name: &str) -> io::Result<()> {
     ] {
         match open_tun(name, flags) {
             Ok(file) => {
-                // SAFETY: TUNSETPERSIST takes its flag by value.
-                if unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETPERSIST, 0 as libc::c_ulong) }
-                    < 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
+                not_persistent(&file)?;
                 tracing::warn!(tap = name, "took over a leftover tunnel tap");
                 return Ok(());
             }
@@ -276,6 +301,16 @@ fn release_leftover(name: &str) -> io::Result<()> {
         }
     }
     Err(last)
+}
+
+/// Makes the tap `fd` is attached to non-persistent: it goes when its last queue
+/// is closed.
+fn not_persistent(fd: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: TUNSETPERSIST takes its flag by value.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETPERSIST, 0 as libc::c_ulong) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Turns IPv6 off on the tap before it comes up: no link-local address, no
@@ -383,25 +418,37 @@ pub fn complete_checksums_on_veth(ifname: &str) -> io::Result<bool> {
     if driver(ifname).map_err(|e| fail("ETHTOOL_GDRVINFO", e))? != "veth" {
         return Ok(false);
     }
+    if !tx_csum(ifname).map_err(|e| fail("ETHTOOL_GTXCSUM", e))? {
+        return Ok(false);
+    }
+    set_tx_csum(ifname, false)?;
+    tracing::info!(
+        iface = ifname,
+        "transmit checksum offload turned off on the veth underlay (and with it TSO of \
+         the host's own traffic on it): the kernel completes the checksums of \
+         segmented super-frames"
+    );
+    Ok(true)
+}
+
+/// Whether `ifname`'s transmit checksum offload is on (`ethtool -k IF`'s `tx`).
+fn tx_csum(ifname: &str) -> io::Result<bool> {
     let mut v = EthtoolValue {
         cmd: ETHTOOL_GTXCSUM,
         data: 0,
     };
-    ethtool(ifname, &mut v).map_err(|e| fail("ETHTOOL_GTXCSUM", e))?;
-    if v.data == 0 {
-        return Ok(false);
-    }
-    let mut off = EthtoolValue {
+    ethtool(ifname, &mut v)?;
+    Ok(v.data != 0)
+}
+
+/// `ethtool -K IF tx on|off`.
+fn set_tx_csum(ifname: &str, on: bool) -> io::Result<()> {
+    let mut v = EthtoolValue {
         cmd: ETHTOOL_STXCSUM,
-        data: 0,
+        data: u32::from(on),
     };
-    ethtool(ifname, &mut off).map_err(|e| fail("ETHTOOL_STXCSUM", e))?;
-    tracing::info!(
-        iface = ifname,
-        "transmit checksum offload turned off on the veth underlay: the kernel completes \
-         the checksums of segmented super-frames"
-    );
-    Ok(true)
+    ethtool(ifname, &mut v)
+        .map_err(|e| io::Error::new(e.kind(), format!("ETHTOOL_STXCSUM on {ifname:?}: {e}")))
 }
 
 #[cfg(test)]
@@ -529,6 +576,8 @@ mod tests {
     #[test]
     fn a_super_frame_leaves_the_link_segmented_and_checksummed() {
         let pair = VethPair::new(9000);
+        let tx_csum_va = || pair.a.run(|| tx_csum("va").unwrap());
+        assert!(tx_csum_va(), "a veth starts with checksum offload on");
         let mut tap = pair.a.run(|| {
             let va = Netlink::open().unwrap().link_by_name("va").unwrap();
             // A leftover persistent single-queue tap of that name is taken over.
@@ -546,6 +595,10 @@ mod tests {
             TunnelTap::open("va", va.ifindex, 2).expect("tunnel tap")
         });
         assert_eq!(tap.name(), "gso-va");
+        assert!(
+            !tx_csum_va(),
+            "the veth completes checksums while the tap is there"
+        );
         let queues = tap.take_queues();
         assert_eq!(queues.len(), 2);
         let up = pair
@@ -578,7 +631,37 @@ mod tests {
         }
         assert_eq!(tap.redirect_drops().unwrap(), 0);
         drop(queues);
-        drop(tap);
+        // In the namespace of the link, as the daemon runs.
+        pair.a.run(move || drop(tap));
+        assert!(tx_csum_va(), "the veth's checksum offload is back");
+        let gone = pair
+            .a
+            .run(|| Netlink::open().unwrap().link_by_name("gso-va").map(|_| ()));
+        assert_eq!(gone.unwrap_err().kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn a_leftover_persistent_multi_queue_tap_goes_with_the_daemon() {
+        let pair = VethPair::new(9000);
+        let tap = pair.a.run(|| {
+            let va = Netlink::open().unwrap().link_by_name("va").unwrap();
+            // Opens with the very flags of a tunnel queue: joined, not refused.
+            let flags =
+                libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR | libc::IFF_MULTI_QUEUE;
+            let leftover = open_tun("gso-va", flags).unwrap();
+            // SAFETY: TUNSETPERSIST takes its flag by value.
+            let persist = unsafe {
+                libc::ioctl(
+                    leftover.as_raw_fd(),
+                    libc::TUNSETPERSIST,
+                    1 as libc::c_ulong,
+                )
+            };
+            assert_eq!(persist, 0);
+            drop(leftover);
+            TunnelTap::open("va", va.ifindex, 1).expect("tunnel tap")
+        });
+        pair.a.run(move || drop(tap));
         let gone = pair
             .a
             .run(|| Netlink::open().unwrap().link_by_name("gso-va").map(|_| ()));
