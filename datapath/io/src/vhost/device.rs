@@ -257,10 +257,11 @@ fn unsupported<T>(what: &'static str) -> Result<T> {
 
 /// Refuses a guest memory region whose backing file is shorter than the part the
 /// front end asks us to map: the first touch of a missing page would kill the
-/// daemon, every port with it, with SIGBUS. A memfd the front end could still
-/// shrink (not sealed with `F_SEAL_SHRINK`) is mapped with a warning: truncating it
-/// later would do the same, and only the front end can rule that out (QEMU seals
-/// its memfd backends unless told `seal=off`).
+/// daemon, every port with it, with SIGBUS. A file the front end could still
+/// shrink (a memfd or shmem file not sealed with `F_SEAL_SHRINK`) is mapped with a
+/// warning: truncating it later would do the same, and only the front end can rule
+/// that out (QEMU seals its memfd backends unless told `seal=off`; a
+/// `memory-backend-file` cannot be sealed).
 fn check_backing(file: &File, offset: u64, size: u64, port: &str) -> std::io::Result<()> {
     let meta = file.metadata()?;
     let end = offset.checked_add(size);
@@ -273,13 +274,13 @@ fn check_backing(file: &File, offset: u64, size: u64, port: &str) -> std::io::Re
         )));
     }
     // SAFETY: F_GET_SEALS takes no argument and only reads the descriptor's seals;
-    // on a file that is not a memfd it fails with EINVAL.
+    // on a file that has none (not shmem or hugetlbfs) it fails with EINVAL.
     let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
     if seals >= 0 && seals & libc::F_SEAL_SHRINK == 0 {
         tracing::warn!(
             port = %port,
-            "guest memory is a memfd the front end may still shrink (not sealed with \
-             F_SEAL_SHRINK): a truncation would kill overlayd with SIGBUS"
+            "the file backing guest memory is not sealed against shrinking \
+             (F_SEAL_SHRINK): a truncation by the front end would kill overlayd with SIGBUS"
         );
     }
     Ok(())
