@@ -27,9 +27,10 @@
 //! - `gso_size` = the segment size [`super::segment_with`] would use.
 //!
 //! A buffer whose outer IPv6 payload would pass 65535 bytes (routers and
-//! br_netfilter drop those) becomes two or more super-frames, split at a segment
-//! boundary. A buffer of one segment is not a super-frame: the caller sends it as
-//! today (a GSO skb no longer than its `gso_size` is not segmented, and its
+//! br_netfilter drop those) becomes two or more super-frames, split at segment
+//! boundaries with the segments spread evenly. A super-frame always holds two
+//! segments or more: a buffer of one segment is not made one, the caller sends it
+//! as today (a GSO skb no longer than its `gso_size` is not segmented, and its
 //! checksums would stay partial).
 
 use super::{gso_payload, InnerEdit, TsoDrop, PROTO_TCP};
