@@ -633,7 +633,7 @@ impl UnderlayQueues {
         &mut self,
         ifindex: u32,
         hdr: &[u8; TUNNEL_VNET_HDR_LEN],
-        frame: &[&[u8]],
+        frame: &[u8],
     ) -> Result<(), SuperError> {
         if self.pending {
             self.kick();

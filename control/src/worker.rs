@@ -476,12 +476,7 @@ impl WorkerIo {
 
     /// Stops watching a tap (before it is closed).
     pub fn unwatch_tap(&self, tap: &GuestPort) {
-        let Some(fd) = tap.poll_fd() else {
-            return;
-        };
-        if let Err(e) = self.epoll.remove(fd) {
-            tracing::debug!(tap = tap.name(), error = %e, "tap not in the poll set");
-        }
+        unwatch(&self.epoll, tap);
     }
 
     /// Serves `queues` from now on; the current sockets are closed. Called between
@@ -684,11 +679,7 @@ impl Datapath {
                 // by every wait and keep the worker from sleeping); the guest's
                 // frames wait in its queues.
                 if let Some(ns) = engine.egress_wait(port, nanos) {
-                    if let Some(fd) = tap.poll_fd() {
-                        if let Err(e) = io.epoll.remove(fd) {
-                            tracing::debug!(tap = tap.name(), error = %e, "tap not in the poll set");
-                        }
-                    }
+                    unwatch(&io.epoll, tap);
                     io.paused.push((now + Duration::from_nanos(ns), token));
                     break;
                 }
@@ -929,6 +920,16 @@ impl Datapath {
     }
 }
 
+/// Takes `tap` out of `epoll` (a vhost-user port was never in it).
+fn unwatch(epoll: &Epoll, tap: &GuestPort) {
+    let Some(fd) = tap.poll_fd() else {
+        return;
+    };
+    if let Err(e) = epoll.remove(fd) {
+        tracing::debug!(tap = tap.name(), error = %e, "tap not in the poll set");
+    }
+}
+
 /// After a round: interrupts the VMs whose rings returned buffers.
 fn flush_guests(taps: &[Option<PortTap>]) {
     for p in taps.iter().flatten() {
@@ -1139,7 +1140,7 @@ fn to_tunnel(
     };
     match io
         .queues
-        .send_super(ifindex, &gso.header().to_bytes(), &[bytes])
+        .send_super(ifindex, &gso.header().to_bytes(), bytes)
     {
         Ok(()) => st.underlay_gso_tx_frames += 1,
         Err(SuperError::NoSuchLink) => st.underlay_tx_no_link += 1,

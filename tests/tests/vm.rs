@@ -64,6 +64,17 @@ fn a_qemu_vm_on_a_vhost_user_port_learns_the_mtu_and_carries_full_size_and_tso_t
     a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic("vv", Way::VhostUser)
 }
 
+/// The VM of the tests: the guest of `spec` with a jumbo virtio link.
+fn vm_spec(spec: &GuestSpec) -> VmSpec {
+    VmSpec {
+        name: VM.to_string(),
+        mac: spec.mac.clone(),
+        host_mtu: JUMBO_MTU,
+        ipv6: spec.ipv6,
+        memory_mib: 256,
+    }
+}
+
 /// A VM on a vhost-user port in client mode (QEMU the socket's server, as a
 /// hypervisor that outlives its back end runs it) keeps its TCP transfer through a
 /// SIGKILL of the daemon mid-transfer and its restart: the new daemon restores the
@@ -78,13 +89,7 @@ fn a_vm_on_a_client_mode_vhost_user_port_survives_sigkill_and_restart_of_overlay
     let attach = Attachment::vhost_user(rack.sled(0)?, &spec, true)?;
     rack.publish_v2p()?;
     rack.publish_v2p_of(&spec)?;
-    let vm_spec = VmSpec {
-        name: VM.to_string(),
-        mac: spec.mac.clone(),
-        host_mtu: JUMBO_MTU,
-        ipv6: spec.ipv6,
-        memory_mib: 256,
-    };
+    let vm_spec = vm_spec(&spec);
     let mut vm = Vm::boot(&rack.sled(0)?.ns, vm_spec, &attach, rack.dir())?;
     let hash = random_file(&mut vm, KILL_MIB)?;
     let b1 = rack.guest(B1)?;
@@ -142,13 +147,7 @@ fn a_vm_learns_the_mtu_and_carries_full_size_and_tso_traffic(prefix: &str, way: 
     let attach = way.port(sled, &spec)?;
     rack.publish_v2p()?;
     rack.publish_v2p_of(&spec)?;
-    let vm_spec = VmSpec {
-        name: VM.to_string(),
-        mac: spec.mac.clone(),
-        host_mtu: JUMBO_MTU,
-        ipv6: spec.ipv6,
-        memory_mib: 256,
-    };
+    let vm_spec = vm_spec(&spec);
     let mut vm = Vm::boot(&sled.ns, vm_spec, &attach, rack.dir())?;
     // What the operator reads to configure the VM's virtio device.
     assert_eq!(virtio_host_mtu(sled, VM)?, JUMBO_MTU, "xdeadm mtu {VM}");

@@ -90,27 +90,14 @@ impl TunnelQueue {
         self.link_ifindex
     }
 
-    /// Writes one super-frame: the tunnel vnet header followed by `parts`, in one
-    /// `writev`. EAGAIN and ENOBUFS come back as errors: the caller counts the frame
-    /// as dropped rather than block (TCP retransmits it).
-    pub fn write(&self, hdr: &[u8; TUNNEL_VNET_HDR_LEN], parts: &[&[u8]]) -> io::Result<()> {
-        const MAX_PARTS: usize = 8;
-        if parts.len() >= MAX_PARTS {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{} parts, at most {} per super-frame",
-                    parts.len(),
-                    MAX_PARTS - 1
-                ),
-            ));
-        }
-        let mut iov = [IoSlice::new(&[]); MAX_PARTS];
-        iov[0] = IoSlice::new(hdr);
-        for (slot, p) in iov[1..].iter_mut().zip(parts) {
-            *slot = IoSlice::new(p);
-        }
-        writev_all(self.file.as_raw_fd(), &iov[..=parts.len()])
+    /// Writes one super-frame: the tunnel vnet header followed by `frame`, in one
+    /// `writev`. A refusal comes back as an error: the caller counts the frame as
+    /// dropped rather than wait (TCP sends the data again).
+    pub fn write(&self, hdr: &[u8; TUNNEL_VNET_HDR_LEN], frame: &[u8]) -> io::Result<()> {
+        writev_all(
+            self.file.as_raw_fd(),
+            &[IoSlice::new(hdr), IoSlice::new(frame)],
+        )
     }
 }
 
@@ -611,9 +598,7 @@ mod tests {
             .unwrap();
         for outer_csum in [false, true] {
             let (hdr, frame) = super_frame(outer_csum);
-            queues[1]
-                .write(&hdr.to_bytes(), &[&frame[..HDRS], &frame[HDRS..]])
-                .expect("write");
+            queues[1].write(&hdr.to_bytes(), &frame).expect("write");
             let mut seqs = Vec::new();
             for _ in 0..SEGMENTS {
                 let seg = sock

@@ -450,13 +450,7 @@ pub fn segment_with(
         }
 
         let seq = base_seq.wrapping_add(start as u32);
-        let mut flags = base_flags;
-        if i > 0 {
-            flags &= !TCP_CWR;
-        }
-        if i + 1 < nseg {
-            flags &= !(TCP_FIN | TCP_PSH);
-        }
+        let flags = cut_flags(base_flags, i == 0, i + 1 == nseg);
         let th = &mut inner[l4..hdrs];
         th[4..8].copy_from_slice(&seq.to_be_bytes());
         th[13] = flags;
@@ -473,6 +467,20 @@ pub fn segment_with(
         start = end;
     }
     Ok(nseg)
+}
+
+/// The TCP flags of one piece cut from a buffer whose flags are `flags`: CWR only
+/// on the first piece, FIN and PSH only on the last (as Linux's GSO cuts them).
+#[inline]
+fn cut_flags(flags: u8, first: bool, last: bool) -> u8 {
+    let mut f = flags;
+    if !first {
+        f &= !TCP_CWR;
+    }
+    if !last {
+        f &= !(TCP_FIN | TCP_PSH);
+    }
+    f
 }
 
 /// A non-GSO guest frame: one encapsulated frame without the Mss option, with the

@@ -33,8 +33,7 @@
 //! as today (a GSO skb no longer than its `gso_size` is not segmented, and its
 //! checksums would stay partial).
 
-use super::{gso_payload, InnerEdit, TsoDrop, PROTO_TCP};
-use super::{TCP_CWR, TCP_FIN, TCP_PSH};
+use super::{cut_flags, gso_payload, InnerEdit, TsoDrop, PROTO_TCP};
 use crate::encap::OuterTemplate;
 use crate::output::{TunnelGso, TxBatch, TxDest};
 use wire::checksum;
@@ -143,14 +142,7 @@ pub fn super_frames(
         inner[0..6].copy_from_slice(edit.dst_mac.as_bytes());
         let th = &mut inner[l4..hdrs];
         th[4..8].copy_from_slice(&base_seq.wrapping_add(start as u32).to_be_bytes());
-        let mut flags = base_flags;
-        if i > 0 {
-            flags &= !TCP_CWR;
-        }
-        if i + 1 < nframes {
-            flags &= !(TCP_FIN | TCP_PSH);
-        }
-        th[13] = flags;
+        th[13] = cut_flags(base_flags, i == 0, i + 1 == nframes);
         // Lengths before NAT (which adjusts the checksums it touches), checksums
         // after it, from the rewritten headers.
         let ip_len = inner_len - l3;
