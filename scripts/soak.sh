@@ -41,7 +41,7 @@ cleanup() {
 trap cleanup EXIT
 
 command -v cargo >/dev/null || { echo "soak.sh needs a Rust toolchain (cargo) on PATH" >&2; exit 1; }
-cargo build --release --quiet -p control -p e2e --bins
+cargo build --release --quiet -p overlayd -p xdeadm -p e2e --bins
 
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 mkdir -p "$target_dir/soak"

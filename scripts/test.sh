@@ -21,10 +21,10 @@ run_tests --workspace --exclude e2e
 # the scapy vectors); see docs/testing.md for longer campaigns.
 bash scripts/fuzz-smoke.sh
 # The end-to-end tests run in release mode: the harness then drives the release
-# overlayd/xdeadm (it builds `-p control` in the test's own profile, see
+# overlayd/xdeadm (it builds `-p overlayd -p xdeadm` in the test's own profile, see
 # tests/src/bins.rs); a debug datapath is too slow for the 200 MB transfer on a
 # 2-core machine. Built first so the first test's time is not the build's.
-cargo build --release -p control --bins
+cargo build --release -p overlayd -p xdeadm --bins
 run_tests --release -p e2e
 # A minute of the soak (docs/reliability.md); churn reset by RST so the tables reach
 # their steady size within its warm-up (the 600 s default uses FIN and TIME_WAIT).

@@ -1,5 +1,5 @@
 //! The checks behind the `api` fuzz target, shared with the replay of its corpus in
-//! `control/tests/api_corpus.rs`.
+//! `control/overlayd/tests/api_corpus.rs`.
 //!
 //! A fresh controller over an engine without I/O (the daemon's own pieces, as the
 //! headless daemon runs them) is fed the input as request lines. Whatever arrives,
@@ -7,11 +7,13 @@
 //! nothing the daemon keeps (the state, the engine's ports, routes, firewall rules
 //! and V2P and V2B mappings); and after an accepted change the state and the engine agree.
 
-use control::api::{self, Outcome, Request};
-use control::controller::{Controller, Dataplane};
-use control::datapath::Datapath;
+use api::protocol;
+use api::{Outcome, Request};
 use engine::v2b::V2b;
 use engine::{Engine, EngineConfig};
+use overlayd::controller::{Controller, Dataplane};
+use overlayd::convert::ToEngine;
+use overlayd::worker::Datapath;
 use serde_json::Value;
 
 /// The engine's `--boundary-services` shorthand.
@@ -28,14 +30,14 @@ pub fn run(data: &[u8]) -> usize {
     let mut ctl = Controller::new(Datapath::without_io(engine), None);
     let mut accepted = 0;
     for line in data.split(|&b| b == b'\n').take(MAX_REQUESTS) {
-        let Ok(request) = api::decode_request(line) else {
+        let Ok(request) = protocol::decode_request(line) else {
             continue;
         };
         let before = snapshot(&ctl);
         let outcome = ctl.handle(request.clone());
-        let wire = api::encode_response(outcome.clone());
+        let wire = protocol::encode_response(outcome.clone());
         assert_eq!(
-            api::decode_response(&wire).as_ref(),
+            protocol::decode_response(&wire).as_ref(),
             Ok(&outcome),
             "answer does not survive the wire"
         );
@@ -136,13 +138,13 @@ fn check_agreement(ctl: &Controller<Datapath>, request: &Request) {
         let external = &held.external;
         let saved = state.ports.iter().find(|p| &p.config.name == name);
         assert_eq!(
-            saved.map(|p| &p.config.cidrs),
-            Some(&held.cidrs),
+            saved.map(|p| p.config.cidrs.to_engine()),
+            Some(held.cidrs.clone()),
             "allowed prefixes of {name} after {request:?}"
         );
         assert_eq!(
-            saved.map(|p| &p.config.external),
-            Some(external),
+            saved.map(|p| p.config.external.to_engine()),
+            Some(external.clone()),
             "external IPs of {name} after {request:?}"
         );
     }
@@ -157,6 +159,6 @@ fn check_agreement(ctl: &Controller<Datapath>, request: &Request) {
         v2b.set(net.parse().expect("a prefix"), &boundary)
             .expect("a valid endpoint");
     }
-    v2b.merge(&V2b::from_entries(&state.v2b).expect("the saved table is valid"));
+    v2b.merge(&V2b::from_entries(&state.v2b.to_engine()).expect("the saved table is valid"));
     assert_eq!(engine.dump_v2b(), v2b.dump(), "after {request:?}");
 }

@@ -1,10 +1,10 @@
 //! Finding the binaries under test.
 //!
 //! Cargo exposes `CARGO_BIN_EXE_*` only to the package that owns the binary, and the
-//! daemon lives in crate `control`. So, in order:
+//! daemon and the admin tool live in crates `overlayd` and `xdeadm`. So, in order:
 //! 1. `OVERLAYD_BIN` / `XDEADM_BIN` name the binaries explicitly (used by the demo,
 //!    which builds in release mode, and by anyone testing an installed build);
-//! 2. otherwise the first call in a test process runs `cargo build -p control --bins`
+//! 2. otherwise the first call in a test process runs `cargo build -p overlayd -p xdeadm --bins`
 //!    into the target directory and profile of the running test executable
 //!    (`.../target/<profile>/deps/<test>`), so the tests never run a stale daemon.
 
@@ -48,7 +48,9 @@ fn locate() -> Result<Bins> {
             "build",
             "--quiet",
             "-p",
-            "control",
+            "overlayd",
+            "-p",
+            "xdeadm",
             "--bins",
             "--manifest-path",
         ])

@@ -29,7 +29,7 @@
 //! under mixed traffic, `soak`).
 //!
 //! Binaries: `overlayd` and `xdeadm` are found through `OVERLAYD_BIN`/`XDEADM_BIN`,
-//! or else built once per test process with `cargo build -p control` into the same
+//! or else built once per test process with `cargo build -p overlayd -p xdeadm` into the same
 //! target directory and profile as the running test (see [`bins`]).
 
 pub mod bench;

@@ -1,0 +1,705 @@
+//! `overlayd`'s configuration: a TOML or JSON file, command-line flags that override
+//! it, and the resolved [`DaemonConfig`] the daemon runs with.
+
+use api::protocol::DEFAULT_API_SOCKET;
+use clap::Parser;
+use core::fmt;
+use core::str::FromStr;
+use engine::{TableBudget, Vni};
+use serde::{Deserialize, Serialize};
+use std::net::{Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+/// Where ports, V2P, routes and firewall rules are kept across restarts by default.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/overlayd";
+
+/// The VNI boundary services use for traffic leaving the rack unless configured.
+pub const DEFAULT_BOUNDARY_VNI: u32 = 99;
+
+/// How the XDP steering program is attached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpMode {
+    /// In the driver: the fast path, and what multi-buffer (jumbo) frames need.
+    #[default]
+    Native,
+    /// Generic, after the kernel built an skb: works on any driver, slower, and may
+    /// hand AF_XDP unsegmented GSO packets.
+    Skb,
+}
+
+impl FromStr for XdpMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "native" => Ok(XdpMode::Native),
+            "skb" => Ok(XdpMode::Skb),
+            _ => Err(format!("invalid XDP mode {s:?}: expected native or skb")),
+        }
+    }
+}
+
+impl fmt::Display for XdpMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            XdpMode::Native => "native",
+            XdpMode::Skb => "skb",
+        })
+    }
+}
+
+/// Whether guest TSO buffers leave as UDP-tunnel GSO super-frames through the
+/// underlay's tunnel tap (`dpio::tunnel_tx`, Linux 6.17+) for the kernel to
+/// segment, or are cut into frames by the datapath and sent by AF_XDP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnderlayGso {
+    /// Use it when the kernel supports it; otherwise today's path, with one
+    /// warning saying why.
+    #[default]
+    Auto,
+    /// Use it; the daemon does not start when the kernel cannot.
+    On,
+    /// Never: the datapath segments and AF_XDP sends every frame.
+    Off,
+}
+
+impl FromStr for UnderlayGso {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(UnderlayGso::Auto),
+            "on" => Ok(UnderlayGso::On),
+            "off" => Ok(UnderlayGso::Off),
+            _ => Err(format!(
+                "invalid underlay GSO mode {s:?}: expected auto, on or off"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for UnderlayGso {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            UnderlayGso::Auto => "auto",
+            UnderlayGso::On => "on",
+            UnderlayGso::Off => "off",
+        })
+    }
+}
+
+/// How a worker waits for work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PollMode {
+    /// Spin while there is work, and sleep in epoll within microseconds of running
+    /// out of it: a worker gives its core back to the guests it shares it with.
+    #[default]
+    Adaptive,
+    /// Never sleep: the lowest latency, at the price of a whole core per worker even
+    /// when idle (the OVS-DPDK PMD model, for cores dedicated to the datapath).
+    Busy,
+}
+
+impl FromStr for PollMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "adaptive" => Ok(PollMode::Adaptive),
+            "busy" => Ok(PollMode::Busy),
+            _ => Err(format!(
+                "invalid poll mode {s:?}: expected adaptive or busy"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for PollMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PollMode::Adaptive => "adaptive",
+            PollMode::Busy => "busy",
+        })
+    }
+}
+
+/// How `overlayd` writes its log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per event (tracing-subscriber's format), for journald or a
+    /// log shipper that indexes fields.
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("invalid log format {s:?}: expected text or json")),
+        }
+    }
+}
+
+/// A set of CPU cores, written like `0,1`, `0-3` or `0-1,6`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CoreList(Vec<usize>);
+
+/// Core numbers above this are refused: `sched_setaffinity`'s `cpu_set_t` holds 1024.
+pub const MAX_CORE: usize = 1023;
+
+impl CoreList {
+    pub fn cores(&self) -> &[usize] {
+        &self.0
+    }
+}
+
+impl FromStr for CoreList {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("invalid core list {s:?}: {why}");
+        let num = |t: &str| -> Result<usize, String> {
+            let n: usize = t
+                .trim()
+                .parse()
+                .map_err(|_| bad(&format!("{t:?} is not a core number")))?;
+            if n > MAX_CORE {
+                return Err(bad(&format!("core {n} is above {MAX_CORE}")));
+            }
+            Ok(n)
+        };
+        let mut cores = Vec::new();
+        for part in s.split(',') {
+            match part.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b) = (num(a)?, num(b)?);
+                    if a > b {
+                        return Err(bad(&format!("range {a}-{b} is backwards")));
+                    }
+                    cores.extend(a..=b);
+                }
+                None => cores.push(num(part)?),
+            }
+        }
+        cores.sort_unstable();
+        cores.dedup();
+        Ok(CoreList(cores))
+    }
+}
+
+impl TryFrom<String> for CoreList {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<CoreList> for String {
+    fn from(c: CoreList) -> String {
+        c.to_string()
+    }
+}
+
+impl fmt::Display for CoreList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|c| c.to_string()).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+/// The config file's shape: every field optional, so a file can set a few and flags
+/// the rest. Unknown keys are refused so a typo does not silently fall back to a
+/// default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    #[serde(default)]
+    pub underlay: Vec<String>,
+    pub underlay_addr: Option<Ipv6Addr>,
+    pub api_socket: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub cores: Option<CoreList>,
+    #[serde(default)]
+    pub external_jumbo: bool,
+    pub boundary_services: Option<Ipv6Addr>,
+    pub boundary_vni: Option<Vni>,
+    pub xdp_mode: Option<XdpMode>,
+    pub underlay_gso: Option<UnderlayGso>,
+    pub poll: Option<PollMode>,
+    pub log_level: Option<String>,
+    pub table_budget_mib: Option<usize>,
+    pub max_ports: Option<usize>,
+    pub log_format: Option<LogFormat>,
+    pub path_check_interval: Option<u64>,
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl FileConfig {
+    /// Reads a TOML file, or JSON when the name ends in `.json`.
+    pub fn load(path: &Path) -> Result<FileConfig, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        if path.extension().is_some_and(|e| e == "json") {
+            serde_json::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+        } else {
+            toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+        }
+    }
+}
+
+/// `overlayd`'s command line. Flags override the config file.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "overlayd",
+    version,
+    about = "Geneve/IPv6 overlay datapath daemon"
+)]
+pub struct DaemonArgs {
+    /// Config file (TOML, or JSON if the name ends in .json).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Underlay interface (repeatable).
+    #[arg(long, value_name = "IFACE")]
+    pub underlay: Vec<String>,
+    /// This sled's underlay IPv6 address (outer source, and what the XDP program steers).
+    #[arg(long, value_name = "IPV6")]
+    pub underlay_addr: Option<Ipv6Addr>,
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Cores to run workers on, e.g. 0,1 or 0-1: one pinned worker per core,
+    /// each serving its own ports and underlay queues. Every underlay interface
+    /// is given at least one rx queue per worker (like `ethtool -L`).
+    #[arg(long, value_name = "LIST")]
+    pub cores: Option<CoreList>,
+    /// Sled-wide: external traffic may use the port MTU (needs the port flag too).
+    #[arg(long)]
+    pub external_jumbo: bool,
+    /// Underlay address of boundary services (where traffic leaving the rack goes).
+    #[arg(long, value_name = "UNDERLAY_ADDR")]
+    pub boundary_services: Option<Ipv6Addr>,
+    #[arg(long, value_name = "N", value_parser = parse_vni)]
+    pub boundary_vni: Option<Vni>,
+    #[arg(long, value_name = "native|skb")]
+    pub xdp_mode: Option<XdpMode>,
+    /// How guest TSO buffers reach the underlay: `auto` (the default) hands each
+    /// to the kernel as one UDP-tunnel GSO super-frame through a tunnel tap when
+    /// the kernel can (Linux 6.17+); `on` requires that; `off` cuts them into
+    /// frames here and sends those by AF_XDP.
+    #[arg(long, value_name = "auto|on|off")]
+    pub underlay_gso: Option<UnderlayGso>,
+    /// How workers wait for work: `adaptive` (the default) sleeps in epoll as soon
+    /// as there is none, so a worker shares its core with guests; `busy` never
+    /// sleeps (a core dedicated to each worker).
+    #[arg(long, value_name = "adaptive|busy")]
+    pub poll: Option<PollMode>,
+    /// tracing filter, e.g. info or overlayd=debug.
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// Memory for every port's flow and connection tables together, in MiB
+    /// (default 16384); each of `--max-ports` ports gets an equal share.
+    #[arg(long, value_name = "MIB")]
+    pub table_budget_mib: Option<usize>,
+    /// Ports the table budget is shared by, and the most this sled accepts
+    /// (default 256).
+    #[arg(long, value_name = "N")]
+    pub max_ports: Option<usize>,
+    /// Log lines as plain text (the default) or one JSON object each.
+    #[arg(long, value_name = "text|json")]
+    pub log_format: Option<LogFormat>,
+    /// Probe every underlay peer named in V2P with full-size packets this often
+    /// (`xdeadm path-check`), counting and logging paths that do not carry the
+    /// underlay MTU. Off unless given.
+    #[arg(long, value_name = "SECS")]
+    pub path_check_interval: Option<u64>,
+    /// Serve the counters in the OpenMetrics text format over HTTP at
+    /// http://ADDR:PORT/metrics, for Prometheus (off unless given).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// Refuses a relative path: the daemon would resolve it against wherever it was
+/// started (a service manager's `/`, an operator's shell) and work on files there.
+fn absolute(option: &str, path: &Path) -> Result<(), String> {
+    if path.is_absolute() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{option} {} is not an absolute path",
+            path.display()
+        ))
+    }
+}
+
+/// Parses a VNI argument, naming the value when it is not a 24-bit number.
+pub fn parse_vni(s: &str) -> Result<Vni, String> {
+    let n: u32 = s
+        .parse()
+        .map_err(|_| format!("invalid VNI {s:?}: expected a number below 2^24"))?;
+    Vni::new(n)
+}
+
+/// What the daemon runs with, file and flags merged and defaults filled in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DaemonConfig {
+    pub underlay: Vec<String>,
+    pub underlay_addr: Ipv6Addr,
+    pub api_socket: PathBuf,
+    pub state_dir: PathBuf,
+    /// Cores for the workers, one worker each; empty means "do not pin" (one
+    /// worker, anywhere).
+    pub cores: Vec<usize>,
+    pub external_jumbo: bool,
+    pub boundary_services: Option<Ipv6Addr>,
+    pub boundary_vni: Vni,
+    pub xdp_mode: XdpMode,
+    pub underlay_gso: UnderlayGso,
+    pub poll: PollMode,
+    pub log_level: String,
+    /// The sled's flow and connection table budget (docs/engine.md, "Table budget").
+    pub tables: TableBudget,
+    pub log_format: LogFormat,
+    /// How often the underlay paths to the V2P peers are probed; `None`: never.
+    pub path_check_interval: Option<std::time::Duration>,
+    /// Where the OpenMetrics endpoint listens, if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl DaemonConfig {
+    /// Merges the config file (if any) and the flags; flags win. Repeated
+    /// `--underlay` flags replace the file's list rather than adding to it, so the
+    /// command line alone says what is used when it says anything.
+    pub fn resolve(args: &DaemonArgs) -> Result<DaemonConfig, String> {
+        let file = match &args.config {
+            Some(p) => FileConfig::load(p)?,
+            None => FileConfig::default(),
+        };
+        Self::merge(file, args)
+    }
+
+    fn merge(file: FileConfig, args: &DaemonArgs) -> Result<DaemonConfig, String> {
+        let underlay = if args.underlay.is_empty() {
+            file.underlay
+        } else {
+            args.underlay.clone()
+        };
+        if underlay.is_empty() {
+            return Err(
+                "no underlay interface: give --underlay IFACE or `underlay` in the config file"
+                    .into(),
+            );
+        }
+        for name in &underlay {
+            if name.is_empty() || name.len() > 15 || name.contains('/') {
+                return Err(format!("invalid underlay interface name {name:?}"));
+            }
+        }
+        let underlay_addr = args.underlay_addr.or(file.underlay_addr).ok_or(
+            "no underlay address: give --underlay-addr IPV6 or `underlay-addr` in the config file",
+        )?;
+        if underlay_addr.is_unspecified() || underlay_addr.is_multicast() {
+            return Err(format!(
+                "underlay address {underlay_addr} is not a unicast address"
+            ));
+        }
+        let boundary_vni = match args.boundary_vni.or(file.boundary_vni) {
+            Some(v) => v,
+            None => Vni::new(DEFAULT_BOUNDARY_VNI)?,
+        };
+        let api_socket = args
+            .api_socket
+            .clone()
+            .or(file.api_socket)
+            .unwrap_or_else(|| DEFAULT_API_SOCKET.into());
+        let state_dir = args
+            .state_dir
+            .clone()
+            .or(file.state_dir)
+            .unwrap_or_else(|| DEFAULT_STATE_DIR.into());
+        absolute("api-socket", &api_socket)?;
+        absolute("state-dir", &state_dir)?;
+        let default = TableBudget::default();
+        let tables = TableBudget {
+            bytes: match args.table_budget_mib.or(file.table_budget_mib) {
+                Some(mib) => mib
+                    .checked_mul(1 << 20)
+                    .ok_or_else(|| format!("table budget of {mib} MiB is too large"))?,
+                None => default.bytes,
+            },
+            ports: args.max_ports.or(file.max_ports).unwrap_or(default.ports),
+        };
+        tables.validate()?;
+        let path_check_interval = match args.path_check_interval.or(file.path_check_interval) {
+            Some(0) => return Err("path-check interval 0: give at least 1 second".into()),
+            s => s.map(std::time::Duration::from_secs),
+        };
+        Ok(DaemonConfig {
+            underlay,
+            underlay_addr,
+            api_socket,
+            state_dir,
+            cores: args
+                .cores
+                .clone()
+                .or(file.cores)
+                .map(|c| c.0)
+                .unwrap_or_default(),
+            external_jumbo: args.external_jumbo || file.external_jumbo,
+            boundary_services: args.boundary_services.or(file.boundary_services),
+            boundary_vni,
+            xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
+            underlay_gso: args.underlay_gso.or(file.underlay_gso).unwrap_or_default(),
+            poll: args.poll.or(file.poll).unwrap_or_default(),
+            log_level: args
+                .log_level
+                .clone()
+                .or(file.log_level)
+                .unwrap_or_else(|| "info".into()),
+            tables,
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
+            path_check_interval,
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Result<DaemonArgs, clap::Error> {
+        DaemonArgs::try_parse_from(std::iter::once("overlayd").chain(v.iter().copied()))
+    }
+
+    #[test]
+    fn core_lists() {
+        let c: CoreList = "0-2,5,1".parse().unwrap();
+        assert_eq!(c.cores(), &[0, 1, 2, 5]);
+        assert_eq!(c.to_string(), "0,1,2,5");
+        assert!("3-1".parse::<CoreList>().unwrap_err().contains("3-1"));
+        assert!("a".parse::<CoreList>().unwrap_err().contains("\"a\""));
+        assert!("4096".parse::<CoreList>().unwrap_err().contains("4096"));
+        assert!("".parse::<CoreList>().is_err());
+    }
+
+    #[test]
+    fn flags_alone() {
+        let a = args(&[
+            "--underlay",
+            "eth0",
+            "--underlay",
+            "eth1",
+            "--underlay-addr",
+            "fd00:99::1",
+            "--cores",
+            "0-1",
+            "--xdp-mode",
+            "skb",
+            "--poll",
+            "busy",
+            "--boundary-vni",
+            "1234",
+            "--underlay-gso",
+            "off",
+        ])
+        .unwrap();
+        let c = DaemonConfig::resolve(&a).unwrap();
+        assert_eq!(c.underlay_gso, UnderlayGso::Off);
+        assert_eq!(c.underlay, ["eth0", "eth1"]);
+        assert_eq!(c.underlay_addr, "fd00:99::1".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(c.cores, [0, 1]);
+        assert_eq!(c.xdp_mode, XdpMode::Skb);
+        assert_eq!(c.poll, PollMode::Busy);
+        assert_eq!(c.boundary_vni.get(), 1234);
+        assert_eq!(c.api_socket, PathBuf::from(DEFAULT_API_SOCKET));
+        assert_eq!(c.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
+        assert!(!c.external_jumbo);
+    }
+
+    #[test]
+    fn defaults_and_refusals() {
+        let c = DaemonConfig::resolve(
+            &args(&["--underlay", "eth0", "--underlay-addr", "fd00::1"]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(c.boundary_vni.get(), DEFAULT_BOUNDARY_VNI);
+        assert_eq!(c.xdp_mode, XdpMode::Native);
+        assert_eq!(c.underlay_gso, UnderlayGso::Auto);
+        assert!(args(&["--underlay", "eth0", "--underlay-gso", "yes"]).is_err());
+        assert_eq!(c.poll, PollMode::Adaptive);
+        assert_eq!(c.log_level, "info");
+        let e = DaemonConfig::resolve(&args(&["--underlay-addr", "fd00::1"]).unwrap()).unwrap_err();
+        assert!(e.contains("--underlay"), "{e}");
+        let e = DaemonConfig::resolve(&args(&["--underlay", "eth0"]).unwrap()).unwrap_err();
+        assert!(e.contains("--underlay-addr"), "{e}");
+        let e = args(&["--boundary-vni", "16777216"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("16777216"), "{e}");
+        let e = args(&["--xdp-mode", "turbo"]).unwrap_err().to_string();
+        assert!(e.contains("turbo"), "{e}");
+        let e = args(&["--poll", "lazy"]).unwrap_err().to_string();
+        assert!(e.contains("lazy"), "{e}");
+        let e = DaemonConfig::resolve(
+            &args(&["--underlay", "eth0", "--underlay-addr", "ff02::1"]).unwrap(),
+        )
+        .unwrap_err();
+        assert!(e.contains("ff02::1"), "{e}");
+    }
+
+    #[test]
+    fn table_budget_from_flags() {
+        let base = ["--underlay", "eth0", "--underlay-addr", "fd00::1"];
+        let c = DaemonConfig::resolve(&args(&base).unwrap()).unwrap();
+        assert_eq!(c.tables, TableBudget::default());
+        let with = |extra: &[&str]| {
+            let v: Vec<&str> = base.iter().chain(extra).copied().collect();
+            DaemonConfig::resolve(&args(&v).unwrap())
+        };
+        let c = with(&["--table-budget-mib", "512", "--max-ports", "8"]).unwrap();
+        assert_eq!(
+            c.tables,
+            TableBudget {
+                bytes: 512 << 20,
+                ports: 8
+            }
+        );
+        let e = with(&["--max-ports", "0"]).unwrap_err();
+        assert!(e.contains("ports"), "{e}");
+        let e = with(&["--table-budget-mib", "0"]).unwrap_err();
+        assert!(e.contains("0 bytes"), "{e}");
+    }
+
+    #[test]
+    fn log_format_and_path_check_interval() {
+        let base = ["--underlay", "eth0", "--underlay-addr", "fd00::1"];
+        let with = |extra: &[&str]| {
+            let v: Vec<&str> = base.iter().chain(extra).copied().collect();
+            DaemonConfig::resolve(&args(&v).unwrap())
+        };
+        let c = with(&[]).unwrap();
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.path_check_interval, None);
+        let c = with(&["--log-format", "json", "--path-check-interval", "30"]).unwrap();
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(
+            c.path_check_interval,
+            Some(std::time::Duration::from_secs(30))
+        );
+        let e = with(&["--path-check-interval", "0"]).unwrap_err();
+        assert!(e.contains("interval 0"), "{e}");
+        let e = args(&["--log-format", "xml"]).unwrap_err().to_string();
+        assert!(e.contains("xml"), "{e}");
+    }
+
+    /// The metrics endpoint: off by default, from the file, the flag winning; a
+    /// value that is no ADDR:PORT is refused naming it.
+    #[test]
+    fn metrics_listen_from_file_and_flag() {
+        let base = ["--underlay", "eth0", "--underlay-addr", "fd00::1"];
+        let c = DaemonConfig::resolve(&args(&base).unwrap()).unwrap();
+        assert_eq!(c.metrics_listen, None);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "metrics-listen = \"127.0.0.1:9464\"\n").unwrap();
+        let file = ["--config", path.to_str().unwrap()];
+        let c = DaemonConfig::resolve(&args(&[&base[..], &file].concat()).unwrap()).unwrap();
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+        let flag = ["--metrics-listen", "[::1]:9100"];
+        let a = args(&[&base[..], &file, &flag].concat()).unwrap();
+        let c = DaemonConfig::resolve(&a).unwrap();
+        assert_eq!(c.metrics_listen, Some("[::1]:9100".parse().unwrap()));
+        let e = args(&[&base[..], &["--metrics-listen", "9464"]].concat()).unwrap_err();
+        assert!(e.to_string().contains("9464"), "{e}");
+    }
+
+    /// `--api-socket api.sock` used to make the daemon take over (and chmod) the
+    /// directory it was started in; relative paths are refused by name.
+    #[test]
+    fn relative_paths_are_refused() {
+        let base = ["--underlay", "eth0", "--underlay-addr", "fd00::1"];
+        for (flag, value) in [
+            ("--api-socket", "api.sock"),
+            ("--api-socket", "run/overlayd.sock"),
+            ("--state-dir", "state"),
+        ] {
+            let a = args(&[&base[..], &[flag, value]].concat()).unwrap();
+            let e = DaemonConfig::resolve(&a).unwrap_err();
+            assert!(
+                e.contains(&flag[2..]) && e.contains(value) && e.contains("not an absolute path"),
+                "{e}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "underlay = [\"eth0\"]\nunderlay-addr = \"fd00::1\"\napi-socket = \"x.sock\"\n",
+        )
+        .unwrap();
+        let e = DaemonConfig::resolve(&args(&["--config", path.to_str().unwrap()]).unwrap())
+            .unwrap_err();
+        assert!(e.contains("x.sock"), "{e}");
+    }
+
+    #[test]
+    fn toml_file_with_flag_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("overlayd.toml");
+        std::fs::write(
+            &path,
+            r#"
+underlay = ["eth0"]
+underlay-addr = "fd00:99::1"
+cores = "0-1"
+external-jumbo = true
+boundary-services = "fd00:99::ff"
+boundary-vni = 77
+xdp-mode = "skb"
+state-dir = "/tmp/s"
+"#,
+        )
+        .unwrap();
+        let a = args(&[
+            "--config",
+            path.to_str().unwrap(),
+            "--underlay",
+            "veth9",
+            "--xdp-mode",
+            "native",
+        ])
+        .unwrap();
+        let c = DaemonConfig::resolve(&a).unwrap();
+        assert_eq!(c.underlay, ["veth9"]);
+        assert_eq!(c.xdp_mode, XdpMode::Native);
+        assert_eq!(c.cores, [0, 1]);
+        assert!(c.external_jumbo);
+        assert_eq!(c.boundary_vni.get(), 77);
+        assert_eq!(c.state_dir, PathBuf::from("/tmp/s"));
+        assert_eq!(
+            c.boundary_services,
+            Some("fd00:99::ff".parse::<Ipv6Addr>().unwrap())
+        );
+    }
+
+    #[test]
+    fn json_file_and_unknown_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.json");
+        std::fs::write(&path, r#"{"underlay":["eth0"],"underlay-addr":"fd00::1"}"#).unwrap();
+        let c =
+            DaemonConfig::resolve(&args(&["--config", path.to_str().unwrap()]).unwrap()).unwrap();
+        assert_eq!(c.underlay, ["eth0"]);
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "underlai = [\"eth0\"]\n").unwrap();
+        let e = FileConfig::load(&bad).unwrap_err();
+        assert!(e.contains("underlai"), "{e}");
+    }
+}

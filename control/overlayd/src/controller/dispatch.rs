@@ -1,0 +1,564 @@
+//! Each request carried out: checked against the current state, applied to the
+//! dataplane, then recorded and saved (see [`super`] for the rule every verb
+//! follows).
+
+use super::checks::{check_external_against, check_port};
+use super::dataplane::DataplaneError;
+use super::state::State;
+use super::{
+    put_table, saved_tables, v2b_table, v2p_key, ControlError, Controller, Dataplane, Inspect,
+    PortTables,
+};
+use crate::convert::ToApi;
+use api::port::{check_network, MIN_PORT_MTU};
+use api::{
+    CidrDir, Direction, ExternalIps, FwAction, FwFilters, FwHost, FwProto, FwRule, PortConfig,
+    PortInfo, PortLimits, Reply, Request, RouteClass, RouteEntry, V2bEntry, V2pEntry, V2pTarget,
+    Vni,
+};
+use engine::v2b::V2b;
+use ipnet::IpNet;
+use std::net::IpAddr;
+use std::time::Instant;
+
+/// The firewall a new port starts with, like a VPC's default rules: traffic from the
+/// port's own VPC subnets may come in (the engine itself denies unsolicited inbound
+/// traffic; outbound is allowed and its replies are tracked). Operators replace these
+/// with `set-fw-rules` like any other rule.
+pub(super) fn default_vpc_rules(cfg: &PortConfig) -> Vec<FwRule> {
+    let subnets = [
+        cfg.vpc_subnet4.map(IpNet::V4),
+        cfg.vpc_subnet6.map(IpNet::V6),
+    ];
+    subnets
+        .into_iter()
+        .flatten()
+        .map(|net| FwRule {
+            id: 0,
+            direction: Direction::In,
+            priority: DEFAULT_VPC_RULE_PRIORITY,
+            action: FwAction::Allow,
+            filters: FwFilters {
+                host: FwHost::Subnet(net),
+                proto: FwProto::Any,
+                ports: vec![],
+                icmp: None,
+            },
+        })
+        .collect()
+}
+
+/// Priority of the default rules: after anything an operator is likely to add.
+const DEFAULT_VPC_RULE_PRIORITY: u16 = 65534;
+
+impl<D: Dataplane> Controller<D> {
+    pub(super) fn apply(&mut self, req: Request) -> Result<Reply, ControlError> {
+        match req {
+            Request::CreatePort(c) => self.create_port(*c),
+            Request::DeletePort { name } => self.delete_port(&name),
+            Request::ListPorts => Ok(Reply::Ports(self.port_statuses(Instant::now()))),
+            Request::SetV2p(e) => self.set_v2p(e),
+            Request::ClearV2p {
+                vpc_ip,
+                vni,
+                expect,
+            } => self.clear_v2p(vpc_ip, vni, expect),
+            Request::DumpV2p => Ok(Reply::V2p(self.state.v2p.clone())),
+            Request::SetV2b { prefix, endpoints } => self.change_v2b(|t| t.set(prefix, &endpoints)),
+            Request::ClearV2b { prefix, endpoints } => {
+                self.change_v2b(|t| t.clear(prefix, &endpoints))
+            }
+            Request::DumpV2b => {
+                let v = self.dp.inspect(&Inspect::V2b)?;
+                let table: Vec<V2bEntry> =
+                    serde_json::from_value(v).map_err(ControlError::V2bUnreadable)?;
+                Ok(Reply::V2b(table))
+            }
+            Request::AddRouterEntry { port, entry } => self.add_route(&port, entry),
+            Request::DelRouterEntry { port, dest, class } => self.del_route(&port, dest, class),
+            Request::DumpRoutes { port } => {
+                self.port(&port)?;
+                Ok(Reply::Routes(
+                    self.state.routes.get(&port).cloned().unwrap_or_default(),
+                ))
+            }
+            Request::AddFwRule { port, rule } => self.add_fw_rule(&port, rule),
+            Request::RmFwRule {
+                port,
+                direction,
+                priority,
+                filters,
+            } => self.rm_fw_rule(&port, direction, priority, &filters),
+            Request::RmFwRuleId {
+                port,
+                direction,
+                id,
+            } => self.rm_fw_rule_id(&port, direction, id),
+            Request::SetFwRules { port, rules } => self.set_fw_rules(&port, rules),
+            Request::PausePort { port } => self.set_port_paused(&port, true),
+            Request::ResumePort { port } => self.set_port_paused(&port, false),
+            Request::ListFwRules { port } => {
+                self.port(&port)?;
+                Ok(Reply::FwRules(
+                    self.state.fw_rules.get(&port).cloned().unwrap_or_default(),
+                ))
+            }
+            Request::DumpLayer { port, layer } => self.inspect(Inspect::Layer { port, layer }),
+            Request::ListLayers { port } => self.inspect(Inspect::Layers { port }),
+            Request::DumpTcpFlows { port } => self.inspect(Inspect::TcpFlows { port }),
+            Request::DumpUft {
+                port,
+                cursor,
+                limit,
+            } => self.inspect(Inspect::Uft {
+                port,
+                cursor,
+                limit,
+            }),
+            Request::ClearUft { port } => {
+                self.applied_port(&port)?;
+                self.dp.clear_uft(&port)?;
+                Ok(Reply::Done)
+            }
+            Request::SetExternalIps { port, external } => self.set_external_ips(&port, external),
+            Request::SetPortLimits { port, limits } => self.set_port_limits(&port, limits),
+            Request::AllowCidr { port, prefix, dir } => self.change_cidrs(&port, prefix, dir, true),
+            Request::RemoveCidr { port, prefix, dir } => {
+                self.change_cidrs(&port, prefix, dir, false)
+            }
+            Request::Stats { port } => self.inspect(Inspect::Stats { port }),
+            Request::Mtu { port } => self.inspect(Inspect::Mtu { port }),
+            Request::Ra { port } => self.inspect(Inspect::Ra { port }),
+            // The daemon answers these itself (it has the host and the underlay
+            // address); a daemon without I/O cannot.
+            Request::Doctor | Request::PathCheck { .. } | Request::Capture(_) => {
+                Err(ControlError::NeedsIo)
+            }
+            Request::Workers => self.inspect(Inspect::Workers),
+        }
+    }
+
+    fn create_port(&mut self, info: PortInfo) -> Result<Reply, ControlError> {
+        check_port(&self.state.ports, &info)?;
+        let name = info.config.name.clone();
+        let mut rules = default_vpc_rules(&info.config);
+        let mut next = self.state.clone();
+        next.fw_next_id.remove(&name);
+        next.paused.remove(&name);
+        next.assign_fw_rule_ids(&name, &mut rules);
+        let tables = PortTables {
+            routes: None,
+            fw_rules: rules.clone(),
+            paused: false,
+        };
+        self.dp.add_port(&info, &tables)?;
+        let routes = match self.dp.routes(&name) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.dp.remove_port(&name);
+                return Err(e.into());
+            }
+        };
+        next.ports.push(info);
+        put_table(&mut next.routes, &name, routes);
+        put_table(&mut next.fw_rules, &name, rules);
+        self.commit(next, |dp| {
+            let _ = dp.remove_port(&name);
+        })
+    }
+
+    /// Deletes a port, also one that is not applied (from the state alone).
+    fn delete_port(&mut self, name: &str) -> Result<Reply, ControlError> {
+        let info = self.port(name)?.clone();
+        let applied = !self.unapplied_ports.contains_key(name);
+        let tables = saved_tables(&self.state, name);
+        if applied {
+            self.dp.remove_port(name)?;
+        }
+        let mut next = self.state.clone();
+        next.ports.retain(|p| p.config.name != name);
+        next.routes.remove(name);
+        next.fw_rules.remove(name);
+        next.fw_next_id.remove(name);
+        next.paused.remove(name);
+        let done = self.commit(next, |dp| {
+            if applied {
+                let _ = dp.add_port(&info, &tables);
+            }
+        })?;
+        self.unapplied_ports.remove(name);
+        Ok(done)
+    }
+
+    /// Sets a mapping; one saved but not applied is replaced and applied.
+    fn set_v2p(&mut self, e: V2pEntry) -> Result<Reply, ControlError> {
+        e.validate()?;
+        let key = v2p_key(&e);
+        let slot = self.state.v2p.iter().position(|o| v2p_key(o) == key);
+        // What the dataplane holds now, to put back if saving fails.
+        let held = slot
+            .filter(|_| !self.unapplied_v2p.contains_key(&key))
+            .map(|i| self.state.v2p[i]);
+        self.dp.set_v2p(&e)?;
+        let mut next = self.state.clone();
+        match slot {
+            Some(i) => next.v2p[i] = e,
+            None => next.v2p.push(e),
+        }
+        let done = self.commit(next, |dp| {
+            let _ = match held {
+                Some(o) => dp.set_v2p(&o),
+                None => dp.clear_v2p(e.vpc_ip, e.vni),
+            };
+        })?;
+        self.unapplied_v2p.remove(&key);
+        Ok(done)
+    }
+
+    /// Applies `change` (`V2b::set` or `clear`, opteadm's semantics) to the saved
+    /// table and hands the result to the dataplane whole.
+    fn change_v2b(
+        &mut self,
+        change: impl FnOnce(&mut V2b) -> Result<(), String>,
+    ) -> Result<Reply, ControlError> {
+        let old = v2b_table(&self.state.v2b)?;
+        let mut table = old.clone();
+        change(&mut table).map_err(ControlError::V2b)?;
+        self.dp.set_v2b(&table)?;
+        let mut next = self.state.clone();
+        next.v2b = table.dump().to_api();
+        self.commit(next, |dp| {
+            let _ = dp.set_v2b(&old);
+        })
+    }
+
+    /// Clears a mapping, also one that is not applied (from the state alone).
+    fn clear_v2p(
+        &mut self,
+        vpc_ip: IpAddr,
+        vni: Vni,
+        expect: Option<V2pTarget>,
+    ) -> Result<Reply, ControlError> {
+        let key = (vni, vpc_ip);
+        let old = self
+            .state
+            .v2p
+            .iter()
+            .find(|o| v2p_key(o) == key)
+            .copied()
+            .ok_or(ControlError::NoV2p { vpc_ip, vni })?;
+        if let Some(x) =
+            expect.filter(|x| (x.vpc_mac, x.underlay_ip) != (old.vpc_mac, old.underlay_ip))
+        {
+            return Err(ControlError::V2pDiffers {
+                vpc_ip,
+                vni,
+                mac: old.vpc_mac,
+                underlay: old.underlay_ip,
+                want_mac: x.vpc_mac,
+                want_underlay: x.underlay_ip,
+            });
+        }
+        let applied = !self.unapplied_v2p.contains_key(&key);
+        if applied {
+            self.dp.clear_v2p(vpc_ip, vni)?;
+        }
+        let mut next = self.state.clone();
+        next.v2p.retain(|o| v2p_key(o) != key);
+        let done = self.commit(next, |dp| {
+            if applied {
+                let _ = dp.set_v2p(&old);
+            }
+        })?;
+        self.unapplied_v2p.remove(&key);
+        Ok(done)
+    }
+
+    fn replace_routes(
+        &mut self,
+        port: &str,
+        routes: Vec<RouteEntry>,
+    ) -> Result<Reply, ControlError> {
+        let old = self.state.routes.get(port).cloned().unwrap_or_default();
+        self.dp.set_routes(port, &routes)?;
+        let mut next = self.state.clone();
+        put_table(&mut next.routes, port, routes);
+        self.commit(next, |dp| {
+            let _ = dp.set_routes(port, &old);
+        })
+    }
+
+    fn add_route(&mut self, port: &str, entry: RouteEntry) -> Result<Reply, ControlError> {
+        self.applied_port(port)?;
+        check_network(entry.dest)?;
+        if let Some(mtu) = entry.mtu.filter(|&m| m < MIN_PORT_MTU) {
+            return Err(ControlError::RouteMtu(mtu));
+        }
+        let mut routes = self.state.routes.get(port).cloned().unwrap_or_default();
+        if routes
+            .iter()
+            .any(|r| r.dest == entry.dest && r.class == entry.class)
+        {
+            return Err(ControlError::RouteExists {
+                port: port.to_string(),
+                class: entry.class,
+                dest: entry.dest,
+            });
+        }
+        routes.push(entry);
+        self.replace_routes(port, routes)
+    }
+
+    fn del_route(
+        &mut self,
+        port: &str,
+        dest: IpNet,
+        class: RouteClass,
+    ) -> Result<Reply, ControlError> {
+        self.applied_port(port)?;
+        let mut routes = self.state.routes.get(port).cloned().unwrap_or_default();
+        let before = routes.len();
+        routes.retain(|r| r.dest != dest || r.class != class);
+        if routes.len() == before {
+            return Err(ControlError::NoRoute {
+                port: port.to_string(),
+                class,
+                dest,
+            });
+        }
+        self.replace_routes(port, routes)
+    }
+
+    /// `set-external-ips`: checked against the port's own addresses (by the
+    /// dataplane, as at creation) and against the other ports' SNAT ranges, applied,
+    /// then saved with the port's configuration.
+    fn set_external_ips(&mut self, port: &str, ext: ExternalIps) -> Result<Reply, ControlError> {
+        self.applied_port(port)?;
+        let cfg = &self.port(port)?.config;
+        ext.validate(cfg.ipv4, cfg.ipv6)?;
+        check_external_against(&self.state.ports, port, &ext)?;
+        self.replace_port_setting(
+            port,
+            ext,
+            |c| &mut c.external,
+            |dp, p, e| dp.set_external_ips(p, e),
+        )
+    }
+
+    /// `set-port-limits`: checked, applied, then saved with the port's configuration.
+    fn set_port_limits(&mut self, port: &str, limits: PortLimits) -> Result<Reply, ControlError> {
+        self.applied_port(port)?;
+        limits.validate()?;
+        self.replace_port_setting(
+            port,
+            limits,
+            |c| &mut c.limits,
+            |dp, p, l| dp.set_port_limits(p, l),
+        )
+    }
+
+    /// Makes `value` the setting `field` of saved port `port`'s configuration:
+    /// applied to the dataplane (`apply`), then saved; if saving fails, the old
+    /// value is applied again.
+    fn replace_port_setting<T: Clone>(
+        &mut self,
+        port: &str,
+        value: T,
+        field: fn(&mut PortConfig) -> &mut T,
+        apply: fn(&mut D, &str, &T) -> Result<(), DataplaneError>,
+    ) -> Result<Reply, ControlError> {
+        let i = self
+            .state
+            .ports
+            .iter()
+            .position(|p| p.config.name == port)
+            .ok_or_else(|| ControlError::NoSuchPort(port.to_string()))?;
+        let old = field(&mut self.state.ports[i].config).clone();
+        apply(&mut self.dp, port, &value)?;
+        let mut next = self.state.clone();
+        *field(&mut next.ports[i].config) = value;
+        self.commit(next, |dp| {
+            let _ = apply(dp, port, &old);
+        })
+    }
+
+    /// `allow-cidr` / `attach-subnet` (`allow`) and `remove-cidr` /
+    /// `detach-subnet`: checked against the port, applied, then saved with the
+    /// port's configuration.
+    fn change_cidrs(
+        &mut self,
+        port: &str,
+        prefix: IpNet,
+        dir: CidrDir,
+        allow: bool,
+    ) -> Result<Reply, ControlError> {
+        self.applied_port(port)?;
+        let i = self
+            .state
+            .ports
+            .iter()
+            .position(|p| p.config.name == port)
+            .ok_or_else(|| ControlError::NoSuchPort(port.to_string()))?;
+        let cfg = &self.state.ports[i].config;
+        let old = cfg.cidrs.clone();
+        let mut cidrs = old.clone();
+        if allow {
+            cidrs.allow(prefix, dir, cfg)?;
+        } else {
+            cidrs.remove(prefix, dir, port)?;
+        }
+        self.dp.set_port_cidrs(port, &cidrs)?;
+        let mut next = self.state.clone();
+        next.ports[i].config.cidrs = cidrs;
+        self.commit(next, |dp| {
+            let _ = dp.set_port_cidrs(port, &old);
+        })
+    }
+
+    /// `pause-port` / `resume-port`: the port's frames are dropped (or carried
+    /// again), its flows, connections and rules kept; saved, so a restart brings
+    /// the port back paused. Pausing a paused port (resuming a running one) changes
+    /// nothing and is not an error.
+    fn set_port_paused(&mut self, port: &str, paused: bool) -> Result<Reply, ControlError> {
+        self.applied_port(port)?;
+        let was = self.state.paused.contains(port);
+        self.dp.set_port_paused(port, paused)?;
+        let mut next = self.state.clone();
+        if paused {
+            next.paused.insert(port.to_string());
+        } else {
+            next.paused.remove(port);
+        }
+        self.commit(next, |dp| {
+            let _ = dp.set_port_paused(port, was);
+        })
+    }
+
+    /// Makes `rules` the port's firewall (their ids assigned already) in the
+    /// dataplane and the state `next` (the current state with the port's next id
+    /// moved on).
+    fn replace_fw_rules(
+        &mut self,
+        port: &str,
+        rules: Vec<FwRule>,
+        mut next: State,
+    ) -> Result<Reply, ControlError> {
+        let old = self.state.fw_rules.get(port).cloned().unwrap_or_default();
+        self.dp.set_fw_rules(port, &rules)?;
+        put_table(&mut next.fw_rules, port, rules);
+        self.commit(next, |dp| {
+            let _ = dp.set_fw_rules(port, &old);
+        })
+    }
+
+    /// Adds a rule under the port's next id (an id the request gives is not used).
+    fn add_fw_rule(&mut self, port: &str, mut rule: FwRule) -> Result<Reply, ControlError> {
+        self.applied_port(port)?;
+        rule.filters.validate()?;
+        let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
+        if let Some(r) = rules
+            .iter()
+            .find(|r| r.same_identity(rule.direction, rule.priority, &rule.filters))
+        {
+            return Err(ControlError::RuleExists {
+                port: port.to_string(),
+                rule: r.clone(),
+            });
+        }
+        let mut next = self.state.clone();
+        rule.id = 0;
+        rules.push(rule);
+        next.assign_fw_rule_ids(port, &mut rules);
+        self.replace_fw_rules(port, rules, next)
+    }
+
+    fn rm_fw_rule(
+        &mut self,
+        port: &str,
+        direction: Direction,
+        priority: u16,
+        filters: &FwFilters,
+    ) -> Result<Reply, ControlError> {
+        self.applied_port(port)?;
+        let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
+        let before = rules.len();
+        rules.retain(|r| !r.same_identity(direction, priority, filters));
+        if rules.len() == before {
+            return Err(ControlError::NoSuchRule {
+                port: port.to_string(),
+                direction,
+                priority,
+                host: filters.host.to_string(),
+                proto: filters.proto_text(),
+            });
+        }
+        let next = self.state.clone();
+        self.replace_fw_rules(port, rules, next)
+    }
+
+    /// Removes the rule with id `id` (as `list-fw-rules` and `dump-layer PORT
+    /// firewall` show it); with `direction` (opteadm's `rm-fw-rule --dir DIR ID`),
+    /// only if the rule looks that way.
+    fn rm_fw_rule_id(
+        &mut self,
+        port: &str,
+        direction: Option<Direction>,
+        id: u64,
+    ) -> Result<Reply, ControlError> {
+        self.applied_port(port)?;
+        let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
+        let at = rules.iter().position(|r| r.id == id).ok_or_else(|| {
+            let ids: Vec<String> = rules.iter().map(|r| r.id.to_string()).collect();
+            ControlError::NoRuleId {
+                port: port.to_string(),
+                id,
+                ids: if ids.is_empty() {
+                    "none".to_string()
+                } else {
+                    ids.join(", ")
+                },
+            }
+        })?;
+        if let Some(d) = direction.filter(|d| *d != rules[at].direction) {
+            return Err(ControlError::RuleDirection {
+                port: port.to_string(),
+                id,
+                rule: rules[at].clone(),
+                direction: d,
+            });
+        }
+        rules.remove(at);
+        let next = self.state.clone();
+        self.replace_fw_rules(port, rules, next)
+    }
+
+    /// Replaces the port's rules; each gets a new id (ids the request gives are not
+    /// used).
+    fn set_fw_rules(&mut self, port: &str, mut rules: Vec<FwRule>) -> Result<Reply, ControlError> {
+        self.applied_port(port)?;
+        for (i, r) in rules.iter().enumerate() {
+            r.filters
+                .validate()
+                .map_err(|error| ControlError::BadRule {
+                    index: i,
+                    rule: Box::new(r.clone()),
+                    error,
+                })?;
+            if rules[..i]
+                .iter()
+                .any(|o| o.same_identity(r.direction, r.priority, &r.filters))
+            {
+                return Err(ControlError::RuleTwice {
+                    index: i,
+                    rule: r.clone(),
+                });
+            }
+        }
+        let mut next = self.state.clone();
+        for r in &mut rules {
+            r.id = 0;
+        }
+        next.assign_fw_rule_ids(port, &mut rules);
+        self.replace_fw_rules(port, rules, next)
+    }
+}

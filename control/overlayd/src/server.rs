@@ -1,0 +1,706 @@
+//! The API's Unix socket: accepts connections, reads one request per line, hands each
+//! to whoever owns the controller, and writes back the answer.
+//!
+//! The server never touches the controller itself. Requests travel over a channel to
+//! the thread that owns it (the datapath worker, which applies them between batches,
+//! or a plain loop when the daemon runs without I/O), so the fast path takes no lock
+//! and sees configuration change only between batches.
+//!
+//! Clients are trusted (the socket is root-only) but not assumed well-behaved: their
+//! number and the time each may take per request are bounded ([`ApiLimits`]), and
+//! every refusal is counted ([`ApiCounters`]).
+
+use api::protocol::{self, MAX_LINE};
+use api::{ErrorCode, Outcome, Refusal, Request};
+use serde::Serialize;
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// A request on its way to the controller, with where to send the answer.
+pub struct Pending {
+    pub request: Request,
+    pub reply: mpsc::Sender<Outcome>,
+}
+
+/// The sending side the server uses; the receiving side belongs to the controller's
+/// owner, which calls [`serve_pending`] between batches.
+pub type RequestTx = mpsc::SyncSender<Pending>;
+pub type RequestRx = mpsc::Receiver<Pending>;
+
+/// How many requests may wait for the controller; beyond it, connection threads block
+/// (there is no reason for an admin client to queue more).
+const QUEUE: usize = 64;
+
+pub fn request_channel() -> (RequestTx, RequestRx) {
+    mpsc::sync_channel(QUEUE)
+}
+
+/// Answers every request waiting in `rx` with `handle`, without blocking. Returns how
+/// many were served, so a worker knows it did work this round.
+pub fn serve_pending(rx: &RequestRx, mut handle: impl FnMut(Request) -> Outcome) -> usize {
+    let mut n = 0;
+    while let Ok(p) = rx.try_recv() {
+        // The client may have gone away; its answer is then simply dropped.
+        let _ = p.reply.send(handle(p.request));
+        n += 1;
+    }
+    n
+}
+
+/// How the controller's owner answers a request: at once, or later, on a thread
+/// of its own, for a request that takes seconds (`path-check` waits for probe
+/// replies) and must not hold up the requests behind it or the main loop.
+pub enum Answer {
+    Now(Outcome),
+    Later(Box<dyn FnOnce() -> Outcome + Send>),
+}
+
+impl From<Outcome> for Answer {
+    fn from(o: Outcome) -> Answer {
+        Answer::Now(o)
+    }
+}
+
+/// Waits up to `timeout` for one request and answers it with `handle`; for a
+/// thread whose only job is the controller. Returns false once every sender is
+/// gone (the server stopped).
+pub fn serve_next(
+    rx: &RequestRx,
+    timeout: Duration,
+    handle: impl FnOnce(Request) -> Answer,
+) -> bool {
+    match rx.recv_timeout(timeout) {
+        Ok(p) => {
+            match handle(p.request) {
+                Answer::Now(o) => {
+                    let _ = p.reply.send(o);
+                }
+                Answer::Later(work) => {
+                    let reply = p.reply.clone();
+                    let spawned = thread::Builder::new()
+                        .name("api-slow".into())
+                        .spawn(move || {
+                            let _ = reply.send(work());
+                        });
+                    if let Err(e) = spawned {
+                        let _ = p.reply.send(refusal(
+                            ErrorCode::Busy,
+                            format!("cannot start a thread for the request: {e}"),
+                        ));
+                    }
+                }
+            }
+            true
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => true,
+        Err(mpsc::RecvTimeoutError::Disconnected) => false,
+    }
+}
+
+/// Bounds on API clients. Each connection is served by a thread of its own, so
+/// without them a client that connects and says nothing, or many clients at once,
+/// would pile up threads in the daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiLimits {
+    /// Connections served at once; one more is answered with an error and closed
+    /// (counted `clients_refused`).
+    pub max_clients: usize,
+    /// How long a client may take to send one whole request (and to read its
+    /// answer) before its connection is closed (counted `read_timeouts`). A
+    /// deadline per request, not per read, so trickling bytes does not extend it.
+    pub request_timeout: Duration,
+}
+
+impl Default for ApiLimits {
+    /// An admin tool sends its request at once and waits for one answer; an
+    /// orchestrator may keep a few connections open. Sixteen clients and 30 s
+    /// leave room for both.
+    fn default() -> Self {
+        ApiLimits {
+            max_clients: 16,
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the API server counts; `stats` shows it under `control.api`.
+#[derive(Debug, Default, Serialize)]
+pub struct ApiCounters {
+    /// Connections being served now.
+    pub clients: AtomicUsize,
+    /// Connections accepted and served since start.
+    pub connections: AtomicU64,
+    /// Connections refused because `max_clients` were being served.
+    pub clients_refused: AtomicU64,
+    /// Connections closed because a request did not arrive whole in time.
+    pub read_timeouts: AtomicU64,
+    /// Requests longer than the protocol allows (the connection is closed).
+    pub requests_too_long: AtomicU64,
+}
+
+/// One of the `max_clients` places, given back when the connection ends.
+struct ClientSlot(Arc<ApiCounters>);
+
+impl ClientSlot {
+    fn take(counters: &Arc<ApiCounters>, max: usize) -> Option<ClientSlot> {
+        counters
+            .clients
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ClientSlot(counters.clone()))
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        self.0.clients.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The listening socket; removed from the filesystem when dropped.
+pub struct ApiServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    accept: Option<thread::JoinHandle<()>>,
+    counters: Arc<ApiCounters>,
+}
+
+impl ApiServer {
+    /// Binds `path` and starts accepting. The API is root-only: the path must be
+    /// absolute and its directory the daemon's alone ([`prepare_socket_dir`]); the
+    /// socket is bound under a temporary name, made 0600 and only then renamed into
+    /// place, so no other user can connect at any moment. A stale socket from a
+    /// previous run is replaced; a live one (another daemon answering) is an error.
+    pub fn start(path: &Path, requests: RequestTx, limits: ApiLimits) -> Result<ApiServer, String> {
+        let (dir, name) = split_socket_path(path)?;
+        prepare_socket_dir(dir, name)?;
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(format!(
+                    "API socket {} is in use by a running daemon",
+                    path.display()
+                ));
+            }
+            fs::remove_file(path)
+                .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
+        }
+        // Accept blocks: an idle daemon's API thread takes no wake-ups. Dropping the
+        // server wakes it with a connection of its own.
+        let listener = bind_private(path, name)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters = Arc::new(ApiCounters::default());
+        let (stop2, counters2) = (stop.clone(), counters.clone());
+        let accept = thread::Builder::new()
+            .name("api-accept".into())
+            .spawn(move || accept_loop(listener, requests, stop2, limits, counters2))
+            .map_err(|e| format!("cannot start API thread: {e}"))?;
+        Ok(ApiServer {
+            path: path.to_path_buf(),
+            stop,
+            accept: Some(accept),
+            counters,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn counters(&self) -> Arc<ApiCounters> {
+        self.counters.clone()
+    }
+}
+
+impl Drop for ApiServer {
+    /// Stops the accepting thread (woken by a connection it recognises as the
+    /// stop, after `stop` is set) and removes the socket. If the socket cannot be
+    /// reached (removed by hand), the thread is left blocked in `accept`, to end
+    /// with the process, rather than hang the shutdown.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let woken = UnixStream::connect(&self.path).is_ok();
+        if let Some(t) = self.accept.take() {
+            if woken {
+                let _ = t.join();
+            } else {
+                tracing::warn!(socket = %self.path.display(), "API socket unreachable at shutdown");
+            }
+        }
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// The socket's directory and file name. The path must be absolute: a relative one
+/// would put the socket wherever the daemon happened to be started (`api.sock` made
+/// the current directory the socket's directory).
+fn split_socket_path(path: &Path) -> Result<(&Path, &OsStr), String> {
+    if !path.is_absolute() {
+        return Err(format!(
+            "API socket path {} is not absolute",
+            path.display()
+        ));
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => Ok((dir, name)),
+        _ => Err(format!("API socket path {} names no file", path.display())),
+    }
+}
+
+/// The name the socket is bound under before it is renamed into place.
+fn temporary_name(name: &OsStr) -> OsString {
+    let mut t = OsString::from(".");
+    t.push(name);
+    t.push(".new");
+    t
+}
+
+/// Makes sure the socket's directory is the daemon's alone, without ever changing
+/// an existing directory. A missing one is created 0700 (with missing parents). An
+/// existing one must be a directory owned by root, writable by nobody else, and hold
+/// nothing but this socket (a stale one, or its temporary name left by a crash):
+/// anything else would mean sharing it with files a chmod would break (`/run`, the
+/// current directory) or with users who could replace the socket.
+fn prepare_socket_dir(dir: &Path, name: &OsStr) -> Result<(), String> {
+    let meta = match fs::metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| format!("cannot create API socket directory {}: {e}", dir.display()));
+        }
+        Err(e) => {
+            return Err(format!(
+                "cannot stat API socket directory {}: {e}",
+                dir.display()
+            ))
+        }
+    };
+    let refuse = |why: String| {
+        Err(format!(
+            "API socket directory {} {why}: give the socket a directory of its own, \
+             e.g. /run/overlayd (created by the daemon when missing)",
+            dir.display()
+        ))
+    };
+    if !meta.is_dir() {
+        return refuse("is not a directory".into());
+    }
+    if meta.uid() != 0 {
+        return refuse(format!("is owned by uid {}, not root", meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return refuse(format!(
+            "is writable by group or others (mode {:o})",
+            meta.mode() & 0o7777
+        ));
+    }
+    let ours = [name.to_os_string(), temporary_name(name)];
+    let entries = fs::read_dir(dir)
+        .map_err(|e| format!("cannot list API socket directory {}: {e}", dir.display()))?;
+    for entry in entries {
+        let entry = entry
+            .map_err(|e| format!("cannot list API socket directory {}: {e}", dir.display()))?;
+        if !ours.contains(&entry.file_name()) {
+            return refuse(format!("also holds {:?}", entry.file_name()));
+        }
+    }
+    Ok(())
+}
+
+/// Binds the socket under a temporary name, restricts it to its owner and renames
+/// it into place: the mode bind gives a socket depends on the umask, and the
+/// directory may be readable by others.
+fn bind_private(path: &Path, name: &OsStr) -> Result<UnixListener, String> {
+    let tmp = path.with_file_name(temporary_name(name));
+    // Left by a daemon that died between bind and rename.
+    let _ = fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp)
+        .map_err(|e| format!("cannot bind API socket {}: {e}", tmp.display()))?;
+    let placed = fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600))
+        .and_then(|()| fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = fs::remove_file(&tmp);
+        return Err(format!("cannot set up API socket {}: {e}", path.display()));
+    }
+    Ok(listener)
+}
+
+fn accept_loop(
+    listener: UnixListener,
+    requests: RequestTx,
+    stop: Arc<AtomicBool>,
+    limits: ApiLimits,
+    counters: Arc<ApiCounters>,
+) {
+    loop {
+        let accepted = listener.accept();
+        if stop.load(Ordering::Relaxed) {
+            return; // the connection, if any, is the one that wakes us to stop
+        }
+        match accepted {
+            Ok((stream, _)) => admit(stream, &requests, limits, &counters),
+            Err(e) => {
+                tracing::warn!(error = %e, "API accept failed");
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Serves a new connection on a thread of its own, or, when `max_clients` are
+/// being served, tells the client so and closes it.
+fn admit(stream: UnixStream, requests: &RequestTx, limits: ApiLimits, counters: &Arc<ApiCounters>) {
+    let Some(slot) = ClientSlot::take(counters, limits.max_clients) else {
+        let refused = counters.clients_refused.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(
+            max_clients = limits.max_clients,
+            refused,
+            "API client refused: too many connections"
+        );
+        let msg = format!(
+            "too many API clients ({} connected): try again later",
+            limits.max_clients
+        );
+        // A fresh socket's buffer takes one line; the timeout only guards the
+        // accept thread against the unexpected.
+        let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+        let _ = (&stream).write_all(&protocol::encode_response(refusal(ErrorCode::Busy, msg)));
+        return;
+    };
+    counters.connections.fetch_add(1, Ordering::Relaxed);
+    let tx = requests.clone();
+    let spawned = thread::Builder::new()
+        .name("api-conn".into())
+        .spawn(move || {
+            if let Err(e) = serve_connection(stream, &tx, limits.request_timeout, &slot.0) {
+                tracing::debug!(error = %e, "API connection ended");
+            }
+        });
+    // On failure the closure, and the slot with it, is dropped.
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start API connection thread");
+    }
+}
+
+/// Reads from a connection until a deadline, whatever the number of reads: a client
+/// trickling a request byte by byte keeps its place no longer than a silent one.
+struct DeadlineReader {
+    stream: UnixStream,
+    deadline: Instant,
+}
+
+impl Read for DeadlineReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+/// Serves requests on one connection until the client closes it, sends a request
+/// that is too long or unterminated, or takes longer than `timeout` for one.
+fn serve_connection(
+    stream: UnixStream,
+    requests: &RequestTx,
+    timeout: Duration,
+    counters: &ApiCounters,
+) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_write_timeout(Some(timeout))?;
+    let mut out = stream.try_clone()?;
+    let mut reader = BufReader::new(DeadlineReader {
+        stream,
+        deadline: Instant::now(),
+    });
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        reader.get_mut().deadline = Instant::now() + timeout;
+        // One byte over the limit tells an over-long line from one exactly at it.
+        let read = (&mut reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line);
+        let n = match read {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                counters.read_timeouts.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(?timeout, "API client sent no whole request in time: closed");
+                let msg = format!("no whole request within {timeout:?}: connection closed");
+                return out.write_all(&protocol::encode_response(refusal(
+                    ErrorCode::BadRequest,
+                    msg,
+                )));
+            }
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        if line.last() != Some(&b'\n') {
+            let msg = if line.len() > MAX_LINE {
+                counters.requests_too_long.fetch_add(1, Ordering::Relaxed);
+                format!("request longer than {MAX_LINE} bytes refused")
+            } else {
+                "request not terminated by a newline".to_string()
+            };
+            return out.write_all(&protocol::encode_response(refusal(
+                ErrorCode::BadRequest,
+                msg,
+            )));
+        }
+        let outcome = match protocol::decode_request(&line) {
+            Ok(request) => submit(requests, request),
+            Err(e) => Outcome::Error(e.into()),
+        };
+        out.write_all(&protocol::encode_response(outcome))?;
+    }
+}
+
+fn submit(requests: &RequestTx, request: Request) -> Outcome {
+    let stopping = || refusal(ErrorCode::Busy, "the daemon is shutting down");
+    let (tx, rx) = mpsc::channel();
+    if requests.send(Pending { request, reply: tx }).is_err() {
+        return stopping();
+    }
+    rx.recv().unwrap_or_else(|_| stopping())
+}
+
+/// A refusal that the server itself gives.
+fn refusal(code: ErrorCode, message: impl Into<String>) -> Outcome {
+    Outcome::Error(Refusal::new(code, message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::Reply;
+    use std::os::unix::fs::FileTypeExt;
+
+    fn mode(p: &Path) -> u32 {
+        fs::metadata(p).unwrap().mode() & 0o7777
+    }
+
+    fn start(path: &Path) -> Result<ApiServer, String> {
+        let (tx, _rx) = request_channel();
+        ApiServer::start(path, tx, ApiLimits::default())
+    }
+
+    /// An existing private directory is used as it is (never chmod-ed, even when
+    /// others may enter it), and the socket is 0600 from the start.
+    #[test]
+    fn existing_dir_is_left_alone_and_socket_is_0600() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        let sock = dir.join("api.sock");
+        let server = start(&sock).unwrap();
+        assert_eq!(mode(&dir), 0o755);
+        let meta = fs::symlink_metadata(&sock).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.mode() & 0o7777, 0o600);
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["api.sock"], "no temporary name left");
+        drop(server);
+        assert!(!sock.exists(), "socket removed on drop");
+    }
+
+    /// A missing directory (and its parents) is created 0700; a stale socket and a
+    /// temporary one left by a crashed daemon do not make a directory foreign.
+    #[test]
+    fn missing_dir_is_created_private_and_leftovers_are_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("a/b");
+        let sock = dir.join("api.sock");
+        drop(start(&sock).unwrap());
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&tmp.path().join("a")), 0o700);
+        // Leftovers of a daemon killed without cleaning up.
+        let stale = UnixListener::bind(&sock).unwrap();
+        drop(stale);
+        let _left = UnixListener::bind(dir.join(".api.sock.new")).unwrap();
+        let server = start(&sock).unwrap();
+        assert!(UnixStream::connect(server.path()).is_ok());
+    }
+
+    /// A relative path is refused by name before anything is touched.
+    #[test]
+    fn relative_path_is_refused() {
+        for p in ["api.sock", "run/api.sock"] {
+            let e = start(Path::new(p)).err().unwrap();
+            assert!(e.contains(p) && e.contains("not absolute"), "{e}");
+        }
+        assert!(!Path::new("run").exists());
+    }
+
+    /// A directory owned by another user, one others may write to (like /tmp),
+    /// and one holding other files (like /run) are refused by name and left as
+    /// they were.
+    #[test]
+    fn foreign_shared_or_busy_dir_is_refused_untouched() {
+        let tmp = tempfile::tempdir().unwrap();
+        let foreign = tmp.path().join("foreign");
+        fs::create_dir(&foreign).unwrap();
+        fs::set_permissions(&foreign, fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&foreign, Some(65534), None).unwrap();
+        let e = start(&foreign.join("api.sock")).err().unwrap();
+        assert!(e.contains(&foreign.display().to_string()), "{e}");
+        assert!(e.contains("owned by uid 65534, not root"), "{e}");
+        assert_eq!(mode(&foreign), 0o700);
+
+        let shared = tmp.path().join("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = start(&shared.join("api.sock")).err().unwrap();
+        assert!(e.contains("writable by group or others (mode 1777)"), "{e}");
+        assert_eq!(mode(&shared), 0o1777);
+        assert!(!shared.join("api.sock").exists());
+
+        let busy = tmp.path().join("busy");
+        fs::create_dir(&busy).unwrap();
+        fs::set_permissions(&busy, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(busy.join("other.pid"), b"1").unwrap();
+        let e = start(&busy.join("api.sock")).err().unwrap();
+        assert!(
+            e.contains(&busy.display().to_string()) && e.contains("other.pid"),
+            "{e}"
+        );
+        assert_eq!(mode(&busy), 0o755);
+        assert!(!busy.join("api.sock").exists());
+    }
+
+    /// A server whose requests are all answered `done` by a thread of its own.
+    fn answering(limits: ApiLimits) -> (tempfile::TempDir, ApiServer) {
+        let tmp = tempfile::tempdir().unwrap();
+        let (tx, rx) = request_channel();
+        let server = ApiServer::start(&tmp.path().join("api.sock"), tx, limits).unwrap();
+        thread::spawn(move || {
+            while serve_next(&rx, Duration::from_secs(1), |_| {
+                Outcome::Ok(Reply::Done).into()
+            }) {}
+        });
+        (tmp, server)
+    }
+
+    /// Sends a list-ports request and reads the answer line.
+    fn ask(s: &UnixStream) -> String {
+        (&*s)
+            .write_all(b"{\"version\":1,\"op\":\"list-ports\"}\n")
+            .unwrap();
+        read_line(s)
+    }
+
+    fn read_line(s: &UnixStream) -> String {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        line
+    }
+
+    fn count(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    /// Beyond `max_clients` a client gets an error naming the limit and is
+    /// closed; counted; once a client leaves, a new one is served.
+    #[test]
+    fn clients_beyond_the_cap_are_refused_and_counted() {
+        let (_tmp, server) = answering(ApiLimits {
+            max_clients: 2,
+            ..ApiLimits::default()
+        });
+        let a = UnixStream::connect(server.path()).unwrap();
+        let b = UnixStream::connect(server.path()).unwrap();
+        assert!(ask(&a).contains("done"));
+        assert!(ask(&b).contains("done"));
+        let c = UnixStream::connect(server.path()).unwrap();
+        let line = read_line(&c);
+        assert!(
+            line.contains("too many API clients (2 connected)"),
+            "{line}"
+        );
+        assert_eq!(read_line(&c), "", "closed after the refusal");
+        let counters = server.counters();
+        assert_eq!(count(&counters.clients_refused), 1);
+        assert_eq!(count(&counters.connections), 2);
+        drop(a);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while counters.clients.load(Ordering::Relaxed) > 1 {
+            assert!(Instant::now() < deadline, "slot not given back");
+            thread::sleep(Duration::from_millis(10));
+        }
+        let d = UnixStream::connect(server.path()).unwrap();
+        assert!(ask(&d).contains("done"));
+        assert!(ask(&b).contains("done"), "the other client still served");
+    }
+
+    /// A client that sends nothing, or trickles a request byte by byte, is told
+    /// and closed once the request timeout has passed; counted.
+    #[test]
+    fn silent_and_trickling_clients_time_out() {
+        let timeout = Duration::from_millis(300);
+        let (_tmp, server) = answering(ApiLimits {
+            request_timeout: timeout,
+            ..ApiLimits::default()
+        });
+        let silent = UnixStream::connect(server.path()).unwrap();
+        assert!(ask(&silent).contains("done"), "served while it talks");
+        let t0 = Instant::now();
+        let line = read_line(&silent);
+        assert!(line.contains("no whole request within 300ms"), "{line}");
+        assert!(t0.elapsed() >= timeout);
+        assert_eq!(read_line(&silent), "");
+
+        // A byte every 50 ms for up to 3 s: each read well within the timeout,
+        // the request as a whole far beyond it.
+        let trickle = UnixStream::connect(server.path()).unwrap();
+        let writer = trickle.try_clone().unwrap();
+        let t0 = Instant::now();
+        thread::spawn(move || {
+            for _ in 0..60 {
+                if (&writer).write_all(b" ").is_err() {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let line = read_line(&trickle);
+        let after = t0.elapsed();
+        assert!(line.contains("no whole request"), "{line}");
+        assert!(
+            after < Duration::from_millis(1500),
+            "closed after {after:?}"
+        );
+        let counters = server.counters();
+        assert_eq!(count(&counters.read_timeouts), 2);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while counters.clients.load(Ordering::Relaxed) > 0 {
+            assert!(Instant::now() < deadline, "slots not given back");
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+}

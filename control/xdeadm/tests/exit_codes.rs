@@ -1,0 +1,96 @@
+//! `xdeadm`'s exit codes, as scripts see them: 0 ok, 1 refused by the daemon, 2
+//! usage error, 3 daemon unreachable; and a reader that closes the pipe early
+//! (`xdeadm dump-v2p | head -1`) ends it quietly. Run against the headless daemon
+//! on a temporary socket.
+
+use api::{Client, Request, V2pEntry, Vni};
+
+use engine::EngineConfig;
+use overlayd::daemon::headless::Headless;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn xdeadm(socket: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xdeadm"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("xdeadm runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn exit_codes_say_what_went_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("run/api.sock");
+
+    let o = xdeadm(&sock, &["list-ports"]);
+    assert_eq!(o.status.code(), Some(3), "no daemon: {}", stderr(&o));
+    assert!(stderr(&o).contains("cannot connect"), "{}", stderr(&o));
+
+    let _d = Headless::start(
+        EngineConfig::new("fd00:99::1".parse().unwrap()),
+        &sock,
+        None,
+    )
+    .unwrap();
+    let o = xdeadm(&sock, &["list-ports"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+
+    let o = xdeadm(&sock, &["delete-xde", "nosuch"]);
+    assert_eq!(o.status.code(), Some(1), "refused: {}", stderr(&o));
+    assert!(stderr(&o).contains("nosuch"), "{}", stderr(&o));
+
+    // Usage errors: clap's own, and the ones found after parsing.
+    for args in [&["set-v2p", "10.0.0.1"][..], &["frobnicate"], &["ra"]] {
+        let o = xdeadm(&sock, args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+}
+
+/// Output larger than the pipe holds, read one line of: xdeadm gets EPIPE on
+/// its next write and must neither panic nor complain.
+#[test]
+fn a_closed_pipe_ends_xdeadm_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("run/api.sock");
+    let _d = Headless::start(
+        EngineConfig::new("fd00:99::1".parse().unwrap()),
+        &sock,
+        None,
+    )
+    .unwrap();
+    let mut c = Client::connect(&sock).unwrap();
+    for i in 0..4000u32 {
+        let [_, _, hi, lo] = i.to_be_bytes();
+        c.call(&Request::SetV2p(V2pEntry {
+            vpc_ip: format!("10.1.{hi}.{lo}").parse().unwrap(),
+            vpc_mac: format!("a8:40:25:ff:{hi:02x}:{lo:02x}").parse().unwrap(),
+            underlay_ip: "fd00:99::2".parse().unwrap(),
+            vni: Vni::new(10).unwrap(),
+        }))
+        .unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xdeadm"))
+        .arg("--socket")
+        .arg(&sock)
+        .arg("dump-v2p")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("VNI"), "{first}");
+    // The reader is dropped here: the pipe's read end is closed.
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "nothing said about the closed pipe");
+}
