@@ -47,7 +47,6 @@
 //! `PrivateTmp=yes`) and copy it to its standard output afterwards.
 
 use super::stats::WorkerStats;
-use super::Datapath;
 use crate::controller::DataplaneError;
 use api::{CaptureSpec, ErrorCode, Refusal};
 use engine::counters::DropCounters;
@@ -175,11 +174,11 @@ pub(crate) struct Feed {
 }
 
 pub(crate) struct Tap {
-    port: PortId,
+    pub(crate) port: PortId,
     /// With `--underlay`: the port's VNI and guest MAC, which its inbound Geneve
     /// frames carry.
-    underlay: Option<(u32, MacAddr)>,
-    feed: Feed,
+    pub(crate) underlay: Option<(u32, MacAddr)>,
+    pub(crate) feed: Feed,
 }
 
 /// The captures running on one worker.
@@ -434,28 +433,6 @@ pub(crate) fn grown(before: &DropCounters, after: &DropCounters) -> Option<&'sta
         .iter()
         .find(|&(r, n)| n > before.get(r))
         .map(|(r, _)| r.name())
-}
-
-impl Datapath {
-    /// Starts feeding port `port`'s frames (and its underlay frames if
-    /// `underlay`) to `feed` (a job on the port's worker).
-    pub(crate) fn start_capture(
-        &mut self,
-        port: &str,
-        underlay: bool,
-        feed: Feed,
-    ) -> Result<(), CaptureError> {
-        let no_port = || CaptureError::NoSuchPort(port.to_string());
-        let id = self.engine.port_id(port).ok_or_else(no_port)?;
-        let cfg = self.engine.port_config(port).map_err(|_| no_port())?;
-        let underlay = underlay.then_some((cfg.vni.get(), cfg.guest_mac));
-        let io = self.io.as_mut().ok_or(CaptureError::NoIo)?;
-        io.captures.add(Tap {
-            port: id,
-            underlay,
-            feed,
-        })
-    }
 }
 
 pub(crate) fn channel() -> (Feed, Receiver<Captured>, Arc<AtomicU64>) {

@@ -1,16 +1,19 @@
 //! The requests a worker carries out: API requests turned into engine calls (the
-//! [`Dataplane`] the controller drives), the tables of a new port, and what the
-//! worker reports of itself ([`WorkerPlane`]).
+//! [`Dataplane`] the controller drives), the tables of a new port, what the
+//! worker reports of itself ([`WorkerPlane`]) and of its guests' links, and the
+//! start of a capture.
 
+use super::capture::{CaptureError, Feed, Tap};
 use super::guests::{not_an_underlay_link, open_guest, unix_ms, PortTap, TapLink};
+use super::io::TOKEN_DOORBELL;
 use super::jobs::{PortKey, WorkerPlane};
 use super::stats::{QueueRef, WorkerInfo, WorkerReport, WorkerView};
 use super::Datapath;
 use crate::controller::{Dataplane, DataplaneError, Inspect, PortTables};
 use crate::convert::{ToApi, ToEngine};
 use api::{
-    Direction, ExternalIps, FwAction, FwHost, FwRule, PortCidrs, PortInfo, PortLimits, PortState,
-    RouteEntry, V2pEntry, Vni,
+    Direction, ExternalIps, FwAction, FwHost, FwRule, PortCidrs, PortInfo, PortLimits, PortLink,
+    PortState, RouteEntry, V2pEntry, Vni,
 };
 use engine::rule::{Finalized, PortRange, Predicate, Rule};
 use engine::v2b::V2b;
@@ -67,8 +70,9 @@ impl Dataplane for Datapath {
         let Some(io) = &self.io else {
             return Ok(());
         };
-        let tap = not_an_underlay_link(p, io)
-            .and_then(|()| open_guest(p, io))
+        // A vhost-user kick wakes the worker like its doorbell.
+        let tap = not_an_underlay_link(p, &io.queues)
+            .and_then(|()| open_guest(p, &io.epoll, TOKEN_DOORBELL))
             .and_then(|t| io.watch_tap(&t, u64::from(id.0)).map(|()| t));
         let tap = match tap {
             Ok(t) => t,
@@ -245,6 +249,37 @@ impl Dataplane for Datapath {
                 json([view])
             }
         }
+    }
+}
+
+impl Datapath {
+    /// The link state of each of this worker's ports.
+    pub(crate) fn port_links(&self) -> Vec<(String, PortLink)> {
+        self.taps
+            .iter()
+            .flatten()
+            .map(|p| (p.info.config.name.clone(), p.link.view()))
+            .collect()
+    }
+
+    /// Starts feeding port `port`'s frames (and its underlay frames if
+    /// `underlay`) to `feed` (a job on the port's worker).
+    pub(crate) fn start_capture(
+        &mut self,
+        port: &str,
+        underlay: bool,
+        feed: Feed,
+    ) -> Result<(), CaptureError> {
+        let no_port = || CaptureError::NoSuchPort(port.to_string());
+        let id = self.engine.port_id(port).ok_or_else(no_port)?;
+        let cfg = self.engine.port_config(port).map_err(|_| no_port())?;
+        let underlay = underlay.then_some((cfg.vni.get(), cfg.guest_mac));
+        let io = self.io.as_mut().ok_or(CaptureError::NoIo)?;
+        io.captures.add(Tap {
+            port: id,
+            underlay,
+            feed,
+        })
     }
 }
 

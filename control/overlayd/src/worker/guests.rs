@@ -2,13 +2,13 @@
 //! hypervisor's interface it attaches to, or a vhost-user socket), and whether it
 //! is served ([`TapLink`]).
 
-use super::io::WorkerIo;
-use super::Datapath;
 use crate::controller::DataplaneError;
+use crate::underlay::queues::UnderlayQueues;
 use api::{PortInfo, PortLink, VhostUserMode};
 use dpio::guest::GuestPort;
 use dpio::netlink::Netlink;
 use dpio::packet::PacketPort;
+use dpio::poll::Epoll;
 use dpio::tap::TapPort;
 use dpio::vhost::VhostPort;
 use engine::MacAddr;
@@ -50,19 +50,17 @@ fn attach_port(p: &PortInfo, iface: &str) -> Result<PacketPort, DataplaneError> 
 /// has a socket on each): its Geneve traffic would be taken for a guest's frames
 /// and the guest's sent onto the sled's network. An interface that cannot be
 /// looked up is left for the attach to report.
-pub(super) fn not_an_underlay_link(p: &PortInfo, io: &WorkerIo) -> Result<(), DataplaneError> {
+pub(super) fn not_an_underlay_link(
+    p: &PortInfo,
+    queues: &UnderlayQueues,
+) -> Result<(), DataplaneError> {
     let Some(iface) = &p.attach else {
         return Ok(());
     };
     let Ok(link) = Netlink::open().and_then(|mut nl| nl.link_by_name(iface)) else {
         return Ok(());
     };
-    if io
-        .queues
-        .sockets
-        .iter()
-        .any(|s| s.ifindex() == link.ifindex)
-    {
+    if queues.sockets.iter().any(|s| s.ifindex() == link.ifindex) {
         return Err(DataplaneError::UnderlayLink {
             port: p.config.name.clone(),
             iface: iface.clone(),
@@ -127,7 +125,11 @@ fn bridge_port_mac(guest: MacAddr) -> MacAddr {
 }
 
 /// A new port's guest side: its tap, or its vhost-user socket served.
-pub(super) fn open_guest(p: &PortInfo, io: &WorkerIo) -> Result<GuestPort, DataplaneError> {
+pub(super) fn open_guest(
+    p: &PortInfo,
+    epoll: &Epoll,
+    kick_token: u64,
+) -> Result<GuestPort, DataplaneError> {
     let Some(v) = &p.vhost_user else {
         return open_port(p);
     };
@@ -139,11 +141,11 @@ pub(super) fn open_guest(p: &PortInfo, io: &WorkerIo) -> Result<GuestPort, Datap
             VhostUserMode::Client => dpio::vhost::Mode::Client,
         },
     };
-    // A kick wakes the worker like its doorbell: the round then looks at every
-    // vhost-user port's transmit ring.
-    io.epoll
+    // A kick wakes the worker (`kick_token` in its poll set): the round then looks
+    // at every vhost-user port's transmit ring.
+    epoll
         .watcher()
-        .and_then(|w| VhostPort::start(cfg, w, super::io::TOKEN_DOORBELL))
+        .and_then(|w| VhostPort::start(cfg, w, kick_token))
         .map(GuestPort::Vhost)
         .map_err(|error| DataplaneError::Guest {
             device: "port",
@@ -178,7 +180,7 @@ pub(super) fn unix_ms(t: SystemTime) -> u64 {
 
 impl TapLink {
     /// As `list-ports` shows it.
-    fn view(&self) -> PortLink {
+    pub(super) fn view(&self) -> PortLink {
         match self {
             TapLink::Up(GuestPort::Vhost(v)) if !v.is_up() => PortLink::Down {
                 since_unix_ms: unix_ms(v.changed()),
@@ -193,17 +195,6 @@ impl TapLink {
                 reason: reason.clone(),
             },
         }
-    }
-}
-
-impl Datapath {
-    /// The link state of each of this worker's ports.
-    pub(crate) fn port_links(&self) -> Vec<(String, PortLink)> {
-        self.taps
-            .iter()
-            .flatten()
-            .map(|p| (p.info.config.name.clone(), p.link.view()))
-            .collect()
     }
 }
 
