@@ -1,7 +1,9 @@
 //! `overlayd`'s configuration: a TOML or JSON file, command-line flags that override
 //! it, and the resolved [`DaemonConfig`] the daemon runs with.
 
+use crate::convert::ToEngine;
 use api::protocol::DEFAULT_API_SOCKET;
+use api::vni::ParseVniError;
 use clap::Parser;
 use core::fmt;
 use core::str::FromStr;
@@ -10,11 +12,70 @@ use serde::{Deserialize, Serialize};
 use std::net::{Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+/// Why the flags or the config file cannot be run with: each names the flag or key
+/// and the value refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid XDP mode {0:?}: expected native or skb")]
+    XdpMode(String),
+    #[error("invalid underlay GSO mode {0:?}: expected auto, on or off")]
+    UnderlayGso(String),
+    #[error("invalid poll mode {0:?}: expected adaptive or busy")]
+    PollMode(String),
+    #[error("invalid log format {0:?}: expected text or json")]
+    LogFormat(String),
+    #[error("invalid core list {list:?}: {word:?} is not a core number")]
+    CoreNumber { list: String, word: String },
+    #[error("invalid core list {list:?}: core {core} is above {MAX_CORE}")]
+    CoreTooHigh { list: String, core: usize },
+    #[error("invalid core list {list:?}: range {first}-{last} is backwards")]
+    CoreRange {
+        list: String,
+        first: usize,
+        last: usize,
+    },
+    #[error("cannot read config file {}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("config file {}: {error}", path.display())]
+    Json {
+        path: PathBuf,
+        error: serde_json::Error,
+    },
+    #[error("config file {}: {error}", path.display())]
+    Toml {
+        path: PathBuf,
+        error: toml::de::Error,
+    },
+    #[error("no underlay interface: give --underlay IFACE or `underlay` in the config file")]
+    NoUnderlay,
+    #[error("invalid underlay interface name {0:?}")]
+    UnderlayName(String),
+    #[error(
+        "no underlay address: give --underlay-addr IPV6 or `underlay-addr` in the config file"
+    )]
+    NoUnderlayAddr,
+    #[error("underlay address {0} is not a unicast address")]
+    UnderlayAddr(Ipv6Addr),
+    /// `option` is the flag's name without its dashes, which is also the key's.
+    #[error("{option} {} is not an absolute path", path.display())]
+    Relative { option: &'static str, path: PathBuf },
+    #[error("table budget of {0} MiB is too large")]
+    TableBudgetMib(usize),
+    /// The engine's refusal of the budget, which names the values.
+    #[error("{why}")]
+    Tables { budget: TableBudget, why: String },
+    #[error("path-check interval 0: give at least 1 second")]
+    PathCheckInterval,
+}
+
 /// Where ports, V2P, routes and firewall rules are kept across restarts by default.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/overlayd";
 
 /// The VNI boundary services use for traffic leaving the rack unless configured.
-pub const DEFAULT_BOUNDARY_VNI: u32 = 99;
+pub const DEFAULT_BOUNDARY_VNI: Vni = Vni::DEFAULT_BOUNDARY;
 
 /// How the XDP steering program is attached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,12 +90,12 @@ pub enum XdpMode {
 }
 
 impl FromStr for XdpMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
         match s {
             "native" => Ok(XdpMode::Native),
             "skb" => Ok(XdpMode::Skb),
-            _ => Err(format!("invalid XDP mode {s:?}: expected native or skb")),
+            _ => Err(ConfigError::XdpMode(s.to_string())),
         }
     }
 }
@@ -65,15 +126,13 @@ pub enum UnderlayGso {
 }
 
 impl FromStr for UnderlayGso {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
         match s {
             "auto" => Ok(UnderlayGso::Auto),
             "on" => Ok(UnderlayGso::On),
             "off" => Ok(UnderlayGso::Off),
-            _ => Err(format!(
-                "invalid underlay GSO mode {s:?}: expected auto, on or off"
-            )),
+            _ => Err(ConfigError::UnderlayGso(s.to_string())),
         }
     }
 }
@@ -102,14 +161,12 @@ pub enum PollMode {
 }
 
 impl FromStr for PollMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
         match s {
             "adaptive" => Ok(PollMode::Adaptive),
             "busy" => Ok(PollMode::Busy),
-            _ => Err(format!(
-                "invalid poll mode {s:?}: expected adaptive or busy"
-            )),
+            _ => Err(ConfigError::PollMode(s.to_string())),
         }
     }
 }
@@ -136,12 +193,12 @@ pub enum LogFormat {
 }
 
 impl FromStr for LogFormat {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
         match s {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
-            _ => Err(format!("invalid log format {s:?}: expected text or json")),
+            _ => Err(ConfigError::LogFormat(s.to_string())),
         }
     }
 }
@@ -161,16 +218,19 @@ impl CoreList {
 }
 
 impl FromStr for CoreList {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = |why: &str| format!("invalid core list {s:?}: {why}");
-        let num = |t: &str| -> Result<usize, String> {
-            let n: usize = t
-                .trim()
-                .parse()
-                .map_err(|_| bad(&format!("{t:?} is not a core number")))?;
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let list = || s.to_string();
+        let num = |t: &str| -> Result<usize, ConfigError> {
+            let n: usize = t.trim().parse().map_err(|_| ConfigError::CoreNumber {
+                list: list(),
+                word: t.to_string(),
+            })?;
             if n > MAX_CORE {
-                return Err(bad(&format!("core {n} is above {MAX_CORE}")));
+                return Err(ConfigError::CoreTooHigh {
+                    list: list(),
+                    core: n,
+                });
             }
             Ok(n)
         };
@@ -180,7 +240,11 @@ impl FromStr for CoreList {
                 Some((a, b)) => {
                     let (a, b) = (num(a)?, num(b)?);
                     if a > b {
-                        return Err(bad(&format!("range {a}-{b} is backwards")));
+                        return Err(ConfigError::CoreRange {
+                            list: list(),
+                            first: a,
+                            last: b,
+                        });
                     }
                     cores.extend(a..=b);
                 }
@@ -194,8 +258,8 @@ impl FromStr for CoreList {
 }
 
 impl TryFrom<String> for CoreList {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = ConfigError;
+    fn try_from(s: String) -> Result<Self, ConfigError> {
         s.parse()
     }
 }
@@ -242,13 +306,22 @@ pub struct FileConfig {
 
 impl FileConfig {
     /// Reads a TOML file, or JSON when the name ends in `.json`.
-    pub fn load(path: &Path) -> Result<FileConfig, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        let path_buf = || path.to_path_buf();
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path_buf(),
+            error,
+        })?;
         if path.extension().is_some_and(|e| e == "json") {
-            serde_json::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+            serde_json::from_str(&text).map_err(|error| ConfigError::Json {
+                path: path_buf(),
+                error,
+            })
         } else {
-            toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+            toml::from_str(&text).map_err(|error| ConfigError::Toml {
+                path: path_buf(),
+                error,
+            })
         }
     }
 }
@@ -327,23 +400,21 @@ pub struct DaemonArgs {
 
 /// Refuses a relative path: the daemon would resolve it against wherever it was
 /// started (a service manager's `/`, an operator's shell) and work on files there.
-fn absolute(option: &str, path: &Path) -> Result<(), String> {
+fn absolute(option: &'static str, path: &Path) -> Result<(), ConfigError> {
     if path.is_absolute() {
         Ok(())
     } else {
-        Err(format!(
-            "{option} {} is not an absolute path",
-            path.display()
-        ))
+        Err(ConfigError::Relative {
+            option,
+            path: path.to_path_buf(),
+        })
     }
 }
 
-/// Parses a VNI argument, naming the value when it is not a 24-bit number.
-pub fn parse_vni(s: &str) -> Result<Vni, String> {
-    let n: u32 = s
-        .parse()
-        .map_err(|_| format!("invalid VNI {s:?}: expected a number below 2^24"))?;
-    Vni::new(n)
+/// Parses a VNI argument with the API's parser (the admin tool's too), which names
+/// the value when it is not a 24-bit number.
+pub fn parse_vni(s: &str) -> Result<Vni, ParseVniError> {
+    s.parse::<api::Vni>().map(|v| v.to_engine())
 }
 
 /// What the daemon runs with, file and flags merged and defaults filled in.
@@ -376,7 +447,7 @@ impl DaemonConfig {
     /// Merges the config file (if any) and the flags; flags win. Repeated
     /// `--underlay` flags replace the file's list rather than adding to it, so the
     /// command line alone says what is used when it says anything.
-    pub fn resolve(args: &DaemonArgs) -> Result<DaemonConfig, String> {
+    pub fn resolve(args: &DaemonArgs) -> Result<DaemonConfig, ConfigError> {
         let file = match &args.config {
             Some(p) => FileConfig::load(p)?,
             None => FileConfig::default(),
@@ -384,35 +455,32 @@ impl DaemonConfig {
         Self::merge(file, args)
     }
 
-    fn merge(file: FileConfig, args: &DaemonArgs) -> Result<DaemonConfig, String> {
+    fn merge(file: FileConfig, args: &DaemonArgs) -> Result<DaemonConfig, ConfigError> {
         let underlay = if args.underlay.is_empty() {
             file.underlay
         } else {
             args.underlay.clone()
         };
         if underlay.is_empty() {
-            return Err(
-                "no underlay interface: give --underlay IFACE or `underlay` in the config file"
-                    .into(),
-            );
+            return Err(ConfigError::NoUnderlay);
         }
-        for name in &underlay {
-            if name.is_empty() || name.len() > 15 || name.contains('/') {
-                return Err(format!("invalid underlay interface name {name:?}"));
-            }
+        if let Some(name) = underlay
+            .iter()
+            .find(|name| name.is_empty() || name.len() > 15 || name.contains('/'))
+        {
+            return Err(ConfigError::UnderlayName(name.clone()));
         }
-        let underlay_addr = args.underlay_addr.or(file.underlay_addr).ok_or(
-            "no underlay address: give --underlay-addr IPV6 or `underlay-addr` in the config file",
-        )?;
+        let underlay_addr = args
+            .underlay_addr
+            .or(file.underlay_addr)
+            .ok_or(ConfigError::NoUnderlayAddr)?;
         if underlay_addr.is_unspecified() || underlay_addr.is_multicast() {
-            return Err(format!(
-                "underlay address {underlay_addr} is not a unicast address"
-            ));
+            return Err(ConfigError::UnderlayAddr(underlay_addr));
         }
-        let boundary_vni = match args.boundary_vni.or(file.boundary_vni) {
-            Some(v) => v,
-            None => Vni::new(DEFAULT_BOUNDARY_VNI)?,
-        };
+        let boundary_vni = args
+            .boundary_vni
+            .or(file.boundary_vni)
+            .unwrap_or(DEFAULT_BOUNDARY_VNI);
         let api_socket = args
             .api_socket
             .clone()
@@ -430,14 +498,17 @@ impl DaemonConfig {
             bytes: match args.table_budget_mib.or(file.table_budget_mib) {
                 Some(mib) => mib
                     .checked_mul(1 << 20)
-                    .ok_or_else(|| format!("table budget of {mib} MiB is too large"))?,
+                    .ok_or(ConfigError::TableBudgetMib(mib))?,
                 None => default.bytes,
             },
             ports: args.max_ports.or(file.max_ports).unwrap_or(default.ports),
         };
-        tables.validate()?;
+        tables.validate().map_err(|why| ConfigError::Tables {
+            budget: tables,
+            why,
+        })?;
         let path_check_interval = match args.path_check_interval.or(file.path_check_interval) {
-            Some(0) => return Err("path-check interval 0: give at least 1 second".into()),
+            Some(0) => return Err(ConfigError::PathCheckInterval),
             s => s.map(std::time::Duration::from_secs),
         };
         Ok(DaemonConfig {
@@ -483,9 +554,10 @@ mod tests {
         let c: CoreList = "0-2,5,1".parse().unwrap();
         assert_eq!(c.cores(), &[0, 1, 2, 5]);
         assert_eq!(c.to_string(), "0,1,2,5");
-        assert!("3-1".parse::<CoreList>().unwrap_err().contains("3-1"));
-        assert!("a".parse::<CoreList>().unwrap_err().contains("\"a\""));
-        assert!("4096".parse::<CoreList>().unwrap_err().contains("4096"));
+        let e = |s: &str| s.parse::<CoreList>().unwrap_err().to_string();
+        assert!(e("3-1").contains("3-1"));
+        assert!(e("a").contains("\"a\""));
+        assert!(e("4096").contains("4096"));
         assert!("".parse::<CoreList>().is_err());
     }
 
@@ -529,16 +601,17 @@ mod tests {
             &args(&["--underlay", "eth0", "--underlay-addr", "fd00::1"]).unwrap(),
         )
         .unwrap();
-        assert_eq!(c.boundary_vni.get(), DEFAULT_BOUNDARY_VNI);
+        assert_eq!(c.boundary_vni, DEFAULT_BOUNDARY_VNI);
         assert_eq!(c.xdp_mode, XdpMode::Native);
         assert_eq!(c.underlay_gso, UnderlayGso::Auto);
         assert!(args(&["--underlay", "eth0", "--underlay-gso", "yes"]).is_err());
         assert_eq!(c.poll, PollMode::Adaptive);
         assert_eq!(c.log_level, "info");
         let e = DaemonConfig::resolve(&args(&["--underlay-addr", "fd00::1"]).unwrap()).unwrap_err();
-        assert!(e.contains("--underlay"), "{e}");
+        assert!(matches!(e, ConfigError::NoUnderlay), "{e}");
+        assert!(e.to_string().contains("--underlay"), "{e}");
         let e = DaemonConfig::resolve(&args(&["--underlay", "eth0"]).unwrap()).unwrap_err();
-        assert!(e.contains("--underlay-addr"), "{e}");
+        assert!(e.to_string().contains("--underlay-addr"), "{e}");
         let e = args(&["--boundary-vni", "16777216"])
             .unwrap_err()
             .to_string();
@@ -551,7 +624,7 @@ mod tests {
             &args(&["--underlay", "eth0", "--underlay-addr", "ff02::1"]).unwrap(),
         )
         .unwrap_err();
-        assert!(e.contains("ff02::1"), "{e}");
+        assert!(e.to_string().contains("ff02::1"), "{e}");
     }
 
     #[test]
@@ -571,9 +644,9 @@ mod tests {
                 ports: 8
             }
         );
-        let e = with(&["--max-ports", "0"]).unwrap_err();
+        let e = with(&["--max-ports", "0"]).unwrap_err().to_string();
         assert!(e.contains("ports"), "{e}");
-        let e = with(&["--table-budget-mib", "0"]).unwrap_err();
+        let e = with(&["--table-budget-mib", "0"]).unwrap_err().to_string();
         assert!(e.contains("0 bytes"), "{e}");
     }
 
@@ -593,7 +666,9 @@ mod tests {
             c.path_check_interval,
             Some(std::time::Duration::from_secs(30))
         );
-        let e = with(&["--path-check-interval", "0"]).unwrap_err();
+        let e = with(&["--path-check-interval", "0"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("interval 0"), "{e}");
         let e = args(&["--log-format", "xml"]).unwrap_err().to_string();
         assert!(e.contains("xml"), "{e}");
@@ -631,7 +706,7 @@ mod tests {
             ("--state-dir", "state"),
         ] {
             let a = args(&[&base[..], &[flag, value]].concat()).unwrap();
-            let e = DaemonConfig::resolve(&a).unwrap_err();
+            let e = DaemonConfig::resolve(&a).unwrap_err().to_string();
             assert!(
                 e.contains(&flag[2..]) && e.contains(value) && e.contains("not an absolute path"),
                 "{e}"
@@ -646,7 +721,10 @@ mod tests {
         .unwrap();
         let e = DaemonConfig::resolve(&args(&["--config", path.to_str().unwrap()]).unwrap())
             .unwrap_err();
-        assert!(e.contains("x.sock"), "{e}");
+        assert!(
+            matches!(&e, ConfigError::Relative { option: "api-socket", path } if path.as_os_str() == "x.sock"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -699,7 +777,7 @@ state-dir = "/tmp/s"
         assert_eq!(c.underlay, ["eth0"]);
         let bad = dir.path().join("bad.toml");
         std::fs::write(&bad, "underlai = [\"eth0\"]\n").unwrap();
-        let e = FileConfig::load(&bad).unwrap_err();
+        let e = FileConfig::load(&bad).unwrap_err().to_string();
         assert!(e.contains("underlai"), "{e}");
     }
 }

@@ -25,6 +25,88 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// Why the API socket could not be set up: each names the path or directory.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("API socket path {} is not absolute", .0.display())]
+    Relative(PathBuf),
+    #[error("API socket path {} names no file", .0.display())]
+    NoFileName(PathBuf),
+    #[error("API socket {} is in use by a running daemon", .0.display())]
+    InUse(PathBuf),
+    #[error("cannot remove stale socket {}: {error}", path.display())]
+    RemoveStale { path: PathBuf, error: io::Error },
+    #[error("cannot create API socket directory {}: {error}", dir.display())]
+    CreateDir { dir: PathBuf, error: io::Error },
+    #[error("cannot stat API socket directory {}: {error}", dir.display())]
+    StatDir { dir: PathBuf, error: io::Error },
+    #[error("cannot list API socket directory {}: {error}", dir.display())]
+    ListDir { dir: PathBuf, error: io::Error },
+    #[error(
+        "API socket directory {} {why}: give the socket a directory of its own, \
+         e.g. /run/overlayd (created by the daemon when missing)",
+        dir.display()
+    )]
+    Dir { dir: PathBuf, why: DirUnfit },
+    #[error("cannot bind API socket {}: {error}", path.display())]
+    Bind { path: PathBuf, error: io::Error },
+    #[error("cannot set up API socket {}: {error}", path.display())]
+    Place { path: PathBuf, error: io::Error },
+    #[error("cannot start API thread: {0}")]
+    Thread(io::Error),
+}
+
+/// What makes an existing directory unfit for the socket ([`prepare_socket_dir`]).
+#[derive(Debug, thiserror::Error)]
+pub enum DirUnfit {
+    #[error("is not a directory")]
+    NotADirectory,
+    #[error("is owned by uid {0}, not root")]
+    Owner(u32),
+    #[error("is writable by group or others (mode {0:o})")]
+    Writable(u32),
+    #[error("also holds {0:?}")]
+    Holds(OsString),
+}
+
+/// What the server itself refuses, before a request reaches the controller (or
+/// when its answer cannot come).
+#[derive(Debug, thiserror::Error)]
+pub enum ServerRefusal {
+    #[error("too many API clients ({0} connected): try again later")]
+    TooManyClients(usize),
+    #[error("no whole request within {0:?}: connection closed")]
+    Timeout(Duration),
+    #[error("request longer than {MAX_LINE} bytes refused")]
+    TooLong,
+    #[error("request not terminated by a newline")]
+    Unterminated,
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+    #[error("cannot start a thread for the request: {0}")]
+    NoThread(io::Error),
+}
+
+impl ServerRefusal {
+    /// The API's code for this refusal.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ServerRefusal::TooManyClients(_)
+            | ServerRefusal::ShuttingDown
+            | ServerRefusal::NoThread(_) => ErrorCode::Busy,
+            ServerRefusal::Timeout(_) | ServerRefusal::TooLong | ServerRefusal::Unterminated => {
+                ErrorCode::BadRequest
+            }
+        }
+    }
+}
+
+impl From<ServerRefusal> for Refusal {
+    fn from(r: ServerRefusal) -> Refusal {
+        Refusal::new(r.code(), r.to_string())
+    }
+}
+
 /// A request on its way to the controller, with where to send the answer.
 pub struct Pending {
     pub request: Request,
@@ -92,10 +174,7 @@ pub fn serve_next(
                             let _ = reply.send(work());
                         });
                     if let Err(e) = spawned {
-                        let _ = p.reply.send(refusal(
-                            ErrorCode::Busy,
-                            format!("cannot start a thread for the request: {e}"),
-                        ));
+                        let _ = p.reply.send(refusal(ServerRefusal::NoThread(e)));
                     }
                 }
             }
@@ -182,18 +261,21 @@ impl ApiServer {
     /// socket is bound under a temporary name, made 0600 and only then renamed into
     /// place, so no other user can connect at any moment. A stale socket from a
     /// previous run is replaced; a live one (another daemon answering) is an error.
-    pub fn start(path: &Path, requests: RequestTx, limits: ApiLimits) -> Result<ApiServer, String> {
+    pub fn start(
+        path: &Path,
+        requests: RequestTx,
+        limits: ApiLimits,
+    ) -> Result<ApiServer, ServerError> {
         let (dir, name) = split_socket_path(path)?;
         prepare_socket_dir(dir, name)?;
         if path.exists() {
             if UnixStream::connect(path).is_ok() {
-                return Err(format!(
-                    "API socket {} is in use by a running daemon",
-                    path.display()
-                ));
+                return Err(ServerError::InUse(path.to_path_buf()));
             }
-            fs::remove_file(path)
-                .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
+            fs::remove_file(path).map_err(|error| ServerError::RemoveStale {
+                path: path.to_path_buf(),
+                error,
+            })?;
         }
         // Accept blocks: an idle daemon's API thread takes no wake-ups. Dropping the
         // server wakes it with a connection of its own.
@@ -204,7 +286,7 @@ impl ApiServer {
         let accept = thread::Builder::new()
             .name("api-accept".into())
             .spawn(move || accept_loop(listener, requests, stop2, limits, counters2))
-            .map_err(|e| format!("cannot start API thread: {e}"))?;
+            .map_err(ServerError::Thread)?;
         Ok(ApiServer {
             path: path.to_path_buf(),
             stop,
@@ -244,16 +326,13 @@ impl Drop for ApiServer {
 /// The socket's directory and file name. The path must be absolute: a relative one
 /// would put the socket wherever the daemon happened to be started (`api.sock` made
 /// the current directory the socket's directory).
-fn split_socket_path(path: &Path) -> Result<(&Path, &OsStr), String> {
+fn split_socket_path(path: &Path) -> Result<(&Path, &OsStr), ServerError> {
     if !path.is_absolute() {
-        return Err(format!(
-            "API socket path {} is not absolute",
-            path.display()
-        ));
+        return Err(ServerError::Relative(path.to_path_buf()));
     }
     match (path.parent(), path.file_name()) {
         (Some(dir), Some(name)) => Ok((dir, name)),
-        _ => Err(format!("API socket path {} names no file", path.display())),
+        _ => Err(ServerError::NoFileName(path.to_path_buf())),
     }
 }
 
@@ -271,7 +350,7 @@ fn temporary_name(name: &OsStr) -> OsString {
 /// nothing but this socket (a stale one, or its temporary name left by a crash):
 /// anything else would mean sharing it with files a chmod would break (`/run`, the
 /// current directory) or with users who could replace the socket.
-fn prepare_socket_dir(dir: &Path, name: &OsStr) -> Result<(), String> {
+fn prepare_socket_dir(dir: &Path, name: &OsStr) -> Result<(), ServerError> {
     let meta = match fs::metadata(dir) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -279,42 +358,42 @@ fn prepare_socket_dir(dir: &Path, name: &OsStr) -> Result<(), String> {
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)
-                .map_err(|e| format!("cannot create API socket directory {}: {e}", dir.display()));
+                .map_err(|error| ServerError::CreateDir {
+                    dir: dir.to_path_buf(),
+                    error,
+                });
         }
-        Err(e) => {
-            return Err(format!(
-                "cannot stat API socket directory {}: {e}",
-                dir.display()
-            ))
+        Err(error) => {
+            return Err(ServerError::StatDir {
+                dir: dir.to_path_buf(),
+                error,
+            })
         }
     };
-    let refuse = |why: String| {
-        Err(format!(
-            "API socket directory {} {why}: give the socket a directory of its own, \
-             e.g. /run/overlayd (created by the daemon when missing)",
-            dir.display()
-        ))
+    let refuse = |why| {
+        Err(ServerError::Dir {
+            dir: dir.to_path_buf(),
+            why,
+        })
     };
     if !meta.is_dir() {
-        return refuse("is not a directory".into());
+        return refuse(DirUnfit::NotADirectory);
     }
     if meta.uid() != 0 {
-        return refuse(format!("is owned by uid {}, not root", meta.uid()));
+        return refuse(DirUnfit::Owner(meta.uid()));
     }
     if meta.mode() & 0o022 != 0 {
-        return refuse(format!(
-            "is writable by group or others (mode {:o})",
-            meta.mode() & 0o7777
-        ));
+        return refuse(DirUnfit::Writable(meta.mode() & 0o7777));
     }
     let ours = [name.to_os_string(), temporary_name(name)];
-    let entries = fs::read_dir(dir)
-        .map_err(|e| format!("cannot list API socket directory {}: {e}", dir.display()))?;
-    for entry in entries {
-        let entry = entry
-            .map_err(|e| format!("cannot list API socket directory {}: {e}", dir.display()))?;
+    let unlisted = |error| ServerError::ListDir {
+        dir: dir.to_path_buf(),
+        error,
+    };
+    for entry in fs::read_dir(dir).map_err(unlisted)? {
+        let entry = entry.map_err(unlisted)?;
         if !ours.contains(&entry.file_name()) {
-            return refuse(format!("also holds {:?}", entry.file_name()));
+            return refuse(DirUnfit::Holds(entry.file_name()));
         }
     }
     Ok(())
@@ -323,17 +402,22 @@ fn prepare_socket_dir(dir: &Path, name: &OsStr) -> Result<(), String> {
 /// Binds the socket under a temporary name, restricts it to its owner and renames
 /// it into place: the mode bind gives a socket depends on the umask, and the
 /// directory may be readable by others.
-fn bind_private(path: &Path, name: &OsStr) -> Result<UnixListener, String> {
+fn bind_private(path: &Path, name: &OsStr) -> Result<UnixListener, ServerError> {
     let tmp = path.with_file_name(temporary_name(name));
     // Left by a daemon that died between bind and rename.
     let _ = fs::remove_file(&tmp);
-    let listener = UnixListener::bind(&tmp)
-        .map_err(|e| format!("cannot bind API socket {}: {e}", tmp.display()))?;
+    let listener = UnixListener::bind(&tmp).map_err(|error| ServerError::Bind {
+        path: tmp.clone(),
+        error,
+    })?;
     let placed = fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600))
         .and_then(|()| fs::rename(&tmp, path));
-    if let Err(e) = placed {
+    if let Err(error) = placed {
         let _ = fs::remove_file(&tmp);
-        return Err(format!("cannot set up API socket {}: {e}", path.display()));
+        return Err(ServerError::Place {
+            path: path.to_path_buf(),
+            error,
+        });
     }
     Ok(listener)
 }
@@ -370,14 +454,11 @@ fn admit(stream: UnixStream, requests: &RequestTx, limits: ApiLimits, counters: 
             refused,
             "API client refused: too many connections"
         );
-        let msg = format!(
-            "too many API clients ({} connected): try again later",
-            limits.max_clients
-        );
+        let too_many = refusal(ServerRefusal::TooManyClients(limits.max_clients));
         // A fresh socket's buffer takes one line; the timeout only guards the
         // accept thread against the unexpected.
         let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-        let _ = (&stream).write_all(&protocol::encode_response(refusal(ErrorCode::Busy, msg)));
+        let _ = (&stream).write_all(&protocol::encode_response(too_many));
         return;
     };
     counters.connections.fetch_add(1, Ordering::Relaxed);
@@ -446,11 +527,8 @@ fn serve_connection(
             {
                 counters.read_timeouts.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(?timeout, "API client sent no whole request in time: closed");
-                let msg = format!("no whole request within {timeout:?}: connection closed");
-                return out.write_all(&protocol::encode_response(refusal(
-                    ErrorCode::BadRequest,
-                    msg,
-                )));
+                let late = refusal(ServerRefusal::Timeout(timeout));
+                return out.write_all(&protocol::encode_response(late));
             }
             Err(e) => return Err(e),
         };
@@ -458,16 +536,13 @@ fn serve_connection(
             return Ok(());
         }
         if line.last() != Some(&b'\n') {
-            let msg = if line.len() > MAX_LINE {
+            let why = if line.len() > MAX_LINE {
                 counters.requests_too_long.fetch_add(1, Ordering::Relaxed);
-                format!("request longer than {MAX_LINE} bytes refused")
+                ServerRefusal::TooLong
             } else {
-                "request not terminated by a newline".to_string()
+                ServerRefusal::Unterminated
             };
-            return out.write_all(&protocol::encode_response(refusal(
-                ErrorCode::BadRequest,
-                msg,
-            )));
+            return out.write_all(&protocol::encode_response(refusal(why)));
         }
         let outcome = match protocol::decode_request(&line) {
             Ok(request) => submit(requests, request),
@@ -478,7 +553,7 @@ fn serve_connection(
 }
 
 fn submit(requests: &RequestTx, request: Request) -> Outcome {
-    let stopping = || refusal(ErrorCode::Busy, "the daemon is shutting down");
+    let stopping = || refusal(ServerRefusal::ShuttingDown);
     let (tx, rx) = mpsc::channel();
     if requests.send(Pending { request, reply: tx }).is_err() {
         return stopping();
@@ -487,8 +562,8 @@ fn submit(requests: &RequestTx, request: Request) -> Outcome {
 }
 
 /// A refusal that the server itself gives.
-fn refusal(code: ErrorCode, message: impl Into<String>) -> Outcome {
-    Outcome::Error(Refusal::new(code, message))
+fn refusal(why: ServerRefusal) -> Outcome {
+    Outcome::Error(why.into())
 }
 
 #[cfg(test)]
@@ -501,7 +576,7 @@ mod tests {
         fs::metadata(p).unwrap().mode() & 0o7777
     }
 
-    fn start(path: &Path) -> Result<ApiServer, String> {
+    fn start(path: &Path) -> Result<ApiServer, ServerError> {
         let (tx, _rx) = request_channel();
         ApiServer::start(path, tx, ApiLimits::default())
     }
@@ -552,6 +627,11 @@ mod tests {
     fn relative_path_is_refused() {
         for p in ["api.sock", "run/api.sock"] {
             let e = start(Path::new(p)).err().unwrap();
+            assert!(
+                matches!(&e, ServerError::Relative(path) if path == Path::new(p)),
+                "{e}"
+            );
+            let e = e.to_string();
             assert!(e.contains(p) && e.contains("not absolute"), "{e}");
         }
         assert!(!Path::new("run").exists());
@@ -567,7 +647,7 @@ mod tests {
         fs::create_dir(&foreign).unwrap();
         fs::set_permissions(&foreign, fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::chown(&foreign, Some(65534), None).unwrap();
-        let e = start(&foreign.join("api.sock")).err().unwrap();
+        let e = start(&foreign.join("api.sock")).err().unwrap().to_string();
         assert!(e.contains(&foreign.display().to_string()), "{e}");
         assert!(e.contains("owned by uid 65534, not root"), "{e}");
         assert_eq!(mode(&foreign), 0o700);
@@ -575,7 +655,7 @@ mod tests {
         let shared = tmp.path().join("shared");
         fs::create_dir(&shared).unwrap();
         fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
-        let e = start(&shared.join("api.sock")).err().unwrap();
+        let e = start(&shared.join("api.sock")).err().unwrap().to_string();
         assert!(e.contains("writable by group or others (mode 1777)"), "{e}");
         assert_eq!(mode(&shared), 0o1777);
         assert!(!shared.join("api.sock").exists());
@@ -584,7 +664,7 @@ mod tests {
         fs::create_dir(&busy).unwrap();
         fs::set_permissions(&busy, fs::Permissions::from_mode(0o755)).unwrap();
         fs::write(busy.join("other.pid"), b"1").unwrap();
-        let e = start(&busy.join("api.sock")).err().unwrap();
+        let e = start(&busy.join("api.sock")).err().unwrap().to_string();
         assert!(
             e.contains(&busy.display().to_string()) && e.contains("other.pid"),
             "{e}"
@@ -643,6 +723,7 @@ mod tests {
             line.contains("too many API clients (2 connected)"),
             "{line}"
         );
+        assert!(line.contains(r#""code":"busy""#), "{line}");
         assert_eq!(read_line(&c), "", "closed after the refusal");
         let counters = server.counters();
         assert_eq!(count(&counters.clients_refused), 1);
@@ -672,6 +753,7 @@ mod tests {
         let t0 = Instant::now();
         let line = read_line(&silent);
         assert!(line.contains("no whole request within 300ms"), "{line}");
+        assert!(line.contains(r#""code":"bad-request""#), "{line}");
         assert!(t0.elapsed() >= timeout);
         assert_eq!(read_line(&silent), "");
 

@@ -266,7 +266,8 @@ fn unreadable_state_file_is_refused_before_any_set_up() {
 
     let e = Headless::start(engine_cfg(), &sock, Some(&state_dir))
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
     assert!(e.contains(&file.display().to_string()), "{e}");
     assert!(e.contains("EOF while parsing"), "{e}");
 

@@ -180,6 +180,9 @@ fn second_daemon_on_a_live_socket_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("api.sock");
     let _d = Headless::start(engine_cfg(), &sock, None).unwrap();
-    let e = Headless::start(engine_cfg(), &sock, None).err().unwrap();
+    let e = Headless::start(engine_cfg(), &sock, None)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("in use"), "{e}");
 }

@@ -75,7 +75,7 @@ impl<D: Dataplane> Controller<D> {
                     tap_queue::guest_tx_dropped(&self.netns_visitor, name, p.netns.as_deref());
                 let v = match read {
                     Ok(n) => json!({ "guest_tx_dropped": n }),
-                    Err(e) => json!({ "error": e }),
+                    Err(e) => json!({ "error": e.to_string() }),
                 };
                 (name.clone(), v)
             })

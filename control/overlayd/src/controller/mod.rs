@@ -66,7 +66,7 @@ pub struct Controller<D: Dataplane> {
     netns_exists: NetnsProbe,
     /// Reads the taps in guests' namespaces for `stats`; started on first use (a
     /// controller whose ports have no namespace never needs it).
-    netns_visitor: std::sync::OnceLock<Result<dpio::netns::NetnsVisitor, String>>,
+    netns_visitor: tap_queue::VisitorCell,
     /// The API server's counters, shown by `stats`.
     api: Option<Arc<ApiCounters>>,
 }

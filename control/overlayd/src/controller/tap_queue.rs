@@ -11,35 +11,55 @@
 
 use dpio::netlink::Netlink;
 use dpio::netns::NetnsVisitor;
-use std::sync::OnceLock;
+use std::io;
+use std::sync::{Arc, OnceLock};
+
+/// The visitor, started on first use; a failed start is kept (and shared by every
+/// later read) rather than tried again on every `stats`.
+pub(super) type VisitorCell = OnceLock<Result<NetnsVisitor, Arc<io::Error>>>;
+
+/// Why a tap's `tx_dropped` cannot be read (the tap or namespace is gone).
+#[derive(Debug, thiserror::Error)]
+pub enum TapQueueError {
+    #[error("cannot start the netns visitor: {0}")]
+    Visitor(Arc<io::Error>),
+    #[error("netns {netns:?}: {error}")]
+    Netns { netns: String, error: io::Error },
+    #[error("netlink: {0}")]
+    Netlink(io::Error),
+    #[error("tap {name:?}: {error}")]
+    Tap { name: String, error: io::Error },
+}
 
 /// The `tx_dropped` of tap `name` in network namespace `netns` (the daemon's own
 /// when `None`; another one visited by `visitor`, started on first use), or why it
-/// cannot be read (the tap or namespace is gone).
+/// cannot be read.
 pub fn guest_tx_dropped(
-    visitor: &OnceLock<Result<NetnsVisitor, String>>,
+    visitor: &VisitorCell,
     name: &str,
     netns: Option<&str>,
-) -> Result<u64, String> {
+) -> Result<u64, TapQueueError> {
     let Some(ns) = netns else {
         return read(name);
     };
     let v = visitor
-        .get_or_init(|| {
-            NetnsVisitor::start().map_err(|e| format!("cannot start the netns visitor: {e}"))
-        })
+        .get_or_init(|| NetnsVisitor::start().map_err(Arc::new))
         .as_ref()
-        .map_err(String::clone)?;
+        .map_err(|e| TapQueueError::Visitor(e.clone()))?;
     let name = name.to_string();
     v.run(ns, move || read(&name))
-        .map_err(|e| format!("netns {ns:?}: {e}"))?
+        .map_err(|error| TapQueueError::Netns {
+            netns: ns.to_string(),
+            error,
+        })?
 }
 
 /// `tx_dropped` of tap `name` in the calling thread's namespace.
-fn read(name: &str) -> Result<u64, String> {
-    let mut nl = Netlink::open().map_err(|e| format!("netlink: {e}"))?;
-    let link = nl
-        .link_by_name(name)
-        .map_err(|e| format!("tap {name:?}: {e}"))?;
+fn read(name: &str) -> Result<u64, TapQueueError> {
+    let mut nl = Netlink::open().map_err(TapQueueError::Netlink)?;
+    let link = nl.link_by_name(name).map_err(|error| TapQueueError::Tap {
+        name: name.to_string(),
+        error,
+    })?;
     Ok(link.tx_dropped)
 }

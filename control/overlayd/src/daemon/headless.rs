@@ -1,6 +1,7 @@
 //! The daemon's own pieces without I/O, serving the API on a socket: what the
 //! tests of the API, the admin tool and the restore path run against.
 
+use super::DaemonError;
 use crate::controller::state::StateStore;
 use crate::controller::Controller;
 use crate::server::{request_channel, serve_pending, ApiLimits, ApiServer};
@@ -25,14 +26,11 @@ impl Headless {
         engine_cfg: EngineConfig,
         socket: &Path,
         state_dir: Option<&Path>,
-    ) -> Result<Headless, String> {
-        let engine = Engine::new(engine_cfg).map_err(|e| e.to_string())?;
-        let store = state_dir
-            .map(StateStore::open)
-            .transpose()
-            .map_err(|e| e.to_string())?;
+    ) -> Result<Headless, DaemonError> {
+        let engine = Engine::new(engine_cfg)?;
+        let store = state_dir.map(StateStore::open).transpose()?;
         let saved = match &store {
-            Some(s) => s.load().map_err(|e| e.to_string())?,
+            Some(s) => s.load()?,
             None => Default::default(),
         };
         let mut ctl = Controller::new(Datapath::without_io(engine), store);
@@ -53,7 +51,7 @@ impl Headless {
                 }
                 ctl
             })
-            .map_err(|e| format!("cannot start worker: {e}"))?;
+            .map_err(DaemonError::HeadlessThread)?;
         Ok(Headless {
             stop,
             worker: Some(worker),

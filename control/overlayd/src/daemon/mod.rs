@@ -12,31 +12,74 @@ pub mod headless;
 pub mod watch;
 
 use crate::config::DaemonConfig;
-use crate::controller::state::StateStore;
+use crate::controller::state::{StateError, StateStore};
 use crate::controller::Controller;
 use crate::ops::capture;
 use crate::ops::doctor;
-use crate::ops::metrics::MetricsServer;
+use crate::ops::metrics::{MetricsError, MetricsServer};
 use crate::ops::notify::Notifier;
-use crate::server::{request_channel, serve_next, Answer, ApiLimits, ApiServer};
-use crate::underlay::neighbours::NextHops;
-use crate::underlay::pathcheck::{self, PathMonitor};
-use crate::underlay::{warn_if_address_missing, Underlay, FRAME_OVERHEAD};
+use crate::server::{request_channel, serve_next, Answer, ApiLimits, ApiServer, ServerError};
+use crate::underlay::neighbours::{NeighbourError, NextHops};
+use crate::underlay::pathcheck::{self, PathCheckError, PathMonitor};
+use crate::underlay::{warn_if_address_missing, Underlay, UnderlayError, FRAME_OVERHEAD};
 use crate::util::Doorbell;
 use crate::worker::handoff::mesh;
-use crate::worker::io::WorkerIo;
+use crate::worker::io::{WorkerIo, WorkerIoError};
 use crate::worker::jobs::JobTx;
 use crate::worker::{run_worker, Datapath};
 use crate::workers::Workers;
-use api::{ErrorCode, Outcome, PeerPath, Refusal, Reply, Request};
+use api::{Outcome, PeerPath, Reply, Request};
 use dpio::cpu::pin_to_core;
-use engine::{Engine, EngineConfig};
+use engine::{Engine, EngineConfig, EngineError};
+use std::io;
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 use watch::UnderlayWatch;
+
+/// Why the daemon did not start, or stopped before it was asked to: the error of
+/// the piece that failed, or the worker that did.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot install handler for signal {signal}: {error}")]
+    Signal { signal: i32, error: io::Error },
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error(transparent)]
+    Underlay(#[from] UnderlayError),
+    #[error("underlay MTU {0} is above 65535")]
+    UnderlayMtu(u32),
+    #[error("cannot draw the flow hash seed: {0}")]
+    Seed(getrandom::Error),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("cannot create a worker eventfd: {0}")]
+    Doorbell(io::Error),
+    #[error(transparent)]
+    NextHops(#[from] NeighbourError),
+    #[error(transparent)]
+    WorkerIo(#[from] WorkerIoError),
+    #[error("cannot start worker {worker}: {error}")]
+    WorkerThread { worker: usize, error: io::Error },
+    /// The worker could not be pinned to its core (dpio's error names it).
+    #[error("worker {worker}: {error}")]
+    Pin { worker: usize, error: String },
+    #[error("worker {0} ended while starting")]
+    WorkerEnded(usize),
+    /// The thread of a daemon without I/O ([`headless`]) did not start.
+    #[error("cannot start worker: {0}")]
+    HeadlessThread(io::Error),
+    #[error(transparent)]
+    PathCheck(#[from] PathCheckError),
+    #[error("a worker stopped unexpectedly; shutting down")]
+    WorkerStopped,
+}
 
 /// How long the main thread waits for an API request before checking for a
 /// signal, a dead worker, underlay link notifications and retries that are due.
@@ -74,7 +117,7 @@ fn spawn_worker(
     core: Option<usize>,
     dp: Datapath,
     stop: Arc<AtomicBool>,
-) -> Result<(thread::JoinHandle<()>, JobTx<Datapath>), String> {
+) -> Result<(thread::JoinHandle<()>, JobTx<Datapath>), DaemonError> {
     let (jobs_tx, jobs_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = mpsc::channel();
     let t = thread::Builder::new()
@@ -90,23 +133,29 @@ fn spawn_worker(
             let _ = ready_tx.send(Ok(()));
             run_worker(&mut dp, &jobs_rx, &stop);
         })
-        .map_err(|e| format!("cannot start worker {index}: {e}"))?;
+        .map_err(|error| DaemonError::WorkerThread {
+            worker: index,
+            error,
+        })?;
     match ready_rx.recv() {
         Ok(Ok(())) => Ok((t, jobs_tx)),
-        Ok(Err(e)) => Err(format!("worker {index}: {e}")),
-        Err(_) => Err(format!("worker {index} ended while starting")),
+        Ok(Err(error)) => Err(DaemonError::Pin {
+            worker: index,
+            error,
+        }),
+        Err(_) => Err(DaemonError::WorkerEnded(index)),
     }
 }
 
 /// Runs the daemon with full I/O until SIGTERM or SIGINT.
-pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
+pub fn run(cfg: &DaemonConfig) -> Result<(), DaemonError> {
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone())
-            .map_err(|e| format!("cannot install handler for signal {sig}: {e}"))?;
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, stop.clone())
+            .map_err(|error| DaemonError::Signal { signal, error })?;
     }
-    let store = StateStore::open(&cfg.state_dir).map_err(|e| e.to_string())?;
-    let saved = store.load().map_err(|e| e.to_string())?;
+    let store = StateStore::open(&cfg.state_dir)?;
+    let saved = store.load()?;
     // Before the underlay is touched, so that a bad socket path stops the daemon
     // early; requests wait in the channel until the state is restored.
     let (tx, rx) = request_channel();
@@ -123,7 +172,8 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     tracing::info!(underlay_mtu = ecfg.underlay_mtu, addr = %cfg.underlay_addr, workers = n, poll = %cfg.poll, tunnel_gso = ecfg.underlay_tunnel_gso, "engine configured");
     let doorbells = (0..n)
         .map(|_| Doorbell::new().map(Arc::new))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(DaemonError::Doorbell)?;
     // Handed-over frames: underlay frames, or guest frames of up to a 64 KiB buffer.
     let largest = underlay.links.iter().map(|l| l.mtu).max().unwrap_or(0) as usize;
     let meshes = mesh(
@@ -138,7 +188,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     let mut jobs = Vec::new();
     let parts = underlay.take_queues(n).into_iter().zip(meshes);
     for (index, (queues, mesh)) in parts.enumerate() {
-        let engine = Engine::new(ecfg.clone()).map_err(|e| e.to_string())?;
+        let engine = Engine::new(ecfg.clone())?;
         let io = WorkerIo::new(
             index,
             queues,
@@ -177,7 +227,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     let mut result = Ok(());
     while !stop.load(Ordering::Relaxed) {
         if pool.any_stopped() {
-            result = Err("a worker stopped unexpectedly; shutting down".to_string());
+            result = Err(DaemonError::WorkerStopped);
             break;
         }
         let served = serve_next(&rx, MAIN_POLL, |r| match r {
@@ -255,11 +305,7 @@ fn path_check(
         None => pathcheck::v2p_peers(&ctl.state().v2p, cfg.underlay_addr),
     };
     if peers.is_empty() {
-        return Outcome::Error(Refusal::new(
-            ErrorCode::NotFound,
-            "no peer to probe: V2P names no other sled (give its UNDERLAY_ADDR)",
-        ))
-        .into();
+        return Outcome::Error(PathCheckError::NoPeer.into()).into();
     }
     let probe = prober(cfg, underlay_mtu);
     Answer::Later(Box::new(move || {
@@ -284,10 +330,10 @@ fn with_path_stats(out: Outcome, monitor: Option<&PathMonitor>) -> Outcome {
 
 /// The engine's configuration from the daemon's and the underlay link's MTU, with a
 /// flow-table hash seed drawn for this process.
-pub fn engine_config(cfg: &DaemonConfig, underlay_mtu: u32) -> Result<EngineConfig, String> {
+pub fn engine_config(cfg: &DaemonConfig, underlay_mtu: u32) -> Result<EngineConfig, DaemonError> {
     let mut e = EngineConfig::new(cfg.underlay_addr);
-    e.underlay_mtu = u16::try_from(underlay_mtu)
-        .map_err(|_| format!("underlay MTU {underlay_mtu} is above 65535"))?;
+    e.underlay_mtu =
+        u16::try_from(underlay_mtu).map_err(|_| DaemonError::UnderlayMtu(underlay_mtu))?;
     e.external_jumbo = cfg.external_jumbo;
     e.boundary_services = cfg.boundary_services;
     e.boundary_vni = cfg.boundary_vni;
@@ -301,8 +347,8 @@ pub fn engine_config(cfg: &DaemonConfig, underlay_mtu: u32) -> Result<EngineConf
 /// 64 bits from the kernel's CSPRNG (getrandom(2)). Remote peers choose inbound
 /// flow keys, so the flow and connection tables' hash must be keyed with a value
 /// they cannot know or predict; the engine makes no syscalls and takes it from us.
-fn random_seed() -> Result<u64, String> {
-    getrandom::u64().map_err(|e| format!("cannot draw the flow hash seed: {e}"))
+fn random_seed() -> Result<u64, DaemonError> {
+    getrandom::u64().map_err(DaemonError::Seed)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 
 use crate::config::{DaemonConfig, UnderlayGso};
 use crate::underlay::queues::UnderlayQueues;
-use crate::underlay::{rx_queue_count, LinkFacts, Underlay, FRAME_OVERHEAD};
+use crate::underlay::{rx_queue_count, LinkFacts, Underlay, UnderlayError, FRAME_OVERHEAD};
 use crate::util::Backoff;
 use crate::worker::Datapath;
 use crate::workers::Workers;
@@ -86,8 +86,7 @@ impl UnderlayWatch {
         workers: usize,
         underlay: Underlay,
         engine_mtu: u32,
-    ) -> Result<UnderlayWatch, String> {
-        let err = |e: io::Error| format!("underlay link notifications: {e}");
+    ) -> Result<UnderlayWatch, UnderlayError> {
         // The engines were configured with the transmit path found at start; a
         // re-attach must give them the same, or fail and retry (never a silent
         // switch that would leave super-frames without a tap).
@@ -101,8 +100,8 @@ impl UnderlayWatch {
             cfg,
             workers,
             underlay: Arc::new(Mutex::new(underlay)),
-            events: Events::subscribe(&[Group::Link]).map_err(err)?,
-            nl: Netlink::open().map_err(err)?,
+            events: Events::subscribe(&[Group::Link]).map_err(UnderlayError::Notifications)?,
+            nl: Netlink::open().map_err(UnderlayError::Notifications)?,
             got: Vec::new(),
             next_check: Instant::now() + RECHECK,
             retry: None,
@@ -236,7 +235,7 @@ impl UnderlayWatch {
 
     /// The configured links that exist now (one deleted is left out until it is
     /// back).
-    fn present_links(&mut self) -> Result<Vec<LinkInfo>, String> {
+    fn present_links(&mut self) -> Result<Vec<LinkInfo>, UnderlayError> {
         let mut links = Vec::new();
         for name in &self.cfg.underlay {
             match self.nl.link_by_name(name) {
@@ -244,7 +243,12 @@ impl UnderlayWatch {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     tracing::warn!(iface = %name, "underlay interface is gone; left out until it is back");
                 }
-                Err(e) => return Err(format!("underlay interface {name:?}: {e}")),
+                Err(error) => {
+                    return Err(UnderlayError::Link {
+                        iface: name.clone(),
+                        error,
+                    })
+                }
             }
         }
         Ok(links)

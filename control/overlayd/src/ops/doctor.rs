@@ -15,7 +15,8 @@ use crate::workers::Workers;
 use api::{Check, CheckStatus, PeerPath, PortLink, PortStatus, Reply, Request};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::io;
+use std::process::{Command, ExitStatus};
 
 /// The underlay MTU the datapath is built for: guests at 8500 plus encapsulation
 /// fit, with room to spare.
@@ -24,14 +25,34 @@ pub const RECOMMENDED_UNDERLAY_MTU: u32 = 9000;
 /// What the encapsulation adds to a guest's packet inside the underlay MTU.
 const ENCAP: u32 = wire::geneve::ENCAP_LEN_WITH_MSS as u32;
 
+/// Why a fact could not be read; the check that needs it warns with this.
+#[derive(Debug, thiserror::Error)]
+pub enum DoctorError {
+    #[error("cannot run `ethtool -k {iface}`: {error}")]
+    EthtoolRun { iface: String, error: io::Error },
+    #[error("`ethtool -k {iface}` exited with {status}: {stderr}")]
+    EthtoolFailed {
+        iface: String,
+        status: ExitStatus,
+        stderr: String,
+    },
+    #[error("netlink: {0}")]
+    Netlink(io::Error),
+    #[error("tap {name:?}: {error}")]
+    Tap { name: String, error: io::Error },
+    /// The namespace could not be entered (dpio's error names it).
+    #[error("{error}")]
+    Netns { netns: String, error: io::Error },
+}
+
 /// One underlay link as the daemon has it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub struct LinkFacts {
     pub name: String,
     pub mtu: u32,
     pub queues: u32,
     /// `ethtool -k IFACE` output, or why it could not be read.
-    pub features: Result<String, String>,
+    pub features: Result<String, DoctorError>,
     /// The link's tunnel tap when guest TSO buffers leave through it as
     /// super-frames (`--underlay-gso`); `None`: the datapath segments them and
     /// AF_XDP sends the frames.
@@ -39,12 +60,12 @@ pub struct LinkFacts {
 }
 
 /// One port as the daemon has it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub struct PortFacts {
     pub status: PortStatus,
     /// The MTU of the port's tap as the guest sees it (in the guest's namespace),
     /// or why it could not be read; `None` when not looked at (port not served).
-    pub guest_mtu: Option<Result<u32, String>>,
+    pub guest_mtu: Option<Result<u32, DoctorError>>,
     /// Milliseconds since the port's last Router Advertisement (`None`: none sent
     /// yet, or an IPv4-only port).
     pub ra_ms_ago: Option<u64>,
@@ -73,7 +94,7 @@ pub struct HostFacts {
 }
 
 /// Everything the checks look at.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub struct Facts {
     pub xdp_mode: XdpMode,
     pub underlay_gso: UnderlayGso,
@@ -623,18 +644,21 @@ fn host_facts() -> HostFacts {
 }
 
 /// `ethtool -k IFACE`, run in the daemon's namespace.
-fn features(iface: &str) -> Result<String, String> {
+fn features(iface: &str) -> Result<String, DoctorError> {
     let out = Command::new("ethtool")
         .args(["-k", iface])
         .env_remove("NOTIFY_SOCKET")
         .output()
-        .map_err(|e| format!("cannot run `ethtool -k {iface}`: {e}"))?;
+        .map_err(|error| DoctorError::EthtoolRun {
+            iface: iface.to_string(),
+            error,
+        })?;
     if !out.status.success() {
-        return Err(format!(
-            "`ethtool -k {iface}` exited with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(DoctorError::EthtoolFailed {
+            iface: iface.to_string(),
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -647,18 +671,21 @@ fn link_mtu(name: &str) -> Option<u32> {
 
 /// The MTU of port `name`'s tap in namespace `netns` (the daemon's own when
 /// `None`).
-fn tap_mtu(name: &str, netns: Option<&str>) -> Result<u32, String> {
+fn tap_mtu(name: &str, netns: Option<&str>) -> Result<u32, DoctorError> {
     let read = {
         let name = name.to_string();
-        move || -> Result<u32, String> {
-            let mut nl = dpio::netlink::Netlink::open().map_err(|e| format!("netlink: {e}"))?;
+        move || -> Result<u32, DoctorError> {
+            let mut nl = dpio::netlink::Netlink::open().map_err(DoctorError::Netlink)?;
             nl.link_by_name(&name)
                 .map(|l| l.mtu)
-                .map_err(|e| format!("tap {name:?}: {e}"))
+                .map_err(|error| DoctorError::Tap { name, error })
         }
     };
     match netns {
-        Some(ns) => dpio::netns::run_in_netns(ns, read).map_err(|e| e.to_string())?,
+        Some(ns) => dpio::netns::run_in_netns(ns, read).map_err(|error| DoctorError::Netns {
+            netns: ns.to_string(),
+            error,
+        })?,
         None => read(),
     }
 }
@@ -894,10 +921,14 @@ LOC:     123456      65432      11111   Local timer interrupts
         let c = offloads(&link(9000, 1, "large-receive-offload: on [fixed]\n"));
         assert!(c.fix.unwrap().contains("fixed on by the driver"));
         let c = offloads(&LinkFacts {
-            features: Err("cannot run `ethtool -k ul0`: not found".into()),
+            features: Err(DoctorError::EthtoolRun {
+                iface: "ul0".into(),
+                error: io::ErrorKind::NotFound.into(),
+            }),
             ..link(9000, 1, "")
         });
         assert_eq!(c.status, CheckStatus::Warn);
+        assert!(c.detail.contains("cannot run `ethtool -k ul0`"), "{c:?}");
     }
 
     #[test]

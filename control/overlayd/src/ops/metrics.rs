@@ -5,7 +5,7 @@
 
 use crate::server::{Pending, RequestTx};
 use api::openmetrics::{render, CONTENT_TYPE};
-use api::{Outcome, Reply, Request};
+use api::{Outcome, Refusal, Reply, Request};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +26,27 @@ const MAX_REQUEST: usize = 8192;
 /// How often the accept loop looks at its stop flag.
 const ACCEPT_POLL: Duration = Duration::from_millis(100);
 
+/// Why the endpoint did not start, or a scrape has no exposition (the scraper is
+/// told why in a 503's body).
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("metrics listen address {addr}: {error}")]
+    Listen { addr: SocketAddr, error: io::Error },
+    #[error("cannot start the metrics thread: {0}")]
+    Thread(io::Error),
+    #[error("the daemon is busy or shutting down")]
+    Busy,
+    #[error("unexpected stats reply {0:?}")]
+    Unexpected(Box<Reply>),
+    #[error("{}", .0.message)]
+    Refused(Refusal),
+    #[error("no stats within {} s", SCRAPE_TIMEOUT.as_secs())]
+    Timeout,
+    /// The API's renderer refused the stats document.
+    #[error("{0}")]
+    Render(String),
+}
+
 /// The HTTP endpoint: one thread, one connection at a time (a scraper asks every
 /// few seconds), stopped and joined on drop.
 pub struct MetricsServer {
@@ -37,15 +58,13 @@ pub struct MetricsServer {
 impl MetricsServer {
     /// Listens on `addr`; stats are asked for through `requests`, as the API server
     /// asks (the controller answers between its other requests).
-    pub fn start(addr: SocketAddr, requests: RequestTx) -> Result<MetricsServer, String> {
-        let listener =
-            TcpListener::bind(addr).map_err(|e| format!("metrics listen address {addr}: {e}"))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| format!("metrics listen address {addr}: {e}"))?;
+    pub fn start(addr: SocketAddr, requests: RequestTx) -> Result<MetricsServer, MetricsError> {
+        let refused = |error| MetricsError::Listen { addr, error };
+        let listener = TcpListener::bind(addr).map_err(refused)?;
+        let addr = listener.local_addr().map_err(refused)?;
         listener
             .set_nonblocking(true)
-            .map_err(|e| format!("metrics listen address {addr}: {e}"))?;
+            .map_err(|error| MetricsError::Listen { addr, error })?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = thread::Builder::new()
@@ -68,7 +87,7 @@ impl MetricsServer {
                     }
                 }
             })
-            .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
+            .map_err(MetricsError::Thread)?;
         tracing::info!(%addr, "metrics listening");
         Ok(MetricsServer {
             addr,
@@ -138,20 +157,18 @@ fn serve(mut s: TcpStream, requests: &RequestTx) -> io::Result<()> {
 }
 
 /// The exposition of the daemon's current stats, or why there is none.
-fn scrape(requests: &RequestTx) -> Result<String, String> {
+fn scrape(requests: &RequestTx) -> Result<String, MetricsError> {
     let (tx, rx) = mpsc::channel();
     let pending = Pending {
         request: Request::Stats { port: None },
         reply: tx,
     };
-    requests
-        .try_send(pending)
-        .map_err(|_| "the daemon is busy or shutting down".to_string())?;
+    requests.try_send(pending).map_err(|_| MetricsError::Busy)?;
     match rx.recv_timeout(SCRAPE_TIMEOUT) {
-        Ok(Outcome::Ok(Reply::Inspect(v))) => render(&v),
-        Ok(Outcome::Ok(other)) => Err(format!("unexpected stats reply {other:?}")),
-        Ok(Outcome::Error(e)) => Err(e.message),
-        Err(_) => Err(format!("no stats within {} s", SCRAPE_TIMEOUT.as_secs())),
+        Ok(Outcome::Ok(Reply::Inspect(v))) => render(&v).map_err(MetricsError::Render),
+        Ok(Outcome::Ok(other)) => Err(MetricsError::Unexpected(Box::new(other))),
+        Ok(Outcome::Error(e)) => Err(MetricsError::Refused(e)),
+        Err(_) => Err(MetricsError::Timeout),
     }
 }
 

@@ -12,9 +12,28 @@
 //! `$NOTIFY_SOCKET` (a path, or an abstract name written with a leading `@`).
 //! Without `$NOTIFY_SOCKET` (not started by systemd) every call does nothing.
 
+use std::ffi::OsString;
+use std::io;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::{Duration, Instant};
+
+/// A setting systemd passed that cannot be used, named with its value.
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    #[error("NOTIFY_SOCKET {0:?} is not UTF-8")]
+    NotUtf8(OsString),
+    #[error("NOTIFY_SOCKET {0:?} is neither an absolute path nor an abstract name (@...)")]
+    NotAnAddress(String),
+    #[error("NOTIFY_SOCKET {path:?}: {error}")]
+    Address { path: String, error: io::Error },
+    #[error("cannot open a socket for NOTIFY_SOCKET {path:?}: {error}")]
+    Socket { path: String, error: io::Error },
+    #[error("WATCHDOG_PID {0:?} is not a process id")]
+    WatchdogPid(String),
+    #[error("WATCHDOG_USEC {0:?} is not a positive number")]
+    WatchdogUsec(String),
+}
 
 /// Where and how often to tell systemd the daemon is alive.
 pub struct Notifier {
@@ -30,13 +49,11 @@ impl Notifier {
     /// The notifier systemd asked for through the environment, `None` when the
     /// daemon was not started by systemd (no `$NOTIFY_SOCKET`). An address or
     /// watchdog setting that cannot be used is an error naming it.
-    pub fn from_env() -> Result<Option<Notifier>, String> {
+    pub fn from_env() -> Result<Option<Notifier>, NotifyError> {
         let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
             return Ok(None);
         };
-        let path = path
-            .into_string()
-            .map_err(|p| format!("NOTIFY_SOCKET {p:?} is not UTF-8"))?;
+        let path = path.into_string().map_err(NotifyError::NotUtf8)?;
         let usec = std::env::var("WATCHDOG_USEC").ok();
         let pid = std::env::var("WATCHDOG_PID").ok();
         let ping_every = watchdog_interval(usec.as_deref(), pid.as_deref(), std::process::id())?;
@@ -45,10 +62,12 @@ impl Notifier {
 
     /// A notifier sending to `path` (`@name`: the abstract socket `name`), pinging
     /// the watchdog every `ping_every` if set.
-    pub fn new(path: &str, ping_every: Option<Duration>) -> Result<Notifier, String> {
+    pub fn new(path: &str, ping_every: Option<Duration>) -> Result<Notifier, NotifyError> {
         let addr = notify_addr(path)?;
-        let socket = UnixDatagram::unbound()
-            .map_err(|e| format!("cannot open a socket for NOTIFY_SOCKET {path:?}: {e}"))?;
+        let socket = UnixDatagram::unbound().map_err(|error| NotifyError::Socket {
+            path: path.to_string(),
+            error,
+        })?;
         Ok(Notifier {
             socket,
             addr,
@@ -80,17 +99,16 @@ impl Notifier {
 
 /// The socket address `$NOTIFY_SOCKET` names: a path, or with a leading `@` an
 /// abstract name (systemd's convention for the abstract namespace).
-fn notify_addr(path: &str) -> Result<SocketAddr, String> {
+fn notify_addr(path: &str) -> Result<SocketAddr, NotifyError> {
     let addr = match path.strip_prefix('@') {
         Some(name) => SocketAddr::from_abstract_name(name.as_bytes()),
         None if path.starts_with('/') => SocketAddr::from_pathname(path),
-        None => {
-            return Err(format!(
-                "NOTIFY_SOCKET {path:?} is neither an absolute path nor an abstract name (@...)"
-            ))
-        }
+        None => return Err(NotifyError::NotAnAddress(path.to_string())),
     };
-    addr.map_err(|e| format!("NOTIFY_SOCKET {path:?}: {e}"))
+    addr.map_err(|error| NotifyError::Address {
+        path: path.to_string(),
+        error,
+    })
 }
 
 /// How often to ping the watchdog: half of `$WATCHDOG_USEC`, when it is set and
@@ -100,14 +118,14 @@ fn watchdog_interval(
     usec: Option<&str>,
     pid: Option<&str>,
     own_pid: u32,
-) -> Result<Option<Duration>, String> {
+) -> Result<Option<Duration>, NotifyError> {
     let Some(usec) = usec else {
         return Ok(None);
     };
     if let Some(pid) = pid {
         let pid: u32 = pid
             .parse()
-            .map_err(|_| format!("WATCHDOG_PID {pid:?} is not a process id"))?;
+            .map_err(|_| NotifyError::WatchdogPid(pid.to_string()))?;
         if pid != own_pid {
             return Ok(None);
         }
@@ -116,7 +134,7 @@ fn watchdog_interval(
         .parse()
         .ok()
         .filter(|&us| us > 0)
-        .ok_or_else(|| format!("WATCHDOG_USEC {usec:?} is not a positive number"))?;
+        .ok_or_else(|| NotifyError::WatchdogUsec(usec.to_string()))?;
     Ok(Some(Duration::from_micros(us / 2)))
 }
 
@@ -126,21 +144,22 @@ mod tests {
 
     #[test]
     fn watchdog_interval_is_half_the_timeout_for_this_process() {
-        assert_eq!(watchdog_interval(None, None, 7), Ok(None));
+        let interval = |usec, pid| watchdog_interval(usec, pid, 7);
+        assert_eq!(interval(None, None).unwrap(), None);
         assert_eq!(
-            watchdog_interval(Some("30000000"), None, 7),
-            Ok(Some(Duration::from_secs(15)))
+            interval(Some("30000000"), None).unwrap(),
+            Some(Duration::from_secs(15))
         );
         assert_eq!(
-            watchdog_interval(Some("2000000"), Some("7"), 7),
-            Ok(Some(Duration::from_secs(1)))
+            interval(Some("2000000"), Some("7")).unwrap(),
+            Some(Duration::from_secs(1))
         );
-        assert_eq!(watchdog_interval(Some("2000000"), Some("8"), 7), Ok(None));
-        let e = watchdog_interval(Some("soon"), None, 7).unwrap_err();
+        assert_eq!(interval(Some("2000000"), Some("8")).unwrap(), None);
+        let e = interval(Some("soon"), None).unwrap_err().to_string();
         assert!(e.contains("\"soon\""), "{e}");
-        let e = watchdog_interval(Some("0"), None, 7).unwrap_err();
+        let e = interval(Some("0"), None).unwrap_err().to_string();
         assert!(e.contains("\"0\""), "{e}");
-        let e = watchdog_interval(Some("5"), Some("x"), 7).unwrap_err();
+        let e = interval(Some("5"), Some("x")).unwrap_err().to_string();
         assert!(e.contains("\"x\""), "{e}");
     }
 
@@ -153,7 +172,7 @@ mod tests {
             a.as_pathname(),
             Some(std::path::Path::new("/run/systemd/notify"))
         );
-        let e = notify_addr("notify").unwrap_err();
+        let e = notify_addr("notify").unwrap_err().to_string();
         assert!(e.contains("\"notify\""), "{e}");
     }
 

@@ -23,11 +23,64 @@ use dpio::xdp::{AttachMode, SteeringProgram};
 use dpio::xsk::{BindMode, Umem, XskConfig, XskMode, XskSocket};
 use queues::{LinkStats, UnderlayQueues};
 use std::collections::BTreeMap;
+use std::io;
 use std::net::Ipv6Addr;
 use wire::MacAddr;
 
 /// Room in a frame beyond the link MTU: the Ethernet header and a VLAN tag.
 pub const FRAME_OVERHEAD: usize = 18;
+
+/// Why the underlay links could not be attached (or followed): each names the
+/// interface, and the queue or size that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UnderlayError {
+    #[error("cannot list /sys/class/net/{iface}/queues: {error}")]
+    ListQueues { iface: String, error: io::Error },
+    #[error("/sys/class/net/{iface}/queues: {count} rx queues")]
+    QueueCount { iface: String, count: usize },
+    /// `ethtool -L` refused (dpio's error names the interface and the fix).
+    #[error("{error}")]
+    Channels { iface: String, error: String },
+    #[error(
+        "underlay interface {iface:?} has {queues} rx queues after asking for {need} (one per worker)"
+    )]
+    TooFewQueues {
+        iface: String,
+        queues: u32,
+        need: u32,
+    },
+    #[error("netlink: {0}")]
+    Netlink(io::Error),
+    #[error("underlay link notifications: {0}")]
+    Notifications(io::Error),
+    #[error("underlay interface {iface:?}: {error}")]
+    Link { iface: String, error: io::Error },
+    #[error("AF_XDP socket sizes for MTU {mtu}: {error}")]
+    SocketSizes { mtu: usize, error: io::Error },
+    #[error("AF_XDP UMEM of {chunks} chunks: {error}")]
+    Umem { chunks: u32, error: io::Error },
+    /// The steering program would not load, attach or take a socket (dpio's
+    /// error names the interface).
+    #[error("{error}")]
+    Program { iface: String, error: io::Error },
+    #[error("AF_XDP socket on {iface} queue {queue}: {error}")]
+    Socket {
+        iface: String,
+        queue: u32,
+        error: io::Error,
+    },
+    #[error("--underlay-gso on: {0}")]
+    TunnelGso(TunnelTapError),
+}
+
+/// A link's tunnel tap that would not open: fatal with `--underlay-gso on`, a
+/// warning with `auto`.
+#[derive(Debug, thiserror::Error)]
+#[error("underlay {iface:?}: {error}")]
+pub struct TunnelTapError {
+    iface: String,
+    error: io::Error,
+}
 
 /// One underlay interface.
 pub struct UnderlayLink {
@@ -58,30 +111,39 @@ pub struct Underlay {
 
 /// How many rx queues an interface has, from sysfs (`queues/rx-N`). Every queue needs
 /// its own AF_XDP socket, or frames hashed to it bypass the datapath.
-pub(crate) fn rx_queue_count(ifname: &str) -> Result<u32, String> {
-    let dir = format!("/sys/class/net/{ifname}/queues");
-    let n = std::fs::read_dir(&dir)
-        .map_err(|e| format!("cannot list {dir}: {e}"))?
+pub(crate) fn rx_queue_count(ifname: &str) -> Result<u32, UnderlayError> {
+    let n = std::fs::read_dir(format!("/sys/class/net/{ifname}/queues"))
+        .map_err(|error| UnderlayError::ListQueues {
+            iface: ifname.to_string(),
+            error,
+        })?
         .filter_map(Result::ok)
         .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
         .count();
-    u32::try_from(n.max(1)).map_err(|_| format!("{dir}: {n} rx queues"))
+    u32::try_from(n.max(1)).map_err(|_| UnderlayError::QueueCount {
+        iface: ifname.to_string(),
+        count: n,
+    })
 }
 
 /// Gives link `name` at least one rx queue per worker; returns how many it has.
-fn queues_for(name: &str, workers: usize) -> Result<u32, String> {
+fn queues_for(name: &str, workers: usize) -> Result<u32, UnderlayError> {
     let queues = rx_queue_count(name)?;
     let need = u32::try_from(workers).unwrap_or(u32::MAX);
     if queues >= need {
         return Ok(queues);
     }
-    dpio::channels::ensure_queues(name, need)?;
+    dpio::channels::ensure_queues(name, need).map_err(|error| UnderlayError::Channels {
+        iface: name.to_string(),
+        error,
+    })?;
     let queues = rx_queue_count(name)?;
     if queues < need {
-        return Err(format!(
-            "underlay interface {name:?} has {queues} rx queues after asking \
-             for {need} (one per worker)"
-        ));
+        return Err(UnderlayError::TooFewQueues {
+            iface: name.to_string(),
+            queues,
+            need,
+        });
     }
     Ok(queues)
 }
@@ -91,13 +153,14 @@ impl Underlay {
     /// attaches the steering program and binds the sockets. Every configured link
     /// must exist. Everything attached so far is released again if a later step
     /// fails.
-    pub fn open(cfg: &DaemonConfig, workers: usize) -> Result<Underlay, String> {
-        let mut nl = Netlink::open().map_err(|e| format!("netlink: {e}"))?;
+    pub fn open(cfg: &DaemonConfig, workers: usize) -> Result<Underlay, UnderlayError> {
+        let mut nl = Netlink::open().map_err(UnderlayError::Netlink)?;
         let mut links = Vec::new();
         for name in &cfg.underlay {
-            let link = nl
-                .link_by_name(name)
-                .map_err(|e| format!("underlay interface {name:?}: {e}"))?;
+            let link = nl.link_by_name(name).map_err(|error| UnderlayError::Link {
+                iface: name.clone(),
+                error,
+            })?;
             links.push(link);
         }
         Self::attach(cfg, links, workers)
@@ -119,7 +182,7 @@ impl Underlay {
         cfg: &DaemonConfig,
         links: Vec<LinkInfo>,
         workers: usize,
-    ) -> Result<Underlay, String> {
+    ) -> Result<Underlay, UnderlayError> {
         if links.is_empty() {
             return Ok(Underlay::empty());
         }
@@ -135,7 +198,10 @@ impl Underlay {
         };
         let per_socket = xsk_cfg
             .chunks()
-            .map_err(|e| format!("AF_XDP socket sizes for MTU {largest}: {e}"))?;
+            .map_err(|error| UnderlayError::SocketSizes {
+                mtu: largest,
+                error,
+            })?;
         let mut plan = Vec::new();
         let mut chunks = 0u32;
         for link in links {
@@ -144,7 +210,7 @@ impl Underlay {
             plan.push((link, queues));
         }
         dpio::raise_memlock_limit();
-        let umem = Umem::new(chunks).map_err(|e| format!("AF_XDP UMEM of {chunks} chunks: {e}"))?;
+        let umem = Umem::new(chunks).map_err(|error| UnderlayError::Umem { chunks, error })?;
         let attach = match cfg.xdp_mode {
             XdpMode::Native => AttachMode::Native,
             XdpMode::Skb => AttachMode::Skb,
@@ -153,12 +219,21 @@ impl Underlay {
         let mut all_sockets = Vec::new();
         let mut mode = XskMode::Copy;
         for (link, queues) in plan {
+            let program_error = |error| UnderlayError::Program {
+                iface: link.name.clone(),
+                error,
+            };
             let mut program = SteeringProgram::attach(&link.name, &[cfg.underlay_addr], attach)
-                .map_err(|e| e.to_string())?;
+                .map_err(program_error)?;
             for q in 0..queues {
-                let s = XskSocket::new(&umem, link.ifindex, q, xsk_cfg)
-                    .map_err(|e| format!("AF_XDP socket on {} queue {q}: {e}", link.name))?;
-                program.register_socket(q, &s).map_err(|e| e.to_string())?;
+                let s = XskSocket::new(&umem, link.ifindex, q, xsk_cfg).map_err(|error| {
+                    UnderlayError::Socket {
+                        iface: link.name.clone(),
+                        queue: q,
+                        error,
+                    }
+                })?;
+                program.register_socket(q, &s).map_err(program_error)?;
                 mode = s.mode();
                 all_sockets.push(s);
             }
@@ -294,20 +369,22 @@ fn open_tunnels(
     mode: UnderlayGso,
     links: &[UnderlayLink],
     workers: usize,
-) -> Result<Vec<TunnelTap>, String> {
+) -> Result<Vec<TunnelTap>, UnderlayError> {
     if mode == UnderlayGso::Off {
         return Ok(Vec::new());
     }
-    let opened: Result<Vec<TunnelTap>, String> = links
+    let opened: Result<Vec<TunnelTap>, TunnelTapError> = links
         .iter()
         .map(|l| {
-            TunnelTap::open(&l.name, l.ifindex, workers.max(1))
-                .map_err(|e| format!("underlay {:?}: {e}", l.name))
+            TunnelTap::open(&l.name, l.ifindex, workers.max(1)).map_err(|error| TunnelTapError {
+                iface: l.name.clone(),
+                error,
+            })
         })
         .collect();
     match (opened, mode) {
         (Ok(t), _) => Ok(t),
-        (Err(e), UnderlayGso::On) => Err(format!("--underlay-gso on: {e}")),
+        (Err(e), UnderlayGso::On) => Err(UnderlayError::TunnelGso(e)),
         (Err(e), _) => {
             tracing::warn!(
                 reason = %e,

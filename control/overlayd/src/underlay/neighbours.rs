@@ -37,6 +37,22 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// Why the resolver did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NeighbourError {
+    #[error("resolver doorbell: {0}")]
+    Doorbell(std::io::Error),
+    /// One of the resolver's sockets (`what`: the neighbour cache, the
+    /// notifications, its epoll set) could not be opened.
+    #[error("neighbour resolver: {what}: {error}")]
+    Socket {
+        what: &'static str,
+        error: std::io::Error,
+    },
+    #[error("cannot start the neighbour resolver: {0}")]
+    Thread(std::io::Error),
+}
+
 /// How often every cached next hop is re-read from the kernel even when no
 /// notification said it changed: a safety net, since changes are announced.
 pub const MAX_AGE: Duration = Duration::from_secs(30);
@@ -143,15 +159,15 @@ impl NextHops {
     /// the sockets are in the caller's network namespace) and starts the resolver,
     /// which rings `worker` whenever it publishes a snapshot: a sleeping worker then
     /// sends the frames held for a next hop at once, not at its next timer.
-    pub fn start(worker: Option<Arc<Doorbell>>) -> Result<NextHops, String> {
+    pub fn start(worker: Option<Arc<Doorbell>>) -> Result<NextHops, NeighbourError> {
         let (tx, rx) = mpsc::sync_channel(REQUEST_QUEUE);
         let shared = Arc::new(Shared::default());
-        let wake = Arc::new(EventFd::new().map_err(|e| format!("resolver doorbell: {e}"))?);
+        let wake = Arc::new(EventFd::new().map_err(NeighbourError::Doorbell)?);
         let resolver = Resolver::open(rx, shared.clone(), wake.clone(), worker)?;
         let resolver = thread::Builder::new()
             .name("neighbours".into())
             .spawn(move || resolver.run())
-            .map_err(|e| format!("cannot start the neighbour resolver: {e}"))?;
+            .map_err(NeighbourError::Thread)?;
         let mut hops = NextHops::idle(shared, wake);
         hops.requests = Some(tx);
         hops.resolver = Some(resolver);
@@ -378,16 +394,16 @@ impl Resolver {
         shared: Arc<Shared>,
         wake: Arc<EventFd>,
         worker: Option<Arc<Doorbell>>,
-    ) -> Result<Resolver, String> {
-        let err = |what: &str, e: std::io::Error| format!("neighbour resolver: {what}: {e}");
-        let cache = NeighbourCache::new(MAX_AGE).map_err(|e| err("neighbour cache", e))?;
+    ) -> Result<Resolver, NeighbourError> {
+        let err = |what| move |error| NeighbourError::Socket { what, error };
+        let cache = NeighbourCache::new(MAX_AGE).map_err(err("neighbour cache"))?;
         let events = Events::subscribe(&[Group::Neighbour, Group::Ipv6Route, Group::Link])
-            .map_err(|e| err("notifications", e))?;
-        let epoll = Epoll::new().map_err(|e| err("epoll", e))?;
+            .map_err(err("notifications"))?;
+        let epoll = Epoll::new().map_err(err("epoll"))?;
         epoll
             .add(events.as_raw_fd(), TOKEN_EVENTS)
             .and_then(|()| epoll.add(wake.as_raw_fd(), TOKEN_WAKE))
-            .map_err(|e| err("epoll", e))?;
+            .map_err(err("epoll"))?;
         Ok(Resolver {
             cache,
             pending: Pending::default(),

@@ -8,10 +8,11 @@
 //! first, and when that is lost, a bisection down to 1280 finds the largest size
 //! that makes the round trip.
 
-use api::{PeerPath, V2pEntry};
+use api::{ErrorCode, PeerPath, Refusal, V2pEntry};
 use dpio::probe::{largest_fitting, EchoProbe};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
+use std::io;
 use std::net::Ipv6Addr;
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::thread;
@@ -29,6 +30,41 @@ const TRIES: u32 = 2;
 
 /// Peers probed at once (each with its own socket and thread).
 const PARALLEL: usize = 16;
+
+/// Why a path could not be probed (kept in the peer's [`PeerPath`] for display),
+/// `path-check` has nothing to probe, or the periodic check did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PathCheckError {
+    #[error("no peer to probe: V2P names no other sled (give its UNDERLAY_ADDR)")]
+    NoPeer,
+    #[error("cannot open a probe socket from {src}: {error}")]
+    Socket { src: Ipv6Addr, error: io::Error },
+    #[error("probing {peer}: {error}")]
+    Probe { peer: Ipv6Addr, error: io::Error },
+    #[error("the probe thread panicked")]
+    Panicked,
+    #[error("cannot start the path-check thread: {0}")]
+    Thread(io::Error),
+}
+
+impl PathCheckError {
+    /// The API's code for a refused `path-check`.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            PathCheckError::NoPeer => ErrorCode::NotFound,
+            PathCheckError::Socket { .. }
+            | PathCheckError::Probe { .. }
+            | PathCheckError::Panicked
+            | PathCheckError::Thread(_) => ErrorCode::Dataplane,
+        }
+    }
+}
+
+impl From<PathCheckError> for Refusal {
+    fn from(e: PathCheckError) -> Refusal {
+        Refusal::new(e.code(), e.to_string())
+    }
+}
 
 /// The sleds V2P names, each once, without this one.
 pub fn v2p_peers(v2p: &[V2pEntry], own: Ipv6Addr) -> Vec<Ipv6Addr> {
@@ -51,8 +87,8 @@ pub fn probe_peer(src: Ipv6Addr, peer: Ipv6Addr, wanted: u16) -> PeerPath {
     };
     let mut socket = match EchoProbe::open(src) {
         Ok(s) => s,
-        Err(e) => {
-            result.error = Some(format!("cannot open a probe socket from {src}: {e}"));
+        Err(error) => {
+            result.error = Some(PathCheckError::Socket { src, error }.to_string());
             return result;
         }
     };
@@ -69,7 +105,7 @@ pub fn probe_peer(src: Ipv6Addr, peer: Ipv6Addr, wanted: u16) -> PeerPath {
     result.probes = sent;
     match found {
         Ok((largest, _)) => result.largest = largest,
-        Err(e) => result.error = Some(format!("probing {peer}: {e}")),
+        Err(error) => result.error = Some(PathCheckError::Probe { peer, error }.to_string()),
     }
     result
 }
@@ -89,7 +125,7 @@ pub fn check(src: Ipv6Addr, peers: &[Ipv6Addr], wanted: u16) -> Vec<PeerPath> {
                     wanted,
                     largest: None,
                     probes: 0,
-                    error: Some("the probe thread panicked".into()),
+                    error: Some(PathCheckError::Panicked.to_string()),
                 }));
             }
         });
@@ -154,7 +190,7 @@ pub struct PathMonitor {
 impl PathMonitor {
     /// Starts the thread; the first run is one interval from now (the peers'
     /// next hops are resolved by then).
-    pub fn start(src: Ipv6Addr, interval: Duration) -> Result<PathMonitor, String> {
+    pub fn start(src: Ipv6Addr, interval: Duration) -> Result<PathMonitor, PathCheckError> {
         // One run waiting at most: a run still going when the next is due makes
         // the main loop skip that one.
         let (jobs, rx) = mpsc::sync_channel::<(Vec<Ipv6Addr>, u16)>(1);
@@ -174,7 +210,7 @@ impl PathMonitor {
                     }
                 }
             })
-            .map_err(|e| format!("cannot start the path-check thread: {e}"))?;
+            .map_err(PathCheckError::Thread)?;
         Ok(PathMonitor {
             src,
             interval,

@@ -15,9 +15,9 @@ pub struct Doorbell {
 }
 
 impl Doorbell {
-    pub fn new() -> Result<Doorbell, String> {
+    pub fn new() -> std::io::Result<Doorbell> {
         Ok(Doorbell {
-            event: EventFd::new().map_err(|e| format!("cannot create a worker eventfd: {e}"))?,
+            event: EventFd::new()?,
             sleeping: AtomicBool::new(false),
         })
     }

@@ -5,7 +5,7 @@
 use super::capture::Captures;
 use super::guests::{PortTap, TapLink};
 use super::handoff::{Handoff, Mesh};
-use super::reattach::Reattacher;
+use super::reattach::{Reattacher, ReattacherError};
 use super::shaper::IngressShaper;
 use super::stats::WorkerStats;
 use super::BATCH;
@@ -21,6 +21,20 @@ use dpio::xsk::RxHeld;
 use engine::{FrameBytes, InputRef};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Why a worker's I/O could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerIoError {
+    /// The worker's epoll set could not be made, or refused its doorbell or an
+    /// underlay socket.
+    #[error("worker {worker}: {error}")]
+    Poll {
+        worker: usize,
+        error: std::io::Error,
+    },
+    #[error(transparent)]
+    Reattacher(#[from] ReattacherError),
+}
 
 /// epoll tokens that are not taps (taps use their engine port id).
 pub(crate) const TOKEN_DOORBELL: u64 = u64::MAX;
@@ -147,8 +161,11 @@ impl WorkerIo {
         mesh: Mesh,
         doorbell: Arc<Doorbell>,
         poll: PollMode,
-    ) -> Result<WorkerIo, String> {
-        let err = |e: std::io::Error| format!("worker {index}: {e}");
+    ) -> Result<WorkerIo, WorkerIoError> {
+        let err = |error| WorkerIoError::Poll {
+            worker: index,
+            error,
+        };
         let epoll = Epoll::new().map_err(err)?;
         // Both only wake a sleeping worker: the doorbell is cleared when it wakes,
         // and the sockets' rings are read every round without a syscall.

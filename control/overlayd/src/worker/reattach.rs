@@ -18,6 +18,14 @@ const REATTACH_FIRST: Duration = Duration::from_millis(100);
 
 const REATTACH_MAX: Duration = Duration::from_secs(5);
 
+/// The re-opener's thread did not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start worker {worker}'s tap re-opener: {error}")]
+pub struct ReattacherError {
+    worker: usize,
+    error: std::io::Error,
+}
+
 /// What a worker asks of its [`Reattacher`].
 enum Want {
     /// Get the tap of port `slot` number `gen` back.
@@ -52,13 +60,19 @@ impl Reattacher {
     /// Starts worker `index`'s re-opener (it opens taps in the caller's network
     /// namespace, like the worker's own ports). `wake` is called after a tap is
     /// handed back, so a sleeping worker serves the port at once.
-    pub fn start(index: usize, wake: impl Fn() + Send + 'static) -> Result<Reattacher, String> {
+    pub fn start(
+        index: usize,
+        wake: impl Fn() + Send + 'static,
+    ) -> Result<Reattacher, ReattacherError> {
         let (wants, wants_rx) = mpsc::channel();
         let (back_tx, back) = mpsc::channel();
         let thread = thread::Builder::new()
             .name(format!("taps{index}"))
             .spawn(move || reattach_loop(&wants_rx, &back_tx, &wake))
-            .map_err(|e| format!("cannot start worker {index}'s tap re-opener: {e}"))?;
+            .map_err(|error| ReattacherError {
+                worker: index,
+                error,
+            })?;
         Ok(Reattacher {
             wants: Some(wants),
             back,
