@@ -30,6 +30,11 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// The help of `overlayd_drops_total`, which has samples from several places.
 const DROPS: &str = "Frames dropped, by reason (port=\"\": not charged to a port).";
 
+/// The exposition could not be written (the text encoder refused).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot encode metrics: {0}")]
+pub struct RenderError(std::fmt::Error);
+
 type Labels = Vec<(String, String)>;
 
 type Counters = Family<Labels, Counter>;
@@ -98,16 +103,16 @@ impl Exposition {
         }
     }
 
-    fn finish(self) -> Result<String, String> {
+    fn finish(self) -> Result<String, RenderError> {
         let mut out = String::new();
-        encode(&mut out, &self.registry).map_err(|e| format!("cannot encode metrics: {e}"))?;
+        encode(&mut out, &self.registry).map_err(RenderError)?;
         Ok(out)
     }
 }
 
 /// The exposition of a `stats` document (as `xdeadm --json stats` prints it).
 /// Parts the document lacks (a daemon without I/O has no `xsk`) are left out.
-pub fn render(stats: &Value) -> Result<String, String> {
+pub fn render(stats: &Value) -> Result<String, RenderError> {
     let mut e = Exposition::default();
     let engine = &stats["engine"];
     for p in engine["ports"].as_array().into_iter().flatten() {

@@ -1056,7 +1056,9 @@ pub fn render_as(show: Show, reply: &Reply, json: bool) -> Result<String, String
             .map_err(|e| format!("cannot print JSON: {e}"))
     };
     match (show, reply) {
-        (Show::OpenMetrics, Reply::Inspect(v)) => api::openmetrics::render(v),
+        (Show::OpenMetrics, Reply::Inspect(v)) => {
+            api::openmetrics::render(v).map_err(|e| e.to_string())
+        }
         (Show::Workers, Reply::Inspect(v)) if !json => {
             let rows = worker_rows(v, SystemTime::now());
             let mut out = String::new();

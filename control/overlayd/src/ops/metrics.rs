@@ -44,7 +44,7 @@ pub enum MetricsError {
     Timeout,
     /// The API's renderer refused the stats document.
     #[error("{0}")]
-    Render(String),
+    Render(#[from] api::openmetrics::RenderError),
 }
 
 /// The HTTP endpoint: one thread, one connection at a time (a scraper asks every
@@ -165,7 +165,7 @@ fn scrape(requests: &RequestTx) -> Result<String, MetricsError> {
     };
     requests.try_send(pending).map_err(|_| MetricsError::Busy)?;
     match rx.recv_timeout(SCRAPE_TIMEOUT) {
-        Ok(Outcome::Ok(Reply::Inspect(v))) => render(&v).map_err(MetricsError::Render),
+        Ok(Outcome::Ok(Reply::Inspect(v))) => Ok(render(&v)?),
         Ok(Outcome::Ok(other)) => Err(MetricsError::Unexpected(Box::new(other))),
         Ok(Outcome::Error(e)) => Err(MetricsError::Refused(e)),
         Err(_) => Err(MetricsError::Timeout),
