@@ -8,7 +8,7 @@
 //! but the checksum is verified independently by the kernel on receive and our
 //! own parse verifies it again against the addresses the packet arrived with.
 
-use dpio::icmp6::Icmp6Socket;
+use icmp6::{Icmp6Socket, Link};
 use serde::Serialize;
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
@@ -159,12 +159,10 @@ pub fn router_solicitation(lladdr: Option<MacAddr>) -> Result<Vec<u8>, String> {
 /// Sends a Router Solicitation on `iface` and waits up to `timeout` for an RA.
 /// RAs that fail validation are reported on stderr and waiting continues.
 pub fn listen(iface: &str, timeout: Duration) -> Result<RaReport, String> {
-    let link = dpio::netlink::Netlink::open()
-        .and_then(|mut nl| nl.link_by_name(iface))
-        .map_err(|e| format!("interface {iface:?}: {e}"))?;
-    let sock = Icmp6Socket::open(iface, link.ifindex, &[msg::ROUTER_ADVERT])
+    let link = Link::by_name(iface).map_err(|e| format!("interface {iface:?}: {e}"))?;
+    let sock = Icmp6Socket::open(iface, link.index, &[msg::ROUTER_ADVERT])
         .map_err(|e| format!("raw ICMPv6 socket on {iface:?}: {e} (needs root or CAP_NET_RAW)"))?;
-    let rs = router_solicitation(link.mac.filter(|m| m.is_unicast()))?;
+    let rs = router_solicitation(link.mac.map(MacAddr).filter(|m| m.is_unicast()))?;
     let start = Instant::now();
     let deadline = start + timeout;
     let mut buf = vec![0u8; 65536];
@@ -187,7 +185,7 @@ pub fn listen(iface: &str, timeout: Duration) -> Result<RaReport, String> {
             });
         }
         if sent < MAX_RTR_SOLICITATIONS && now >= next_send {
-            match sock.send_to(&rs, ALL_ROUTERS, link.ifindex) {
+            match sock.send_to(&rs, ALL_ROUTERS, link.index) {
                 Ok(()) => {
                     sent += 1;
                     sent_at = now;
@@ -208,7 +206,7 @@ pub fn listen(iface: &str, timeout: Duration) -> Result<RaReport, String> {
         else {
             continue;
         };
-        if rx.ifindex.is_some_and(|i| i != link.ifindex) {
+        if rx.ifindex.is_some_and(|i| i != link.index) {
             continue;
         }
         let Some(msg_bytes) = buf.get(..rx.len) else {
