@@ -7,7 +7,9 @@
 //! ends the tool quietly.
 
 use api::{Client, ClientError, Request};
-use xdeadm::cli::{render, render_as, render_for, reply_fails, Action, CaptureArgs, Cli};
+use xdeadm::cli::grammar::{CaptureArgs, Cli};
+use xdeadm::cli::render::{render, render_as, render_for, reply_fails};
+use xdeadm::cli::requests::Action;
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
