@@ -4,9 +4,9 @@
 //! asks of the daemon is the job of `requests`.
 
 use crate::opteadm;
-use api::port::{DEFAULT_PORT_MTU, MIN_PORT_MTU};
+use api::port::{CidrDirError, DEFAULT_PORT_MTU, MIN_PORT_MTU};
 use api::protocol::DEFAULT_API_SOCKET;
-use api::{CidrDir, Direction, FwAction, FwHost, FwPorts, FwProtoSpec, FwRule, Vni};
+use api::{CidrDir, Direction, FwAction, FwHost, FwPorts, FwProtoSpec, FwRule, FwSyntaxError, Vni};
 use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv6Addr};
@@ -62,10 +62,8 @@ pub enum Command {
     /// Map a guest's VPC address to its MAC and the sled hosting it.
     SetV2p {
         vpc_ip: IpAddr,
-        #[arg(value_parser = parse_mac)]
         vpc_mac: MacAddr,
         underlay_ip: Ipv6Addr,
-        #[arg(value_parser = parse_vni)]
         vni: Vni,
     },
     /// Remove a V2P mapping: `VPC_IP VNI`, or opteadm's `VPC_IP VPC_MAC UNDERLAY_IP
@@ -157,7 +155,7 @@ pub enum Command {
     /// too); no --rule clears the set.
     SetFwRules {
         port: String,
-        #[arg(long = "rule", value_parser = parse_rule)]
+        #[arg(long = "rule", value_parser = FwRule::parse_line)]
         rules: Vec<FwRule>,
         /// Read the rules from standard input, one per line (what opteadm's
         /// `set-fw-rules -p PORT` does).
@@ -290,7 +288,7 @@ pub enum VhostModeArg {
 #[derive(Debug, Args)]
 pub struct CreateXde {
     pub name: String,
-    #[arg(long, value_parser = parse_mac)]
+    #[arg(long)]
     pub guest_mac: MacAddr,
     /// The guest's private address (one IPv4 and/or one IPv6).
     #[arg(long = "private-ip", required = true)]
@@ -298,12 +296,12 @@ pub struct CreateXde {
     /// The VPC subnet (one IPv4 and/or one IPv6).
     #[arg(long = "vpc-subnet", value_parser = parse_net)]
     pub vpc_subnet: Vec<IpNet>,
-    #[arg(long, value_parser = parse_mac)]
+    #[arg(long)]
     pub gateway_mac: MacAddr,
     /// The gateway's IPv4 address (its IPv6 address is derived from the gateway MAC).
     #[arg(long)]
     pub gateway_ip: Option<IpAddr>,
-    #[arg(long, value_parser = parse_vni)]
+    #[arg(long)]
     pub vpc_vni: Vni,
     #[arg(long, default_value_t = DEFAULT_PORT_MTU, value_parser = parse_mtu)]
     pub mtu: u16,
@@ -406,17 +404,8 @@ pub struct RuleArgs {
 pub struct Ports(pub Vec<FwPorts>);
 
 /// `22,443,8000-8080` or `any` (opteadm's spelling of no port filter).
-pub fn parse_ports(s: &str) -> Result<Ports, String> {
-    if s.eq_ignore_ascii_case("any") {
-        return Ok(Ports(Vec::new()));
-    }
-    s.split(',')
-        .map(|p| {
-            p.parse::<FwPorts>()
-                .map_err(|e| format!("{e} (ports: {s:?})"))
-        })
-        .collect::<Result<_, _>>()
-        .map(Ports)
+pub fn parse_ports(s: &str) -> Result<Ports, FwSyntaxError> {
+    FwPorts::parse_list(s).map(Ports)
 }
 
 #[derive(Debug, Args)]
@@ -448,68 +437,43 @@ pub enum StatsFormat {
     Openmetrics,
 }
 
-pub fn parse_mac(s: &str) -> Result<MacAddr, String> {
-    s.parse()
-        .map_err(|e: wire::mac::ParseMacError| e.to_string())
+/// A command-line value that no type of the API's parses, naming it (clap prints
+/// it after the argument's name).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("invalid prefix {0:?}: expected e.g. 10.0.0.0/24 or fd00::/64")]
+    Prefix(String),
+    #[error(transparent)]
+    CidrDir(#[from] CidrDirError),
+    #[error("invalid direction {0:?}: expected in or out (attach-subnet allows both)")]
+    CidrBoth(String),
+    #[error("invalid MTU {0:?}: expected a number")]
+    Mtu(String),
+    #[error("MTU {0} is below {MIN_PORT_MTU}")]
+    MtuBelowMin(u32),
+    #[error("MTU {0} is above 65535")]
+    MtuAboveMax(u32),
 }
 
-pub fn parse_net(s: &str) -> Result<IpNet, String> {
-    s.parse()
-        .map_err(|_| format!("invalid prefix {s:?}: expected e.g. 10.0.0.0/24 or fd00::/64"))
-}
-
-pub fn parse_vni(s: &str) -> Result<Vni, String> {
-    s.parse()
-        .map_err(|e: api::vni::ParseVniError| e.to_string())
+/// A prefix, with a message that shows what one looks like.
+pub fn parse_net(s: &str) -> Result<IpNet, ValueError> {
+    s.parse().map_err(|_| ValueError::Prefix(s.to_string()))
 }
 
 /// `--dir in|out` of `allow-cidr`/`remove-cidr` (any case; both ways is
 /// `attach-subnet`).
-pub fn parse_cidr_dir(s: &str) -> Result<CidrDir, String> {
-    match s
-        .parse()
-        .map_err(|e: api::port::CidrDirError| e.to_string())?
-    {
-        CidrDir::Both => Err(format!(
-            "invalid direction {s:?}: expected in or out (attach-subnet allows both)"
-        )),
+pub fn parse_cidr_dir(s: &str) -> Result<CidrDir, ValueError> {
+    match s.parse()? {
+        CidrDir::Both => Err(ValueError::CidrBoth(s.to_string())),
         d => Ok(d),
     }
 }
 
-pub fn parse_mtu(s: &str) -> Result<u16, String> {
-    let v: u32 = s
-        .parse()
-        .map_err(|_| format!("invalid MTU {s:?}: expected a number"))?;
-    let min = MIN_PORT_MTU;
-    if v < u32::from(min) {
-        return Err(format!("MTU {v} is below {min}"));
+/// A port's MTU: [`MIN_PORT_MTU`] to 65535.
+pub fn parse_mtu(s: &str) -> Result<u16, ValueError> {
+    let v: u32 = s.parse().map_err(|_| ValueError::Mtu(s.to_string()))?;
+    if v < u32::from(MIN_PORT_MTU) {
+        return Err(ValueError::MtuBelowMin(v));
     }
-    u16::try_from(v).map_err(|_| format!("MTU {v} is above 65535"))
-}
-
-/// Parses "direction=in priority=10 action=allow host=any proto=tcp ports=22,443".
-pub fn parse_rule(s: &str) -> Result<FwRule, String> {
-    FwRule::parse_line(s).map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rule_strings() {
-        let r =
-            parse_rule("direction=out priority=5 action=deny host=10.0.0.0/8 proto=udp ports=53")
-                .unwrap();
-        assert_eq!(
-            r.to_string(),
-            "out prio=5 deny host=10.0.0.0/8 proto=udp ports=53"
-        );
-        assert!(parse_rule("priority=5").unwrap_err().contains("direction"));
-        assert!(parse_rule("dir=in prio=5 colour=red")
-            .unwrap_err()
-            .contains("colour"));
-        assert!(parse_rule("dir=in prio=x").unwrap_err().contains("\"x\""));
-    }
+    u16::try_from(v).map_err(|_| ValueError::MtuAboveMax(v))
 }

@@ -1,14 +1,38 @@
 //! How answers are printed for people: each reply as a table or as indented
 //! `key: value` lines ([`render`]), the flow and layer dumps as `flows` lays them
 //! out ([`render_for`]), and the forms a command may ask for instead ([`Show`]:
-//! OpenMetrics, the workers table, JSON). [`reply_fails`] says whether a reply
-//! reports a failed check.
+//! OpenMetrics, the workers table, JSON; [`to_json`] for `--json`). [`reply_fails`]
+//! says whether a reply reports a failed check.
 
 use super::flows;
 use super::layout::{render_value, table};
 use api::{CaptureEnd, Check, CheckStatus, PeerPath, PortLink, PortStatus, Reply, Request};
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Why a reply could not be printed as the command asked.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// The OpenMetrics encoder's own message (`api::openmetrics::render` gives
+    /// it as text).
+    #[error("{0}")]
+    OpenMetrics(String),
+    #[error(transparent)]
+    Json(#[from] JsonError),
+    #[error("not a stats reply: {0:?}")]
+    NotStats(Box<Reply>),
+}
+
+/// A value that could not be printed as JSON.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot print JSON: {0}")]
+pub struct JsonError(#[from] serde_json::Error);
+
+/// A reply (or `ra listen`'s report) as `--json` prints it: one pretty document,
+/// without the final newline.
+pub fn to_json(v: &impl serde::Serialize) -> Result<String, JsonError> {
+    Ok(serde_json::to_string_pretty(v)?)
+}
 
 /// Answers printed in a form of their own rather than by [`render`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,14 +174,11 @@ fn render_paths(out: &mut String, paths: &[PeerPath]) {
 }
 
 /// Prints a reply as `show` says (`json`: the global `--json`).
-pub fn render_as(show: Show, reply: &Reply, json: bool) -> Result<String, String> {
-    let to_json = |v: &Reply| {
-        serde_json::to_string_pretty(v)
-            .map(|s| s + "\n")
-            .map_err(|e| format!("cannot print JSON: {e}"))
-    };
+pub fn render_as(show: Show, reply: &Reply, json: bool) -> Result<String, RenderError> {
     match (show, reply) {
-        (Show::OpenMetrics, Reply::Inspect(v)) => api::openmetrics::render(v),
+        (Show::OpenMetrics, Reply::Inspect(v)) => {
+            api::openmetrics::render(v).map_err(RenderError::OpenMetrics)
+        }
         (Show::Workers, Reply::Inspect(v)) if !json => {
             let rows = worker_rows(v, SystemTime::now());
             let mut out = String::new();
@@ -176,8 +197,8 @@ pub fn render_as(show: Show, reply: &Reply, json: bool) -> Result<String, String
             table(&mut out, &head, rows);
             Ok(out)
         }
-        (Show::Workers | Show::Json, r) => to_json(r),
-        (Show::OpenMetrics, other) => Err(format!("not a stats reply: {other:?}")),
+        (Show::Workers | Show::Json, r) => Ok(to_json(r)? + "\n"),
+        (Show::OpenMetrics, other) => Err(RenderError::NotStats(Box::new(other.clone()))),
     }
 }
 

@@ -4,18 +4,73 @@
 //! value is refused by name before anything is sent.
 
 use super::grammar::{
-    parse_mac, parse_vni, CaptureArgs, Command, CreateXde, ExternalArgs, LimitArgs, RaArgs,
-    RaCommand, RuleArgs, StatsFormat, VhostModeArg,
+    CaptureArgs, Command, CreateXde, ExternalArgs, LimitArgs, RaArgs, RaCommand, RuleArgs,
+    StatsFormat, VhostModeArg,
 };
 use super::render::Show;
-use crate::opteadm;
+use crate::opteadm::{self, RulesError};
+use api::port::PortConfigError;
+use api::route::RouteSyntaxError;
+use api::vni::ParseVniError;
 use api::{
-    CaptureSpec, CidrDir, ExternalIps, FwFilters, FwRule, PortConfig, PortInfo, PortLimits,
-    Request, RouteClass, RouteEntry, RouteTarget, SnatRange, V2pEntry, V2pTarget,
+    CaptureSpec, CidrDir, ExternalIps, FwFilters, FwRule, FwSyntaxError, PortConfig, PortInfo,
+    PortLimits, Request, RouteClass, RouteEntry, RouteTarget, SnatRange, V2pEntry, V2pTarget,
 };
 use ipnet::IpNet;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::PathBuf;
+use wire::mac::ParseMacError;
+
+/// Why a parsed command cannot be what it asks for, naming the bad value: the
+/// API's own syntax and validity errors as they are, and what only the command
+/// line can get wrong. `xdeadm` exits 2 on it, as on clap's usage errors.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    Port(#[from] PortConfigError),
+    #[error(transparent)]
+    Route(#[from] RouteSyntaxError),
+    #[error(transparent)]
+    Firewall(#[from] FwSyntaxError),
+    #[error(transparent)]
+    Rules(#[from] RulesError),
+    #[error(transparent)]
+    Vni(#[from] ParseVniError),
+    #[error(transparent)]
+    Mac(#[from] ParseMacError),
+    #[error("more than one {what}: {values}")]
+    MoreThanOne { what: &'static str, values: String },
+    #[error(
+        "gateway IP {0} is IPv6: the gateway's IPv6 address is always fe80::EUI-64(gateway MAC); give its IPv4 address"
+    )]
+    GatewayIpv6(Ipv6Addr),
+    #[error("SNAT IP {0} needs its port range: --snat-start and --snat-end")]
+    SnatWithoutRange(IpAddr),
+    #[error("router class given twice: {positional} and --class {flag}")]
+    ClassTwice {
+        positional: RouteClass,
+        flag: RouteClass,
+    },
+    #[error("{0} needs --priority")]
+    NoPriority(&'static str),
+    #[error("rm-fw-rule {0}: a rule is named by its id or by --priority and filters, not both")]
+    IdAndFilters(u64),
+    #[error("invalid VPC IP {0:?}")]
+    VpcIp(String),
+    #[error("invalid underlay IPv6 address {0:?}")]
+    UnderlayIp(String),
+    #[error("clear-v2p takes VPC_IP VNI, or VPC_IP VPC_MAC UNDERLAY_IP VNI; got {0} words")]
+    ClearV2pWords(usize),
+    #[error("stats --format openmetrics covers the whole sled: give no port (got {0:?})")]
+    OpenMetricsOfOnePort(String),
+    #[error("ra needs a PORT, or `listen IFACE`")]
+    RaWithoutPort,
+    #[error("capture file {:?}: {error}", file.display())]
+    CaptureFile {
+        file: PathBuf,
+        error: std::io::Error,
+    },
+}
 
 /// What a parsed command does.
 #[derive(Debug, PartialEq)]
@@ -32,7 +87,7 @@ pub enum Action {
 
 impl Command {
     /// Turns the command into what to do; errors name the bad value.
-    pub fn action(self) -> Result<Action, String> {
+    pub fn action(self) -> Result<Action, CommandError> {
         let req = match self {
             Command::CreateXde(c) => Request::CreatePort(Box::new(PortInfo {
                 vhost_user: c.vhost_user.clone().map(|socket| api::VhostUser {
@@ -71,7 +126,7 @@ impl Command {
                 class_flag,
                 mtu,
             } => {
-                let target = RouteTarget::parse_for(&dest, &target).map_err(|e| e.to_string())?;
+                let target = RouteTarget::parse_for(&dest, &target)?;
                 let class = route_class(class.as_deref(), class_flag.as_deref())?;
                 Request::AddRouterEntry {
                     port,
@@ -91,7 +146,7 @@ impl Command {
                 class_flag,
             } => {
                 if let Some(t) = &target {
-                    RouteTarget::parse_for(&dest, t).map_err(|e| e.to_string())?;
+                    RouteTarget::parse_for(&dest, t)?;
                 }
                 let class = route_class(class.as_deref(), class_flag.as_deref())?;
                 Request::DelRouterEntry { port, dest, class }
@@ -99,7 +154,7 @@ impl Command {
             Command::DumpRoutes { port } => Request::DumpRoutes { port },
             Command::AddFwRule { port, rule, action } => {
                 let filters = rule.filters();
-                filters.validate().map_err(|e| e.to_string())?;
+                filters.validate()?;
                 Request::AddFwRule {
                     port,
                     rule: FwRule {
@@ -117,9 +172,7 @@ impl Command {
                 rule,
             } => {
                 if rule.priority.is_some() || rule.ports.is_some() {
-                    return Err(format!(
-                        "rm-fw-rule {id}: a rule is named by its id or by --priority and filters, not both"
-                    ));
+                    return Err(CommandError::IdAndFilters(id));
                 }
                 Request::RmFwRuleId {
                     port,
@@ -189,9 +242,7 @@ impl Command {
                     (StatsFormat::Json, _) => Show::Json,
                     (StatsFormat::Openmetrics, None) => Show::OpenMetrics,
                     (StatsFormat::Openmetrics, Some(p)) => {
-                        return Err(format!(
-                            "stats --format openmetrics covers the whole sled: give no port (got {p:?})"
-                        ))
+                        return Err(CommandError::OpenMetricsOfOnePort(p.clone()))
                     }
                 };
                 return Ok(Action::Show(Request::Stats { port }, show));
@@ -211,7 +262,7 @@ impl Command {
                 port: Some(port), ..
             }) => Request::Ra { port },
             Command::Ra(RaArgs { .. }) => {
-                return Err("ra needs a PORT, or `listen IFACE`".into());
+                return Err(CommandError::RaWithoutPort);
             }
             Command::Doctor => Request::Doctor,
             Command::PathCheck { underlay_addr } => Request::PathCheck {
@@ -219,12 +270,12 @@ impl Command {
             },
             Command::Capture(c) => match &c.file {
                 // The daemon has its own working directory.
-                Some(f) => Request::Capture(
-                    c.spec(
-                        std::path::absolute(f)
-                            .map_err(|e| format!("capture file {:?}: {e}", f.display()))?,
-                    ),
-                ),
+                Some(f) => Request::Capture(c.spec(std::path::absolute(f).map_err(|error| {
+                    CommandError::CaptureFile {
+                        file: f.clone(),
+                        error,
+                    }
+                })?)),
                 None => return Ok(Action::CaptureToStdout(c)),
             },
         };
@@ -233,48 +284,49 @@ impl Command {
 }
 
 /// `clear-v2p VPC_IP VNI`, or opteadm's `clear-v2p VPC_IP VPC_MAC UNDERLAY_IP VNI`.
-fn clear_v2p(words: &[String]) -> Result<Request, String> {
+fn clear_v2p(words: &[String]) -> Result<Request, CommandError> {
     let ip = |s: &str| {
         s.parse::<IpAddr>()
-            .map_err(|_| format!("invalid VPC IP {s:?}"))
+            .map_err(|_| CommandError::VpcIp(s.to_string()))
     };
     match words {
         [vpc_ip, vni] => Ok(Request::ClearV2p {
             vpc_ip: ip(vpc_ip)?,
-            vni: parse_vni(vni)?,
+            vni: vni.parse()?,
             expect: None,
         }),
         [vpc_ip, mac, underlay, vni] => Ok(Request::ClearV2p {
             vpc_ip: ip(vpc_ip)?,
-            vni: parse_vni(vni)?,
+            vni: vni.parse()?,
             expect: Some(V2pTarget {
-                vpc_mac: parse_mac(mac)?,
+                vpc_mac: mac.parse()?,
                 underlay_ip: underlay
                     .parse()
-                    .map_err(|_| format!("invalid underlay IPv6 address {underlay:?}"))?,
+                    .map_err(|_| CommandError::UnderlayIp(underlay.to_string()))?,
             }),
         }),
-        _ => Err(format!(
-            "clear-v2p takes VPC_IP VNI, or VPC_IP VPC_MAC UNDERLAY_IP VNI; got {} words",
-            words.len()
-        )),
+        _ => Err(CommandError::ClearV2pWords(words.len())),
     }
 }
 
 impl CreateXde {
     /// Builds the port configuration, refusing what it cannot hold by name.
-    pub fn to_config(&self) -> Result<PortConfig, String> {
-        fn one<T: Copy + std::fmt::Display>(what: &str, v: &[T]) -> Result<Option<T>, String> {
+    pub fn to_config(&self) -> Result<PortConfig, CommandError> {
+        fn one<T: Copy + std::fmt::Display>(
+            what: &'static str,
+            v: &[T],
+        ) -> Result<Option<T>, CommandError> {
             match v {
                 [] => Ok(None),
                 [x] => Ok(Some(*x)),
-                _ => Err(format!(
-                    "more than one {what}: {}",
-                    v.iter()
+                _ => Err(CommandError::MoreThanOne {
+                    what,
+                    values: v
+                        .iter()
                         .map(|x| x.to_string())
                         .collect::<Vec<_>>()
-                        .join(", ")
-                )),
+                        .join(", "),
+                }),
             }
         }
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
@@ -294,11 +346,7 @@ impl CreateXde {
         let gateway_ipv4 = match self.gateway_ip {
             None => None,
             Some(IpAddr::V4(a)) => Some(a),
-            Some(IpAddr::V6(a)) => {
-                return Err(format!(
-                    "gateway IP {a} is IPv6: the gateway's IPv6 address is always fe80::EUI-64(gateway MAC); give its IPv4 address"
-                ))
-            }
+            Some(IpAddr::V6(a)) => return Err(CommandError::GatewayIpv6(a)),
         };
         let cfg = PortConfig {
             name: self.name.clone(),
@@ -334,20 +382,19 @@ impl CreateXde {
             limits: self.limits.to_limits(),
             cidrs: Default::default(),
         };
-        cfg.validate().map_err(|e| e.to_string())?;
+        cfg.validate()?;
         Ok(cfg)
     }
 }
 
 /// A route's class from opteadm's positional CLASS or `--class` (the same if
 /// both); `system` when neither.
-fn route_class(positional: Option<&str>, flag: Option<&str>) -> Result<RouteClass, String> {
-    let class = |s: &str| s.parse::<RouteClass>().map_err(|e| e.to_string());
-    let p = positional.map(class).transpose()?;
-    let f = flag.map(class).transpose()?;
+fn route_class(positional: Option<&str>, flag: Option<&str>) -> Result<RouteClass, CommandError> {
+    let p = positional.map(str::parse::<RouteClass>).transpose()?;
+    let f = flag.map(str::parse::<RouteClass>).transpose()?;
     match (p, f) {
-        (Some(a), Some(b)) if a != b => {
-            Err(format!("router class given twice: {a} and --class {b}"))
+        (Some(positional), Some(flag)) if positional != flag => {
+            Err(CommandError::ClassTwice { positional, flag })
         }
         (a, b) => Ok(a.or(b).unwrap_or_default()),
     }
@@ -389,15 +436,11 @@ impl LimitArgs {
 impl ExternalArgs {
     /// The addresses; the range's bounds are checked with the port's addresses
     /// (create-xde here, set-external-ips by the daemon).
-    pub fn to_external(&self) -> Result<ExternalIps, String> {
+    pub fn to_external(&self) -> Result<ExternalIps, CommandError> {
         let snat = match (self.snat_ip, self.snat_start, self.snat_end) {
             (None, _, _) => None,
             (Some(ip), Some(start), Some(end)) => Some(SnatRange { ip, start, end }),
-            (Some(ip), _, _) => {
-                return Err(format!(
-                    "SNAT IP {ip} needs its port range: --snat-start and --snat-end"
-                ))
-            }
+            (Some(ip), _, _) => return Err(CommandError::SnatWithoutRange(ip)),
         };
         Ok(ExternalIps {
             snat,
@@ -417,9 +460,8 @@ impl RuleArgs {
         }
     }
 
-    fn priority(&self, verb: &str) -> Result<u16, String> {
-        self.priority
-            .ok_or_else(|| format!("{verb} needs --priority"))
+    fn priority(&self, verb: &'static str) -> Result<u16, CommandError> {
+        self.priority.ok_or(CommandError::NoPriority(verb))
     }
 }
 
@@ -430,10 +472,11 @@ mod tests {
     use api::port::DEFAULT_PORT_MTU;
     use api::{CaptureSpec, Direction, FwAction, FwHost, FwPorts, FwProto, Vni};
 
+    /// The action of a command line, or the message `xdeadm` would print.
     fn parse(args: &[&str]) -> Result<Action, String> {
         let cli = Cli::parse_line(std::iter::once("xdeadm").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
-        cli.command.action()
+        cli.command.action().map_err(|e| e.to_string())
     }
 
     const CREATE: &[&str] = &[
@@ -1113,6 +1156,30 @@ mod tests {
         assert_eq!((c.underlay, c.seconds, c.count), (true, Some(3), None));
         let e = parse(&["capture", "a1", "-c", "many"]).unwrap_err();
         assert!(e.contains("many"), "{e}");
+    }
+
+    /// `set-fw-rules --rule` takes the API's rule lines, and refuses a bad one
+    /// naming what is wrong with it.
+    #[test]
+    fn rule_strings() {
+        let line = "direction=out priority=5 action=deny host=10.0.0.0/8 proto=udp ports=53";
+        let a = parse(&["set-fw-rules", "p", "--rule", line]).unwrap();
+        let Action::Call(Request::SetFwRules { rules, .. }) = a else {
+            panic!("{a:?}")
+        };
+        let shown: Vec<String> = rules.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            ["out prio=5 deny host=10.0.0.0/8 proto=udp ports=53"]
+        );
+        for (rule, named) in [
+            ("priority=5", "direction"),
+            ("dir=in prio=5 colour=red", "colour"),
+            ("dir=in prio=x", "\"x\""),
+        ] {
+            let e = parse(&["set-fw-rules", "p", "--rule", rule]).unwrap_err();
+            assert!(e.contains(named), "{rule}: {e}");
+        }
     }
 
     #[test]
