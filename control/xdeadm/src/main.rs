@@ -6,61 +6,110 @@
 //! daemon unreachable. Output cut short by the reader (`xdeadm dump-v2p | head -1`)
 //! ends the tool quietly.
 
-use api::{Client, ClientError, Request};
-use xdeadm::cli::{render, render_as, render_for, reply_fails, Action, CaptureArgs, Cli};
-
+use api::{Client, ClientError, Refusal, Request};
 use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::{self, ErrorKind, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use xdeadm::ra_listen;
+use xdeadm::cli::grammar::{CaptureArgs, Cli};
+use xdeadm::cli::render::{
+    render, render_as, render_for, reply_fails, to_json, JsonError, RenderError,
+};
+use xdeadm::cli::requests::{Action, CommandError};
+use xdeadm::ra_listen::{self, RaListenError};
 
-/// How a run ended, each with its exit code.
+/// How a run ended short of success; [`Failure::exit_code`] says with which code.
+#[derive(Debug, thiserror::Error)]
 enum Failure {
-    /// The daemon refused the request, or reported a failed check. Exit 1.
-    Refused(String),
-    /// A check failed; its report is already printed. Exit 1.
+    /// The daemon refused the request: its message is printed.
+    #[error(transparent)]
+    Refused(Refusal),
+    /// A check failed; its report is already printed.
+    #[error("a check failed")]
     ChecksFailed,
-    /// The command line asks for something impossible. Exit 2 (as clap's own
-    /// usage errors).
-    Usage(String),
-    /// No daemon at the socket, or it stopped answering. Exit 3.
-    Unreachable(String),
-    /// Whoever reads our output went away: nothing more to say. Exit 0.
+    /// `ra listen` heard no Router Advertisement.
+    #[error(transparent)]
+    RaListen(#[from] RaListenError),
+    /// No file for the daemon to write a capture into.
+    #[error("cannot create a capture file in {}: {error} (or give -w FILE)", dir.display())]
+    NoCaptureFile { dir: PathBuf, error: io::Error },
+    /// The capture the daemon wrote cannot be read back.
+    #[error("capture file {}: {error}", file.display())]
+    CaptureUnread { file: PathBuf, error: io::Error },
+    /// Writing the output failed, other than by its reader going away.
+    #[error("cannot write {what}: {error}")]
+    Output {
+        what: &'static str,
+        error: io::Error,
+    },
+    #[error(transparent)]
+    Json(#[from] JsonError),
+    /// The command line asks for something impossible.
+    #[error(transparent)]
+    Usage(#[from] CommandError),
+    /// The reply cannot be printed in the form the command line asks for.
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    #[error("socket path {:?}: {error}", socket.display())]
+    SocketPath { socket: PathBuf, error: io::Error },
+    /// No daemon at the socket, or it stopped answering.
+    #[error(transparent)]
+    Unreachable(ClientError),
+    /// Whoever reads our output went away: nothing more to say.
+    #[error("the reader of the output went away")]
     ReaderGone,
-    /// Writing the output failed otherwise. Exit 1.
-    Output(String),
 }
 
 impl From<ClientError> for Failure {
     fn from(e: ClientError) -> Failure {
         match e {
-            ClientError::Refused(r) => Failure::Refused(r.message),
-            e => Failure::Unreachable(e.to_string()),
+            ClientError::Refused(r) => Failure::Refused(r),
+            e => Failure::Unreachable(e),
         }
+    }
+}
+
+impl Failure {
+    /// The exit code, as the module doc lists them; usage errors exit 2 as clap's
+    /// own do.
+    fn exit_code(&self) -> u8 {
+        match self {
+            Failure::ReaderGone => 0,
+            Failure::Refused(_)
+            | Failure::ChecksFailed
+            | Failure::RaListen(_)
+            | Failure::NoCaptureFile { .. }
+            | Failure::CaptureUnread { .. }
+            | Failure::Output { .. }
+            | Failure::Json(_) => 1,
+            Failure::Usage(_) | Failure::Render(_) | Failure::SocketPath { .. } => 2,
+            Failure::Unreachable(_) => 3,
+        }
+    }
+
+    /// Whether to print the message: a failed check's report and a reader that
+    /// went away need no more words.
+    fn is_told(&self) -> bool {
+        !matches!(self, Failure::ChecksFailed | Failure::ReaderGone)
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse_line(std::env::args_os()).unwrap_or_else(|e| e.exit());
-    let (code, message) = match run(cli) {
-        Ok(()) | Err(Failure::ReaderGone) => (0, None),
-        Err(Failure::ChecksFailed) => (1, None),
-        Err(Failure::Refused(e) | Failure::Output(e)) => (1, Some(e)),
-        Err(Failure::Usage(e)) => (2, Some(e)),
-        Err(Failure::Unreachable(e)) => (3, Some(e)),
+    let Err(failure) = run(cli) else {
+        return ExitCode::SUCCESS;
     };
-    if let Some(e) = message {
-        eprintln!("xdeadm: {e}");
+    if failure.is_told() {
+        eprintln!("xdeadm: {failure}");
     }
-    ExitCode::from(code)
+    ExitCode::from(failure.exit_code())
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
     let json = cli.json;
-    match cli.command.action().map_err(Failure::Usage)? {
+    match cli.command.action()? {
         Action::Call(request) => {
             let reply = Client::connect(&cli.socket)?.call(&request)?;
             if json {
@@ -74,11 +123,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Action::Show(request, show) => {
             let reply = Client::connect(&cli.socket)?.call(&request)?;
-            emit(&render_as(show, &reply, json).map_err(Failure::Usage)?)?;
+            emit(&render_as(show, &reply, json)?)?;
         }
         Action::RaListen { iface, timeout_s } => {
-            let report = ra_listen::listen(&iface, Duration::from_secs(timeout_s))
-                .map_err(Failure::Refused)?;
+            let report = ra_listen::listen(&iface, Duration::from_secs(timeout_s))?;
             if json {
                 emit(&format!("{}\n", to_json(&report)?))?;
             } else {
@@ -101,8 +149,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
 /// the API socket's directory, which overlayd can write even when systemd gives it
 /// a private /tmp and a read-only file system elsewhere.
 fn own_capture_file(socket: &Path) -> Result<PathBuf, Failure> {
-    let socket = std::path::absolute(socket)
-        .map_err(|e| Failure::Usage(format!("socket path {:?}: {e}", socket.display())))?;
+    let socket = std::path::absolute(socket).map_err(|error| Failure::SocketPath {
+        socket: socket.to_path_buf(),
+        error,
+    })?;
     let dir = socket.parent().unwrap_or(Path::new("/"));
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -116,11 +166,9 @@ fn own_capture_file(socket: &Path) -> Result<PathBuf, Failure> {
         .create_new(true)
         .mode(0o600)
         .open(&path)
-        .map_err(|e| {
-            Failure::Refused(format!(
-                "cannot create a capture file in {}: {e} (or give -w FILE)",
-                dir.display()
-            ))
+        .map_err(|error| Failure::NoCaptureFile {
+            dir: dir.to_path_buf(),
+            error,
         })?;
     Ok(path)
 }
@@ -135,13 +183,20 @@ fn capture_to_stdout(
 ) -> Result<(), Failure> {
     let request = Request::Capture(args.spec(path.to_path_buf()));
     let reply = Client::connect(socket)?.call(&request)?;
-    let mut file = File::open(path)
-        .map_err(|e| Failure::Output(format!("capture file {}: {e}", path.display())))?;
+    let mut file = File::open(path).map_err(|error| Failure::CaptureUnread {
+        file: path.to_path_buf(),
+        error,
+    })?;
     let mut out = std::io::stdout().lock();
     match std::io::copy(&mut file, &mut out).and_then(|_| out.flush()) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::BrokenPipe => return Err(Failure::ReaderGone),
-        Err(e) => return Err(Failure::Output(format!("cannot write the capture: {e}"))),
+        Err(error) => {
+            return Err(Failure::Output {
+                what: "the capture",
+                error,
+            })
+        }
     }
     if json {
         eprintln!("{}", to_json(&reply)?);
@@ -158,10 +213,9 @@ fn emit(text: &str) -> Result<(), Failure> {
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::BrokenPipe => Err(Failure::ReaderGone),
-        Err(e) => Err(Failure::Output(format!("cannot write the output: {e}"))),
+        Err(error) => Err(Failure::Output {
+            what: "the output",
+            error,
+        }),
     }
-}
-
-fn to_json<T: serde::Serialize>(v: &T) -> Result<String, Failure> {
-    serde_json::to_string_pretty(v).map_err(|e| Failure::Output(format!("cannot print JSON: {e}")))
 }

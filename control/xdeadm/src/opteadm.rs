@@ -13,7 +13,7 @@
 //! rule lines: [`api::FwRule::parse_line`]). What the engine cannot do (internet gateway ids,
 //! ARP filters) is refused, naming the value, never approximated.
 
-use api::FwRule;
+use api::{FwRule, FwSyntaxError};
 use std::ffi::OsString;
 use std::io::BufRead;
 
@@ -94,19 +94,28 @@ pub fn normalize(args: Vec<OsString>) -> Vec<OsString> {
     out
 }
 
+/// Why the rules on standard input were not taken: none is sent then.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    #[error("cannot read rules from standard input: {0}")]
+    Read(#[from] std::io::Error),
+    #[error("line {line}: {error}")]
+    Line { line: usize, error: FwSyntaxError },
+}
+
 /// Firewall rules one per line, as `set-fw-rules -p PORT` takes them on standard
 /// input: opteadm's `dir=in action=allow priority=10 hosts=any protocol=TCP port=22`
 /// or `xdeadm`'s own `--rule` strings. Blank lines and lines starting with `#` are
 /// skipped; a bad line is refused with its number.
-pub fn read_rules(input: impl BufRead) -> Result<Vec<FwRule>, String> {
+pub fn read_rules(input: impl BufRead) -> Result<Vec<FwRule>, RulesError> {
     let mut rules = Vec::new();
     for (n, line) in (1..).zip(input.lines()) {
-        let line = line.map_err(|e| format!("cannot read rules from standard input: {e}"))?;
+        let line = line?;
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        rules.push(FwRule::parse_line(line).map_err(|e| format!("line {n}: {e}"))?);
+        rules.push(FwRule::parse_line(line).map_err(|error| RulesError::Line { line: n, error })?);
     }
     Ok(rules)
 }
@@ -169,7 +178,8 @@ mod tests {
         let e = read_rules(
             "dir=in action=allow priority=1\ndir=in priority=2 hosts=vni=16777216\n".as_bytes(),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with("line 2:") && e.contains("vni=16777216"),
             "{e}"
@@ -190,6 +200,6 @@ mod tests {
                 "in prio=3 allow host=any proto=tcp ports=80,8000-8080",
             ]
         );
-        assert_eq!(read_rules("".as_bytes()), Ok(vec![]));
+        assert!(read_rules("".as_bytes()).unwrap().is_empty());
     }
 }

@@ -8,16 +8,49 @@
 //! but the checksum is verified independently by the kernel on receive and our
 //! own parse verifies it again against the addresses the packet arrived with.
 
-use dpio::icmp6::Icmp6Socket;
+use icmp6::{Icmp6Socket, Link};
 use serde::Serialize;
+use std::io;
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 use wire::icmpv6::msg;
 use wire::ndp::{self, RaSummary};
-use wire::MacAddr;
+use wire::{MacAddr, WireError};
 
 /// All-routers link-local multicast (RFC 4291), where a Router Solicitation goes.
 pub const ALL_ROUTERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
+
+/// Why no Router Advertisement was reported, or why one received was not taken;
+/// each names the interface or the sender.
+#[derive(Debug, thiserror::Error)]
+pub enum RaListenError {
+    #[error("interface {iface:?}: {error}")]
+    Interface { iface: String, error: io::Error },
+    #[error("raw ICMPv6 socket on {iface:?}: {error} (needs root or CAP_NET_RAW)")]
+    Socket { iface: String, error: io::Error },
+    #[error("cannot build Router Solicitation: {0}")]
+    Solicitation(WireError),
+    #[error("send Router Solicitation on {iface:?}: {error}")]
+    Send { iface: String, error: io::Error },
+    #[error("receive on {iface:?}: {error}")]
+    Receive { iface: String, error: io::Error },
+    #[error("ICMPv6 message from {from}: {error}")]
+    NotAnRa { from: Ipv6Addr, error: WireError },
+    #[error(
+        "could not send a Router Solicitation on {iface:?} within {} s (no usable link-local address yet?)",
+        timeout.as_secs_f32()
+    )]
+    NothingSent { iface: String, timeout: Duration },
+    #[error(
+        "no Router Advertisement on {iface:?} within {} s ({sent} solicitations sent)",
+        timeout.as_secs_f32()
+    )]
+    NoAnswer {
+        iface: String,
+        timeout: Duration,
+        sent: u32,
+    },
+}
 
 /// What the guest learnt from one Router Advertisement.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -48,9 +81,13 @@ impl RaReport {
         destination: Ipv6Addr,
         ip_hop_limit: Option<u8>,
         after: Duration,
-    ) -> Result<RaReport, String> {
-        let ra = RaSummary::decode(msg_bytes, source, destination)
-            .map_err(|e| format!("ICMPv6 message from {source}: {e}"))?;
+    ) -> Result<RaReport, RaListenError> {
+        let ra = RaSummary::decode(msg_bytes, source, destination).map_err(|error| {
+            RaListenError::NotAnRa {
+                from: source,
+                error,
+            }
+        })?;
         Ok(RaReport {
             interface: interface.to_string(),
             source,
@@ -145,26 +182,31 @@ impl core::fmt::Display for RaReport {
 }
 
 /// The Router Solicitation we send: no options when we have no MAC to offer.
-pub fn router_solicitation(lladdr: Option<MacAddr>) -> Result<Vec<u8>, String> {
+pub fn router_solicitation(lladdr: Option<MacAddr>) -> Result<Vec<u8>, RaListenError> {
     let repr = ndp::Repr::RouterSolicit { lladdr };
     let mut buf = vec![0u8; repr.buffer_len()];
     let mut p = ndp::Packet::new_unchecked(&mut buf[..]);
     // The kernel computes the checksum of ICMPv6 raw sockets itself (RFC 3542 §3.1),
     // with the source address it picks; the one emitted here is overwritten.
     repr.emit(&mut p, Ipv6Addr::UNSPECIFIED, ALL_ROUTERS)
-        .map_err(|e| format!("cannot build Router Solicitation: {e}"))?;
+        .map_err(RaListenError::Solicitation)?;
     Ok(buf)
 }
 
 /// Sends a Router Solicitation on `iface` and waits up to `timeout` for an RA.
 /// RAs that fail validation are reported on stderr and waiting continues.
-pub fn listen(iface: &str, timeout: Duration) -> Result<RaReport, String> {
-    let link = dpio::netlink::Netlink::open()
-        .and_then(|mut nl| nl.link_by_name(iface))
-        .map_err(|e| format!("interface {iface:?}: {e}"))?;
-    let sock = Icmp6Socket::open(iface, link.ifindex, &[msg::ROUTER_ADVERT])
-        .map_err(|e| format!("raw ICMPv6 socket on {iface:?}: {e} (needs root or CAP_NET_RAW)"))?;
-    let rs = router_solicitation(link.mac.filter(|m| m.is_unicast()))?;
+pub fn listen(iface: &str, timeout: Duration) -> Result<RaReport, RaListenError> {
+    let link = Link::by_name(iface).map_err(|error| RaListenError::Interface {
+        iface: iface.to_string(),
+        error,
+    })?;
+    let sock = Icmp6Socket::open(iface, link.index, &[msg::ROUTER_ADVERT]).map_err(|error| {
+        RaListenError::Socket {
+            iface: iface.to_string(),
+            error,
+        }
+    })?;
+    let rs = router_solicitation(link.mac.map(MacAddr).filter(|m| m.is_unicast()))?;
     let start = Instant::now();
     let deadline = start + timeout;
     let mut buf = vec![0u8; 65536];
@@ -174,20 +216,19 @@ pub fn listen(iface: &str, timeout: Duration) -> Result<RaReport, String> {
     loop {
         let now = Instant::now();
         if now >= deadline {
+            let iface = iface.to_string();
             return Err(if sent == 0 {
-                format!(
-                    "could not send a Router Solicitation on {iface:?} within {} s (no usable link-local address yet?)",
-                    timeout.as_secs_f32()
-                )
+                RaListenError::NothingSent { iface, timeout }
             } else {
-                format!(
-                    "no Router Advertisement on {iface:?} within {} s ({sent} solicitations sent)",
-                    timeout.as_secs_f32()
-                )
+                RaListenError::NoAnswer {
+                    iface,
+                    timeout,
+                    sent,
+                }
             });
         }
         if sent < MAX_RTR_SOLICITATIONS && now >= next_send {
-            match sock.send_to(&rs, ALL_ROUTERS, link.ifindex) {
+            match sock.send_to(&rs, ALL_ROUTERS, link.index) {
                 Ok(()) => {
                     sent += 1;
                     sent_at = now;
@@ -198,17 +239,25 @@ pub fn listen(iface: &str, timeout: Duration) -> Result<RaReport, String> {
                 Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
                     next_send = now + Duration::from_millis(200);
                 }
-                Err(e) => return Err(format!("send Router Solicitation on {iface:?}: {e}")),
+                Err(error) => {
+                    return Err(RaListenError::Send {
+                        iface: iface.to_string(),
+                        error,
+                    })
+                }
             }
         }
         let wait = deadline.min(next_send.max(now + Duration::from_millis(1))) - now;
         let Some(rx) = sock
             .recv(&mut buf, wait)
-            .map_err(|e| format!("receive on {iface:?}: {e}"))?
+            .map_err(|error| RaListenError::Receive {
+                iface: iface.to_string(),
+                error,
+            })?
         else {
             continue;
         };
-        if rx.ifindex.is_some_and(|i| i != link.ifindex) {
+        if rx.ifindex.is_some_and(|i| i != link.index) {
             continue;
         }
         let Some(msg_bytes) = buf.get(..rx.len) else {
@@ -296,7 +345,9 @@ mod tests {
         let dst: Ipv6Addr = "ff02::1".parse().unwrap();
         let mut b = ra_bytes(Some(8500), src, dst);
         b[2] ^= 0xff;
-        let e = RaReport::decode("eth0", &b, src, dst, Some(255), Duration::ZERO).unwrap_err();
+        let e = RaReport::decode("eth0", &b, src, dst, Some(255), Duration::ZERO)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("checksum"), "{e}");
         let global: Ipv6Addr = "fd00::1".parse().unwrap();
         let b = ra_bytes(None, global, dst);

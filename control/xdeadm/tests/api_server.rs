@@ -10,7 +10,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use xdeadm::cli::{Action, Cli};
+use xdeadm::cli::grammar::Cli;
+use xdeadm::cli::requests::Action;
 
 fn engine_cfg() -> EngineConfig {
     EngineConfig::new("fd00:99::1".parse().unwrap())

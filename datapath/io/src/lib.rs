@@ -23,7 +23,6 @@
 pub mod channels;
 pub mod cpu;
 pub mod guest;
-pub mod icmp6;
 pub mod netlink;
 pub mod netns;
 pub mod packet;

@@ -3,7 +3,7 @@
 //! (what `--json` prints); these read it by field name and print one row per
 //! layer, rule or flow, the way operators read opteadm's output.
 
-use super::{render_value, scalar, table};
+use super::layout::{render_value, scalar, table};
 use api::{Reply, Request};
 use serde_json::Value;
 use std::fmt::Write as _;

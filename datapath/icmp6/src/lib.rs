@@ -1,5 +1,16 @@
-//! A raw ICMPv6 socket on one interface: what `xdeadm ra listen` solicits and
-//! receives Router Advertisements with, from inside a guest.
+//! A raw ICMPv6 socket on one interface ([`Icmp6Socket`]), and what a host needs to
+//! know of that interface to speak Neighbor Discovery on it ([`Link`]): what
+//! `xdeadm ra listen` solicits and receives Router Advertisements with, from inside
+//! a guest.
+//!
+//! A crate of its own rather than a module of the daemon's I/O layer (`dpio`), so
+//! the admin tool links neither that layer nor what it pulls in (aya, vhost-user):
+//! inside a guest this socket is all it needs. Every `unsafe` block is a syscall or
+//! a read of what the kernel wrote, and says why it holds in a `// SAFETY:` comment.
+
+mod link;
+
+pub use link::Link;
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -200,5 +211,40 @@ impl Icmp6Socket {
             }
         }
         Ok(Some(rx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo request to ::1 on loopback comes back through the filter with the
+    /// addresses, interface and hop limit the control messages carry; the kernel's
+    /// echo reply is filtered out. Needs root or CAP_NET_RAW (CI runs it as root).
+    #[test]
+    fn loopback_echo_through_the_filter() {
+        const ECHO_REQUEST: u8 = 128;
+        let lo = Link::by_name("lo").unwrap();
+        let sock = Icmp6Socket::open("lo", lo.index, &[ECHO_REQUEST])
+            .unwrap_or_else(|e| panic!("raw ICMPv6 socket (needs root or CAP_NET_RAW): {e}"));
+        let echo = [ECHO_REQUEST, 0, 0, 0, 0x12, 0x34, 0, 1];
+        sock.send_to(&echo, Ipv6Addr::LOCALHOST, lo.index).unwrap();
+        let mut buf = [0u8; 64];
+        let rx = sock
+            .recv(&mut buf, Duration::from_secs(2))
+            .unwrap()
+            .expect("the echo request, within 2 s");
+        assert_eq!(buf[..rx.len][0], ECHO_REQUEST);
+        assert_eq!(&buf[4..rx.len], &echo[4..]);
+        assert_eq!(rx.source, Ipv6Addr::LOCALHOST);
+        assert_eq!(rx.destination, Some(Ipv6Addr::LOCALHOST));
+        assert_eq!(rx.ifindex, Some(lo.index));
+        assert_eq!(rx.hop_limit, Some(255));
+        assert!(
+            sock.recv(&mut buf, Duration::from_millis(100))
+                .unwrap()
+                .is_none(),
+            "the echo reply passed the filter"
+        );
     }
 }

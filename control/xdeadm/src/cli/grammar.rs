@@ -1,0 +1,479 @@
+//! The words `xdeadm` takes: its verbs and their arguments as clap parses them
+//! ([`Cli`], [`Command`] and the argument groups), and the value parsers that
+//! refuse a bad value by name before anything else runs. What a parsed command
+//! asks of the daemon is the job of `requests`.
+
+use crate::opteadm;
+use api::port::{CidrDirError, DEFAULT_PORT_MTU, MIN_PORT_MTU};
+use api::protocol::DEFAULT_API_SOCKET;
+use api::{CidrDir, Direction, FwAction, FwHost, FwPorts, FwProtoSpec, FwRule, FwSyntaxError, Vni};
+use clap::{Args, Parser, Subcommand};
+use ipnet::IpNet;
+use std::net::{IpAddr, Ipv6Addr};
+use std::path::PathBuf;
+use wire::MacAddr;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "xdeadm",
+    version,
+    about = "Administer the overlayd datapath",
+    after_help = "opteadm's command lines work too: -p/--port PORT wherever opteadm takes it \
+                  (list-layers, dump-layer, dump-uft, clear-uft, dump-tcp-flows, \
+                  add/del-router-entry, add/rm-fw-rule, remove-fw-rule, list-fw-rules, \
+                  set-fw-rules, which then reads its rules from standard input, \
+                  set-external-ips, set-port-limits, pause-port, resume-port, allow-cidr, \
+                  remove-cidr, attach-subnet, detach-subnet)."
+)]
+pub struct Cli {
+    /// The daemon's API socket.
+    #[arg(long, global = true, value_name = "PATH", default_value = DEFAULT_API_SOCKET)]
+    pub socket: PathBuf,
+    /// Print machine-readable JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+impl Cli {
+    /// Parses a command line, opteadm's forms included (see [`opteadm::normalize`]).
+    pub fn parse_line(
+        args: impl IntoIterator<Item = impl Into<std::ffi::OsString>>,
+    ) -> Result<Cli, clap::Error> {
+        let args = args.into_iter().map(Into::into).collect();
+        Cli::try_parse_from(opteadm::normalize(args))
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a guest port (a tap device) and its gateway.
+    CreateXde(Box<CreateXde>),
+    /// Delete a port and its routes and firewall rules.
+    DeleteXde { name: String },
+    /// List ports, with their state (ready: no frame yet; running; paused).
+    ListPorts,
+    /// Pause a port: every frame from and to its guest is dropped (counted as
+    /// port_paused) until resume-port; its flows, connections and rules are kept.
+    PausePort { port: String },
+    /// Resume a paused port: its connections continue where they were.
+    ResumePort { port: String },
+    /// Map a guest's VPC address to its MAC and the sled hosting it.
+    SetV2p {
+        vpc_ip: IpAddr,
+        vpc_mac: MacAddr,
+        underlay_ip: Ipv6Addr,
+        vni: Vni,
+    },
+    /// Remove a V2P mapping: `VPC_IP VNI`, or opteadm's `VPC_IP VPC_MAC UNDERLAY_IP
+    /// VNI` (then only if the mapping is exactly that).
+    ClearV2p {
+        #[arg(num_args = 2..=4, value_names = ["VPC_IP", "VNI"], required = true)]
+        words: Vec<String>,
+    },
+    /// Show all V2P mappings.
+    DumpV2p,
+    /// Let traffic to an external PREFIX leave by these boundary-services
+    /// endpoints (underlay addresses; added to those the prefix has). Each flow
+    /// takes one, by its hash, among those of the longest matching prefix.
+    SetV2b {
+        prefix: IpNet,
+        #[arg(required = true)]
+        endpoints: Vec<Ipv6Addr>,
+    },
+    /// Remove boundary-services endpoints from a V2B prefix (the prefix goes with
+    /// its last endpoint).
+    ClearV2b {
+        prefix: IpNet,
+        #[arg(required = true)]
+        endpoints: Vec<Ipv6Addr>,
+    },
+    /// Show the V2B table, `--boundary-services` included.
+    DumpV2b,
+    /// Add a router entry: DEST is a prefix, TARGET one of subnet, igw, drop (or
+    /// opteadm's sub4=CIDR, sub6=CIDR, ig, drop, with CLASS system).
+    AddRouterEntry {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        dest: IpNet,
+        target: String,
+        /// opteadm's router class: system (the default) or custom (wins a tie with
+        /// a system route of the same prefix).
+        class: Option<String>,
+        /// The router class as a flag (the same as CLASS).
+        #[arg(long = "class")]
+        class_flag: Option<String>,
+        /// Path MTU for this destination, when smaller than the port's.
+        #[arg(long, value_parser = parse_mtu)]
+        mtu: Option<u16>,
+    },
+    /// Remove the router entry for DEST (opteadm's TARGET and CLASS, when given,
+    /// are checked for syntax only: a port has one route per prefix).
+    DelRouterEntry {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        dest: IpNet,
+        target: Option<String>,
+        /// The class of the route to delete: system (the default) or custom.
+        class: Option<String>,
+        #[arg(long = "class")]
+        class_flag: Option<String>,
+    },
+    /// Show a port's router entries.
+    DumpRoutes { port: String },
+    /// Add one firewall rule.
+    AddFwRule {
+        port: String,
+        #[command(flatten)]
+        rule: RuleArgs,
+        #[arg(long, default_value = "allow")]
+        action: FwAction,
+    },
+    /// Remove a firewall rule: the one with ID (as list-fw-rules and dump-layer
+    /// PORT firewall show it; opteadm's form, checking --direction), or the one
+    /// with this direction, priority and filters.
+    RmFwRule {
+        port: String,
+        /// The rule's id (list-fw-rules PORT).
+        id: Option<u64>,
+        #[command(flatten)]
+        rule: RuleArgs,
+    },
+    /// Remove the firewall rule with ID (as list-fw-rules and dump-layer PORT
+    /// firewall show it), whichever way it looks.
+    RemoveFwRule {
+        port: String,
+        /// The rule's id (list-fw-rules PORT).
+        id: u64,
+    },
+    /// A port's firewall rules as configured, with their ids.
+    ListFwRules { port: String },
+    /// Replace all of a port's firewall rules. Each --rule is
+    /// "direction=in priority=10 action=allow host=any proto=tcp ports=22,443"
+    /// (opteadm's "dir=in action=allow priority=10 hosts=any protocol=TCP port=22"
+    /// too); no --rule clears the set.
+    SetFwRules {
+        port: String,
+        #[arg(long = "rule", value_parser = FwRule::parse_line)]
+        rules: Vec<FwRule>,
+        /// Read the rules from standard input, one per line (what opteadm's
+        /// `set-fw-rules -p PORT` does).
+        #[arg(long, conflicts_with = "rules")]
+        stdin: bool,
+    },
+    /// The port's layers in the order outbound packets meet them (inbound: the
+    /// reverse), with rule counts, default actions and flow counts.
+    ListLayers { port: String },
+    /// Show one layer list-layers names (gateway, firewall, router, overlay): its
+    /// rules with hit counts, default actions, flows and counters.
+    DumpLayer { port: String, layer: String },
+    /// The port's tracked connections: 5-tuple, TCP state, packets and bytes each
+    /// way, age and idle time.
+    DumpTcpFlows { port: String },
+    /// Show the unified flow table of a port, a page at a time (a table that fits
+    /// one page is shown whole); a page that is not the last ends with `next`.
+    DumpUft {
+        port: String,
+        /// Most entries in the page (the daemon shows at most 4096).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Show the page from here: the `next` the previous page ended with.
+        #[arg(long)]
+        cursor: Option<u64>,
+    },
+    /// Empty the unified flow table of a port.
+    ClearUft { port: String },
+    /// Replace a port's external addresses (create-xde's flags; none removes them
+    /// all). The port's flows are decided again at once.
+    SetExternalIps {
+        port: String,
+        #[command(flatten)]
+        external: ExternalArgs,
+    },
+    /// Replace a port's rate limits (create-xde's flags; none removes them all).
+    /// Policing: frames over a limit are dropped and counted (`rate_limited`).
+    SetPortLimits {
+        port: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// Let the guest receive frames to (`--dir in`) or send frames from (`--dir
+    /// out`) addresses of PREFIX besides its own (OPTE's transit IPs). Shown by
+    /// `list-ports --json` (`config.cidrs`).
+    AllowCidr {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+        #[arg(long, value_parser = parse_cidr_dir)]
+        dir: CidrDir,
+    },
+    /// Undo `allow-cidr` for one direction.
+    RemoveCidr {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+        #[arg(long, value_parser = parse_cidr_dir)]
+        dir: CidrDir,
+    },
+    /// Attach a subnet to the guest (an appliance): `allow-cidr` both ways.
+    AttachSubnet {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+    },
+    /// Undo `attach-subnet` (both ways must be allowed).
+    DetachSubnet {
+        port: String,
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+    },
+    /// Counters: datapath-wide, or one port's.
+    Stats {
+        port: Option<String>,
+        /// `text`, `json` (as --json) or `openmetrics` (the exposition
+        /// `--metrics-listen` serves, for a textfile collector; whole sled only).
+        #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
+        format: StatsFormat,
+    },
+    /// Per worker: its core, ports and underlay queues, rounds, busy ratio, idle
+    /// sleeps, handoffs, and since when it runs.
+    Workers,
+    /// The MTU budget of a port: underlay MTU, overhead, segment sizes, warnings.
+    Mtu { port: String },
+    /// `ra PORT`: the RA a port advertises; `ra listen IFACE`: solicit one (in a guest).
+    Ra(RaArgs),
+    /// Check the host and the daemon: XDP and AF_XDP modes, queues, MTU, cores,
+    /// offloads, and each port. Exits 1 when a check fails.
+    Doctor,
+    /// Probe the underlay path to a peer sled (or every sled in V2P) with
+    /// unfragmented packets up to the underlay MTU; exits 1 when a path does not
+    /// carry it.
+    PathCheck {
+        /// The peer's underlay address (default: every sled V2P names).
+        underlay_addr: Option<Ipv6Addr>,
+    },
+    /// Capture the frames passing a port (both directions; frames the datapath
+    /// dropped carry the reason) as pcapng: into FILE, or to standard output
+    /// (`xdeadm capture PORT | tshark -r -`). Ends after COUNT frames or SECONDS.
+    Capture(CaptureArgs),
+}
+
+#[derive(Debug, Args, Clone, PartialEq, Eq)]
+pub struct CaptureArgs {
+    pub port: String,
+    /// Also the port's underlay frames: the Geneve frames its guest's frames
+    /// became, and those addressed to it (delivered or dropped).
+    #[arg(long)]
+    pub underlay: bool,
+    /// The pcapng file overlayd writes (new, or empty; under systemd, a directory
+    /// overlayd may write, such as /run/overlayd). Default: standard output.
+    #[arg(short = 'w', long = "write", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// Stop after this many frames.
+    #[arg(short = 'c', long = "count", value_name = "N")]
+    pub count: Option<u64>,
+    /// Stop after this many seconds (default 10, at most 3600).
+    #[arg(long, value_name = "S")]
+    pub seconds: Option<u32>,
+}
+
+/// `--vhost-user-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum VhostModeArg {
+    Server,
+    Client,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateXde {
+    pub name: String,
+    #[arg(long)]
+    pub guest_mac: MacAddr,
+    /// The guest's private address (one IPv4 and/or one IPv6).
+    #[arg(long = "private-ip", required = true)]
+    pub private_ip: Vec<IpAddr>,
+    /// The VPC subnet (one IPv4 and/or one IPv6).
+    #[arg(long = "vpc-subnet", value_parser = parse_net)]
+    pub vpc_subnet: Vec<IpNet>,
+    #[arg(long)]
+    pub gateway_mac: MacAddr,
+    /// The gateway's IPv4 address (its IPv6 address is derived from the gateway MAC).
+    #[arg(long)]
+    pub gateway_ip: Option<IpAddr>,
+    #[arg(long)]
+    pub vpc_vni: Vni,
+    #[arg(long, default_value_t = DEFAULT_PORT_MTU, value_parser = parse_mtu)]
+    pub mtu: u16,
+    /// Let external traffic use the port MTU (needs the daemon's sled-wide flag too).
+    #[arg(long)]
+    pub external_jumbo: bool,
+    /// Move the tap into this network namespace.
+    #[arg(long)]
+    pub netns: Option<String>,
+    /// Make no tap: attach the port to this existing interface, the host side of a
+    /// hypervisor's tap (QEMU `-netdev tap,ifname=IFACE,script=no`), which the
+    /// daemon never deletes.
+    #[arg(long, value_name = "IFACE", conflicts_with = "netns")]
+    pub attach: Option<String>,
+    /// Serve a VM over vhost-user at this socket instead of a tap: overlayd is the
+    /// backend of the VM's virtio-net device.
+    #[arg(long, value_name = "SOCKET_PATH", conflicts_with_all = ["netns", "attach"])]
+    pub vhost_user: Option<std::path::PathBuf>,
+    /// Who listens on the vhost-user socket: overlayd (server) or QEMU (client:
+    /// the VM survives a restart of overlayd).
+    #[arg(long, value_enum, requires = "vhost_user", default_value_t = VhostModeArg::Server)]
+    pub vhost_user_mode: VhostModeArg,
+    #[arg(long = "dns-server")]
+    pub dns_server: Vec<IpAddr>,
+    #[arg(long)]
+    pub hostname: Option<String>,
+    #[arg(long)]
+    pub domain: Option<String>,
+    #[command(flatten)]
+    pub external: ExternalArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// A port's rate limits as flags (`create-xde`, `set-port-limits`); none given is
+/// unlimited. Checked by the daemon (and here for create-xde), errors naming the
+/// bad value.
+#[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
+pub struct LimitArgs {
+    /// What the guest may send, in Mbit/s.
+    #[arg(long)]
+    pub egress_mbps: Option<u32>,
+    /// What may be delivered to the guest, in Mbit/s.
+    #[arg(long)]
+    pub ingress_mbps: Option<u32>,
+    /// Burst of the Mbit/s limits, in KiB (default: 20 ms at the limit, at least
+    /// 256 KiB: four 64 KiB TSO buffers).
+    #[arg(long)]
+    pub burst_kib: Option<u32>,
+    /// Packets per second, each direction.
+    #[arg(long)]
+    pub pps: Option<u32>,
+}
+
+/// A port's external addresses as opteadm's flags give them (`create-xde`,
+/// `set-external-ips`); the datapath reaches the internet only from these.
+#[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
+pub struct ExternalArgs {
+    /// SNAT address, shared by ports with disjoint port ranges.
+    #[arg(long)]
+    pub snat_ip: Option<IpAddr>,
+    /// First source port of this port's SNAT range (1024-65535).
+    #[arg(long, requires = "snat_ip")]
+    pub snat_start: Option<u16>,
+    /// Last source port of this port's SNAT range.
+    #[arg(long, requires = "snat_ip")]
+    pub snat_end: Option<u16>,
+    /// The port's own external address, used when it has no floating IP.
+    #[arg(long)]
+    pub ephemeral_ip: Option<IpAddr>,
+    /// A floating IP (repeatable; the first of a flow's family is its source).
+    #[arg(long = "floating-ip")]
+    pub floating_ip: Vec<IpAddr>,
+}
+
+/// Direction, priority and filters of a firewall rule, as flags (opteadm's
+/// spellings as aliases: --dir, --hosts, --protocol).
+#[derive(Debug, Args)]
+pub struct RuleArgs {
+    #[arg(long, alias = "dir")]
+    pub direction: Direction,
+    /// Needed, except by `rm-fw-rule ID`.
+    #[arg(long)]
+    pub priority: Option<u16>,
+    /// any, an address or a prefix (opteadm's ip=ADDR, subnet=CIDR), or vni=N
+    /// (traffic of that VPC).
+    #[arg(long, alias = "hosts", default_value = "any")]
+    pub host: FwHost,
+    /// any, tcp, udp, icmp[:TYPE[/CODE]], icmp6[:TYPE[/CODE]] or proto=N.
+    #[arg(long, alias = "protocol", default_value = "any")]
+    pub proto: FwProtoSpec,
+    /// Destination ports and ranges, comma separated (TCP/UDP only:
+    /// 80,443,8000-8080), or any.
+    #[arg(long, value_parser = parse_ports)]
+    pub ports: Option<Ports>,
+}
+
+/// A port list as `--ports` takes it (`any`: none given).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ports(pub Vec<FwPorts>);
+
+/// `22,443,8000-8080` or `any` (opteadm's spelling of no port filter).
+pub fn parse_ports(s: &str) -> Result<Ports, FwSyntaxError> {
+    FwPorts::parse_list(s).map(Ports)
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct RaArgs {
+    /// The port whose RA to show.
+    pub port: Option<String>,
+    #[command(subcommand)]
+    pub listen: Option<RaCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RaCommand {
+    /// Send a Router Solicitation on IFACE and print the RA received (runs locally,
+    /// no daemon needed).
+    Listen {
+        iface: String,
+        #[arg(long, default_value_t = 5)]
+        timeout: u64,
+    },
+}
+
+/// How `stats` prints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatsFormat {
+    #[default]
+    Text,
+    Json,
+    Openmetrics,
+}
+
+/// A command-line value that no type of the API's parses, naming it (clap prints
+/// it after the argument's name).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("invalid prefix {0:?}: expected e.g. 10.0.0.0/24 or fd00::/64")]
+    Prefix(String),
+    #[error(transparent)]
+    CidrDir(#[from] CidrDirError),
+    #[error("invalid direction {0:?}: expected in or out (attach-subnet allows both)")]
+    CidrBoth(String),
+    #[error("invalid MTU {0:?}: expected a number")]
+    Mtu(String),
+    #[error("MTU {0} is below {MIN_PORT_MTU}")]
+    MtuBelowMin(u32),
+    #[error("MTU {0} is above 65535")]
+    MtuAboveMax(u32),
+}
+
+/// A prefix, with a message that shows what one looks like.
+pub fn parse_net(s: &str) -> Result<IpNet, ValueError> {
+    s.parse().map_err(|_| ValueError::Prefix(s.to_string()))
+}
+
+/// `--dir in|out` of `allow-cidr`/`remove-cidr` (any case; both ways is
+/// `attach-subnet`).
+pub fn parse_cidr_dir(s: &str) -> Result<CidrDir, ValueError> {
+    match s.parse()? {
+        CidrDir::Both => Err(ValueError::CidrBoth(s.to_string())),
+        d => Ok(d),
+    }
+}
+
+/// A port's MTU: [`MIN_PORT_MTU`] to 65535.
+pub fn parse_mtu(s: &str) -> Result<u16, ValueError> {
+    let v: u32 = s.parse().map_err(|_| ValueError::Mtu(s.to_string()))?;
+    if v < u32::from(MIN_PORT_MTU) {
+        return Err(ValueError::MtuBelowMin(v));
+    }
+    u16::try_from(v).map_err(|_| ValueError::MtuAboveMax(v))
+}

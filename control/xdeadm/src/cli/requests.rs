@@ -1,0 +1,1206 @@
+//! What a parsed command asks: [`Command::action`] turns the words `grammar` parsed
+//! into an [`Action`], mostly an API [`Request`], with the checks the API's own
+//! types make (a port's configuration, a route target, firewall filters), so a bad
+//! value is refused by name before anything is sent.
+
+use super::grammar::{
+    CaptureArgs, Command, CreateXde, ExternalArgs, LimitArgs, RaArgs, RaCommand, RuleArgs,
+    StatsFormat, VhostModeArg,
+};
+use super::render::Show;
+use crate::opteadm::{self, RulesError};
+use api::port::PortConfigError;
+use api::route::RouteSyntaxError;
+use api::vni::ParseVniError;
+use api::{
+    CaptureSpec, CidrDir, ExternalIps, FwFilters, FwRule, FwSyntaxError, PortConfig, PortInfo,
+    PortLimits, Request, RouteClass, RouteEntry, RouteTarget, SnatRange, V2pEntry, V2pTarget,
+};
+use ipnet::IpNet;
+use std::net::{IpAddr, Ipv6Addr};
+use std::path::PathBuf;
+use wire::mac::ParseMacError;
+
+/// Why a parsed command cannot be what it asks for, naming the bad value: the
+/// API's own syntax and validity errors as they are, and what only the command
+/// line can get wrong. `xdeadm` exits 2 on it, as on clap's usage errors.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    Port(#[from] PortConfigError),
+    #[error(transparent)]
+    Route(#[from] RouteSyntaxError),
+    #[error(transparent)]
+    Firewall(#[from] FwSyntaxError),
+    #[error(transparent)]
+    Rules(#[from] RulesError),
+    #[error(transparent)]
+    Vni(#[from] ParseVniError),
+    #[error(transparent)]
+    Mac(#[from] ParseMacError),
+    #[error("more than one {what}: {values}")]
+    MoreThanOne { what: &'static str, values: String },
+    #[error(
+        "gateway IP {0} is IPv6: the gateway's IPv6 address is always fe80::EUI-64(gateway MAC); give its IPv4 address"
+    )]
+    GatewayIpv6(Ipv6Addr),
+    #[error("SNAT IP {0} needs its port range: --snat-start and --snat-end")]
+    SnatWithoutRange(IpAddr),
+    #[error("router class given twice: {positional} and --class {flag}")]
+    ClassTwice {
+        positional: RouteClass,
+        flag: RouteClass,
+    },
+    #[error("{0} needs --priority")]
+    NoPriority(&'static str),
+    #[error("rm-fw-rule {0}: a rule is named by its id or by --priority and filters, not both")]
+    IdAndFilters(u64),
+    #[error("invalid VPC IP {0:?}")]
+    VpcIp(String),
+    #[error("invalid underlay IPv6 address {0:?}")]
+    UnderlayIp(String),
+    #[error("clear-v2p takes VPC_IP VNI, or VPC_IP VPC_MAC UNDERLAY_IP VNI; got {0} words")]
+    ClearV2pWords(usize),
+    #[error("stats --format openmetrics covers the whole sled: give no port (got {0:?})")]
+    OpenMetricsOfOnePort(String),
+    #[error("ra needs a PORT, or `listen IFACE`")]
+    RaWithoutPort,
+    #[error("capture file {:?}: {error}", file.display())]
+    CaptureFile {
+        file: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+/// What a parsed command does.
+#[derive(Debug, PartialEq)]
+pub enum Action {
+    /// Ask the daemon.
+    Call(Request),
+    /// Ask the daemon and print the answer as `Show` says.
+    Show(Request, Show),
+    /// Solicit an RA locally.
+    RaListen { iface: String, timeout_s: u64 },
+    /// Capture into a file of xdeadm's own and copy it to standard output.
+    CaptureToStdout(CaptureArgs),
+}
+
+impl Command {
+    /// Turns the command into what to do; errors name the bad value.
+    pub fn action(self) -> Result<Action, CommandError> {
+        let req = match self {
+            Command::CreateXde(c) => Request::CreatePort(Box::new(PortInfo {
+                vhost_user: c.vhost_user.clone().map(|socket| api::VhostUser {
+                    socket,
+                    mode: c.vhost_user_mode.into(),
+                }),
+                config: c.to_config()?,
+                netns: c.netns,
+                attach: c.attach,
+            })),
+            Command::DeleteXde { name } => Request::DeletePort { name },
+            Command::ListPorts => Request::ListPorts,
+            Command::PausePort { port } => Request::PausePort { port },
+            Command::ResumePort { port } => Request::ResumePort { port },
+            Command::SetV2p {
+                vpc_ip,
+                vpc_mac,
+                underlay_ip,
+                vni,
+            } => Request::SetV2p(V2pEntry {
+                vpc_ip,
+                vpc_mac,
+                underlay_ip,
+                vni,
+            }),
+            Command::ClearV2p { words } => clear_v2p(&words)?,
+            Command::DumpV2p => Request::DumpV2p,
+            Command::SetV2b { prefix, endpoints } => Request::SetV2b { prefix, endpoints },
+            Command::ClearV2b { prefix, endpoints } => Request::ClearV2b { prefix, endpoints },
+            Command::DumpV2b => Request::DumpV2b,
+            Command::AddRouterEntry {
+                port,
+                dest,
+                target,
+                class,
+                class_flag,
+                mtu,
+            } => {
+                let target = RouteTarget::parse_for(&dest, &target)?;
+                let class = route_class(class.as_deref(), class_flag.as_deref())?;
+                Request::AddRouterEntry {
+                    port,
+                    entry: RouteEntry {
+                        dest,
+                        target,
+                        mtu,
+                        class,
+                    },
+                }
+            }
+            Command::DelRouterEntry {
+                port,
+                dest,
+                target,
+                class,
+                class_flag,
+            } => {
+                if let Some(t) = &target {
+                    RouteTarget::parse_for(&dest, t)?;
+                }
+                let class = route_class(class.as_deref(), class_flag.as_deref())?;
+                Request::DelRouterEntry { port, dest, class }
+            }
+            Command::DumpRoutes { port } => Request::DumpRoutes { port },
+            Command::AddFwRule { port, rule, action } => {
+                let filters = rule.filters();
+                filters.validate()?;
+                Request::AddFwRule {
+                    port,
+                    rule: FwRule {
+                        id: 0,
+                        direction: rule.direction,
+                        priority: rule.priority("add-fw-rule")?,
+                        action,
+                        filters,
+                    },
+                }
+            }
+            Command::RmFwRule {
+                port,
+                id: Some(id),
+                rule,
+            } => {
+                if rule.priority.is_some() || rule.ports.is_some() {
+                    return Err(CommandError::IdAndFilters(id));
+                }
+                Request::RmFwRuleId {
+                    port,
+                    direction: Some(rule.direction),
+                    id,
+                }
+            }
+            Command::RemoveFwRule { port, id } => Request::RmFwRuleId {
+                port,
+                direction: None,
+                id,
+            },
+            Command::ListFwRules { port } => Request::ListFwRules { port },
+            Command::RmFwRule {
+                port,
+                id: None,
+                rule,
+            } => Request::RmFwRule {
+                port,
+                direction: rule.direction,
+                priority: rule.priority("rm-fw-rule without an ID")?,
+                filters: rule.filters(),
+            },
+            Command::SetFwRules {
+                port, stdin: true, ..
+            } => Request::SetFwRules {
+                port,
+                rules: opteadm::read_rules(std::io::stdin().lock())?,
+            },
+            Command::SetFwRules { port, rules, .. } => Request::SetFwRules { port, rules },
+            Command::ListLayers { port } => Request::ListLayers { port },
+            Command::DumpLayer { port, layer } => Request::DumpLayer { port, layer },
+            Command::DumpTcpFlows { port } => Request::DumpTcpFlows { port },
+            Command::DumpUft {
+                port,
+                limit,
+                cursor,
+            } => Request::DumpUft {
+                port,
+                cursor,
+                limit,
+            },
+            Command::ClearUft { port } => Request::ClearUft { port },
+            Command::SetExternalIps { port, external } => Request::SetExternalIps {
+                port,
+                external: external.to_external()?,
+            },
+            Command::SetPortLimits { port, limits } => Request::SetPortLimits {
+                port,
+                limits: limits.to_limits(),
+            },
+            Command::AllowCidr { port, prefix, dir } => Request::AllowCidr { port, prefix, dir },
+            Command::RemoveCidr { port, prefix, dir } => Request::RemoveCidr { port, prefix, dir },
+            Command::AttachSubnet { port, prefix } => Request::AllowCidr {
+                port,
+                prefix,
+                dir: CidrDir::Both,
+            },
+            Command::DetachSubnet { port, prefix } => Request::RemoveCidr {
+                port,
+                prefix,
+                dir: CidrDir::Both,
+            },
+            Command::Stats { port, format } => {
+                let show = match (format, &port) {
+                    (StatsFormat::Text, _) => return Ok(Action::Call(Request::Stats { port })),
+                    (StatsFormat::Json, _) => Show::Json,
+                    (StatsFormat::Openmetrics, None) => Show::OpenMetrics,
+                    (StatsFormat::Openmetrics, Some(p)) => {
+                        return Err(CommandError::OpenMetricsOfOnePort(p.clone()))
+                    }
+                };
+                return Ok(Action::Show(Request::Stats { port }, show));
+            }
+            Command::Workers => return Ok(Action::Show(Request::Workers, Show::Workers)),
+            Command::Mtu { port } => Request::Mtu { port },
+            Command::Ra(RaArgs {
+                listen: Some(RaCommand::Listen { iface, timeout }),
+                ..
+            }) => {
+                return Ok(Action::RaListen {
+                    iface,
+                    timeout_s: timeout,
+                })
+            }
+            Command::Ra(RaArgs {
+                port: Some(port), ..
+            }) => Request::Ra { port },
+            Command::Ra(RaArgs { .. }) => {
+                return Err(CommandError::RaWithoutPort);
+            }
+            Command::Doctor => Request::Doctor,
+            Command::PathCheck { underlay_addr } => Request::PathCheck {
+                peer: underlay_addr,
+            },
+            Command::Capture(c) => match &c.file {
+                // The daemon has its own working directory.
+                Some(f) => Request::Capture(c.spec(std::path::absolute(f).map_err(|error| {
+                    CommandError::CaptureFile {
+                        file: f.clone(),
+                        error,
+                    }
+                })?)),
+                None => return Ok(Action::CaptureToStdout(c)),
+            },
+        };
+        Ok(Action::Call(req))
+    }
+}
+
+/// `clear-v2p VPC_IP VNI`, or opteadm's `clear-v2p VPC_IP VPC_MAC UNDERLAY_IP VNI`.
+fn clear_v2p(words: &[String]) -> Result<Request, CommandError> {
+    let ip = |s: &str| {
+        s.parse::<IpAddr>()
+            .map_err(|_| CommandError::VpcIp(s.to_string()))
+    };
+    match words {
+        [vpc_ip, vni] => Ok(Request::ClearV2p {
+            vpc_ip: ip(vpc_ip)?,
+            vni: vni.parse()?,
+            expect: None,
+        }),
+        [vpc_ip, mac, underlay, vni] => Ok(Request::ClearV2p {
+            vpc_ip: ip(vpc_ip)?,
+            vni: vni.parse()?,
+            expect: Some(V2pTarget {
+                vpc_mac: mac.parse()?,
+                underlay_ip: underlay
+                    .parse()
+                    .map_err(|_| CommandError::UnderlayIp(underlay.to_string()))?,
+            }),
+        }),
+        _ => Err(CommandError::ClearV2pWords(words.len())),
+    }
+}
+
+impl CreateXde {
+    /// Builds the port configuration, refusing what it cannot hold by name.
+    pub fn to_config(&self) -> Result<PortConfig, CommandError> {
+        fn one<T: Copy + std::fmt::Display>(
+            what: &'static str,
+            v: &[T],
+        ) -> Result<Option<T>, CommandError> {
+            match v {
+                [] => Ok(None),
+                [x] => Ok(Some(*x)),
+                _ => Err(CommandError::MoreThanOne {
+                    what,
+                    values: v
+                        .iter()
+                        .map(|x| x.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                }),
+            }
+        }
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for ip in &self.private_ip {
+            match ip {
+                IpAddr::V4(a) => v4.push(*a),
+                IpAddr::V6(a) => v6.push(*a),
+            }
+        }
+        let (mut n4, mut n6) = (Vec::new(), Vec::new());
+        for net in &self.vpc_subnet {
+            match net {
+                IpNet::V4(n) => n4.push(*n),
+                IpNet::V6(n) => n6.push(*n),
+            }
+        }
+        let gateway_ipv4 = match self.gateway_ip {
+            None => None,
+            Some(IpAddr::V4(a)) => Some(a),
+            Some(IpAddr::V6(a)) => return Err(CommandError::GatewayIpv6(a)),
+        };
+        let cfg = PortConfig {
+            name: self.name.clone(),
+            guest_mac: self.guest_mac,
+            gateway_mac: self.gateway_mac,
+            ipv4: one("IPv4 private IP", &v4)?,
+            ipv6: one("IPv6 private IP", &v6)?,
+            vpc_subnet4: one("IPv4 VPC subnet", &n4)?,
+            vpc_subnet6: one("IPv6 VPC subnet", &n6)?,
+            gateway_ipv4,
+            vni: self.vpc_vni,
+            mtu: self.mtu,
+            external_jumbo: self.external_jumbo,
+            dns_servers4: self
+                .dns_server
+                .iter()
+                .filter_map(|ip| match ip {
+                    IpAddr::V4(a) => Some(*a),
+                    IpAddr::V6(_) => None,
+                })
+                .collect(),
+            dns_servers6: self
+                .dns_server
+                .iter()
+                .filter_map(|ip| match ip {
+                    IpAddr::V6(a) => Some(*a),
+                    IpAddr::V4(_) => None,
+                })
+                .collect(),
+            hostname: self.hostname.clone(),
+            domain: self.domain.clone(),
+            external: self.external.to_external()?,
+            limits: self.limits.to_limits(),
+            cidrs: Default::default(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// A route's class from opteadm's positional CLASS or `--class` (the same if
+/// both); `system` when neither.
+fn route_class(positional: Option<&str>, flag: Option<&str>) -> Result<RouteClass, CommandError> {
+    let p = positional.map(str::parse::<RouteClass>).transpose()?;
+    let f = flag.map(str::parse::<RouteClass>).transpose()?;
+    match (p, f) {
+        (Some(positional), Some(flag)) if positional != flag => {
+            Err(CommandError::ClassTwice { positional, flag })
+        }
+        (a, b) => Ok(a.or(b).unwrap_or_default()),
+    }
+}
+
+impl CaptureArgs {
+    /// The request for a capture into `file`.
+    pub fn spec(&self, file: PathBuf) -> CaptureSpec {
+        CaptureSpec {
+            port: self.port.clone(),
+            underlay: self.underlay,
+            count: self.count,
+            seconds: self.seconds,
+            file,
+        }
+    }
+}
+
+impl From<VhostModeArg> for api::VhostUserMode {
+    fn from(m: VhostModeArg) -> Self {
+        match m {
+            VhostModeArg::Server => api::VhostUserMode::Server,
+            VhostModeArg::Client => api::VhostUserMode::Client,
+        }
+    }
+}
+
+impl LimitArgs {
+    pub fn to_limits(&self) -> PortLimits {
+        PortLimits {
+            egress_mbps: self.egress_mbps,
+            ingress_mbps: self.ingress_mbps,
+            burst_kib: self.burst_kib,
+            pps: self.pps,
+        }
+    }
+}
+
+impl ExternalArgs {
+    /// The addresses; the range's bounds are checked with the port's addresses
+    /// (create-xde here, set-external-ips by the daemon).
+    pub fn to_external(&self) -> Result<ExternalIps, CommandError> {
+        let snat = match (self.snat_ip, self.snat_start, self.snat_end) {
+            (None, _, _) => None,
+            (Some(ip), Some(start), Some(end)) => Some(SnatRange { ip, start, end }),
+            (Some(ip), _, _) => return Err(CommandError::SnatWithoutRange(ip)),
+        };
+        Ok(ExternalIps {
+            snat,
+            ephemeral: self.ephemeral_ip,
+            floating: self.floating_ip.clone(),
+        })
+    }
+}
+
+impl RuleArgs {
+    fn filters(&self) -> FwFilters {
+        FwFilters {
+            host: self.host,
+            proto: self.proto.proto,
+            ports: self.ports.clone().map(|p| p.0).unwrap_or_default(),
+            icmp: self.proto.icmp,
+        }
+    }
+
+    fn priority(&self, verb: &'static str) -> Result<u16, CommandError> {
+        self.priority.ok_or(CommandError::NoPriority(verb))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::grammar::Cli;
+    use api::port::DEFAULT_PORT_MTU;
+    use api::{CaptureSpec, Direction, FwAction, FwHost, FwPorts, FwProto, Vni};
+
+    /// The action of a command line, or the message `xdeadm` would print.
+    fn parse(args: &[&str]) -> Result<Action, String> {
+        let cli = Cli::parse_line(std::iter::once("xdeadm").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.command.action().map_err(|e| e.to_string())
+    }
+
+    const CREATE: &[&str] = &[
+        "create-xde",
+        "opte0",
+        "--guest-mac",
+        "a8:40:25:ff:00:01",
+        "--private-ip",
+        "172.30.0.5",
+        "--private-ip",
+        "fd00:1122:3344:100::5",
+        "--vpc-subnet",
+        "172.30.0.0/22",
+        "--vpc-subnet",
+        "fd00:1122:3344:100::/64",
+        "--gateway-mac",
+        "a8:40:25:00:00:01",
+        "--gateway-ip",
+        "172.30.0.1",
+        "--vpc-vni",
+        "1701",
+    ];
+
+    fn with(extra: &[&'static str]) -> Vec<&'static str> {
+        CREATE.iter().chain(extra).copied().collect()
+    }
+
+    #[test]
+    fn create_xde_builds_the_port() {
+        let a = parse(&with(&[
+            "--mtu",
+            "8500",
+            "--netns",
+            "g0",
+            "--dns-server",
+            "1.1.1.1",
+        ]))
+        .unwrap();
+        let Action::Call(Request::CreatePort(c)) = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(c.netns.as_deref(), Some("g0"));
+        let p = c.config;
+        assert_eq!(p.mtu, 8500);
+        assert_eq!(p.ipv4.unwrap().to_string(), "172.30.0.5");
+        assert_eq!(p.ipv6.unwrap().to_string(), "fd00:1122:3344:100::5");
+        assert_eq!(p.vni.get(), 1701);
+        assert_eq!(p.dns_servers4.len(), 1);
+        let Action::Call(Request::CreatePort(c)) = parse(CREATE).unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.config.mtu, DEFAULT_PORT_MTU);
+        assert_eq!(c.attach, None);
+    }
+
+    /// `--attach IFACE` names the interface; with `--netns` it is refused, naming
+    /// both.
+    #[test]
+    fn create_xde_attaches_to_an_interface_but_not_with_a_netns() {
+        let Action::Call(Request::CreatePort(c)) = parse(&with(&["--attach", "vnet3"])).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((c.attach.as_deref(), c.netns), (Some("vnet3"), None));
+        let e = parse(&with(&["--attach", "vnet3", "--netns", "g0"])).unwrap_err();
+        assert!(e.contains("--attach") && e.contains("--netns"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let mut bad_mac = CREATE.to_vec();
+        bad_mac[3] = "zz:40:25:ff:00:01";
+        let e = parse(&bad_mac).unwrap_err();
+        assert!(
+            e.contains("invalid MAC address \"zz:40:25:ff:00:01\""),
+            "{e}"
+        );
+        let e = parse(&with(&["--mtu", "100"])).unwrap_err();
+        assert!(e.contains("MTU 100 is below 1280"), "{e}");
+        let e = parse(&with(&["--private-ip", "172.30.0.6"])).unwrap_err();
+        assert!(e.contains("172.30.0.5, 172.30.0.6"), "{e}");
+        let mut big_vni = CREATE.to_vec();
+        *big_vni.last_mut().unwrap() = "16777216";
+        let e = parse(&big_vni).unwrap_err();
+        assert!(e.contains("16777216"), "{e}");
+        let e = parse(&["set-v2p", "10.0.0.1", "a8:40:25:ff:00:01", "10.0.0.2", "5"]).unwrap_err();
+        assert!(e.contains("10.0.0.2"), "{e}");
+        let e = parse(&["add-router-entry", "p", "10.0.0.0/33", "subnet"]).unwrap_err();
+        assert!(e.contains("10.0.0.0/33"), "{e}");
+        let e = parse(&["add-router-entry", "p", "10.0.0.0/8", "router"]).unwrap_err();
+        assert!(e.contains("router"), "{e}");
+        let e = parse(&["ra"]).unwrap_err();
+        assert!(e.contains("PORT"), "{e}");
+    }
+
+    #[test]
+    fn verbs_map_to_requests() {
+        assert_eq!(
+            parse(&[
+                "set-v2p",
+                "172.30.0.6",
+                "a8:40:25:ff:00:06",
+                "fd00:99::2",
+                "1701"
+            ])
+            .unwrap(),
+            Action::Call(Request::SetV2p(V2pEntry {
+                vpc_ip: "172.30.0.6".parse().unwrap(),
+                vpc_mac: "a8:40:25:ff:00:06".parse().unwrap(),
+                underlay_ip: "fd00:99::2".parse().unwrap(),
+                vni: Vni::new(1701).unwrap(),
+            }))
+        );
+        assert_eq!(
+            parse(&["add-router-entry", "p", "0.0.0.0/0", "igw", "--mtu", "1500"]).unwrap(),
+            Action::Call(Request::AddRouterEntry {
+                port: "p".into(),
+                entry: RouteEntry {
+                    class: Default::default(),
+                    dest: "0.0.0.0/0".parse().unwrap(),
+                    target: RouteTarget::Igw,
+                    mtu: Some(1500)
+                }
+            })
+        );
+        assert_eq!(
+            parse(&["--json", "stats"]).unwrap(),
+            Action::Call(Request::Stats { port: None })
+        );
+        assert_eq!(
+            parse(&["stats", "--format", "openmetrics"]).unwrap(),
+            Action::Show(Request::Stats { port: None }, Show::OpenMetrics)
+        );
+        let e = parse(&["stats", "p1", "--format", "openmetrics"]).unwrap_err();
+        assert!(e.contains("\"p1\""), "{e}");
+        assert_eq!(
+            parse(&["workers"]).unwrap(),
+            Action::Show(Request::Workers, Show::Workers)
+        );
+        assert_eq!(
+            parse(&["ra", "opte0"]).unwrap(),
+            Action::Call(Request::Ra {
+                port: "opte0".into()
+            })
+        );
+        assert_eq!(
+            parse(&["ra", "listen", "eth0", "--timeout", "2"]).unwrap(),
+            Action::RaListen {
+                iface: "eth0".into(),
+                timeout_s: 2
+            }
+        );
+        let a = parse(&[
+            "add-fw-rule",
+            "p",
+            "--direction",
+            "in",
+            "--priority",
+            "10",
+            "--proto",
+            "tcp",
+            "--ports",
+            "22,443",
+        ])
+        .unwrap();
+        let Action::Call(Request::AddFwRule { rule, .. }) = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(rule.filters.ports, [FwPorts::One(22), FwPorts::One(443)]);
+        assert_eq!(rule.action, FwAction::Allow);
+        let e = parse(&[
+            "add-fw-rule",
+            "p",
+            "--direction",
+            "in",
+            "--priority",
+            "10",
+            "--proto",
+            "icmp",
+            "--ports",
+            "22",
+        ])
+        .unwrap_err();
+        assert!(e.contains("22"), "{e}");
+    }
+
+    /// opteadm's command lines, as its usage writes them, build the requests
+    /// xdeadm's own forms do; what the engine cannot do is refused by name.
+    #[test]
+    fn external_addresses_from_opteadm_flags() {
+        let a = parse(&with(&[
+            "--snat-ip",
+            "198.51.100.1",
+            "--snat-start",
+            "1024",
+            "--snat-end",
+            "2047",
+            "--ephemeral-ip",
+            "198.51.100.7",
+            "--floating-ip",
+            "192.0.2.5",
+            "--floating-ip",
+            "2001:db8:f::5",
+        ]))
+        .unwrap();
+        let Action::Call(Request::CreatePort(c)) = a else {
+            panic!("{a:?}")
+        };
+        let ext = c.config.external;
+        assert_eq!(
+            ext.to_string(),
+            "snat 198.51.100.1:1024-2047, ephemeral 198.51.100.7, floating 192.0.2.5, floating 2001:db8:f::5"
+        );
+        // The same flags change them live; opteadm's -p form too.
+        for line in [
+            "set-external-ips opte0 --ephemeral-ip 198.51.100.8",
+            "set-external-ips -p opte0 --ephemeral-ip 198.51.100.8",
+        ] {
+            let a = parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap();
+            let Action::Call(Request::SetExternalIps { port, external }) = a else {
+                panic!("{a:?}")
+            };
+            assert_eq!(port, "opte0");
+            assert_eq!(external.ephemeral, Some("198.51.100.8".parse().unwrap()));
+            assert_eq!((external.snat, external.floating.len()), (None, 0));
+        }
+        // Rate limits: set-port-limits (also opteadm's -p form) and create-xde.
+        for line in [
+            "set-port-limits opte0 --egress-mbps 100 --burst-kib 512 --pps 5000",
+            "set-port-limits -p opte0 --egress-mbps 100 --burst-kib 512 --pps 5000",
+        ] {
+            let a = parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap();
+            let Action::Call(Request::SetPortLimits { port, limits }) = a else {
+                panic!("{a:?}")
+            };
+            assert_eq!(port, "opte0");
+            assert_eq!(
+                (
+                    limits.egress_mbps,
+                    limits.ingress_mbps,
+                    limits.burst_kib,
+                    limits.pps
+                ),
+                (Some(100), None, Some(512), Some(5000))
+            );
+            assert_eq!(
+                limits.describe(),
+                "egress 100 Mbit/s, burst 512 KiB, 5000 pps"
+            );
+        }
+        // Bad values are named.
+        let bad = [
+            (vec!["--snat-ip", "198.51.100.1"], "198.51.100.1"),
+            (
+                vec![
+                    "--snat-ip",
+                    "198.51.100.1",
+                    "--snat-start",
+                    "80",
+                    "--snat-end",
+                    "90",
+                ],
+                "80",
+            ),
+            (
+                vec![
+                    "--snat-ip",
+                    "198.51.100.1",
+                    "--snat-start",
+                    "5000",
+                    "--snat-end",
+                    "4000",
+                ],
+                "5000-4000",
+            ),
+            (vec!["--ephemeral-ip", "nonsense"], "nonsense"),
+        ];
+        for (flags, named) in bad {
+            let e = parse(&with(&flags)).unwrap_err();
+            assert!(e.contains(named), "{e}");
+        }
+        // An address of a family the port has none of.
+        let v4_only_line = [
+            "create-xde",
+            "opte0",
+            "--guest-mac",
+            "a8:40:25:ff:00:01",
+            "--private-ip",
+            "172.30.0.5",
+            "--vpc-subnet",
+            "172.30.0.0/22",
+            "--gateway-mac",
+            "a8:40:25:00:00:01",
+            "--gateway-ip",
+            "172.30.0.1",
+            "--vpc-vni",
+            "1701",
+            "--floating-ip",
+            "2001:db8:f::5",
+        ];
+        let e = parse(&v4_only_line).unwrap_err();
+        assert!(e.contains("2001:db8:f::5"), "{e}");
+    }
+
+    #[test]
+    fn opteadm_lines_parse() {
+        let call = |line: &str| match parse(&line.split_whitespace().collect::<Vec<_>>()) {
+            Ok(Action::Call(r)) => r,
+            other => panic!("{line}: {other:?}"),
+        };
+        let port = || "opte0".to_string();
+        assert_eq!(
+            call("list-layers -p opte0"),
+            Request::ListLayers { port: port() }
+        );
+        assert_eq!(
+            call("dump-layer -p opte0 firewall"),
+            Request::DumpLayer {
+                port: port(),
+                layer: "firewall".into()
+            }
+        );
+        assert_eq!(
+            call("dump-uft -p opte0"),
+            Request::DumpUft {
+                port: port(),
+                cursor: None,
+                limit: None
+            }
+        );
+        assert_eq!(
+            call("clear-uft -p opte0"),
+            Request::ClearUft { port: port() }
+        );
+        assert_eq!(
+            call("dump-tcp-flows -p opte0"),
+            Request::DumpTcpFlows { port: port() }
+        );
+        assert_eq!(
+            call("dump-tcp-flows opte0"),
+            Request::DumpTcpFlows { port: port() }
+        );
+        assert_eq!(
+            call("add-router-entry -p opte0 10.0.0.0/24 sub4=10.0.0.0/24 system"),
+            Request::AddRouterEntry {
+                port: port(),
+                entry: RouteEntry {
+                    class: Default::default(),
+                    dest: "10.0.0.0/24".parse().unwrap(),
+                    target: RouteTarget::Subnet,
+                    mtu: None
+                }
+            }
+        );
+        assert_eq!(
+            call("add-router-entry -p opte0 0.0.0.0/0 ig system"),
+            call("add-router-entry opte0 0.0.0.0/0 igw")
+        );
+        assert_eq!(
+            call("del-router-entry -p opte0 fd00::/64 sub6=fd00::/64 system"),
+            Request::DelRouterEntry {
+                class: Default::default(),
+                port: port(),
+                dest: "fd00::/64".parse().unwrap()
+            }
+        );
+        assert_eq!(
+            call("add-fw-rule -p opte0 --dir in --hosts subnet=10.0.0.0/8 --protocol TCP --ports 22 --action allow --priority 10"),
+            Request::AddFwRule {
+                port: port(),
+                rule: FwRule {
+                    id: 0,
+                    direction: Direction::In,
+                    priority: 10,
+                    action: FwAction::Allow,
+                    filters: FwFilters {
+                        host: FwHost::Subnet("10.0.0.0/8".parse().unwrap()),
+                        proto: FwProto::Tcp,
+                        ports: vec![FwPorts::One(22)],
+                        icmp: None,
+                    }
+                }
+            }
+        );
+        let Request::AddFwRule { rule, .. } = call(
+            "add-fw-rule -p opte0 --dir out --hosts any --protocol any --ports any --action deny --priority 65000",
+        ) else {
+            panic!()
+        };
+        assert_eq!(rule.to_string(), "out prio=65000 deny host=any proto=any");
+        assert_eq!(
+            call("rm-fw-rule -p opte0 --dir in 3"),
+            Request::RmFwRuleId {
+                port: port(),
+                direction: Some(Direction::In),
+                id: 3
+            }
+        );
+        // opteadm's VPC hosts, ICMP types, protocol numbers and port ranges.
+        let Request::AddFwRule { rule, .. } = call(
+            "add-fw-rule -p opte0 --direction in --priority 5 --action deny --hosts vni=10 --protocol icmp6:128",
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            rule.to_string(),
+            "in prio=5 deny host=vni=10 proto=icmp6:128"
+        );
+        let Request::AddFwRule { rule, .. } =
+            call("add-fw-rule -p opte0 --direction in --priority 6 --protocol icmp:3/4")
+        else {
+            panic!()
+        };
+        assert_eq!(rule.to_string(), "in prio=6 allow host=any proto=icmp:3/4");
+        let Request::AddFwRule { rule, .. } =
+            call("add-fw-rule -p opte0 --direction out --priority 7 --protocol proto=47")
+        else {
+            panic!()
+        };
+        assert_eq!(rule.filters.proto, FwProto::Number(47));
+        let Request::AddFwRule { rule, .. } = call(
+            "add-fw-rule -p opte0 --direction in --priority 8 --protocol udp --ports 53,5000-5010",
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            rule.to_string(),
+            "in prio=8 allow host=any proto=udp ports=53,5000-5010"
+        );
+        assert_eq!(
+            call("remove-fw-rule -p opte0 12"),
+            Request::RmFwRuleId {
+                port: port(),
+                direction: None,
+                id: 12
+            }
+        );
+        assert_eq!(
+            call("remove-fw-rule opte0 12"),
+            call("remove-fw-rule -p opte0 12")
+        );
+        assert_eq!(
+            call("list-fw-rules -p opte0"),
+            Request::ListFwRules { port: port() }
+        );
+        assert_eq!(
+            call("pause-port -p opte0"),
+            Request::PausePort { port: port() }
+        );
+        assert_eq!(
+            call("resume-port opte0"),
+            Request::ResumePort { port: port() }
+        );
+        for (bad, named) in [
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --hosts vni=16777216",
+                "vni=16777216",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol proto=300",
+                "300",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol icmp:8/256",
+                "256",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol tcp --ports 90-80",
+                "90-80",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol tcp:1",
+                "tcp:1",
+            ),
+            (
+                "add-fw-rule -p opte0 --direction in --priority 1 --protocol udp:1",
+                "udp:1",
+            ),
+            ("remove-fw-rule -p opte0 x", "x"),
+        ] {
+            let words: Vec<&str> = bad.split_whitespace().collect();
+            let e = parse(&words).unwrap_err();
+            assert!(e.contains(named), "{bad}: {e}");
+        }
+        let eps = |a: &[&str]| a.iter().map(|e| e.parse().unwrap()).collect::<Vec<_>>();
+        assert_eq!(
+            call("set-v2b 0.0.0.0/0 fd00:99::b1 fd00:99::b2"),
+            Request::SetV2b {
+                prefix: "0.0.0.0/0".parse().unwrap(),
+                endpoints: eps(&["fd00:99::b1", "fd00:99::b2"]),
+            }
+        );
+        assert_eq!(
+            call("clear-v2b ::/0 fd00:99::b1"),
+            Request::ClearV2b {
+                prefix: "::/0".parse().unwrap(),
+                endpoints: eps(&["fd00:99::b1"]),
+            }
+        );
+        assert_eq!(call("dump-v2b"), Request::DumpV2b);
+        let e = parse(&["set-v2b", "0.0.0.0/0"]).unwrap_err();
+        assert!(e.contains("ENDPOINTS"), "{e}");
+        let e = parse(&["set-v2b", "0.0.0.0/0", "10.0.0.1"]).unwrap_err();
+        assert!(e.contains("10.0.0.1"), "{e}");
+        assert_eq!(
+            call("clear-v2p 172.30.0.6 a8:40:25:ff:00:06 fd00:99::2 1701"),
+            Request::ClearV2p {
+                vpc_ip: "172.30.0.6".parse().unwrap(),
+                vni: Vni::new(1701).unwrap(),
+                expect: Some(V2pTarget {
+                    vpc_mac: "a8:40:25:ff:00:06".parse().unwrap(),
+                    underlay_ip: "fd00:99::2".parse().unwrap()
+                })
+            }
+        );
+        assert_eq!(
+            call("clear-v2p 172.30.0.6 1701"),
+            Request::ClearV2p {
+                vpc_ip: "172.30.0.6".parse().unwrap(),
+                vni: Vni::new(1701).unwrap(),
+                expect: None
+            }
+        );
+        // Refused by name.
+        for (line, named) in [
+            ("add-router-entry -p opte0 fd00::/64 ip4=10.0.0.1 system", "ip4=10.0.0.1"),
+            ("add-router-entry -p opte0 10.0.0.0/24 sub4=10.0.0.0/24 user", "user"),
+            ("add-router-entry -p opte0 10.0.0.0/24 drop custom --class system", "given twice"),
+            ("add-fw-rule -p opte0 --dir in --hosts vni=x --protocol any --ports any --action allow --priority 1", "vni=x"),
+            ("add-fw-rule -p opte0 --dir in --hosts any --protocol arp --ports any --action allow --priority 1", "arp"),
+            ("add-fw-rule -p opte0 --dir in --hosts any --protocol icmp:8 --ports 80 --action allow --priority 1", "has no ports"),
+            ("add-fw-rule -p opte0 --dir in --hosts any --protocol tcp --ports 22,x --action allow --priority 1", "\"x\""),
+            ("add-fw-rule -p opte0 --dir in --hosts any --protocol tcp --ports 22 --action allow", "--priority"),
+            ("rm-fw-rule -p opte0 --dir in 3 --priority 4", "not both"),
+            ("clear-v2p 172.30.0.6 zz:40:25:ff:00:06 fd00:99::2 1701", "zz:40:25:ff:00:06"),
+            ("clear-v2p 172.30.0.6 a8:40:25:ff:00:06 1701", "3 words"),
+        ] {
+            let e = parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap_err();
+            assert!(e.contains(named), "{line}: {e}");
+        }
+        for (line, class) in [
+            (
+                "add-router-entry -p opte0 10.0.0.0/24 drop Custom",
+                RouteClass::Custom,
+            ),
+            (
+                "add-router-entry opte0 10.0.0.0/24 drop --class custom",
+                RouteClass::Custom,
+            ),
+            (
+                "add-router-entry opte0 10.0.0.0/24 drop",
+                RouteClass::System,
+            ),
+        ] {
+            let Action::Call(Request::AddRouterEntry { entry, .. }) =
+                parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap()
+            else {
+                panic!("{line}")
+            };
+            assert_eq!(entry.class, class, "{line}");
+        }
+        assert_eq!(
+            parse(&[
+                "del-router-entry",
+                "-p",
+                "opte0",
+                "10.0.0.0/24",
+                "drop",
+                "custom"
+            ])
+            .unwrap(),
+            Action::Call(Request::DelRouterEntry {
+                port: "opte0".into(),
+                dest: "10.0.0.0/24".parse().unwrap(),
+                class: RouteClass::Custom,
+            })
+        );
+        let line = "add-router-entry -p opte0 192.168.50.0/24 ip4=10.0.0.5 system";
+        assert_eq!(
+            parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap(),
+            Action::Call(Request::AddRouterEntry {
+                port: "opte0".into(),
+                entry: RouteEntry {
+                    class: Default::default(),
+                    dest: "192.168.50.0/24".parse().unwrap(),
+                    target: RouteTarget::Ip("10.0.0.5".parse().unwrap()),
+                    mtu: None,
+                },
+            })
+        );
+    }
+
+    #[test]
+    fn allowed_prefixes_and_attached_subnets() {
+        let call = |line: &str| parse(&line.split_whitespace().collect::<Vec<_>>());
+        let want = |prefix: &str, dir| Request::AllowCidr {
+            port: "opte0".into(),
+            prefix: prefix.parse().unwrap(),
+            dir,
+        };
+        assert_eq!(
+            call("allow-cidr -p opte0 192.168.50.0/24 --dir IN").unwrap(),
+            Action::Call(want("192.168.50.0/24", CidrDir::In))
+        );
+        assert_eq!(
+            call("allow-cidr opte0 fd00:50::/64 --dir out").unwrap(),
+            Action::Call(want("fd00:50::/64", CidrDir::Out))
+        );
+        assert_eq!(
+            call("attach-subnet -p opte0 192.168.50.0/24").unwrap(),
+            Action::Call(want("192.168.50.0/24", CidrDir::Both))
+        );
+        assert_eq!(
+            call("detach-subnet opte0 192.168.50.0/24").unwrap(),
+            Action::Call(Request::RemoveCidr {
+                port: "opte0".into(),
+                prefix: "192.168.50.0/24".parse().unwrap(),
+                dir: CidrDir::Both,
+            })
+        );
+        for (line, named) in [
+            ("allow-cidr opte0 192.168.50.0/24 --dir both", "both"),
+            ("remove-cidr opte0 192.168.50.0/24 --dir up", "up"),
+            (
+                "allow-cidr opte0 192.168.50.0/33 --dir in",
+                "192.168.50.0/33",
+            ),
+        ] {
+            let e = call(line).unwrap_err();
+            assert!(e.contains(named), "{line}: {e}");
+        }
+    }
+
+    #[test]
+    fn doctor_and_path_check() {
+        assert_eq!(parse(&["doctor"]).unwrap(), Action::Call(Request::Doctor));
+        assert_eq!(
+            parse(&["path-check"]).unwrap(),
+            Action::Call(Request::PathCheck { peer: None })
+        );
+        assert_eq!(
+            parse(&["--json", "path-check", "fd00:99::3"]).unwrap(),
+            Action::Call(Request::PathCheck {
+                peer: Some("fd00:99::3".parse().unwrap())
+            })
+        );
+        let e = parse(&["path-check", "10.0.0.1"]).unwrap_err();
+        assert!(e.contains("10.0.0.1"), "{e}");
+    }
+
+    #[test]
+    fn capture_to_a_file_or_standard_output() {
+        let a = parse(&["capture", "a1", "-w", "/run/x.pcapng", "-c", "5"]).unwrap();
+        let want = CaptureSpec {
+            port: "a1".into(),
+            underlay: false,
+            count: Some(5),
+            seconds: None,
+            file: "/run/x.pcapng".into(),
+        };
+        assert_eq!(a, Action::Call(Request::Capture(want)));
+        // A relative file is made absolute here: the daemon has its own directory.
+        let Action::Call(Request::Capture(c)) =
+            parse(&["capture", "a1", "-w", "x.pcapng"]).unwrap()
+        else {
+            panic!("not a capture request");
+        };
+        assert!(
+            c.file.is_absolute() && c.file.ends_with("x.pcapng"),
+            "{c:?}"
+        );
+        let Action::CaptureToStdout(c) =
+            parse(&["capture", "a1", "--underlay", "--seconds", "3"]).unwrap()
+        else {
+            panic!("not a capture to standard output");
+        };
+        assert_eq!((c.underlay, c.seconds, c.count), (true, Some(3), None));
+        let e = parse(&["capture", "a1", "-c", "many"]).unwrap_err();
+        assert!(e.contains("many"), "{e}");
+    }
+
+    /// `set-fw-rules --rule` takes the API's rule lines, and refuses a bad one
+    /// naming what is wrong with it.
+    #[test]
+    fn rule_strings() {
+        let line = "direction=out priority=5 action=deny host=10.0.0.0/8 proto=udp ports=53";
+        let a = parse(&["set-fw-rules", "p", "--rule", line]).unwrap();
+        let Action::Call(Request::SetFwRules { rules, .. }) = a else {
+            panic!("{a:?}")
+        };
+        let shown: Vec<String> = rules.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            ["out prio=5 deny host=10.0.0.0/8 proto=udp ports=53"]
+        );
+        for (rule, named) in [
+            ("priority=5", "direction"),
+            ("dir=in prio=5 colour=red", "colour"),
+            ("dir=in prio=x", "\"x\""),
+        ] {
+            let e = parse(&["set-fw-rules", "p", "--rule", rule]).unwrap_err();
+            assert!(e.contains(named), "{rule}: {e}");
+        }
+    }
+
+    #[test]
+    fn dump_uft_pages() {
+        assert_eq!(
+            parse(&["dump-uft", "p"]).unwrap(),
+            Action::Call(Request::DumpUft {
+                port: "p".into(),
+                cursor: None,
+                limit: None
+            })
+        );
+        assert_eq!(
+            parse(&["dump-uft", "p", "--limit", "50", "--cursor", "4294967300"]).unwrap(),
+            Action::Call(Request::DumpUft {
+                port: "p".into(),
+                cursor: Some(4_294_967_300),
+                limit: Some(50)
+            })
+        );
+        let e = parse(&["dump-uft", "p", "--cursor", "-1"]).unwrap_err();
+        assert!(e.contains("-1"), "{e}");
+    }
+}
