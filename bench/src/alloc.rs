@@ -9,6 +9,9 @@
 //! `#[global_allocator] static A: bench::alloc::CountingAlloc = bench::alloc::CountingAlloc;`
 //! then read [`thread_allocations`] before and after the code under test.
 
+// A counting global allocator: implementing `GlobalAlloc` is `unsafe` by nature.
+#![allow(unsafe_code)]
+
 use engine::TxBatch;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -32,6 +32,10 @@
 //! or else built once per test process with `cargo build -p overlayd -p xdeadm` into the same
 //! target directory and profile as the running test (see [`bins`]).
 
+// The test harness makes raw syscalls (namespaces, signals, sockets) the tests
+// need and std does not wrap; each `unsafe` block carries its `// SAFETY:` line.
+#![allow(unsafe_code)]
+
 pub mod bench;
 pub mod bins;
 pub mod boundary;

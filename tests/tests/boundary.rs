@@ -12,6 +12,9 @@
 //! MAC; ICMP is mapped by echo identifier, or for an error by the quoted packet's
 //! source port.
 
+// One socket option std does not wrap (SO_LINGER, for a reset instead of a FIN).
+#![allow(unsafe_code)]
+
 use e2e::boundary::{nat_rack, Internet, Outside, INTERNET_MTU};
 use e2e::counters::Snapshot;
 use e2e::frames::{self, geneve_option, Host, Outer, L4, OXIDE_CLASS, OXIDE_EXTERNAL};

@@ -38,9 +38,10 @@ fn cpu_time(pid: u32) -> Result<Duration> {
             .and_then(|f| f.parse().ok())
             .ok_or_else(|| Error::new(format!("field {i} of /proc/{pid}/stat: {stat}")))
     };
-    // SAFETY: sysconf has no preconditions.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
-    Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 1000 / hz))
+    let hz = e2e::bench::cpu::user_hz()?;
+    Ok(Duration::from_secs_f64(
+        (ticks(11)? + ticks(12)?) as f64 / hz,
+    ))
 }
 
 /// The share of one core sled `sled`'s daemon used over `span`.

@@ -1,5 +1,7 @@
 //! overlayd: the per-sled daemon. See docs/operating.md.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use overlayd::config::{DaemonArgs, DaemonConfig, LogFormat};
 use std::process::ExitCode;

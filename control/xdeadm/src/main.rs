@@ -6,6 +6,8 @@
 //! daemon unreachable. Output cut short by the reader (`xdeadm dump-v2p | head -1`)
 //! ends the tool quietly.
 
+#![forbid(unsafe_code)]
+
 use api::{Client, ClientError, Refusal, Request};
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind, Write};

@@ -8,6 +8,10 @@
 //! inside a guest this socket is all it needs. Every `unsafe` block is a syscall or
 //! a read of what the kernel wrote, and says why it holds in a `// SAFETY:` comment.
 
+// A raw socket and interface ioctls without a safe wrapper in std: each `unsafe`
+// block carries its `// SAFETY:` line.
+#![allow(unsafe_code)]
+
 mod link;
 
 pub use link::Link;

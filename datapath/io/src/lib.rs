@@ -20,6 +20,10 @@
 //! Every `unsafe` block is a syscall or a read/write of kernel-shared memory
 //! and says why it holds in a `// SAFETY:` comment.
 
+// The one crate that talks to the kernel about packets: its syscalls without a safe
+// wrapper are here, each `unsafe` block with its `// SAFETY:` line.
+#![allow(unsafe_code)]
+
 pub mod channels;
 pub mod cpu;
 pub mod guest;

@@ -4,6 +4,10 @@
 //! `u32`/`u64` accumulator so that pieces (pseudo-header, header, payload) can be summed
 //! separately and combined; `fold` turns an accumulator into the 16-bit value.
 
+// The AVX2 copy-and-sum kernel (CPU intrinsics) is the one `unsafe` code of the
+// pure crates.
+#![allow(unsafe_code)]
+
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// One's-complement sum of `data` as big-endian 16-bit words (an odd trailing byte is

@@ -9,6 +9,10 @@
 //! External, toward the sled of the first matching ingress entry. Counters are
 //! rewritten to FILE after every packet. Runs until killed.
 
+// The switch's tun device is opened with an ioctl std does not wrap; each `unsafe`
+// block carries its `// SAFETY:` line.
+#![allow(unsafe_code)]
+
 use e2e::boundary::{destination, Ingress, Switch, SwitchCounters, GENEVE_PORT};
 use std::fs::File;
 use std::io::{Read, Write};
