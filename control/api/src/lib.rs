@@ -18,6 +18,7 @@
 
 pub mod client;
 pub mod firewall;
+pub mod fleet;
 pub mod openmetrics;
 pub mod port;
 pub mod protocol;
