@@ -12,8 +12,8 @@
 
 use core::fmt;
 use core::str::FromStr;
-use engine::nat::ExternalIps;
-use engine::v2b::V2bEntry;
+use engine::ExternalIps;
+use engine::V2bEntry;
 use engine::{CidrDir, PortConfig, PortLimits, PortState, RouteClass, Vni};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -1266,7 +1266,7 @@ pub(crate) mod tests {
             Request::SetExternalIps {
                 port: "opte0".into(),
                 external: ExternalIps {
-                    snat: Some(engine::nat::SnatRange {
+                    snat: Some(engine::SnatRange {
                         ip: "198.51.100.1".parse().unwrap(),
                         start: 1024,
                         end: 2047,

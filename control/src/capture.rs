@@ -52,7 +52,7 @@ use crate::pcapng::{self, Packet, PcapngWriter};
 use crate::server::Answer;
 use crate::worker::WorkerStats;
 use crate::workers::Workers;
-use engine::counters::DropCounters;
+use engine::DropCounters;
 use engine::{Engine, MacAddr, PortId, TxBatch, TxDest};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, ErrorKind};

@@ -14,10 +14,10 @@ use crate::api::{
 use crate::config::parse_vni;
 use crate::opteadm;
 use clap::{Args, Parser, Subcommand};
-use engine::nat::{ExternalIps, SnatRange};
-use engine::port::DEFAULT_PORT_MTU;
 use engine::PortLimits;
+use engine::DEFAULT_PORT_MTU;
 use engine::{CidrDir, PortConfig, RouteClass, Vni};
+use engine::{ExternalIps, SnatRange};
 use ipnet::IpNet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr};
@@ -592,7 +592,7 @@ pub fn parse_mtu(s: &str) -> Result<u16, String> {
     let v: u32 = s
         .parse()
         .map_err(|_| format!("invalid MTU {s:?}: expected a number"))?;
-    let min = engine::port::MIN_PORT_MTU;
+    let min = engine::MIN_PORT_MTU;
     if v < u32::from(min) {
         return Err(format!("MTU {v} is below {min}"));
     }
@@ -1773,7 +1773,7 @@ mod tests {
         assert!(e.contains("ENDPOINTS"), "{e}");
         let e = parse(&["set-v2b", "0.0.0.0/0", "10.0.0.1"]).unwrap_err();
         assert!(e.contains("10.0.0.1"), "{e}");
-        let shown = render(&Reply::V2b(vec![engine::v2b::V2bEntry {
+        let shown = render(&Reply::V2b(vec![engine::V2bEntry {
             prefix: "0.0.0.0/0".parse().unwrap(),
             endpoints: eps(&["fd00:99::b1", "fd00:99::b2"]),
         }]));

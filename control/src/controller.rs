@@ -22,9 +22,9 @@ use crate::api::{
 };
 use crate::server::ApiCounters;
 use crate::state::{State, StateStore};
-use engine::nat::ExternalIps;
-use engine::v2b::{V2b, V2bEntry};
+use engine::ExternalIps;
 use engine::{CidrDir, PortCidrs, PortConfig, PortLimits, PortState, RouteClass, Vni};
+use engine::{V2b, V2bEntry};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -800,13 +800,10 @@ impl<D: Dataplane> Controller<D> {
 
     fn add_route(&mut self, port: &str, entry: RouteEntry) -> Result<Reply, String> {
         self.applied_port(port)?;
-        engine::port::check_network(entry.dest)?;
+        engine::check_network(entry.dest)?;
         if let Some(mtu) = entry.mtu {
-            if mtu < engine::port::MIN_PORT_MTU {
-                return Err(format!(
-                    "route MTU {mtu} is below {}",
-                    engine::port::MIN_PORT_MTU
-                ));
+            if mtu < engine::MIN_PORT_MTU {
+                return Err(format!("route MTU {mtu} is below {}", engine::MIN_PORT_MTU));
             }
         }
         let mut routes = self.state.routes.get(port).cloned().unwrap_or_default();
@@ -1916,7 +1913,7 @@ pub(crate) mod tests {
 
     fn snat(start: u16, end: u16) -> ExternalIps {
         ExternalIps {
-            snat: Some(engine::nat::SnatRange {
+            snat: Some(engine::SnatRange {
                 ip: "198.51.100.1".parse().unwrap(),
                 start,
                 end,

@@ -9,7 +9,7 @@
 //! new file.
 
 use crate::api::{FwRule, PortInfo, RouteEntry, V2pEntry};
-use engine::v2b::V2bEntry;
+use engine::V2bEntry;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};

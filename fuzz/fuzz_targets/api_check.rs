@@ -10,7 +10,7 @@
 use control::api::{self, Outcome, Request};
 use control::controller::{Controller, Dataplane};
 use control::datapath::Datapath;
-use engine::v2b::V2b;
+use engine::V2b;
 use engine::{Engine, EngineConfig};
 use serde_json::Value;
 

@@ -7,10 +7,10 @@
 //! they arise (`wire::meta::UnderlayDrop`, which cannot depend on the engine, and
 //! `tso::TsoDrop`) and convert into a `DropReason` with `From`, taking their names
 //! from there, so each string is written once. A reason is a `u8`, so a counter set
-//! is an array indexed by it ([`crate::counters::DropCounters`]): one add on the
+//! is an array indexed by it ([`crate::machinery::counters::DropCounters`]): one add on the
 //! fast path, no lookup.
 
-use crate::tso::TsoDrop;
+use crate::frames::tso::TsoDrop;
 use wire::meta::UnderlayDrop;
 
 /// Declares [`DropReason`] with its names and [`DropReason::ALL`] from one list,
