@@ -343,7 +343,7 @@ pub fn parse_vni(s: &str) -> Result<Vni, String> {
     let n: u32 = s
         .parse()
         .map_err(|_| format!("invalid VNI {s:?}: expected a number below 2^24"))?;
-    Vni::new(n)
+    Vni::new(n).map_err(|e| e.to_string())
 }
 
 /// What the daemon runs with, file and flags merged and defaults filled in.
@@ -411,7 +411,7 @@ impl DaemonConfig {
         }
         let boundary_vni = match args.boundary_vni.or(file.boundary_vni) {
             Some(v) => v,
-            None => Vni::new(DEFAULT_BOUNDARY_VNI)?,
+            None => Vni::new(DEFAULT_BOUNDARY_VNI).map_err(|e| e.to_string())?,
         };
         let api_socket = args
             .api_socket

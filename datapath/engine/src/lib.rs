@@ -11,6 +11,7 @@
 
 pub mod drop;
 pub mod frames;
+pub mod ids;
 pub mod machinery;
 pub mod pipeline;
 pub mod vpc;
@@ -21,6 +22,7 @@ pub use frames::input::RxFrame;
 pub use frames::output::{
     FrameBytes, FrameSpace, InputRef, LentFrame, SiblingFrame, TunnelGso, TxBatch, TxDest,
 };
+pub use ids::{PortId, Vni, VniError};
 pub use machinery::counters::DropCounters;
 pub use machinery::flow::FlowKey;
 pub use machinery::ratelimit::PortLimits;
@@ -31,8 +33,8 @@ pub use pipeline::{Engine, EngineConfig, EngineError, EngineStats, NextHop, Unde
 pub use vpc::firewall::{FlowLimits, FwAction};
 pub use vpc::nat::{ExternalIps, SnatRange};
 pub use vpc::port::{
-    check_network, link_local_eui64, CidrDir, PortCidrs, PortConfig, PortId, PortState, Vni,
-    DEFAULT_PORT_MTU, MIN_PORT_MTU,
+    check_network, link_local_eui64, CidrDir, PortCidrs, PortConfig, PortState, DEFAULT_PORT_MTU,
+    MIN_PORT_MTU,
 };
 pub use vpc::router::{RouteClass, RouteTarget};
 pub use vpc::v2b::{V2b, V2bEntry};

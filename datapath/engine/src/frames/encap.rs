@@ -9,7 +9,7 @@
 //! encapsulating costs one 70-82-byte copy plus the inner frame's copy.
 
 use crate::frames::output::{TxBatch, TxDest};
-use crate::vpc::port::Vni;
+use crate::ids::Vni;
 use std::net::Ipv6Addr;
 use wire::checksum;
 use wire::ethernet::ethertype;

@@ -19,7 +19,7 @@
 //! allocate.
 
 use crate::frames::input::RxFrame;
-use crate::vpc::port::{PortId, Vni};
+use crate::ids::{PortId, Vni};
 
 /// Received frames up to this long are copied rather than referred to
 /// ([`TxBatch::push_received`]).

@@ -19,12 +19,12 @@
 
 use crate::drop::DropReason;
 use crate::frames::encap::OuterTemplate;
+use crate::ids::{PortId, Vni};
 use crate::machinery::flow::FlowKey;
 use crate::machinery::slab::FlowSlab;
 use crate::vpc::firewall::ConnHandle;
 use crate::vpc::nat::{InboundTarget, SrcNat};
 use crate::vpc::overlay::Sender;
-use crate::vpc::port::{PortId, Vni};
 use serde::Serialize;
 use std::net::Ipv6Addr;
 use wire::MacAddr;

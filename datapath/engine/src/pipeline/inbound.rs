@@ -8,13 +8,13 @@ use crate::drop::DropReason;
 use crate::frames::input::RxFrame;
 use crate::frames::output::{SiblingFrame, TxBatch, TxDest};
 use crate::frames::tso;
+use crate::ids::{PortId, Vni};
 use crate::machinery::flow::FlowKey;
 use crate::machinery::rule::Direction;
 use crate::machinery::uft::{InAction, InVerdict, UftEntry};
 use crate::vpc::firewall::TcpSegment;
 use crate::vpc::nat;
 use crate::vpc::overlay::{InboundTrust, Sender, UnderlaySource};
-use crate::vpc::port::{PortId, Vni};
 use std::net::IpAddr;
 
 use wire::meta::{InnerMeta, L3};

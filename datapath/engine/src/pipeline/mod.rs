@@ -39,6 +39,7 @@ use stats::PortCounters;
 use crate::drop::DropReason;
 use crate::frames::output::TxBatch;
 use crate::frames::tso::Coalescer;
+use crate::ids::{PortId, Vni};
 use crate::machinery::counters::DropCounters;
 use crate::machinery::flow::{quoted_flow, FlowKey, PROTO_ICMP, PROTO_ICMPV6};
 use crate::machinery::hold::HoldQueue;
@@ -51,7 +52,7 @@ use crate::vpc::firewall::{ConnDump, Firewall, FlowLimits, FwAction, TcpSegment}
 use crate::vpc::gateway::{self, GatewayState, MtuBudget, RaInfo};
 use crate::vpc::nat::{ExternalIps, SnatTable};
 use crate::vpc::overlay::{V2p, V2pDump, V2pEntry};
-use crate::vpc::port::{CidrDir, PortCidrs, PortConfig, PortId, PortState, Vni, MIN_PORT_MTU};
+use crate::vpc::port::{CidrDir, PortCidrs, PortConfig, PortState, MIN_PORT_MTU};
 use crate::vpc::router::{RouteClass, RouteDump, RouteTarget, Router};
 use crate::vpc::v2b::{V2b, V2bEntry};
 use core::fmt;

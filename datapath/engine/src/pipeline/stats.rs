@@ -3,13 +3,13 @@
 
 use super::{Engine, EngineError, Port};
 use crate::frames::tso::CoalesceStats;
+use crate::ids::PortId;
 use crate::machinery::counters::DropCounters;
 use crate::machinery::hold::HoldStats;
 use crate::machinery::uft::{UftDump, UftStats};
 use crate::pipeline::budget::{PortTableLimits, TableBudget};
 use crate::vpc::firewall::FirewallStats;
 use crate::vpc::gateway::GatewayCounters;
-use crate::vpc::port::PortId;
 use serde::Serialize;
 
 /// Per-port packet counters.

@@ -15,15 +15,12 @@
 //! address could inject frames into any VPC by naming a VNI and a guest MAC.
 
 use crate::drop::DropReason;
-use crate::vpc::port::Vni;
+use crate::ids::Vni;
 use core::fmt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use wire::MacAddr;
-
-/// The VNI boundary services listen on unless configured otherwise (the reference's).
-pub const DEFAULT_BOUNDARY_VNI: u32 = 99;
 
 /// Where a virtual address lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

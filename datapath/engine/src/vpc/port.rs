@@ -1,5 +1,6 @@
 //! Guest ports: what the control plane says about one guest NIC.
 
+use crate::ids::Vni;
 use crate::machinery::ratelimit::PortLimits;
 use crate::vpc::nat::ExternalIps;
 use core::fmt;
@@ -7,56 +8,6 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::MacAddr;
-
-/// The engine's handle for a port; stable for the port's life, reused after deletion.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct PortId(pub u32);
-
-/// A 24-bit Geneve Virtual Network Identifier; one per VPC.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "u32", into = "u32")]
-pub struct Vni(u32);
-
-impl Vni {
-    pub const MAX: u32 = (1 << 24) - 1;
-    /// Boundary services' VNI unless configured otherwise (the reference's).
-    pub const DEFAULT_BOUNDARY: Vni = Vni(crate::vpc::overlay::DEFAULT_BOUNDARY_VNI);
-
-    /// Refuses values that do not fit 24 bits, naming the value.
-    pub fn new(v: u32) -> Result<Vni, String> {
-        if v > Self::MAX {
-            Err(format!(
-                "VNI {v} does not fit in 24 bits (max {})",
-                Self::MAX
-            ))
-        } else {
-            Ok(Vni(v))
-        }
-    }
-
-    pub fn get(self) -> u32 {
-        self.0
-    }
-}
-
-impl TryFrom<u32> for Vni {
-    type Error = String;
-    fn try_from(v: u32) -> Result<Self, String> {
-        Vni::new(v)
-    }
-}
-
-impl From<Vni> for u32 {
-    fn from(v: Vni) -> u32 {
-        v.0
-    }
-}
-
-impl fmt::Display for Vni {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
 
 /// Whether a port carries traffic (`list-ports`), as OPTE names its port states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -471,7 +422,6 @@ pub(crate) mod tests {
         let mut p = sample();
         p.ipv4 = Some("10.0.0.1".parse().unwrap());
         assert!(p.validate().unwrap_err().contains("10.0.0.1"));
-        assert!(Vni::new(1 << 24).unwrap_err().contains("16777216"));
     }
 
     #[test]

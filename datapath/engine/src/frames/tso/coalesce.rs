@@ -28,8 +28,8 @@ use super::{
 };
 use crate::frames::input::RxFrame;
 use crate::frames::output::{InputRef, TxBatch, TxDest};
+use crate::ids::PortId;
 use crate::vpc::nat::{End, Rewrite};
-use crate::vpc::port::PortId;
 use serde::Serialize;
 use wire::checksum;
 use wire::meta::{InnerMeta, L3};

@@ -5,7 +5,7 @@
 use super::*;
 use crate::frames::input::RxFrame;
 use crate::frames::output::TunnelGso;
-use crate::vpc::port::{PortId, Vni};
+use crate::ids::{PortId, Vni};
 use proptest::prelude::*;
 use wire::meta::{parse_inner, parse_underlay};
 use wire::vnet::{

@@ -4,7 +4,8 @@
 use super::frame;
 use super::{Deny, Sent};
 use crate::frames::output::TxBatch;
-use crate::vpc::port::{PortConfig, PortId};
+use crate::ids::PortId;
+use crate::vpc::port::PortConfig;
 use wire::arp::{self, Operation};
 use wire::meta::InnerMeta;
 

@@ -7,7 +7,8 @@
 use super::frame;
 use super::{Deny, Sent};
 use crate::frames::output::TxBatch;
-use crate::vpc::port::{PortConfig, PortId};
+use crate::ids::PortId;
+use crate::vpc::port::PortConfig;
 use std::net::Ipv4Addr;
 use wire::dhcpv4::{self, ClasslessRoute, MessageType};
 use wire::meta::InnerMeta;

@@ -7,7 +7,8 @@
 use super::frame;
 use super::{Deny, Sent};
 use crate::frames::output::TxBatch;
-use crate::vpc::port::{PortConfig, PortId};
+use crate::ids::PortId;
+use crate::vpc::port::PortConfig;
 use std::net::{IpAddr, Ipv6Addr};
 use wire::dhcpv6::{self, IaAddr, IaNa, MessageType, INFINITY};
 use wire::meta::InnerMeta;

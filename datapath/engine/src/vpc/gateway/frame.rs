@@ -6,7 +6,7 @@
 //! caller sized the slot.
 
 use crate::frames::output::{TxBatch, TxDest};
-use crate::vpc::port::PortId;
+use crate::ids::PortId;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use wire::vnet::VnetHdr;
 use wire::{checksum, MacAddr};

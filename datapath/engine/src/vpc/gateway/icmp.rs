@@ -4,7 +4,8 @@
 use super::frame;
 use super::{l4_bytes, Deny, Sent};
 use crate::frames::output::TxBatch;
-use crate::vpc::port::{PortConfig, PortId};
+use crate::ids::PortId;
+use crate::vpc::port::PortConfig;
 use std::net::IpAddr;
 use wire::meta::InnerMeta;
 use wire::{icmpv4, icmpv6};

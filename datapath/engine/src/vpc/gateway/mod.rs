@@ -41,7 +41,8 @@ pub use ra::{on_mtu_change, ra_info, tick, RaInfo};
 
 use crate::drop::DropReason;
 use crate::frames::output::TxBatch;
-use crate::vpc::port::{PortConfig, PortId};
+use crate::ids::PortId;
+use crate::vpc::port::PortConfig;
 use std::net::IpAddr;
 use wire::meta::{InnerMeta, L3};
 

@@ -11,7 +11,8 @@
 use super::frame::{self, ALL_NODES};
 use super::{GatewayState, Sent};
 use crate::frames::output::TxBatch;
-use crate::vpc::port::{PortConfig, PortId};
+use crate::ids::PortId;
+use crate::vpc::port::PortConfig;
 use std::net::Ipv6Addr;
 use wire::ndp::{self, RaSummary};
 use wire::MacAddr;

@@ -1,8 +1,8 @@
 //! Test helpers: the sample port, a small frame-to-metadata parser (so gateway tests
 //! do not depend on the fast-path parser), hex.
 
+use crate::ids::PortId;
 pub(crate) use crate::vpc::port::tests::sample;
-use crate::vpc::port::PortId;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::meta::{InnerMeta, L3};
 use wire::MacAddr;
