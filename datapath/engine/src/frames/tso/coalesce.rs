@@ -26,8 +26,8 @@ use super::{
     check_offsets, pseudo_header, MAX_SEGMENTS, PROTO_TCP, TCP_CSUM_OFFSET, TCP_CWR, TCP_FIN,
     TCP_MIN_HEADER, TCP_PSH,
 };
-use crate::frames::input::RxFrame;
-use crate::frames::output::{InputRef, TxBatch, TxDest};
+use crate::frames::input::{InputRef, RxFrame};
+use crate::frames::output::{TxBatch, TxDest};
 use crate::ids::PortId;
 use crate::vpc::nat::{End, Rewrite};
 use serde::Serialize;

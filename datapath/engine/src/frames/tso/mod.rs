@@ -106,6 +106,27 @@ impl core::fmt::Display for TsoDrop {
     }
 }
 
+/// Each reason's place in the one vocabulary; kept here, with the reasons, so that
+/// `drop` imports nothing above it.
+impl From<TsoDrop> for DropReason {
+    fn from(d: TsoDrop) -> Self {
+        match d {
+            TsoDrop::BadGsoType => DropReason::TsoBadGsoType,
+            TsoDrop::GsoIpMismatch => DropReason::TsoGsoIpMismatch,
+            TsoDrop::GsoNotTcp => DropReason::TsoGsoNotTcp,
+            TsoDrop::GsoFragment => DropReason::TsoGsoFragment,
+            TsoDrop::HdrLenMismatch => DropReason::TsoHdrLenMismatch,
+            TsoDrop::CsumStartMismatch => DropReason::TsoCsumStartMismatch,
+            TsoDrop::CsumOffsetOutOfRange => DropReason::TsoCsumOffsetOutOfRange,
+            TsoDrop::GsoSizeZero => DropReason::TsoGsoSizeZero,
+            TsoDrop::TooManySegments => DropReason::TsoTooManySegments,
+            TsoDrop::Truncated => DropReason::TsoTruncated,
+            TsoDrop::TooBig => DropReason::TsoTooBig,
+            TsoDrop::SegmentSizeZero => DropReason::TsoSegmentSizeZero,
+        }
+    }
+}
+
 /// Payload bytes per underlay segment for VPC-internal TCP: what is left of the
 /// underlay MTU after outer IPv6 40 + UDP 8 + Geneve 8 + Mss option 8 + the inner
 /// Ethernet header + the inner IP and TCP headers (options and extension headers

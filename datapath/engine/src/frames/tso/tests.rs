@@ -714,9 +714,10 @@ fn inconsistent_metadata_is_a_named_drop() {
     );
     assert_eq!(r, Err(TsoDrop::GsoNotTcp));
     assert!(out.is_empty());
-    // Names are distinct counter names.
+    // Names are distinct counter names, each a TSO reason of the one vocabulary.
     let names: std::collections::BTreeSet<_> = TsoDrop::ALL.iter().map(|d| d.to_string()).collect();
     assert_eq!(names.len(), TsoDrop::ALL.len());
+    assert!(names.iter().all(|n| n.starts_with("tso_")), "{names:?}");
 }
 
 #[test]
