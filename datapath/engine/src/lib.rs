@@ -18,9 +18,9 @@ pub mod vpc;
 
 pub use drop::DropReason;
 pub use frames::encap::OuterTemplate;
-pub use frames::input::RxFrame;
+pub use frames::input::{InputRef, RxFrame};
 pub use frames::output::{
-    FrameBytes, FrameSpace, InputRef, LentFrame, SiblingFrame, TunnelGso, TxBatch, TxDest,
+    FrameBytes, FrameSpace, LentFrame, SiblingFrame, TunnelGso, TxBatch, TxDest,
 };
 pub use ids::{PortId, Vni, VniError};
 pub use machinery::counters::DropCounters;

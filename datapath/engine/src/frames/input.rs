@@ -7,9 +7,18 @@
 //! payload across pieces ([`RxFrame::sum`]), and passes payload on by reference
 //! ([`RxFrame::input_ref`]) instead of copying it.
 
-use crate::frames::output::InputRef;
 use core::ops::Range;
 use wire::checksum;
+
+/// `len` bytes at logical offset `start` of received frame `input`: the input's pieces
+/// taken as one buffer (see [`RxFrame`]). The caller numbered its inputs and resolves
+/// the reference when it drains the batch (`frames::output`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InputRef {
+    pub input: u32,
+    pub start: u32,
+    pub len: u32,
+}
 
 /// A received frame, or a part of one (the inner frame of an underlay frame): `len`
 /// bytes starting `start` bytes into the concatenation of `pieces`. `input` is the

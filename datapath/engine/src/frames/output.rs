@@ -18,7 +18,7 @@
 //! Capacity is kept across [`TxBatch::clear`], so once warm the fast path does not
 //! allocate.
 
-use crate::frames::input::RxFrame;
+use crate::frames::input::{InputRef, RxFrame};
 use crate::ids::{PortId, Vni};
 
 /// Received frames up to this long are copied rather than referred to
@@ -91,16 +91,6 @@ pub enum SiblingFrame {
     /// An underlay frame received here for a port of the owner
     /// (`Engine::process_underlay` on the owner).
     Underlay,
-}
-
-/// `len` bytes at logical offset `start` of received frame `input`: the input's pieces
-/// taken as one buffer (see [`crate::frames::input::RxFrame`]). The caller numbered its inputs
-/// and resolves the reference when it drains the batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InputRef {
-    pub input: u32,
-    pub start: u32,
-    pub len: u32,
 }
 
 /// A frame the I/O layer lent space for; the number means something to it only.
