@@ -10,4 +10,5 @@
 pub mod encap;
 pub mod input;
 pub mod output;
+pub mod rewrite;
 pub mod tso;

@@ -19,11 +19,12 @@
 
 use crate::drop::DropReason;
 use crate::frames::encap::OuterTemplate;
+use crate::frames::rewrite::SrcNat;
 use crate::ids::{PortId, Vni};
 use crate::machinery::flow::FlowKey;
 use crate::machinery::slab::FlowSlab;
 use crate::vpc::firewall::ConnHandle;
-use crate::vpc::nat::{InboundTarget, SrcNat};
+use crate::vpc::nat::InboundTarget;
 use crate::vpc::overlay::Sender;
 use serde::Serialize;
 use std::net::Ipv6Addr;

@@ -9,11 +9,12 @@ use super::{confirm, ip_bytes, Port};
 use crate::drop::DropReason;
 use crate::frames::input::RxFrame;
 use crate::frames::output::{TxBatch, TxDest};
+use crate::frames::rewrite::{rewritten_meta, End, Rewrite};
 use crate::frames::tso::Coalescer;
 use crate::machinery::flow::FlowKey;
 use crate::machinery::rule::Direction;
 use crate::vpc::firewall::TcpSegment;
-use crate::vpc::nat::{self, End, InboundTarget, Rewrite};
+use crate::vpc::nat::{self, InboundTarget};
 use wire::meta::InnerMeta;
 use wire::vnet::VnetHdr;
 
@@ -140,7 +141,7 @@ fn nat_miss(
         Ok(found) => found,
         Err(r) => return dropped(p, r),
     };
-    let m = nat::rewritten_meta(meta, End::Dst, private, t.port);
+    let m = rewritten_meta(meta, End::Dst, private, t.port);
     let key = FlowKey::from_meta(arrived.vni, &m);
     match compile_inbound(p, via, &key, &m, head, now, Some((*arrived, t))) {
         Ok(()) => Some(t),
@@ -153,7 +154,7 @@ fn nat_miss(
 /// SNAT flows never get here.
 #[inline(never)]
 fn note_one_to_one(p: &mut Port, vni: u32, meta: &InnerMeta, r: &Rewrite, now: u64) {
-    let m = nat::rewritten_meta(meta, End::Dst, r.ip, r.port);
+    let m = rewritten_meta(meta, End::Dst, r.ip, r.port);
     let key = FlowKey::from_meta(vni, &m);
     nat::note_inbound(&p.cfg.external, &mut p.snat, &p.fw, &key, meta.dst_ip, now);
 }

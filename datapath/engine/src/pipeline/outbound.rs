@@ -17,6 +17,7 @@ use crate::drop::DropReason;
 use crate::frames::encap::OuterTemplate;
 use crate::frames::input::RxFrame;
 use crate::frames::output::{FrameBytes, SiblingFrame, TxBatch, TxDest};
+use crate::frames::rewrite::{rewritten_meta, End};
 use crate::frames::tso;
 use crate::ids::{PortId, Vni};
 use crate::machinery::counters::DropCounters;
@@ -683,7 +684,7 @@ fn compile_outbound(
             // cached under that key (`external.rs`).
             if let Some(n) = src_nat {
                 let r = n.rewrite;
-                let sent = nat::rewritten_meta(m, nat::End::Src, r.ip, r.port);
+                let sent = rewritten_meta(m, End::Src, r.ip, r.port);
                 uft_in.remove(&FlowKey::from_meta(key.vni, &sent).reversed());
             }
         }

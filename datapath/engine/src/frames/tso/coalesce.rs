@@ -28,8 +28,8 @@ use super::{
 };
 use crate::frames::input::{InputRef, RxFrame};
 use crate::frames::output::{TxBatch, TxDest};
+use crate::frames::rewrite::{End, Rewrite};
 use crate::ids::PortId;
-use crate::vpc::nat::{End, Rewrite};
 use serde::Serialize;
 use wire::checksum;
 use wire::meta::{InnerMeta, L3};

@@ -21,7 +21,7 @@ pub use tunnel::{super_frames, SuperFrames};
 use crate::drop::DropReason;
 use crate::frames::encap::OuterTemplate;
 use crate::frames::output::{TxBatch, TxDest};
-use crate::vpc::nat::SrcNat;
+use crate::frames::rewrite::SrcNat;
 use std::net::IpAddr;
 use wire::checksum;
 use wire::geneve::ENCAP_LEN_WITH_MSS;

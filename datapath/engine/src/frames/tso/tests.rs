@@ -1342,7 +1342,7 @@ fn kernel_segmentation_of_super_frames_equals_todays_segments() {
                         )
                     };
                     SrcNat {
-                        rewrite: crate::vpc::nat::Rewrite::new(old, 0x9c40, new, 40123),
+                        rewrite: crate::frames::rewrite::Rewrite::new(old, 0x9c40, new, 40123),
                         quote: None,
                     }
                 });
