@@ -135,7 +135,7 @@ drop_reasons! {
     FwMidstreamIn = "fw_midstream_in",
     /// A TCP segment of a tracked connection outside what its receiver accepts: an
     /// RST outside the receiver's window, data entirely outside it, or an ACK of
-    /// data never sent (see `firewall::tcp`). Either direction.
+    /// data never sent (see `machinery::conntrack::tcp`). Either direction.
     TcpOutOfWindow = "tcp_out_of_window",
 
     // IPv4 fragmentation of guest packets larger than their path MTU

@@ -23,6 +23,7 @@ pub use frames::output::{
     FrameBytes, FrameSpace, LentFrame, SiblingFrame, TunnelGso, TxBatch, TxDest,
 };
 pub use ids::{PortId, Vni, VniError};
+pub use machinery::conntrack::FlowLimits;
 pub use machinery::counters::DropCounters;
 pub use machinery::flow::FlowKey;
 pub use machinery::ratelimit::PortLimits;
@@ -30,7 +31,7 @@ pub use machinery::rule::{Direction, Finalized, PortRange, Predicate, Rule};
 pub use machinery::uft::UftStats;
 pub use pipeline::budget::TableBudget;
 pub use pipeline::{Engine, EngineConfig, EngineError, EngineStats, NextHop, UnderlayRoutes};
-pub use vpc::firewall::{FlowLimits, FwAction};
+pub use vpc::firewall::FwAction;
 pub use vpc::nat::{ExternalIps, SnatRange};
 pub use vpc::port::{
     check_network, link_local_eui64, CidrDir, PortCidrs, PortConfig, PortState, DEFAULT_PORT_MTU,

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use engine::vpc::firewall::{TcpState, EXPIRE_SCAN};
+use engine::machinery::conntrack::{TcpState, EXPIRE_SCAN};
 use engine::OuterTemplate;
 use engine::V2b;
 use engine::{

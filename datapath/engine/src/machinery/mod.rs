@@ -9,6 +9,7 @@
 //! imports `vpc` or `pipeline`, so the policy can change without touching the
 //! machinery it runs on.
 
+pub mod conntrack;
 pub mod counters;
 pub mod flow;
 pub mod hold;

@@ -21,9 +21,9 @@ use crate::drop::DropReason;
 use crate::frames::encap::OuterTemplate;
 use crate::frames::rewrite::SrcNat;
 use crate::ids::{PortId, Vni};
+use crate::machinery::conntrack::ConnHandle;
 use crate::machinery::flow::FlowKey;
 use crate::machinery::slab::FlowSlab;
-use crate::vpc::firewall::ConnHandle;
 use crate::vpc::nat::InboundTarget;
 use crate::vpc::overlay::Sender;
 use serde::Serialize;
@@ -175,7 +175,7 @@ pub struct UftEntry<A> {
     pub path_mtu: u16,
     /// The firewall admitted the flow because of a connection (or, for an ICMP
     /// error, a related connection): every hit must confirm it with
-    /// `Firewall::track`, and a flow whose connection is gone is decided again.
+    /// `ConnTable::track_handle`, and a flow whose connection is gone is decided again.
     /// False for drops and for rule-only (stateless) decisions, which hold until the
     /// epoch changes.
     pub needs_conn: bool,

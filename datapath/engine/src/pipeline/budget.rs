@@ -10,9 +10,9 @@
 //! refuses ports beyond `ports`. A table at its cap evicts (counted: `evicted`,
 //! `flows_evicted`) or refuses new flows (`fw_table_full`).
 
+use crate::machinery::conntrack::{FlowLimits, CONN_SLOT_BYTES};
 use crate::machinery::flow::FlowKey;
 use crate::machinery::uft::{EncapAction, InAction, OutAction, UftEntry};
-use crate::vpc::firewall::{FlowLimits, CONN_SLOT_BYTES};
 use core::mem::size_of;
 use serde::Serialize;
 

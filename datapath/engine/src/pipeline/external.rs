@@ -11,9 +11,9 @@ use crate::frames::input::RxFrame;
 use crate::frames::output::{TxBatch, TxDest};
 use crate::frames::rewrite::{rewritten_meta, End, Rewrite};
 use crate::frames::tso::Coalescer;
+use crate::machinery::conntrack::TcpSegment;
 use crate::machinery::flow::FlowKey;
 use crate::machinery::rule::Direction;
-use crate::vpc::firewall::TcpSegment;
 use crate::vpc::nat::{self, InboundTarget};
 use wire::meta::InnerMeta;
 use wire::vnet::VnetHdr;
@@ -156,7 +156,14 @@ fn nat_miss(
 fn note_one_to_one(p: &mut Port, vni: u32, meta: &InnerMeta, r: &Rewrite, now: u64) {
     let m = rewritten_meta(meta, End::Dst, r.ip, r.port);
     let key = FlowKey::from_meta(vni, &m);
-    nat::note_inbound(&p.cfg.external, &mut p.snat, &p.fw, &key, meta.dst_ip, now);
+    nat::note_inbound(
+        &p.cfg.external,
+        &mut p.snat,
+        p.fw.conns(),
+        &key,
+        meta.dst_ip,
+        now,
+    );
 }
 
 /// An ICMP error from outside: translated (quote included) in a copy of the whole

@@ -10,8 +10,8 @@
 //! (`dump-uft`).
 
 use super::{Engine, EngineError, Port};
+use crate::machinery::conntrack::ConnStats;
 use crate::machinery::layer::{LayerDump, TableDump};
-use crate::vpc::firewall::FirewallStats;
 use crate::vpc::gateway::GatewayCounters;
 use crate::vpc::v2b::V2bEntry;
 use serde::Serialize;
@@ -52,7 +52,7 @@ pub enum LayerState {
     /// Replies it sent and packets it refused, by name (docs/gateway.md).
     Gateway(Box<GatewayCounters>),
     /// The connection table's counters.
-    Firewall(FirewallStats),
+    Firewall(ConnStats),
     /// Routes are its rules; nothing else.
     Router,
     Overlay {
@@ -126,8 +126,8 @@ impl Engine {
             ),
             "firewall" => (
                 p.fw.dump(),
-                Some(p.fw.stats().flows),
-                LayerState::Firewall(p.fw.stats()),
+                Some(p.fw.conns().stats().flows),
+                LayerState::Firewall(p.fw.conns().stats()),
             ),
             "router" => (p.router.dump(), None, LayerState::Router),
             // "overlay", the last of LAYERS (the only names callers pass).

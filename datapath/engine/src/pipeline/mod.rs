@@ -40,6 +40,7 @@ use crate::drop::DropReason;
 use crate::frames::output::TxBatch;
 use crate::frames::tso::Coalescer;
 use crate::ids::{PortId, Vni};
+use crate::machinery::conntrack::{ConnDump, FlowLimits, TcpSegment};
 use crate::machinery::counters::DropCounters;
 use crate::machinery::flow::{quoted_flow, FlowKey, PROTO_ICMP, PROTO_ICMPV6};
 use crate::machinery::hold::HoldQueue;
@@ -48,7 +49,7 @@ use crate::machinery::ratelimit::{PortLimits, PortPolicer};
 use crate::machinery::rule::{Direction, Finalized, MatchFields, Rule};
 use crate::machinery::uft::{InAction, OutAction, Uft, UftEntry};
 use crate::pipeline::budget::{PortTableLimits, TableBudget};
-use crate::vpc::firewall::{ConnDump, Firewall, FlowLimits, FwAction, TcpSegment};
+use crate::vpc::firewall::{Firewall, FwAction};
 use crate::vpc::gateway::{self, GatewayState, MtuBudget, RaInfo};
 use crate::vpc::nat::{ExternalIps, SnatTable};
 use crate::vpc::overlay::{V2p, V2pDump, V2pEntry};
@@ -1013,7 +1014,7 @@ impl Engine {
 
     /// The port's tracked connections (`dump-tcp-flows`, UDP and ICMP included).
     pub fn dump_tcp_flows(&self, port: &str) -> Result<Vec<ConnDump>, EngineError> {
-        Ok(self.port_by_name(port)?.fw.dump_flows(self.now))
+        Ok(self.port_by_name(port)?.fw.conns().dump_flows(self.now))
     }
 
     pub fn mtu_budget(&self, port: &str) -> Result<MtuBudget, EngineError> {
@@ -1060,7 +1061,7 @@ impl Engine {
                     snat,
                     ..
                 } = p;
-                fw.expire(now, |k| {
+                fw.conns_mut().expire(now, |k| {
                     uft_out.remove(k);
                     uft_in.remove(&k.reversed());
                     snat.forget(k);
@@ -1090,7 +1091,7 @@ fn confirm<A>(
         return true;
     }
     e.conn
-        .is_some_and(|h| fw.track_handle(h, dir, seg, bytes, now) == Ok(true))
+        .is_some_and(|h| fw.conns_mut().track_handle(h, dir, seg, bytes, now) == Ok(true))
 }
 
 /// A packet's IP bytes (inner L3 header onward), what flows and connections count.

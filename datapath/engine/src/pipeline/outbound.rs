@@ -20,12 +20,13 @@ use crate::frames::output::{FrameBytes, SiblingFrame, TxBatch, TxDest};
 use crate::frames::rewrite::{rewritten_meta, End};
 use crate::frames::tso;
 use crate::ids::{PortId, Vni};
+use crate::machinery::conntrack::TcpSegment;
 use crate::machinery::counters::DropCounters;
 use crate::machinery::flow::FlowKey;
 use crate::machinery::hold::Held;
 use crate::machinery::rule::Direction;
 use crate::machinery::uft::{EncapAction, EncapPlan, InAction, OutAction, Uft, UftEntry};
-use crate::vpc::firewall::{Firewall, TcpSegment};
+use crate::vpc::firewall::Firewall;
 use crate::vpc::gateway::{self, GatewayVerdict};
 use crate::vpc::nat::{self, SnatTable};
 use crate::vpc::overlay::V2p;
@@ -656,12 +657,12 @@ fn compile_outbound(
             Some(q) => Some(nat::outbound_icmp_error(
                 &cfg.external,
                 snat,
-                fw,
+                fw.conns(),
                 key,
                 q,
                 env.now,
             )?),
-            None => match nat::outbound(&cfg.external, snat, fw, key, env.now) {
+            None => match nat::outbound(&cfg.external, snat, fw.conns(), key, env.now) {
                 Ok(n) => Some(n),
                 // Exhaustion passes as flows end: decided again on the next packet.
                 Err(DropReason::SnatExhausted) => return Err(DropReason::SnatExhausted),

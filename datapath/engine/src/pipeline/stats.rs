@@ -4,11 +4,11 @@
 use super::{Engine, EngineError, Port};
 use crate::frames::tso::CoalesceStats;
 use crate::ids::PortId;
+use crate::machinery::conntrack::ConnStats;
 use crate::machinery::counters::DropCounters;
 use crate::machinery::hold::HoldStats;
 use crate::machinery::uft::{UftDump, UftStats};
 use crate::pipeline::budget::{PortTableLimits, TableBudget};
-use crate::vpc::firewall::FirewallStats;
 use crate::vpc::gateway::GatewayCounters;
 use serde::Serialize;
 
@@ -64,7 +64,7 @@ pub struct PortStats {
     pub epoch: u64,
     pub uft_in: UftStats,
     pub uft_out: UftStats,
-    pub firewall: FirewallStats,
+    pub firewall: ConnStats,
     /// The sizes of the port's tables, from its share of the table budget.
     pub table_limits: PortTableLimits,
     pub gateway: GatewayCounters,
@@ -161,7 +161,7 @@ impl PortStats {
             epoch: p.epoch,
             uft_in: p.uft_in.stats(),
             uft_out: p.uft_out.stats(),
-            firewall: p.fw.stats(),
+            firewall: p.fw.conns().stats(),
             table_limits: p.limits,
             gateway: p.gw.counters().clone(),
             drops: p.c.drops.clone(),

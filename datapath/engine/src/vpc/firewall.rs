@@ -10,44 +10,27 @@
 //! the outbound path opens a connection only once the router and the overlay have
 //! accepted the flow, so a guest cannot fill the table with flows that go nowhere.
 //!
-//! TCP connections are tracked from the guest's point of view (`tcp`): the flags
-//! choose the idle timeout (half-open connections expire in seconds, established ones
-//! in hours, closed ones after TIME-WAIT), and each side's sequence numbers and window
-//! bound what the other may send (`tcp_out_of_window`). Only a full handshake
-//! establishes an inbound connection (the peer's SYN, the guest's SYN|ACK, the peer's
-//! ACK), and a TCP flow first seen without a SYN (mid-stream, e.g. after a daemon
-//! restart) is picked up only from the guest's side, and keeps the half-open timeout
-//! until the peer answers: remote peers cannot create long-lived entries on their own,
-//! and neither can a guest sending into the void.
+//! The connections themselves (TCP state and sequence checks, timeouts, eviction,
+//! expiry, the handles the flow table keeps) are the generic machinery's
+//! (`machinery::conntrack`); this layer says which flows may open one. Only a full
+//! handshake establishes an inbound connection (the peer's SYN, the guest's
+//! SYN|ACK, the peer's ACK), and a TCP flow first seen without a SYN (mid-stream,
+//! e.g. after a daemon restart) is picked up only from the guest's side: remote
+//! peers cannot create long-lived entries on their own, and neither can a guest
+//! sending into the void.
 //!
 //! ICMP: only echo requests open connections (their replies are then admitted).
 //! Every other ICMP message is decided by the rules alone and tracked by nothing;
 //! an ICMP error is also admitted, in either direction, when the packet it quotes
 //! belongs to a live connection (a "related" packet; the decision is not cached).
-//!
-//! The table has a size limit; a full table evicts an expired, half-open (or
-//! unanswered) or closed connection if it finds one among the first few it inspects,
-//! and otherwise refuses the new flow. Expired connections are swept a bounded number
-//! of slots at a time ([`Firewall::expire`]), so no sweep holds a worker up.
-//!
-//! Connections live in a slab indexed by a keyed hash map. A decision hands back a
-//! [`ConnHandle`] (slot and generation) that the unified flow table keeps, so that a
-//! packet of a cached flow reaches its connection with [`Firewall::track_handle`]
-//! instead of hashing and probing the key a second time. Removing a connection
-//! (expiry, eviction, replacement, `clear_flows`) bumps its slot's generation, which
-//! turns every handle to it into a miss: the flow is decided again.
-
-mod tcp;
-
-pub use tcp::{TcpSegment, TcpState};
 
 use crate::drop::DropReason;
-use crate::machinery::flow::{flow_map, FlowKey, FlowMap, PROTO_TCP};
+use crate::machinery::conntrack::{ConnHandle, ConnTable, FlowLimits, Opening, TcpSegment, SYN};
+use crate::machinery::flow::{FlowKey, PROTO_TCP};
 use crate::machinery::layer::{Layer, LayerDump};
 use crate::machinery::rule::{Direction, MatchFields};
 use core::fmt;
 use serde::{Deserialize, Serialize};
-use tcp::TcpConn;
 
 /// What a firewall rule does with a flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,25 +66,12 @@ pub enum Decision {
 }
 
 impl Decision {
-    /// Whether a cached decision must be confirmed by [`Firewall::track_handle`] on
+    /// Whether a cached decision must be confirmed by [`ConnTable::track_handle`] on
     /// every later packet (false only for stateless decisions, which hold for the
     /// epoch).
     pub fn needs_conn(&self) -> bool {
         !matches!(self, Decision::Stateless)
     }
-}
-
-/// A connection a decision asks to open.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Opening {
-    /// The connection key (guest as source).
-    key: FlowKey,
-    initiator: Direction,
-    tcp: bool,
-    /// The first packet's TCP segment.
-    seg: Option<TcpSegment>,
-    /// The first packet's IP bytes (counted on the new connection).
-    bytes: u32,
 }
 
 /// What [`Firewall::commit`] made of a decision, for the flow table to cache.
@@ -116,258 +86,11 @@ pub struct Admission {
     pub created: bool,
 }
 
-const NS_PER_SEC: u64 = 1_000_000_000;
-
-/// Idle timeouts and table sizes for flows (defaults as in the reference).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FlowLimits {
-    /// TCP connections not yet established (SYN seen), closed ones, and ones picked
-    /// up mid-stream from the guest until the peer answers.
-    pub tcp_incipient_ns: u64,
-    pub tcp_established_ns: u64,
-    pub tcp_time_wait_ns: u64,
-    /// Every other flow (UDP, ICMP, closing TCP) and unified-flow-table entries.
-    pub other_ns: u64,
-    /// Connections per port.
-    pub fw_flow_limit: usize,
-    /// Unified flow table entries per port and direction.
-    pub uft_limit: usize,
-}
-
-impl Default for FlowLimits {
-    fn default() -> Self {
-        FlowLimits {
-            tcp_incipient_ns: 5 * NS_PER_SEC,
-            tcp_established_ns: 8000 * NS_PER_SEC,
-            tcp_time_wait_ns: 120 * NS_PER_SEC,
-            other_ns: 60 * NS_PER_SEC,
-            fw_flow_limit: 524_288,
-            uft_limit: 65_536,
-        }
-    }
-}
-
-impl FlowLimits {
-    /// Refuses zero sizes and zero timeouts, naming the field.
-    pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
-            ("tcp_incipient_ns", self.tcp_incipient_ns),
-            ("tcp_established_ns", self.tcp_established_ns),
-            ("tcp_time_wait_ns", self.tcp_time_wait_ns),
-            ("other_ns", self.other_ns),
-            ("fw_flow_limit", self.fw_flow_limit as u64),
-            ("uft_limit", self.uft_limit as u64),
-        ] {
-            if v == 0 {
-                return Err(format!("flow limit {name} must be above 0"));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// One tracked connection, keyed by its outbound orientation (guest is the source).
-#[derive(Clone, Copy, Debug)]
-struct Conn {
-    tcp: Option<TcpConn>,
-    /// Who sent the first packet.
-    initiator: Direction,
-    /// A packet went the other way (answered, not just offered).
-    replied: bool,
-    created: u64,
-    last_seen: u64,
-    /// Packets and IP bytes each way (`dump-tcp-flows`), counted where the packet is
-    /// tracked anyway, so the counters cost two adds on a line already written.
-    out: Traffic,
-    inb: Traffic,
-}
-
-/// Packets and IP bytes (inner L3 header onward; a guest's TSO buffer is one packet
-/// with all its bytes) one way of a connection.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Traffic {
-    pub packets: u64,
-    pub bytes: u64,
-}
-
-impl Traffic {
-    #[inline]
-    fn add(&mut self, bytes: u32) {
-        self.packets += 1;
-        self.bytes += u64::from(bytes);
-    }
-}
-
-impl Conn {
-    fn new(o: &Opening, now: u64) -> Conn {
-        let mut c = Conn {
-            tcp: o.tcp.then(|| TcpConn::open(o.initiator, o.seg)),
-            initiator: o.initiator,
-            replied: false,
-            created: now,
-            last_seen: now,
-            out: Traffic::default(),
-            inb: Traffic::default(),
-        };
-        c.count(o.initiator, o.bytes);
-        c
-    }
-
-    #[inline]
-    fn count(&mut self, dir: Direction, bytes: u32) {
-        match dir {
-            Direction::Out => self.out.add(bytes),
-            Direction::In => self.inb.add(bytes),
-        }
-    }
-
-    fn state(&self) -> Option<TcpState> {
-        self.tcp.map(|t| t.state)
-    }
-
-    /// Open but never answered: a half-open TCP connection, a TCP flow picked up
-    /// mid-stream that the peer has not answered yet, or a non-TCP flow only one side
-    /// has spoken in. What a flood (or a guest sending into the void) creates.
-    fn unanswered(&self) -> bool {
-        match self.state() {
-            Some(s) => s.incipient() || (s == TcpState::Established && !self.replied),
-            None => !self.replied,
-        }
-    }
-
-    fn timeout(&self, l: &FlowLimits) -> u64 {
-        use TcpState::*;
-        match self.state() {
-            None => l.other_ns,
-            Some(Established) if !self.replied => l.tcp_incipient_ns,
-            Some(Closed | SynSent | SynRcvd | SynAckSent) => l.tcp_incipient_ns,
-            Some(Established) => l.tcp_established_ns,
-            Some(TimeWait) => l.tcp_time_wait_ns,
-            Some(FinWait1 | FinWait2 | CloseWait | LastAck) => l.other_ns,
-        }
-    }
-
-    fn live(&self, now: u64, l: &FlowLimits) -> bool {
-        now.saturating_sub(self.last_seen) < self.timeout(l)
-    }
-
-    /// Eviction preference, lowest first; `None` for connections a full table keeps
-    /// (answered ones that are not closed). Expired entries go first, then unanswered
-    /// ones, then closed TCP.
-    fn eviction_rank(&self, now: u64, l: &FlowLimits) -> Option<u8> {
-        if !self.live(now, l) {
-            Some(0)
-        } else if self.unanswered() {
-            Some(1)
-        } else if self.state().is_some_and(TcpState::closed) {
-            Some(2)
-        } else {
-            None
-        }
-    }
-
-    /// Takes in a packet of this (live) connection going `dir` (`bytes` of IP);
-    /// refuses a TCP segment outside the window, changing nothing (not even the idle
-    /// clock or the counters). `Ok(true)` when the segment reopened a closed
-    /// connection (see `TcpConn::reopened_by`).
-    #[inline]
-    fn track(
-        &mut self,
-        dir: Direction,
-        seg: Option<TcpSegment>,
-        bytes: u32,
-        now: u64,
-    ) -> Result<bool, DropReason> {
-        let mut reopened = false;
-        if let (Some(t), Some(s)) = (self.tcp.as_mut(), seg) {
-            reopened = t.reopened_by(&s);
-            t.track(dir, s)?;
-        }
-        self.count(dir, bytes);
-        self.last_seen = now;
-        self.replied |= dir != self.initiator;
-        Ok(reopened)
-    }
-}
-
-/// A direct reference to a tracked connection (see the module doc). A handle outliving
-/// its connection is refused by [`Firewall::track_handle`], never redirected to the
-/// slot's next occupant: generations are 64-bit and never repeat.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConnHandle {
-    slot: u32,
-    gen: u64,
-}
-
-/// One slab slot: its generation and, while occupied, the connection's key and state.
-#[derive(Clone, Debug)]
-struct Slot {
-    gen: u64,
-    conn: Option<(FlowKey, Conn)>,
-}
-
-/// Bytes of one slot of the connection slab (what a connection costs besides its
-/// index entry), for the table budget.
-pub const CONN_SLOT_BYTES: usize = core::mem::size_of::<Slot>();
-
-// TCP tracking and the per-connection counters made connections bigger; a slot
-// stays within 160 bytes (the hot fields, state and counters, share its first two
-// cache lines with the key).
-const _: () = assert!(CONN_SLOT_BYTES <= 160);
-
-/// A connection in `dump-tcp-flows` / stats output.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ConnDump {
-    /// The flow with the guest as source.
-    pub key: FlowKey,
-    pub initiator: Direction,
-    pub tcp_state: Option<TcpState>,
-    pub age_ns: u64,
-    pub idle_ns: u64,
-    /// What the guest sent on it.
-    pub out: Traffic,
-    /// What the guest received on it.
-    #[serde(rename = "in")]
-    pub inb: Traffic,
-}
-
-/// Counters of the connection table.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct FirewallStats {
-    pub flows: u64,
-    pub flows_created: u64,
-    /// Closed connections a new SYN opened again in place (port reuse after
-    /// TIME-WAIT): new connections that `flows_created` does not count.
-    pub flows_reopened: u64,
-    pub flows_expired: u64,
-    pub flows_evicted: u64,
-}
-
-/// How many entries a full table inspects looking for one to evict: bounded so a
-/// table full of established connections costs a new flow little.
-const EVICT_SCAN: usize = 16;
-
-/// How many slots one [`Firewall::expire`] call visits. A full table (524288
-/// connections per port) swept in one go would hold the worker up for milliseconds;
-/// in steps of this size a sweep costs tens of microseconds and covers the table in
-/// `slots / EXPIRE_SCAN` calls. A connection idle past its timeout is refused, and is
-/// the first to be evicted, before the sweep reaches it: the sweep only gives its
-/// memory back.
-pub const EXPIRE_SCAN: usize = 4096;
-
 /// The firewall of one port: rules plus connection table.
 #[derive(Debug)]
 pub struct Firewall {
     layer: Layer<FwAction>,
-    /// Connection key (guest as source) -> slot in `slots`.
-    index: FlowMap<u32>,
-    /// The connections. A freed slot goes on `free` with its generation bumped.
-    slots: Vec<Slot>,
-    free: Vec<u32>,
-    /// The slot the next [`Firewall::expire`] call starts from.
-    sweep_at: usize,
-    limits: FlowLimits,
-    stats: FirewallStats,
+    conns: ConnTable,
 }
 
 impl Firewall {
@@ -375,12 +98,7 @@ impl Firewall {
     pub fn new(limits: FlowLimits, hash_seed: u64) -> Self {
         Firewall {
             layer: Layer::new("firewall"),
-            index: flow_map(hash_seed),
-            slots: Vec::new(),
-            free: Vec::new(),
-            sweep_at: 0,
-            limits,
-            stats: FirewallStats::default(),
+            conns: ConnTable::new(limits, hash_seed),
         }
     }
 
@@ -392,33 +110,18 @@ impl Firewall {
         &mut self.layer
     }
 
+    /// The port's connections.
+    pub fn conns(&self) -> &ConnTable {
+        &self.conns
+    }
+
+    /// The port's connections, to track a cached flow's packet on or to expire.
+    pub fn conns_mut(&mut self) -> &mut ConnTable {
+        &mut self.conns
+    }
+
     pub fn dump(&self) -> LayerDump {
         self.layer.dump(("deny", "allow"))
-    }
-
-    /// The connection key (guest as source) of a packet going `dir` with key `key`.
-    fn conn_key(dir: Direction, key: &FlowKey) -> FlowKey {
-        match dir {
-            Direction::Out => *key,
-            Direction::In => key.reversed(),
-        }
-    }
-
-    /// The connection with connection key `ck`, live or not, by slot.
-    fn find(&self, ck: &FlowKey) -> Option<(u32, &Conn)> {
-        let slot = *self.index.get(ck)?;
-        let (_, c) = self.slots.get(slot as usize)?.conn.as_ref()?;
-        Some((slot, c))
-    }
-
-    /// The handle of the live connection with connection key `ck`.
-    pub(crate) fn live_handle(&self, ck: &FlowKey, now: u64) -> Option<ConnHandle> {
-        let (slot, c) = self.find(ck)?;
-        if !c.live(now, &self.limits) {
-            return None;
-        }
-        let gen = self.slots.get(slot as usize)?.gen;
-        Some(ConnHandle { slot, gen })
     }
 
     /// Decides the first packet of a flow (a flow-table miss), tracking it on its
@@ -436,9 +139,9 @@ impl Firewall {
         quoted: Option<&FlowKey>,
         now: u64,
     ) -> Result<Decision, DropReason> {
-        let ck = Self::conn_key(dir, &f.key);
-        if let Some(h) = self.live_handle(&ck, now) {
-            if self.track_handle(h, dir, seg, bytes, now)? {
+        let ck = ConnTable::conn_key(dir, &f.key);
+        if let Some(h) = self.conns.live_handle(&ck, now) {
+            if self.conns.track_handle(h, dir, seg, bytes, now)? {
                 return Ok(Decision::Tracked(h));
             }
         }
@@ -460,7 +163,7 @@ impl Firewall {
             return Ok(Decision::Stateless);
         }
         let tcp = f.key.proto == PROTO_TCP;
-        let syn = seg.is_some_and(|s| s.flags & tcp::SYN != 0);
+        let syn = seg.is_some_and(|s| s.flags & SYN != 0);
         if tcp && !syn && dir == Direction::In {
             return Err(DropReason::FwMidstreamIn);
         }
@@ -481,7 +184,11 @@ impl Firewall {
             Direction::In => Direction::Out,
             Direction::Out => Direction::In,
         };
-        quoted.is_some_and(|q| self.live_handle(&Self::conn_key(back, q), now).is_some())
+        quoted.is_some_and(|q| {
+            self.conns
+                .live_handle(&ConnTable::conn_key(back, q), now)
+                .is_some()
+        })
     }
 
     /// Carries out a decision: opens the connection an [`Decision::Open`] asks for
@@ -489,7 +196,7 @@ impl Firewall {
     /// evict). Call it once the flow is known to go somewhere.
     pub fn commit(&mut self, d: Decision, now: u64) -> Result<Admission, DropReason> {
         let conn = match d {
-            Decision::Open(o) => Some(self.open(&o, now)?),
+            Decision::Open(o) => Some(self.conns.open(&o, now)?),
             Decision::Tracked(h) => Some(h),
             Decision::Stateless | Decision::Related => None,
         };
@@ -514,176 +221,12 @@ impl Firewall {
         let d = self.decide(dir, f, seg, bytes, quoted, now)?;
         self.commit(d, now)
     }
-
-    /// Creates a connection, replacing a dead one with the same key (a new
-    /// generation: handles to the old one stop working) or evicting one from a full
-    /// table.
-    fn open(&mut self, o: &Opening, now: u64) -> Result<ConnHandle, DropReason> {
-        if let Some(&slot) = self.index.get(&o.key) {
-            self.release(slot);
-        } else if self.index.len() >= self.limits.fw_flow_limit {
-            self.evict_one(now)?;
-        }
-        let h = self.occupy(o.key, Conn::new(o, now));
-        self.stats.flows_created += 1;
-        Ok(h)
-    }
-
-    /// Puts a connection into a free (or new) slot and indexes it.
-    fn occupy(&mut self, ck: FlowKey, conn: Conn) -> ConnHandle {
-        let slot = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.slots.push(Slot { gen: 0, conn: None });
-                // The table limit is far below 2^32 connections.
-                (self.slots.len() - 1) as u32
-            }
-        };
-        let s = &mut self.slots[slot as usize];
-        s.conn = Some((ck, conn));
-        self.index.insert(ck, slot);
-        ConnHandle { slot, gen: s.gen }
-    }
-
-    /// Frees a slot: unindexes its connection and bumps its generation.
-    fn release(&mut self, slot: u32) {
-        if let Some(s) = self.slots.get_mut(slot as usize) {
-            if let Some((k, _)) = s.conn.take() {
-                self.index.remove(&k);
-                s.gen += 1;
-                self.free.push(slot);
-            }
-        }
-    }
-
-    /// Frees one entry of a full table: the best-ranked (see `Conn::eviction_rank`)
-    /// of the first [`EVICT_SCAN`] entries, or `TABLE_FULL` if none of them may go.
-    fn evict_one(&mut self, now: u64) -> Result<(), DropReason> {
-        let limits = &self.limits;
-        let slots = &self.slots;
-        let victim = self
-            .index
-            .values()
-            .take(EVICT_SCAN)
-            .filter_map(|&i| {
-                let (_, c) = slots.get(i as usize)?.conn.as_ref()?;
-                c.eviction_rank(now, limits).map(|r| (r, i))
-            })
-            .min_by_key(|(r, _)| *r)
-            .map(|(_, i)| i);
-        match victim {
-            Some(i) => {
-                self.release(i);
-                self.stats.flows_evicted += 1;
-                Ok(())
-            }
-            None => Err(DropReason::FwTableFull),
-        }
-    }
-
-    /// Tracks a packet of a cached flow (`bytes` of IP, counted on the connection)
-    /// by its connection's handle (the fast path: no hashing). `Ok(false)` if the connection is gone (its slot was freed, whatever
-    /// occupies it now) or idle past its timeout: the flow must be decided again.
-    /// `Err(tcp_out_of_window)` for a TCP segment its receiver would not accept; the
-    /// connection is left as it was.
-    #[inline]
-    pub fn track_handle(
-        &mut self,
-        h: ConnHandle,
-        dir: Direction,
-        seg: Option<TcpSegment>,
-        bytes: u32,
-        now: u64,
-    ) -> Result<bool, DropReason> {
-        let limits = &self.limits;
-        match self.slots.get_mut(h.slot as usize) {
-            Some(Slot {
-                gen,
-                conn: Some((_, c)),
-            }) if *gen == h.gen && c.live(now, limits) => {
-                let reopened = c.track(dir, seg, bytes, now)?;
-                self.stats.flows_reopened += u64::from(reopened);
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
-    }
-
-    /// Whether the connection `h` refers to is still there and not idle past its
-    /// timeout (NAT state lives as long as its flow's connection).
-    pub fn is_live(&self, h: ConnHandle, now: u64) -> bool {
-        matches!(
-            self.slots.get(h.slot as usize),
-            Some(Slot { gen, conn: Some((_, c)) }) if *gen == h.gen && c.live(now, &self.limits)
-        )
-    }
-
-    /// Removes connections idle past their timeout among the next [`EXPIRE_SCAN`]
-    /// slots (resuming where the previous call stopped, wrapping round), calling
-    /// `gone` with each one's key (guest as source) so the caller can drop cached
-    /// flows of it.
-    pub fn expire(&mut self, now: u64, mut gone: impl FnMut(&FlowKey)) {
-        let n = self.slots.len();
-        let limits = self.limits;
-        for _ in 0..n.min(EXPIRE_SCAN) {
-            let slot = self.sweep_at % n;
-            self.sweep_at = slot + 1;
-            let dead = match &self.slots[slot].conn {
-                Some((k, c)) if !c.live(now, &limits) => {
-                    gone(k);
-                    true
-                }
-                _ => false,
-            };
-            if dead {
-                self.release(slot as u32);
-                self.stats.flows_expired += 1;
-            }
-        }
-    }
-
-    /// Drops every connection (the port is going away or its rules were replaced).
-    pub fn clear_flows(&mut self) {
-        for slot in 0..self.slots.len() as u32 {
-            self.release(slot);
-        }
-    }
-
-    pub fn tcp_state(&self, conn_key: &FlowKey) -> Option<TcpState> {
-        self.find(conn_key).and_then(|(_, c)| c.state())
-    }
-
-    pub fn stats(&self) -> FirewallStats {
-        FirewallStats {
-            flows: self.index.len() as u64,
-            ..self.stats
-        }
-    }
-
-    pub fn dump_flows(&self, now: u64) -> Vec<ConnDump> {
-        let mut v: Vec<ConnDump> = self
-            .slots
-            .iter()
-            .filter_map(|s| s.conn.as_ref())
-            .map(|(k, c)| ConnDump {
-                key: *k,
-                initiator: c.initiator,
-                tcp_state: c.state(),
-                age_ns: now.saturating_sub(c.created),
-                idle_ns: now.saturating_sub(c.last_seen),
-                out: c.out,
-                inb: c.inb,
-            })
-            .collect();
-        v.sort_by_key(|d| (d.key.src_port, d.key.dst_port, d.key.dst_ip));
-        v
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::tcp::{ACK, FIN, RST, SYN};
     use super::*;
+    use crate::machinery::conntrack::{TcpState, ACK, EXPIRE_SCAN, FIN, RST};
     use crate::machinery::rule::{PortRange, Predicate, Rule};
     use TcpState::*;
 
@@ -724,13 +267,17 @@ mod tests {
 
     /// Tracks a packet of a known flow by its key; false if it has no live connection.
     fn track(fw: &mut Firewall, dir: Direction, key: &FlowKey, fl: u8, now: u64) -> bool {
-        match fw.live_handle(&Firewall::conn_key(dir, key), now) {
-            Some(h) => fw.track_handle(h, dir, Some(flags(fl)), 40, now) == Ok(true),
+        match fw.conns().live_handle(&ConnTable::conn_key(dir, key), now) {
+            Some(h) => {
+                fw.conns_mut()
+                    .track_handle(h, dir, Some(flags(fl)), 40, now)
+                    == Ok(true)
+            }
             None => false,
         }
     }
 
-    const S: u64 = NS_PER_SEC;
+    const S: u64 = 1_000_000_000;
 
     fn out_fields(sp: u16, dp: u16) -> MatchFields {
         MatchFields {
@@ -770,12 +317,12 @@ mod tests {
             admit(&mut fw, Direction::Out, &f, SYN, None, 1),
             Ok(Got::Created)
         );
-        assert_eq!(fw.tcp_state(&f.key), Some(SynSent));
+        assert_eq!(fw.conns().tcp_state(&f.key), Some(SynSent));
         assert_eq!(
             admit(&mut fw, Direction::In, &reply(&f), SYN | ACK, None, 2),
             Ok(Got::Tracked)
         );
-        assert_eq!(fw.tcp_state(&f.key), Some(Established));
+        assert_eq!(fw.conns().tcp_state(&f.key), Some(Established));
         // A different port on the same host is still denied.
         assert_eq!(
             admit(
@@ -822,7 +369,7 @@ mod tests {
             ),
             Ok(Got::Tracked)
         );
-        assert_eq!(fw.tcp_state(&reply(&inbound).key), Some(SynAckSent));
+        assert_eq!(fw.conns().tcp_state(&reply(&inbound).key), Some(SynAckSent));
         // A new outbound flow to that host is denied.
         assert_eq!(
             admit(&mut fw, Direction::Out, &out_fields(1, 2), SYN, None, 2),
@@ -839,14 +386,14 @@ mod tests {
         // Half-open: gone after 5 s.
         assert!(track(&mut fw, Direction::Out, &f.key, SYN, 4 * S));
         let mut gone = vec![];
-        fw.expire(9 * S + 1, |k| gone.push(*k));
+        fw.conns_mut().expire(9 * S + 1, |k| gone.push(*k));
         assert_eq!(gone, vec![f.key]);
-        assert_eq!(fw.stats().flows_expired, 1);
+        assert_eq!(fw.conns().stats().flows_expired, 1);
         // Established: survives 5 s and 60 s idle, expires after 8000 s.
         admit(&mut fw, Direction::Out, &f, SYN, None, 10 * S).unwrap();
         admit(&mut fw, Direction::In, &reply(&f), SYN | ACK, None, 10 * S).unwrap();
-        fw.expire(100 * S, |_| {});
-        assert_eq!(fw.stats().flows, 1);
+        fw.conns_mut().expire(100 * S, |_| {});
+        assert_eq!(fw.conns().stats().flows, 1);
         assert!(!track(&mut fw, Direction::Out, &f.key, ACK, 8011 * S));
         // Time-wait: 120 s.
         let g = out_fields(1001, 80);
@@ -863,7 +410,7 @@ mod tests {
             };
             assert!(track(&mut fw, dir, &k, fl, S));
         }
-        assert_eq!(fw.tcp_state(&g.key), Some(TimeWait));
+        assert_eq!(fw.conns().tcp_state(&g.key), Some(TimeWait));
         assert!(track(&mut fw, Direction::Out, &g.key, ACK, 120 * S));
         assert!(!track(&mut fw, Direction::Out, &g.key, ACK, 241 * S));
         // A SYN on the same ports during time-wait (the client reusing its port)
@@ -885,11 +432,11 @@ mod tests {
             FIN | ACK,
             300 * S
         ));
-        let created = fw.stats().flows_created;
+        let created = fw.conns().stats().flows_created;
         assert!(track(&mut fw, Direction::Out, &h.key, SYN, 310 * S));
-        assert_eq!(fw.tcp_state(&h.key), Some(SynSent));
-        assert_eq!(fw.stats().flows_reopened, 1);
-        assert_eq!(fw.stats().flows_created, created);
+        assert_eq!(fw.conns().tcp_state(&h.key), Some(SynSent));
+        assert_eq!(fw.conns().stats().flows_reopened, 1);
+        assert_eq!(fw.conns().stats().flows_created, created);
     }
 
     #[test]
@@ -906,20 +453,20 @@ mod tests {
         assert!(track(&mut fw, Direction::In, &b.key.reversed(), ACK, 0));
         // `a` is half-open, so it is evicted for the newcomer.
         admit(&mut fw, Direction::Out, &c, ACK, None, 1).unwrap();
-        assert_eq!(fw.stats().flows_evicted, 1);
-        assert_eq!(fw.tcp_state(&a.key), None);
+        assert_eq!(fw.conns().stats().flows_evicted, 1);
+        assert_eq!(fw.conns().tcp_state(&a.key), None);
         // An unanswered pick-up may go too: `c` makes room for `d`.
         let d = out_fields(4, 80);
         admit(&mut fw, Direction::Out, &d, ACK, None, 2).unwrap();
-        assert_eq!(fw.stats().flows_evicted, 2);
-        assert_eq!(fw.tcp_state(&c.key), None);
+        assert_eq!(fw.conns().stats().flows_evicted, 2);
+        assert_eq!(fw.conns().tcp_state(&c.key), None);
         // Two established, answered flows: nothing to evict, the new flow is refused.
         assert!(track(&mut fw, Direction::In, &d.key.reversed(), ACK, 2));
         assert_eq!(
             admit(&mut fw, Direction::Out, &out_fields(5, 80), ACK, None, 2),
             Err(DropReason::FwTableFull)
         );
-        assert_eq!(fw.stats().flows, 2);
+        assert_eq!(fw.conns().stats().flows, 2);
     }
 
     fn allow_in_443() -> Firewall {
@@ -945,14 +492,14 @@ mod tests {
             admit(&mut fw, Direction::In, &inbound, ACK, None, 0),
             Err(DropReason::FwMidstreamIn)
         );
-        assert_eq!(fw.stats().flows, 0);
+        assert_eq!(fw.conns().stats().flows, 0);
         // The guest's own segment of the same flow picks it up; the peer's then pass.
         let out = reply(&inbound);
         assert_eq!(
             admit(&mut fw, Direction::Out, &out, ACK, None, 1),
             Ok(Got::Created)
         );
-        assert_eq!(fw.tcp_state(&out.key), Some(Established));
+        assert_eq!(fw.conns().tcp_state(&out.key), Some(Established));
         assert_eq!(
             admit(&mut fw, Direction::In, &inbound, ACK, None, 2),
             Ok(Got::Tracked)
@@ -970,7 +517,7 @@ mod tests {
                 Err(DropReason::FwMidstreamIn)
             );
         }
-        assert_eq!(fw.stats().flows, 0);
+        assert_eq!(fw.conns().stats().flows, 0);
         // SYNs, each followed by the peer's own ACK: the table fills with half-open
         // entries only, which new connections may evict.
         for sp in 1000..11000u16 {
@@ -978,8 +525,9 @@ mod tests {
             admit(&mut fw, Direction::In, &f, SYN, None, 1).unwrap();
             assert!(track(&mut fw, Direction::In, &f.key, ACK, 1));
         }
-        assert_eq!(fw.stats().flows, 64);
+        assert_eq!(fw.conns().stats().flows, 64);
         assert!(fw
+            .conns()
             .dump_flows(1)
             .iter()
             .all(|c| c.tcp_state == Some(SynRcvd)));
@@ -1005,7 +553,7 @@ mod tests {
             2
         ));
         assert!(track(&mut fw, Direction::In, &f.key, ACK, 2));
-        assert_eq!(fw.tcp_state(&f.key.reversed()), Some(Established));
+        assert_eq!(fw.conns().tcp_state(&f.key.reversed()), Some(Established));
     }
 
     #[test]
@@ -1026,7 +574,12 @@ mod tests {
         // `a` is answered, `b` is not: `b` goes.
         assert!(track(&mut fw, Direction::In, &a.key.reversed(), 0, 0));
         admit(&mut fw, Direction::Out, &c, 0, None, 1).unwrap();
-        let keys: Vec<u16> = fw.dump_flows(1).iter().map(|d| d.key.src_port).collect();
+        let keys: Vec<u16> = fw
+            .conns()
+            .dump_flows(1)
+            .iter()
+            .map(|d| d.key.src_port)
+            .collect();
         assert_eq!(keys, vec![1, 3]);
     }
 
@@ -1053,18 +606,20 @@ mod tests {
             handle_of(&mut fw, Direction::In, &reply(&f), SYN | ACK, 1),
             h
         );
-        assert_eq!(fw.tcp_state(&f.key), Some(Established));
+        assert_eq!(fw.conns().tcp_state(&f.key), Some(Established));
         assert_eq!(
-            fw.track_handle(h, Direction::Out, Some(flags(FIN | ACK)), 40, 2),
+            fw.conns_mut()
+                .track_handle(h, Direction::Out, Some(flags(FIN | ACK)), 40, 2),
             Ok(true)
         );
-        assert_eq!(fw.tcp_state(&f.key), Some(FinWait1));
+        assert_eq!(fw.conns().tcp_state(&f.key), Some(FinWait1));
         // A second connection gets another slot.
         let g = handle_of(&mut fw, Direction::Out, &out_fields(40001, 80), SYN, 2);
         assert_ne!(g, h);
         // Idle past the timeout: refused by handle as by key, even before a sweep.
         assert_eq!(
-            fw.track_handle(g, Direction::Out, Some(flags(ACK)), 40, 100 * S),
+            fw.conns_mut()
+                .track_handle(g, Direction::Out, Some(flags(ACK)), 40, 100 * S),
             Ok(false)
         );
         assert!(!track(
@@ -1074,74 +629,6 @@ mod tests {
             ACK,
             100 * S
         ));
-    }
-
-    #[test]
-    fn handles_die_with_their_connection_and_never_reach_a_successor() {
-        let l = FlowLimits {
-            fw_flow_limit: 1,
-            ..FlowLimits::default()
-        };
-        let mut fw = Firewall::new(l, 1);
-        let (a, b) = (out_fields(1, 80), out_fields(2, 80));
-        // Expiry frees the slot; the next connection reuses it under a new generation.
-        let ha = handle_of(&mut fw, Direction::Out, &a, SYN, 0);
-        fw.expire(10 * S, |_| {});
-        let hb = handle_of(&mut fw, Direction::Out, &b, SYN, 10 * S);
-        assert_eq!(hb.slot, ha.slot, "the freed slot is reused");
-        assert_eq!(
-            fw.track_handle(ha, Direction::Out, Some(flags(ACK)), 40, 10 * S),
-            Ok(false)
-        );
-        assert_eq!(
-            fw.track_handle(hb, Direction::Out, Some(flags(ACK)), 40, 10 * S),
-            Ok(true)
-        );
-        // Eviction (a full table, `b` half-open): `b`'s handle dies, `a`'s new one lives.
-        let ha2 = handle_of(&mut fw, Direction::Out, &a, SYN, 11 * S);
-        assert_eq!(fw.stats().flows_evicted, 1);
-        assert_eq!(
-            fw.track_handle(hb, Direction::Out, Some(flags(ACK)), 40, 11 * S),
-            Ok(false)
-        );
-        assert_eq!(
-            fw.track_handle(ha, Direction::Out, Some(flags(ACK)), 40, 11 * S),
-            Ok(false)
-        );
-        assert_eq!(
-            fw.track_handle(ha2, Direction::Out, Some(flags(ACK)), 40, 11 * S),
-            Ok(true)
-        );
-        // Replacing a dead connection under the same key: a new handle, the old dies.
-        let ha3 = handle_of(&mut fw, Direction::Out, &a, SYN, 30 * S);
-        assert_ne!(ha3, ha2);
-        assert_eq!(
-            fw.track_handle(ha2, Direction::Out, Some(flags(ACK)), 40, 30 * S),
-            Ok(false)
-        );
-        assert_eq!(
-            fw.track_handle(ha3, Direction::Out, Some(flags(ACK)), 40, 30 * S),
-            Ok(true)
-        );
-        assert_eq!(fw.stats().flows, 1);
-        // Clearing kills every handle and empties the table.
-        fw.clear_flows();
-        assert_eq!(
-            fw.track_handle(ha3, Direction::Out, Some(flags(ACK)), 40, 30 * S),
-            Ok(false)
-        );
-        assert_eq!((fw.stats().flows, fw.tcp_state(&a.key)), (0, None));
-        assert!(fw.dump_flows(30 * S).is_empty());
-        // A handle from another table's slot space is refused, not a panic.
-        let mut other = Firewall::new(FlowLimits::default(), 1);
-        for sp in 0..4 {
-            handle_of(&mut other, Direction::Out, &out_fields(sp, 80), SYN, 0);
-        }
-        let far = handle_of(&mut other, Direction::Out, &out_fields(9, 80), SYN, 0);
-        assert_eq!(
-            fw.track_handle(far, Direction::Out, Some(flags(ACK)), 40, 30 * S),
-            Ok(false)
-        );
     }
 
     fn icmp(t: u8, code: u8, id: u16) -> MatchFields {
@@ -1184,7 +671,7 @@ mod tests {
             admit(&mut fw, Direction::Out, &err, 0, None, 0),
             Ok(Got::Stateless)
         );
-        assert_eq!(fw.stats().flows, 1);
+        assert_eq!(fw.conns().stats().flows, 1);
         let mut back = err;
         back.key = err.key.reversed();
         assert_eq!(
@@ -1207,7 +694,7 @@ mod tests {
             admit(&mut fw, Direction::In, &exceeded, 0, None, 0),
             Err(DropReason::FwDenyIn)
         );
-        assert_eq!(fw.stats().flows, 1);
+        assert_eq!(fw.conns().stats().flows, 1);
     }
 
     #[test]
@@ -1222,7 +709,7 @@ mod tests {
             admit(&mut fw, Direction::In, &exceeded, 0, Some(&tcp.key), 1),
             Ok(Got::Related)
         );
-        assert_eq!(fw.stats().flows, 1);
+        assert_eq!(fw.conns().stats().flows, 1);
         // Quoting another flow, or nothing: the rules (default deny) decide.
         let other = out_fields(40001, 443).key;
         for q in [Some(&other), None] {
@@ -1270,14 +757,17 @@ mod tests {
         assert!(matches!(d, Decision::Open(_)));
         // Decided but not committed (the router dropped the flow): nothing exists,
         // and the reply is not admitted.
-        assert_eq!((fw.stats().flows, fw.stats().flows_created), (0, 0));
+        assert_eq!(
+            (fw.conns().stats().flows, fw.conns().stats().flows_created),
+            (0, 0)
+        );
         assert_eq!(
             admit(&mut fw, Direction::In, &reply(&f), SYN | ACK, None, 1),
             Err(DropReason::FwDenyIn)
         );
         let a = fw.commit(d, 2).unwrap();
         assert!(a.created && a.needs_conn && a.conn.is_some());
-        assert_eq!(fw.tcp_state(&f.key), Some(SynSent));
+        assert_eq!(fw.conns().tcp_state(&f.key), Some(SynSent));
         assert_eq!(
             admit(&mut fw, Direction::In, &reply(&f), SYN | ACK, None, 3),
             Ok(Got::Tracked)
@@ -1290,7 +780,7 @@ mod tests {
         let (lone, answered) = (out_fields(1, 80), out_fields(2, 80));
         for f in [&lone, &answered] {
             admit(&mut fw, Direction::Out, f, ACK, None, 0).unwrap();
-            assert_eq!(fw.tcp_state(&f.key), Some(Established));
+            assert_eq!(fw.conns().tcp_state(&f.key), Some(Established));
         }
         // The guest keeps sending into the void: the idle clock restarts, the
         // timeout stays the half-open one.
@@ -1302,11 +792,19 @@ mod tests {
             ACK,
             4 * S
         ));
-        fw.expire(9 * S + 1, |_| {});
-        assert_eq!(fw.tcp_state(&lone.key), None, "expired after 5 s idle");
-        assert_eq!(fw.tcp_state(&answered.key), Some(Established));
-        fw.expire(1000 * S, |_| {});
-        assert_eq!(fw.stats().flows, 1, "answered: the established timeout");
+        fw.conns_mut().expire(9 * S + 1, |_| {});
+        assert_eq!(
+            fw.conns().tcp_state(&lone.key),
+            None,
+            "expired after 5 s idle"
+        );
+        assert_eq!(fw.conns().tcp_state(&answered.key), Some(Established));
+        fw.conns_mut().expire(1000 * S, |_| {});
+        assert_eq!(
+            fw.conns().stats().flows,
+            1,
+            "answered: the established timeout"
+        );
     }
 
     #[test]
@@ -1324,23 +822,26 @@ mod tests {
             f.key.src_ip = std::net::Ipv4Addr::from(0x0a00_0000 + (i as u32 >> 16)).into();
             admit(&mut fw, Direction::Out, &f, 0, None, 0).unwrap();
         }
-        assert_eq!(fw.stats().flows, n as u64);
+        assert_eq!(fw.conns().stats().flows, n as u64);
         // Every connection is idle past 60 s; each call takes the next EXPIRE_SCAN
         // slots, resuming where the last one stopped, and tells `gone` of each.
         let mut gone = 0;
         for step in 1..=4 {
-            fw.expire(61 * S, |_| gone += 1);
+            fw.conns_mut().expire(61 * S, |_| gone += 1);
             let want = (step * EXPIRE_SCAN).min(n);
-            assert_eq!((fw.stats().flows_expired, gone), (want as u64, want));
+            assert_eq!(
+                (fw.conns().stats().flows_expired, gone),
+                (want as u64, want)
+            );
         }
-        assert_eq!(fw.stats().flows, 0);
+        assert_eq!(fw.conns().stats().flows, 0);
         // Round again: new connections in the freed slots are found as well.
         let f = out_fields(7, 80);
         admit(&mut fw, Direction::Out, &f, SYN, None, 100 * S).unwrap();
         for _ in 0..4 {
-            fw.expire(200 * S, |_| {});
+            fw.conns_mut().expire(200 * S, |_| {});
         }
-        assert_eq!(fw.stats().flows, 0);
+        assert_eq!(fw.conns().stats().flows, 0);
     }
 
     #[test]
@@ -1360,18 +861,21 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(
-            fw.track_handle(h, Direction::In, Some(seg(SYN | ACK, 500, 101)), 40, 1),
+            fw.conns_mut()
+                .track_handle(h, Direction::In, Some(seg(SYN | ACK, 500, 101)), 40, 1),
             Ok(true)
         );
         assert_eq!(
-            fw.track_handle(h, Direction::Out, Some(seg(ACK, 101, 501)), 40, 2),
+            fw.conns_mut()
+                .track_handle(h, Direction::Out, Some(seg(ACK, 101, 501)), 40, 2),
             Ok(true)
         );
         // A reset far from the guest's window (501..=1501): refused by handle and
         // when decided afresh, a refusal no cache may keep.
         let bad = seg(RST, 90_000, 0);
         assert_eq!(
-            fw.track_handle(h, Direction::In, Some(bad), 40, 3 * S),
+            fw.conns_mut()
+                .track_handle(h, Direction::In, Some(bad), 40, 3 * S),
             Err(DropReason::TcpOutOfWindow)
         );
         assert_eq!(
@@ -1380,25 +884,34 @@ mod tests {
         );
         assert!(DropReason::TcpOutOfWindow.per_packet());
         // Nothing changed, and a reset in the window still closes.
-        assert_eq!(fw.tcp_state(&f.key), Some(Established));
+        assert_eq!(fw.conns().tcp_state(&f.key), Some(Established));
         assert_eq!(
-            fw.track_handle(h, Direction::In, Some(seg(RST, 501, 0)), 40, 4 * S),
+            fw.conns_mut()
+                .track_handle(h, Direction::In, Some(seg(RST, 501, 0)), 40, 4 * S),
             Ok(true)
         );
-        assert_eq!(fw.tcp_state(&f.key), Some(Closed));
+        assert_eq!(fw.conns().tcp_state(&f.key), Some(Closed));
         let g = out_fields(40001, 80);
         let hg = match fw.admit(Direction::Out, &g, Some(flags(ACK)), 40, None, 0) {
             Ok(Admission { conn: Some(h), .. }) => h,
             other => panic!("{other:?}"),
         };
-        fw.track_handle(hg, Direction::In, Some(flags(ACK)), 40, 1)
+        fw.conns_mut()
+            .track_handle(hg, Direction::In, Some(flags(ACK)), 40, 1)
             .unwrap();
         // Refused packets do not keep a connection alive: idle since 1 ns, it is
         // gone 8000 s later however many were refused meanwhile.
-        let refused = fw.track_handle(hg, Direction::In, Some(seg(RST, 1 << 31, 0)), 40, 7000 * S);
+        let refused = fw.conns_mut().track_handle(
+            hg,
+            Direction::In,
+            Some(seg(RST, 1 << 31, 0)),
+            40,
+            7000 * S,
+        );
         assert_eq!(refused, Err(DropReason::TcpOutOfWindow));
         assert_eq!(
-            fw.track_handle(hg, Direction::In, Some(flags(ACK)), 40, 8001 * S),
+            fw.conns_mut()
+                .track_handle(hg, Direction::In, Some(flags(ACK)), 40, 8001 * S),
             Ok(false)
         );
     }

@@ -23,10 +23,10 @@ use crate::drop::DropReason;
 use crate::frames::rewrite::{
     icmp_checksum, local_port, quote_of, rewrite, rewritten_meta, End, Rewrite, SrcNat,
 };
+use crate::machinery::conntrack::{ConnHandle, ConnTable};
 use crate::machinery::flow::{
     is_echo, FlowHashBuilder, FlowKey, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
 };
-use crate::vpc::firewall::{ConnHandle, Firewall};
 use core::fmt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -228,7 +228,7 @@ impl SnatTable {
         &mut self,
         range: &SnatRange,
         key: &FlowKey,
-        fw: &Firewall,
+        conns: &ConnTable,
         now: u64,
     ) -> Option<u16> {
         let pk = private_key(key);
@@ -240,7 +240,7 @@ impl SnatTable {
             let p = range.start + ((self.cursor + i) % span) as u16;
             let free = match self.by_port.get(&(key.proto, p)) {
                 None => true,
-                Some(b) => !b.conn.is_some_and(|h| fw.is_live(h, now)),
+                Some(b) => !b.conn.is_some_and(|h| conns.is_live(h, now)),
             };
             if free {
                 if let Some(old) = self.by_port.remove(&(key.proto, p)) {
@@ -312,15 +312,15 @@ impl SnatTable {
 pub fn outbound(
     ext: &ExternalIps,
     snat: &mut SnatTable,
-    fw: &Firewall,
+    conns: &ConnTable,
     key: &FlowKey,
     now: u64,
 ) -> Result<SrcNat, DropReason> {
-    let rewrite = match source(ext, snat, fw, key, now)? {
+    let rewrite = match source(ext, snat, conns, key, now)? {
         Source::Ready(r) => r,
         Source::Port(range) => {
             let port = snat
-                .allocate(range, key, fw, now)
+                .allocate(range, key, conns, now)
                 .ok_or(DropReason::SnatExhausted)?;
             Rewrite::new(key.src_ip, key.src_port, range.ip, port)
         }
@@ -341,7 +341,7 @@ pub fn outbound(
 pub fn outbound_icmp_error(
     ext: &ExternalIps,
     snat: &SnatTable,
-    fw: &Firewall,
+    conns: &ConnTable,
     error: &FlowKey,
     quoted: &FlowKey,
     now: u64,
@@ -351,7 +351,7 @@ pub fn outbound_icmp_error(
     if flow.src_ip != error.src_ip {
         return Err(DropReason::NatNoMapping);
     }
-    let quote = match source(ext, snat, fw, &flow, now)? {
+    let quote = match source(ext, snat, conns, &flow, now)? {
         Source::Ready(r) => r,
         Source::Port(range) => {
             let port = *snat
@@ -378,7 +378,7 @@ enum Source<'a> {
 fn source<'a>(
     ext: &'a ExternalIps,
     snat: &SnatTable,
-    fw: &Firewall,
+    conns: &ConnTable,
     key: &FlowKey,
     now: u64,
 ) -> Result<Source<'a>, DropReason> {
@@ -388,7 +388,7 @@ fn source<'a>(
         let ip = snat
             .reply_from
             .get(&private_key(key))
-            .filter(|(a, h)| ext.is_one_to_one(*a) && fw.is_live(*h, now))
+            .filter(|(a, h)| ext.is_one_to_one(*a) && conns.is_live(*h, now))
             .map_or(default, |(a, _)| *a);
         return Ok(Source::Ready(Rewrite::new(
             key.src_ip,
@@ -504,7 +504,7 @@ pub fn private_of(
 pub fn note_inbound(
     ext: &ExternalIps,
     table: &mut SnatTable,
-    fw: &Firewall,
+    conns: &ConnTable,
     key: &FlowKey,
     to: IpAddr,
     now: u64,
@@ -517,11 +517,11 @@ pub fn note_inbound(
     if table.reply_from.get(&pk).is_some_and(|(a, _)| *a == to) {
         return;
     }
-    let Some(h) = fw.live_handle(&ck, now) else {
+    let Some(h) = conns.live_handle(&ck, now) else {
         return;
     };
     if table.reply_from.len() >= REPLY_FROM_MAX {
-        table.reply_from.retain(|_, (_, h)| fw.is_live(*h, now));
+        table.reply_from.retain(|_, (_, h)| conns.is_live(*h, now));
         if table.reply_from.len() >= REPLY_FROM_MAX {
             return;
         }

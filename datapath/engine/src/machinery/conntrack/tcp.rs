@@ -44,10 +44,10 @@ use crate::machinery::rule::Direction;
 use serde::Serialize;
 use wire::meta::InnerMeta;
 
-pub(super) const FIN: u8 = 0x01;
-pub(super) const SYN: u8 = 0x02;
-pub(super) const RST: u8 = 0x04;
-pub(super) const ACK: u8 = 0x10;
+pub(crate) const FIN: u8 = 0x01;
+pub(crate) const SYN: u8 = 0x02;
+pub(crate) const RST: u8 = 0x04;
+pub(crate) const ACK: u8 = 0x10;
 
 /// TCP option kinds read from SYNs.
 const OPT_END: u8 = 0;
