@@ -3,7 +3,7 @@
 //!
 //! Each entry carries its port's epoch when it was computed. A change to the port's
 //! rules, routes or external addresses, or an engine-wide change (V2P, V2B, ports,
-//! the underlay), moves the epoch (see `engine`), which makes every older entry of
+//! the underlay), moves the epoch (see `pipeline`), which makes every older entry of
 //! the port stale at once without walking the tables: a stale entry is a miss
 //! (counted as `stale`), recomputed and overwritten. Entries idle longer than the TTL are misses too. `Engine::tick`
 //! removes stale and idle entries a bounded number at a time ([`Uft::expire_step`],
@@ -16,154 +16,19 @@
 //! Entries live in a [`FlowSlab`], so walks and pages resume by position. A hit costs
 //! one hash probe and one indexed load and allocates nothing; inserting (a miss) may
 //! grow the table, which is the slow path.
+//!
+//! The table is generic over what an entry does with its packets (any
+//! [`CachedAction`]): the pipeline's actions (local delivery, encapsulation, drops,
+//! NAT) are the pipeline's (`pipeline::action`).
 
-use crate::drop::DropReason;
-use crate::frames::encap::OuterTemplate;
-use crate::frames::rewrite::SrcNat;
-use crate::ids::{PortId, Vni};
 use crate::machinery::conntrack::ConnHandle;
 use crate::machinery::flow::FlowKey;
 use crate::machinery::slab::FlowSlab;
-use crate::vpc::nat::InboundTarget;
-use crate::vpc::overlay::Sender;
 use serde::Serialize;
-use std::net::Ipv6Addr;
-use wire::MacAddr;
 
 /// A cached per-flow decision, as `dump-uft` describes it.
 pub trait CachedAction {
     fn describe(&self) -> String;
-}
-
-/// What to do with every packet of an outbound flow.
-#[derive(Clone, Debug)]
-pub enum OutAction {
-    /// To a guest on this sled: no encapsulation; the inner source MAC becomes that
-    /// port's gateway MAC and the destination MAC the guest's.
-    Local { port: PortId },
-    /// To a guest of another worker of this sled (MAC `mac`): handed to that worker,
-    /// which delivers it as `Local`.
-    Sibling { worker: u16, mac: MacAddr },
-    /// To another sled (or boundary services): encapsulate.
-    Encap(Box<EncapAction>),
-    /// To another sled whose underlay next hop is not known yet: the packet waits
-    /// for it (`hold`). Never cached: the flow is compiled again, asking for the next
-    /// hop, until it resolves.
-    Unresolved(Box<EncapPlan>),
-    /// Drop, counted under this reason.
-    Drop(DropReason),
-}
-
-/// What to do with every packet of an inbound flow, and who may send it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InAction {
-    /// Checked on every packet from the underlay before anything else: a frame from
-    /// anyone else is dropped (`underlay_src_mismatch`) and leaves the entry as it was.
-    pub sender: Sender,
-    pub verdict: InVerdict,
-    /// A flow from outside to one of the port's external addresses: cached under
-    /// the key it arrives with, and translated to this private address and port
-    /// (`crate::vpc::nat`), so a packet of it needs no lookup of the NAT tables.
-    pub nat: Option<InboundTarget>,
-}
-
-/// The cached decision of an inbound flow.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InVerdict {
-    /// Hand to the port's guest.
-    Deliver,
-    /// Drop, counted under this reason.
-    Drop(DropReason),
-}
-
-impl CachedAction for OutAction {
-    fn describe(&self) -> String {
-        match self {
-            OutAction::Local { port } => format!("local port {}", port.0),
-            OutAction::Sibling { worker, mac } => format!("worker {worker} port {mac}"),
-            OutAction::Encap(e) => format!(
-                "encap vni {} to {} via ifindex {}{}{}",
-                e.vni,
-                e.underlay_dst,
-                e.ifindex,
-                if e.internal { "" } else { " (external)" },
-                e.nat
-                    .map(|n| format!(" nat src {} port {}", n.rewrite.ip, n.rewrite.port))
-                    .unwrap_or_default()
-            ),
-            OutAction::Unresolved(p) => format!(
-                "encap vni {} to {} (next hop unresolved)",
-                p.vni, p.underlay_dst
-            ),
-            OutAction::Drop(r) => format!("drop {r}"),
-        }
-    }
-}
-
-impl CachedAction for InAction {
-    fn describe(&self) -> String {
-        let d = match self.verdict {
-            InVerdict::Deliver => format!("deliver from {}", self.sender),
-            InVerdict::Drop(r) => format!("drop {r} from {}", self.sender),
-        };
-        match self.nat {
-            Some(t) => format!("{d}, nat to private port {}", t.port),
-            None => d,
-        }
-    }
-}
-
-/// The cached encapsulation of one flow. Boxed in [`OutAction`] so that drop and
-/// local entries stay small.
-#[derive(Clone, Debug)]
-pub struct EncapAction {
-    pub outer: OuterTemplate,
-    pub ifindex: u32,
-    /// The inner destination MAC (the remote guest's).
-    pub inner_dst_mac: MacAddr,
-    /// VPC-internal: TCP is segmented to fit the underlay, not the guest MSS.
-    pub internal: bool,
-    /// For dumps.
-    pub underlay_dst: Ipv6Addr,
-    pub vni: u32,
-    /// The source rewrite of a flow to the internet gateway (the NAT layer's).
-    pub nat: Option<SrcNat>,
-}
-
-/// An encapsulation short of its underlay next hop: everything of an
-/// [`EncapAction`] but the interface and the MACs.
-#[derive(Clone, Copy, Debug)]
-pub struct EncapPlan {
-    pub underlay_dst: Ipv6Addr,
-    pub vni: Vni,
-    pub inner_dst_mac: MacAddr,
-    pub internal: bool,
-    pub udp_src_port: u16,
-    pub flow_label: u32,
-    /// The source rewrite of a flow to the internet gateway (the NAT layer's).
-    pub nat: Option<SrcNat>,
-}
-
-impl EncapPlan {
-    /// The plan for flow `key` to sled (or boundary services) `underlay_dst`; the
-    /// outer UDP source port and flow label come from the flow.
-    pub fn new(
-        key: &FlowKey,
-        underlay_dst: Ipv6Addr,
-        vni: Vni,
-        inner_dst_mac: MacAddr,
-        internal: bool,
-    ) -> Self {
-        EncapPlan {
-            underlay_dst,
-            vni,
-            inner_dst_mac,
-            internal,
-            udp_src_port: key.udp_src_port(),
-            flow_label: key.flow_label(),
-            nat: None,
-        }
-    }
 }
 
 /// One cached flow.
@@ -418,14 +283,19 @@ mod tests {
 
     use crate::machinery::flow::udp_test_key as key;
 
-    fn entry(epoch: u64, now: u64) -> UftEntry<InAction> {
+    /// An action that is only a name: these tests are about the table.
+    struct Deliver;
+
+    impl CachedAction for Deliver {
+        fn describe(&self) -> String {
+            "deliver".into()
+        }
+    }
+
+    fn entry(epoch: u64, now: u64) -> UftEntry<Deliver> {
         UftEntry {
             epoch,
-            action: InAction {
-                sender: Sender::Local,
-                verdict: InVerdict::Deliver,
-                nat: None,
-            },
+            action: Deliver,
             path_mtu: 1500,
             needs_conn: true,
             conn: None,

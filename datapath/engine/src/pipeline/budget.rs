@@ -10,9 +10,10 @@
 //! refuses ports beyond `ports`. A table at its cap evicts (counted: `evicted`,
 //! `flows_evicted`) or refuses new flows (`fw_table_full`).
 
+use super::action::{EncapAction, InAction, OutAction};
 use crate::machinery::conntrack::{FlowLimits, CONN_SLOT_BYTES};
 use crate::machinery::flow::FlowKey;
-use crate::machinery::uft::{EncapAction, InAction, OutAction, UftEntry};
+use crate::machinery::uft::UftEntry;
 use core::mem::size_of;
 use serde::Serialize;
 

@@ -2,6 +2,7 @@
 //! checks, coalescing), frames other workers hand over ([`Engine::process_sibling`]),
 //! and delivery to a port of this engine.
 
+use super::action::{InAction, InVerdict};
 use super::UnderlayRoutes;
 use super::{confirm, external, ip_bytes, match_fields, quoted, slot_mut, Engine, Owner, Port};
 use crate::drop::DropReason;
@@ -12,7 +13,7 @@ use crate::ids::{PortId, Vni};
 use crate::machinery::conntrack::TcpSegment;
 use crate::machinery::flow::FlowKey;
 use crate::machinery::rule::Direction;
-use crate::machinery::uft::{InAction, InVerdict, UftEntry};
+use crate::machinery::uft::UftEntry;
 use crate::vpc::nat;
 use crate::vpc::overlay::{InboundTrust, Sender, UnderlaySource};
 use std::net::IpAddr;

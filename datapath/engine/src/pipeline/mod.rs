@@ -23,6 +23,7 @@
 //! neighbour changes) moves the engine epoch and every port's ([`Engine::bump`]). Every drop is counted
 //! under one [`DropReason`] (the counter name); docs/engine.md lists them all.
 
+pub mod action;
 pub mod budget;
 mod external;
 mod inbound;
@@ -47,7 +48,7 @@ use crate::machinery::hold::HoldQueue;
 use crate::machinery::layer::RuleId;
 use crate::machinery::ratelimit::{PortLimits, PortPolicer};
 use crate::machinery::rule::{Direction, Finalized, MatchFields, Rule};
-use crate::machinery::uft::{InAction, OutAction, Uft, UftEntry};
+use crate::machinery::uft::{Uft, UftEntry};
 use crate::pipeline::budget::{PortTableLimits, TableBudget};
 use crate::vpc::firewall::{Firewall, FwAction};
 use crate::vpc::gateway::{self, GatewayState, MtuBudget, RaInfo};
@@ -56,6 +57,7 @@ use crate::vpc::overlay::{V2p, V2pDump, V2pEntry};
 use crate::vpc::port::{CidrDir, PortCidrs, PortConfig, PortState, MIN_PORT_MTU};
 use crate::vpc::router::{RouteClass, RouteDump, RouteTarget, Router};
 use crate::vpc::v2b::{V2b, V2bEntry};
+use action::{InAction, OutAction};
 use core::fmt;
 use ipnet::IpNet;
 use serde::Serialize;

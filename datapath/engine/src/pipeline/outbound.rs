@@ -6,6 +6,7 @@
 //! but whose next hop is not known yet waits in the engine's hold queue (`hold`)
 //! rather than being dropped.
 
+use super::action::{EncapAction, EncapPlan, InAction, OutAction};
 use super::inbound::deliver_local;
 use super::stats::PortCounters;
 use super::EngineConfig;
@@ -25,7 +26,7 @@ use crate::machinery::counters::DropCounters;
 use crate::machinery::flow::FlowKey;
 use crate::machinery::hold::Held;
 use crate::machinery::rule::Direction;
-use crate::machinery::uft::{EncapAction, EncapPlan, InAction, OutAction, Uft, UftEntry};
+use crate::machinery::uft::{Uft, UftEntry};
 use crate::vpc::firewall::Firewall;
 use crate::vpc::gateway::{self, GatewayVerdict};
 use crate::vpc::nat::{self, SnatTable};
