@@ -119,6 +119,10 @@ macro_rules! summed_across_workers {
         }
     };
 }
+// `#[macro_export]` puts the macro at the crate root for other crates
+// (`engine::summed_across_workers!`); this path is the crate's own, so its users
+// here name the module that defines it.
+pub(crate) use summed_across_workers;
 
 #[cfg(test)]
 mod tests {

@@ -16,6 +16,7 @@
 //! [`HOLD_PER_DST`] frames per destination, [`HOLD_DSTS`] destinations and
 //! [`HOLD_BYTES`] bytes in all.
 
+use crate::machinery::counters::summed_across_workers;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::net::Ipv6Addr;
@@ -74,7 +75,7 @@ pub struct HoldStats {
 
 // Each worker holds its own frames: the gauges (frames, bytes, destinations)
 // add up too.
-crate::summed_across_workers!(HoldStats {
+summed_across_workers!(HoldStats {
     frames,
     bytes,
     destinations,

@@ -30,6 +30,7 @@ use crate::frames::input::{InputRef, RxFrame};
 use crate::frames::output::{TxBatch, TxDest};
 use crate::frames::rewrite::{End, Rewrite};
 use crate::ids::PortId;
+use crate::machinery::counters::summed_across_workers;
 use serde::Serialize;
 use wire::checksum;
 use wire::meta::{InnerMeta, L3};
@@ -77,7 +78,7 @@ pub struct CoalesceStats {
     pub gso_frames_out: u64,
 }
 
-crate::summed_across_workers!(CoalesceStats {
+summed_across_workers!(CoalesceStats {
     frames_in,
     frames_out,
     merged,
