@@ -30,7 +30,10 @@ pub use machinery::ratelimit::PortLimits;
 pub use machinery::rule::{Direction, Finalized, PortRange, Predicate, Rule};
 pub use machinery::uft::UftStats;
 pub use pipeline::budget::TableBudget;
-pub use pipeline::{Engine, EngineConfig, EngineError, EngineStats, NextHop, UnderlayRoutes};
+pub use pipeline::config::{EngineConfig, NextHop, UnderlayRoutes};
+pub use pipeline::error::EngineError;
+pub use pipeline::stats::EngineStats;
+pub use pipeline::Engine;
 pub use vpc::firewall::FwAction;
 pub use vpc::nat::{ExternalIps, SnatRange};
 pub use vpc::port::{

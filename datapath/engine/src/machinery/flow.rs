@@ -192,6 +192,24 @@ impl FlowKey {
     }
 }
 
+impl FlowKey {
+    /// For an ICMP error (this flow's key; `m` its packet, in `frame`), the flow of
+    /// the packet it quotes (see [`quoted_flow`]); `None` for other packets.
+    pub fn quoted(&self, m: &InnerMeta, frame: &[u8]) -> Option<FlowKey> {
+        if !self.is_icmp_error() {
+            return None;
+        }
+        let body = frame.get(m.payload_off..m.ip_end)?;
+        quoted_flow(self.vni, self.proto, body)
+    }
+}
+
+/// A packet's IP bytes (inner L3 header onward), what flows and connections count.
+#[inline]
+pub fn ip_bytes(m: &InnerMeta) -> u32 {
+    u32::try_from(m.ip_end.saturating_sub(m.l3_off)).unwrap_or(u32::MAX)
+}
+
 /// The flow an ICMP error quotes: `body` is the error's payload after its 8-byte
 /// header, which starts with the offending packet's IP header and at least 8 bytes
 /// of its L4 header (RFC 792, RFC 4443). `icmp_proto` is the error's own protocol:

@@ -11,6 +11,7 @@ use core::fmt;
 use core::marker::PhantomData;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
+use wire::meta::InnerMeta;
 
 /// A rule still being built.
 #[derive(Clone, Debug)]
@@ -87,6 +88,18 @@ pub struct MatchFields {
     /// from or to outside the VPC, and where nobody asked (the engine works it out
     /// only for a layer with `Vni` predicates, see `Layer::uses_vni`).
     pub vpc_vni: Option<u32>,
+}
+
+impl MatchFields {
+    /// The fields of packet `m` of flow `key`, with no VPC worked out (the caller
+    /// fills in [`MatchFields::vpc_vni`] where a layer asks).
+    pub fn of(key: &FlowKey, m: &InnerMeta) -> MatchFields {
+        MatchFields {
+            key: *key,
+            icmp_type: (m.proto == PROTO_ICMP || m.proto == PROTO_ICMPV6).then_some(m.icmp_type),
+            vpc_vni: None,
+        }
+    }
 }
 
 impl Predicate {

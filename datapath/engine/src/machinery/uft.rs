@@ -21,8 +21,9 @@
 //! [`CachedAction`]): the pipeline's actions (local delivery, encapsulation, drops,
 //! NAT) are the pipeline's (`pipeline::action`).
 
-use crate::machinery::conntrack::ConnHandle;
+use crate::machinery::conntrack::{ConnHandle, ConnTable, TcpSegment};
 use crate::machinery::flow::FlowKey;
+use crate::machinery::rule::Direction;
 use crate::machinery::slab::FlowSlab;
 use serde::Serialize;
 
@@ -52,6 +53,29 @@ pub struct UftEntry<A> {
     /// Packets and IP bytes served from this entry (not the packet that compiled it).
     pub hits: u64,
     pub bytes: u64,
+}
+
+impl<A> UftEntry<A> {
+    /// Whether the cached flow still holds for this packet: stateless decisions
+    /// always do; the others only while their connection is live (tracked here, by
+    /// handle, in `conns`) and takes the packet. A TCP segment outside the window is
+    /// not taken: the flow is decided again, and the firewall names the drop
+    /// (`tcp_out_of_window`), which is not cached.
+    #[inline]
+    pub fn confirm(
+        &self,
+        conns: &mut ConnTable,
+        dir: Direction,
+        seg: Option<TcpSegment>,
+        bytes: u32,
+        now: u64,
+    ) -> bool {
+        if !self.needs_conn {
+            return true;
+        }
+        self.conn
+            .is_some_and(|h| conns.track_handle(h, dir, seg, bytes, now) == Ok(true))
+    }
 }
 
 /// Counters of one table.

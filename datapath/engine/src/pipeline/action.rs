@@ -16,6 +16,7 @@ use crate::machinery::uft::CachedAction;
 use crate::vpc::nat::InboundTarget;
 use crate::vpc::overlay::Sender;
 use std::net::Ipv6Addr;
+use wire::vnet::VnetHdr;
 use wire::MacAddr;
 
 /// What to do with every packet of an outbound flow.
@@ -147,4 +148,13 @@ impl EncapPlan {
             nat: None,
         }
     }
+}
+
+/// What a frame waiting for its next hop is kept with.
+#[derive(Clone, Copy, Debug)]
+pub struct HeldFrame {
+    pub port: PortId,
+    pub vnet: VnetHdr,
+    pub plan: EncapPlan,
+    pub path_mtu: u16,
 }

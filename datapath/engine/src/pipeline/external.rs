@@ -5,14 +5,14 @@
 //! translated and delivered, TCP through the coalescer like traffic inside the VPC.
 
 use super::inbound::{compile_inbound, inbound_verdict, verdict, Delivery, Via};
-use super::{confirm, ip_bytes, Port};
+use super::ports::Port;
 use crate::drop::DropReason;
 use crate::frames::input::RxFrame;
 use crate::frames::output::{TxBatch, TxDest};
 use crate::frames::rewrite::{rewritten_meta, End, Rewrite};
 use crate::frames::tso::Coalescer;
 use crate::machinery::conntrack::TcpSegment;
-use crate::machinery::flow::FlowKey;
+use crate::machinery::flow::{ip_bytes, FlowKey};
 use crate::machinery::rule::Direction;
 use crate::vpc::nat::{self, InboundTarget};
 use wire::meta::InnerMeta;
@@ -100,7 +100,7 @@ fn nat_verdict(
         return dropped(p, DropReason::UnderlaySrcMismatch);
     }
     let seg = TcpSegment::read(meta, head);
-    if !confirm(e, &mut p.fw, Direction::In, seg, bytes, now) {
+    if !e.confirm(p.fw.conns_mut(), Direction::In, seg, bytes, now) {
         return nat_miss(p, via, arrived, meta, head, now);
     }
     match verdict(e.action.verdict) {

@@ -9,7 +9,9 @@
 //! firewall's connections: a port's compiled flows are in its unified flow table
 //! (`dump-uft`).
 
-use super::{Engine, EngineError, Port};
+use super::error::EngineError;
+use super::ports::Port;
+use super::Engine;
 use crate::machinery::conntrack::ConnStats;
 use crate::machinery::layer::{LayerDump, TableDump};
 use crate::vpc::gateway::GatewayCounters;

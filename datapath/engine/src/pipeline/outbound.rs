@@ -6,14 +6,12 @@
 //! but whose next hop is not known yet waits in the engine's hold queue (`hold`)
 //! rather than being dropped.
 
-use super::action::{EncapAction, EncapPlan, InAction, OutAction};
+use super::action::{EncapAction, EncapPlan, HeldFrame, InAction, OutAction};
+use super::config::{EngineConfig, NextHop, UnderlayRoutes};
+use super::dispatch::{LocalDest, Owner};
 use super::inbound::deliver_local;
-use super::stats::PortCounters;
-use super::EngineConfig;
-use super::{
-    confirm, ip_bytes, match_fields, quoted, slot_mut, Engine, LocalDest, NextHop, Owner, Port,
-    UnderlayRoutes,
-};
+use super::ports::{count_drop, slot_mut, Port, PortCounters};
+use super::Engine;
 use crate::drop::DropReason;
 use crate::frames::encap::OuterTemplate;
 use crate::frames::input::RxFrame;
@@ -23,9 +21,9 @@ use crate::frames::tso;
 use crate::ids::{PortId, Vni};
 use crate::machinery::conntrack::TcpSegment;
 use crate::machinery::counters::DropCounters;
-use crate::machinery::flow::FlowKey;
+use crate::machinery::flow::{ip_bytes, FlowKey};
 use crate::machinery::hold::Held;
-use crate::machinery::rule::Direction;
+use crate::machinery::rule::{Direction, MatchFields};
 use crate::machinery::uft::{Uft, UftEntry};
 use crate::vpc::firewall::Firewall;
 use crate::vpc::gateway::{self, GatewayVerdict};
@@ -131,9 +129,8 @@ impl Engine {
         let bytes = ip_bytes(meta);
         let entry: &UftEntry<OutAction> = match uft_out.lookup(&key, epoch, now, bytes) {
             Some(e)
-                if confirm(
-                    e,
-                    fw,
+                if e.confirm(
+                    fw.conns_mut(),
                     Direction::Out,
                     TcpSegment::read(meta, frame),
                     bytes,
@@ -251,16 +248,6 @@ impl Engine {
             },
         );
     }
-
-    /// Drops (counted) the held frames that waited `hold::HOLD_TIMEOUT_NS`.
-    pub(super) fn expire_held(&mut self, now: u64) {
-        let Engine {
-            ports, hold, drops, ..
-        } = self;
-        hold.expire(now, |h| {
-            count_drop(ports, drops, h.port, DropReason::UnderlayHoldTimeout)
-        });
-    }
 }
 
 /// Where a guest frame goes once its flow is known.
@@ -271,23 +258,6 @@ enum Next<'e> {
     Encap(&'e EncapAction),
     /// Encapsulated once the next hop toward the plan's destination is known.
     Hold(EncapPlan),
-}
-
-/// What a frame waiting for its next hop is kept with.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct HeldFrame {
-    pub(super) port: PortId,
-    vnet: VnetHdr,
-    plan: EncapPlan,
-    path_mtu: u16,
-}
-
-/// Counts a drop at port `port`, or engine-wide as `unknown_port` if it is gone.
-fn count_drop(ports: &mut [Option<Port>], drops: &mut DropCounters, port: PortId, r: DropReason) {
-    match slot_mut(ports, port) {
-        Some(p) => p.c.drops.inc(r),
-        None => drops.inc(DropReason::UnknownPort),
-    }
 }
 
 /// Sends a frame that waited for next hop `hop`, as `process_guest` would have:
@@ -622,7 +592,7 @@ fn compile_outbound(
         hits: 0,
         bytes: 0,
     };
-    let mut f = match_fields(key, m);
+    let mut f = MatchFields::of(key, m);
     // A VPC filter needs to know whether the flow stays in the VPC (a route to the
     // subnet, encapsulated with the port's VNI): looked up ahead of the router,
     // only when the port's outbound rules ask.
@@ -630,7 +600,7 @@ fn compile_outbound(
         f.vpc_vni = Some(cfg.vni.get());
     }
     let seg = TcpSegment::read(m, frame);
-    let quote = quoted(key, m, frame);
+    let quote = key.quoted(m, frame);
     let decision = match fw.decide(
         Direction::Out,
         &f,

@@ -1,36 +1,18 @@
 //! What `stats` reports (per-port counters and the engine-wide ones), and the pages
 //! of `dump-uft`.
 
-use super::{Engine, EngineError, Port};
+use super::budget::{PortTableLimits, TableBudget};
+use super::error::EngineError;
+use super::ports::Port;
+use super::Engine;
 use crate::frames::tso::CoalesceStats;
 use crate::ids::PortId;
 use crate::machinery::conntrack::ConnStats;
 use crate::machinery::counters::DropCounters;
 use crate::machinery::hold::HoldStats;
 use crate::machinery::uft::{UftDump, UftStats};
-use crate::pipeline::budget::{PortTableLimits, TableBudget};
 use crate::vpc::gateway::GatewayCounters;
 use serde::Serialize;
-
-/// Per-port packet counters.
-#[derive(Clone, Debug, Default)]
-pub(super) struct PortCounters {
-    /// Toward the guest (delivered).
-    pub(super) in_packets: u64,
-    pub(super) in_bytes: u64,
-    /// From the guest (received, before any drop).
-    pub(super) out_packets: u64,
-    pub(super) out_bytes: u64,
-    pub(super) tso_buffers_in: u64,
-    pub(super) tso_segments_out: u64,
-    pub(super) tso_super_frames_out: u64,
-    pub(super) local_delivered: u64,
-    /// Times the guest had to wait for its egress limit's tokens.
-    pub(super) egress_throttled: u64,
-    /// Times a frame for the guest had to wait for its ingress limit's tokens.
-    pub(super) ingress_throttled: u64,
-    pub(super) drops: DropCounters,
-}
 
 /// A port's statistics as `stats` reports them.
 #[derive(Clone, Debug, Serialize)]

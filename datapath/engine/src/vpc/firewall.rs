@@ -111,11 +111,13 @@ impl Firewall {
     }
 
     /// The port's connections.
+    #[inline]
     pub fn conns(&self) -> &ConnTable {
         &self.conns
     }
 
     /// The port's connections, to track a cached flow's packet on or to expire.
+    #[inline]
     pub fn conns_mut(&mut self) -> &mut ConnTable {
         &mut self.conns
     }

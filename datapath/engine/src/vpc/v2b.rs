@@ -36,6 +36,18 @@ pub struct V2b {
 }
 
 impl V2b {
+    /// The table `--boundary-services ADDR` stands for: both default prefixes to
+    /// that one endpoint (empty without one).
+    pub fn shorthand(endpoint: Option<Ipv6Addr>) -> Result<V2b, String> {
+        let mut t = V2b::default();
+        if let Some(e) = endpoint {
+            for net in [IpNet::V4(Default::default()), IpNet::V6(Default::default())] {
+                t.set(net, &[e])?;
+            }
+        }
+        Ok(t)
+    }
+
     /// Adds `endpoints` to `prefix` (those it has already stay). Refuses, changing
     /// nothing, an empty list or an endpoint that is not a unicast address.
     pub fn set(&mut self, prefix: IpNet, endpoints: &[Ipv6Addr]) -> Result<(), String> {
