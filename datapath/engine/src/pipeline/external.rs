@@ -215,6 +215,8 @@ fn icmp_error(
 
 /// A copy of all of `frame` pushed for port `to.port`, with no offload claims, to
 /// be translated in place: after the port's held segments, to keep their order.
+/// Cold: only ICMP errors and frames whose headers span their pieces take it.
+#[cold]
 fn whole_copy<'b>(
     coalescer: &mut Coalescer,
     to: Delivery,

@@ -445,7 +445,6 @@ pub struct InboundTarget {
 
 impl InboundTarget {
     /// The rewrite to `private`, the port's address of the family this was made for.
-    #[inline]
     pub fn rewrite(&self, private: IpAddr) -> Rewrite {
         Rewrite::with_deltas(private, self.port, (self.addr_delta, self.port_delta))
     }

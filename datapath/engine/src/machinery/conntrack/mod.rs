@@ -205,8 +205,9 @@ impl Conn {
     /// Takes in a packet of this (live) connection going `dir` (`bytes` of IP);
     /// refuses a TCP segment outside the window, changing nothing (not even the idle
     /// clock or the counters). `Ok(true)` when the segment reopened a closed
-    /// connection (see `TcpConn::reopened_by`).
-    #[inline]
+    /// connection (see `TcpConn::reopened_by`). Inlined with
+    /// [`ConnTable::track_handle`].
+    #[inline(always)]
     fn track(
         &mut self,
         dir: Direction,
@@ -414,7 +415,12 @@ impl ConnTable {
     /// occupies it now) or idle past its timeout: the flow must be decided again.
     /// `Err(tcp_out_of_window)` for a TCP segment its receiver would not accept; the
     /// connection is left as it was.
-    #[inline]
+    ///
+    /// Always inlined, with the tracking it calls (`Conn::track`, `TcpConn::track`
+    /// and what that calls), wherever a cached flow is confirmed: it is most of what
+    /// a flow-table hit costs, and left to the inliner it was called out of line from
+    /// some paths (tens of instructions a packet, docs/benchmarks.md).
+    #[inline(always)]
     pub fn track_handle(
         &mut self,
         h: ConnHandle,

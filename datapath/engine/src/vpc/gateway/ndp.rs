@@ -16,6 +16,10 @@ use wire::MacAddr;
 /// NA frame: Ethernet + IPv6 + NA (24) + target link-layer address option (8).
 const NA_FRAME_LEN: usize = frame::ETH_LEN + frame::IPV6_LEN + 32;
 
+/// Answers the guest's NDP message (NS for the gateway, RS), or says why not.
+/// Out of line: `handle_from_guest` classifies every guest frame, and this rare
+/// branch inlined into it made that classification save registers for every frame.
+#[inline(never)]
 pub(super) fn handle(
     cfg: &PortConfig,
     port: PortId,
