@@ -567,8 +567,14 @@ pub fn parse_net(s: &str) -> Result<IpNet, String> {
 /// A route's class from opteadm's positional CLASS or `--class` (the same if
 /// both); `system` when neither.
 fn route_class(positional: Option<&str>, flag: Option<&str>) -> Result<RouteClass, String> {
-    let p = positional.map(str::parse::<RouteClass>).transpose()?;
-    let f = flag.map(str::parse::<RouteClass>).transpose()?;
+    let p = positional
+        .map(str::parse::<RouteClass>)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let f = flag
+        .map(str::parse::<RouteClass>)
+        .transpose()
+        .map_err(|e| e.to_string())?;
     match (p, f) {
         (Some(a), Some(b)) if a != b => {
             Err(format!("router class given twice: {a} and --class {b}"))
@@ -580,7 +586,7 @@ fn route_class(positional: Option<&str>, flag: Option<&str>) -> Result<RouteClas
 /// `--dir in|out` of `allow-cidr`/`remove-cidr` (any case; both ways is
 /// `attach-subnet`).
 pub fn parse_cidr_dir(s: &str) -> Result<CidrDir, String> {
-    match s.parse()? {
+    match s.parse::<CidrDir>().map_err(|e| e.to_string())? {
         CidrDir::Both => Err(format!(
             "invalid direction {s:?}: expected in or out (attach-subnet allows both)"
         )),
@@ -717,7 +723,7 @@ impl CreateXde {
             limits: self.limits.to_limits(),
             cidrs: Default::default(),
         };
-        cfg.validate()?;
+        cfg.validate().map_err(|e| e.to_string())?;
         Ok(cfg)
     }
 }

@@ -435,7 +435,7 @@ impl DaemonConfig {
             },
             ports: args.max_ports.or(file.max_ports).unwrap_or(default.ports),
         };
-        tables.validate()?;
+        tables.validate().map_err(|e| e.to_string())?;
         let path_check_interval = match args.path_check_interval.or(file.path_check_interval) {
             Some(0) => return Err("path-check interval 0: give at least 1 second".into()),
             s => s.map(std::time::Duration::from_secs),

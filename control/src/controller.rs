@@ -295,7 +295,10 @@ impl<D: Dataplane> Controller<D> {
         // Refused only for a hand-edited file: kept in the state and logged, never
         // half applied.
         if !self.state.v2b.is_empty() {
-            if let Err(e) = V2b::from_entries(&self.state.v2b).and_then(|t| self.dp.set_v2b(&t)) {
+            if let Err(e) = V2b::from_entries(&self.state.v2b)
+                .map_err(|e| e.to_string())
+                .and_then(|t| self.dp.set_v2b(&t))
+            {
                 tracing::error!(error = %e, "the saved V2B table is not applied");
             }
         }
@@ -432,10 +435,10 @@ impl<D: Dataplane> Controller<D> {
             } => self.clear_v2p(vpc_ip, vni, expect),
             Request::DumpV2p => Ok(Reply::V2p(self.state.v2p.clone())),
             Request::SetV2b { prefix, endpoints } => {
-                self.change_v2b(|t| t.set(prefix, &endpoints))
+                self.change_v2b(|t| t.set(prefix, &endpoints).map_err(|e| e.to_string()))
             }
             Request::ClearV2b { prefix, endpoints } => {
-                self.change_v2b(|t| t.clear(prefix, &endpoints))
+                self.change_v2b(|t| t.clear(prefix, &endpoints).map_err(|e| e.to_string()))
             }
             Request::DumpV2b => {
                 let v = self.dp.inspect(&Inspect::V2b)?;
@@ -739,7 +742,7 @@ impl<D: Dataplane> Controller<D> {
         &mut self,
         change: impl FnOnce(&mut V2b) -> Result<(), String>,
     ) -> Result<Reply, String> {
-        let old = V2b::from_entries(&self.state.v2b)?;
+        let old = V2b::from_entries(&self.state.v2b).map_err(|e| e.to_string())?;
         let mut table = old.clone();
         change(&mut table)?;
         self.dp.set_v2b(&table)?;
@@ -800,7 +803,7 @@ impl<D: Dataplane> Controller<D> {
 
     fn add_route(&mut self, port: &str, entry: RouteEntry) -> Result<Reply, String> {
         self.applied_port(port)?;
-        engine::check_network(entry.dest)?;
+        engine::check_network(entry.dest).map_err(|e| e.to_string())?;
         if let Some(mtu) = entry.mtu {
             if mtu < engine::MIN_PORT_MTU {
                 return Err(format!("route MTU {mtu} is below {}", engine::MIN_PORT_MTU));
@@ -837,7 +840,8 @@ impl<D: Dataplane> Controller<D> {
     fn set_external_ips(&mut self, port: &str, ext: ExternalIps) -> Result<Reply, String> {
         self.applied_port(port)?;
         let cfg = &self.port(port)?.config;
-        ext.validate(cfg.ipv4, cfg.ipv6)?;
+        ext.validate(cfg.ipv4, cfg.ipv6)
+            .map_err(|e| e.to_string())?;
         check_external_against(&self.state.ports, port, &ext)?;
         self.replace_port_setting(
             port,
@@ -850,7 +854,7 @@ impl<D: Dataplane> Controller<D> {
     /// `set-port-limits`: checked, applied, then saved with the port's configuration.
     fn set_port_limits(&mut self, port: &str, limits: PortLimits) -> Result<Reply, String> {
         self.applied_port(port)?;
-        limits.validate()?;
+        limits.validate().map_err(|e| e.to_string())?;
         self.replace_port_setting(
             port,
             limits,
@@ -905,9 +909,9 @@ impl<D: Dataplane> Controller<D> {
         let old = cfg.cidrs.clone();
         let mut cidrs = old.clone();
         if allow {
-            cidrs.allow(prefix, dir, cfg)?;
+            cidrs.allow(prefix, dir, cfg).map_err(|e| e.to_string())?;
         } else {
-            cidrs.remove(prefix, dir, port)?;
+            cidrs.remove(prefix, dir, port).map_err(|e| e.to_string())?;
         }
         self.dp.set_port_cidrs(port, &cidrs)?;
         let mut next = self.state.clone();
@@ -1053,7 +1057,7 @@ impl<D: Dataplane> Controller<D> {
 /// Refuses a port that is invalid in itself (configuration, namespace name) or
 /// collides with one of `others`.
 fn check_port(others: &[PortInfo], p: &PortInfo) -> Result<(), String> {
-    p.config.validate()?;
+    p.config.validate().map_err(|e| e.to_string())?;
     if let Some(ns) = &p.netns {
         check_netns_name(ns)?;
     }

@@ -58,6 +58,20 @@ pub struct PortLimits {
     pub pps: Option<u32>,
 }
 
+/// Why a port's limits were refused; each names the bad value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    /// An egress or ingress bit rate outside what a port may be given.
+    #[error("{dir} limit {mbps} Mbit/s is outside 1-{max} Mbit/s", max = MAX_MBPS)]
+    Rate { dir: &'static str, mbps: u32 },
+    #[error("burst {kib} KiB is outside 1-{max} KiB", max = MAX_BURST_KIB)]
+    Burst { kib: u32 },
+    #[error("burst {kib} KiB given without an egress or ingress limit to apply to")]
+    BurstWithoutRate { kib: u32 },
+    #[error("packet rate {pps} pps is outside 1-{max} pps", max = MAX_PPS)]
+    PacketRate { pps: u32 },
+}
+
 impl PortLimits {
     /// Whether no limit is set.
     pub fn is_unlimited(&self) -> bool {
@@ -65,29 +79,25 @@ impl PortLimits {
     }
 
     /// Checks the values; errors name the bad one.
-    pub fn validate(&self) -> Result<(), String> {
-        for (what, v) in [("egress", self.egress_mbps), ("ingress", self.ingress_mbps)] {
-            if let Some(m) = v {
-                if m == 0 || m > MAX_MBPS {
-                    return Err(format!(
-                        "{what} limit {m} Mbit/s is outside 1-{MAX_MBPS} Mbit/s"
-                    ));
+    pub fn validate(&self) -> Result<(), LimitError> {
+        for (dir, v) in [("egress", self.egress_mbps), ("ingress", self.ingress_mbps)] {
+            if let Some(mbps) = v {
+                if mbps == 0 || mbps > MAX_MBPS {
+                    return Err(LimitError::Rate { dir, mbps });
                 }
             }
         }
-        if let Some(b) = self.burst_kib {
-            if b == 0 || b > MAX_BURST_KIB {
-                return Err(format!("burst {b} KiB is outside 1-{MAX_BURST_KIB} KiB"));
+        if let Some(kib) = self.burst_kib {
+            if kib == 0 || kib > MAX_BURST_KIB {
+                return Err(LimitError::Burst { kib });
             }
             if self.egress_mbps.is_none() && self.ingress_mbps.is_none() {
-                return Err(format!(
-                    "burst {b} KiB given without an egress or ingress limit to apply to"
-                ));
+                return Err(LimitError::BurstWithoutRate { kib });
             }
         }
-        if let Some(p) = self.pps {
-            if p == 0 || p > MAX_PPS {
-                return Err(format!("packet rate {p} pps is outside 1-{MAX_PPS} pps"));
+        if let Some(pps) = self.pps {
+            if pps == 0 || pps > MAX_PPS {
+                return Err(LimitError::PacketRate { pps });
             }
         }
         Ok(())
@@ -399,7 +409,7 @@ mod tests {
     #[test]
     fn bad_values_are_named() {
         let bad = |l: PortLimits, want: &str| {
-            let e = l.validate().unwrap_err();
+            let e = l.validate().unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
         };
         let l = PortLimits::default();

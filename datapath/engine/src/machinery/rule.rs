@@ -134,6 +134,35 @@ impl fmt::Display for Predicate {
     }
 }
 
+/// Why a rule could not be finalized; each names the offending predicate or value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("port range {start}-{end} starts after it ends")]
+    PortRangeReversed { start: u16, end: u16 },
+    #[error("rule names two protocols, {first} and {second}: it can never match")]
+    TwoProtocols { first: u8, second: u8 },
+    #[error("{predicate} needs an ICMP type too")]
+    CodeWithoutType { predicate: Predicate },
+    #[error("{predicate} is not a VNI (24 bits)")]
+    NotAVni { predicate: Predicate },
+    /// IPv4 and IPv6 prefixes in one rule (all of its predicates, as given).
+    #[error("rule mixes IPv4 and IPv6 prefixes ({}): it can never match", spaced(.predicates))]
+    MixedFamilies { predicates: Vec<Predicate> },
+    #[error("{predicate} needs protocol TCP or UDP, not {proto}")]
+    PortsNeedTcpOrUdp { predicate: Predicate, proto: u8 },
+    #[error("{predicate} needs protocol ICMP or ICMPv6, not {proto}")]
+    IcmpNeedsIcmp { predicate: Predicate, proto: u8 },
+}
+
+/// Predicates as a rule is written: `src=10.0.0.0/8 dst=fd00::/8`.
+fn spaced(predicates: &[Predicate]) -> String {
+    predicates
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Rule precedence: lower values are consulted first.
 pub type Priority = u16;
 
@@ -164,7 +193,7 @@ impl<A> Rule<Building, A> {
     }
 
     /// Checks the predicates for contradictions; the error names the offending one.
-    pub fn finalize(self) -> Result<Rule<Finalized, A>, String> {
+    pub fn finalize(self) -> Result<Rule<Finalized, A>, RuleError> {
         let mut v4 = false;
         let mut v6 = false;
         let mut proto = None;
@@ -175,17 +204,18 @@ impl<A> Rule<Building, A> {
                     IpNet::V6(_) => v6 = true,
                 },
                 Predicate::SrcPort(r) | Predicate::DstPort(r) if r.start > r.end => {
-                    return Err(format!(
-                        "port range {}-{} starts after it ends",
-                        r.start, r.end
-                    ));
+                    return Err(RuleError::PortRangeReversed {
+                        start: r.start,
+                        end: r.end,
+                    });
                 }
                 Predicate::Proto(x) => {
                     if let Some(prev) = proto.replace(*x) {
                         if prev != *x {
-                            return Err(format!(
-                                "rule names two protocols, {prev} and {x}: it can never match"
-                            ));
+                            return Err(RuleError::TwoProtocols {
+                                first: prev,
+                                second: *x,
+                            });
                         }
                     }
                 }
@@ -202,7 +232,7 @@ impl<A> Rule<Building, A> {
             .find(|p| matches!(p, Predicate::IcmpCode(_)))
         {
             if !has_type {
-                return Err(format!("{p} needs an ICMP type too"));
+                return Err(RuleError::CodeWithoutType { predicate: *p });
             }
         }
         if let Some(p) = self
@@ -210,29 +240,30 @@ impl<A> Rule<Building, A> {
             .iter()
             .find(|p| matches!(p, Predicate::Vni(v) if *v >= 1 << 24))
         {
-            return Err(format!("{p} is not a VNI (24 bits)"));
+            return Err(RuleError::NotAVni { predicate: *p });
         }
         if v4 && v6 {
-            return Err(format!(
-                "rule mixes IPv4 and IPv6 prefixes ({}): it can never match",
-                self.predicates
-                    .iter()
-                    .map(|p| p.to_string())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ));
+            return Err(RuleError::MixedFamilies {
+                predicates: self.predicates,
+            });
         }
         for p in &self.predicates {
             match (p, proto) {
                 (Predicate::SrcPort(_) | Predicate::DstPort(_), Some(x))
                     if x != PROTO_TCP && x != PROTO_UDP =>
                 {
-                    return Err(format!("{p} needs protocol TCP or UDP, not {x}"));
+                    return Err(RuleError::PortsNeedTcpOrUdp {
+                        predicate: *p,
+                        proto: x,
+                    });
                 }
                 (Predicate::IcmpType(_) | Predicate::IcmpCode(_), Some(x))
                     if x != PROTO_ICMP && x != PROTO_ICMPV6 =>
                 {
-                    return Err(format!("{p} needs protocol ICMP or ICMPv6, not {x}"));
+                    return Err(RuleError::IcmpNeedsIcmp {
+                        predicate: *p,
+                        proto: x,
+                    });
                 }
                 _ => {}
             }
@@ -375,42 +406,49 @@ mod tests {
         let e = Rule::new(1, ())
             .matching(Predicate::DstPort(PortRange { start: 9, end: 3 }))
             .finalize()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("9-3"), "{e}");
         let e = Rule::new(1, ())
             .matching(Predicate::SrcIp("10.0.0.0/8".parse().unwrap()))
             .matching(Predicate::DstIp("fd00::/8".parse().unwrap()))
             .finalize()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("fd00::/8"), "{e}");
         let e = Rule::new(1, ())
             .matching(Predicate::Proto(PROTO_ICMP))
             .matching(Predicate::DstPort(PortRange::single(80)))
             .finalize()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("dport=80-80"), "{e}");
         let e = Rule::new(1, ())
             .matching(Predicate::Proto(6))
             .matching(Predicate::Proto(17))
             .finalize()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("6 and 17"), "{e}");
         let e = Rule::new(1, ())
             .matching(Predicate::IcmpCode(4))
             .finalize()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("icmp_code=4"), "{e}");
         let e = Rule::new(1, ())
             .matching(Predicate::Proto(PROTO_UDP))
             .matching(Predicate::IcmpType(3))
             .matching(Predicate::IcmpCode(4))
             .finalize()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("icmp_type=3") && e.contains("17"), "{e}");
         let e = Rule::new(1, ())
             .matching(Predicate::Vni(1 << 24))
             .finalize()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("vni=16777216"), "{e}");
     }
 }

@@ -77,6 +77,24 @@ pub struct PortTableLimits {
     pub share_bytes: usize,
 }
 
+/// Why a table budget was refused; the message names the values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    #[error("table budget: ports must be above 0")]
+    NoPorts,
+    /// A port's share would not hold one connection and one flow each way.
+    #[error(
+        "table budget of {bytes} bytes for {ports} ports leaves {share} bytes a port, below the \
+         {min} one connection and one flow each way need"
+    )]
+    TooSmall {
+        bytes: usize,
+        ports: usize,
+        share: usize,
+        min: usize,
+    },
+}
+
 impl TableBudget {
     /// One port's share.
     pub fn share(&self) -> usize {
@@ -85,19 +103,18 @@ impl TableBudget {
 
     /// Refuses a budget that does not give each port room for one connection and
     /// one flow each way, naming the values.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), BudgetError> {
         if self.ports == 0 {
-            return Err("table budget: ports must be above 0".into());
+            return Err(BudgetError::NoPorts);
         }
         let min = CONN_BYTES + UFT_OUT_ENTRY_BYTES + UFT_IN_ENTRY_BYTES;
         if self.share() < min {
-            return Err(format!(
-                "table budget of {} bytes for {} ports leaves {} bytes a port, below the \
-                 {min} one connection and one flow each way need",
-                self.bytes,
-                self.ports,
-                self.share()
-            ));
+            return Err(BudgetError::TooSmall {
+                bytes: self.bytes,
+                ports: self.ports,
+                share: self.share(),
+                min,
+            });
         }
         Ok(())
     }
@@ -165,14 +182,16 @@ mod tests {
             ports: 4,
         }
         .validate()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("1000") && e.contains("250"), "{e}");
         let e = TableBudget {
             bytes: 1 << 30,
             ports: 0,
         }
         .validate()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("ports"), "{e}");
         assert!(TableBudget::default().validate().is_ok());
     }

@@ -107,10 +107,10 @@ impl Engine {
         let p = self.port_by_name(port)?;
         match LAYERS.iter().find(|l| **l == layer) {
             Some(name) => Ok(self.layer_of(p, name)),
-            None => Err(EngineError::NotFound(format!(
-                "no layer {layer:?} (layers: {})",
-                LAYERS.join(", ")
-            ))),
+            None => Err(EngineError::NoSuchLayer {
+                layer: layer.to_string(),
+                layers: LAYERS,
+            }),
         }
     }
 

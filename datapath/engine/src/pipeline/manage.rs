@@ -19,7 +19,7 @@ use crate::vpc::firewall::{Firewall, FwAction};
 use crate::vpc::gateway::{self, GatewayState, MtuBudget, RaInfo};
 use crate::vpc::nat::{ExternalIps, SnatTable};
 use crate::vpc::overlay::{V2pDump, V2pEntry};
-use crate::vpc::port::{CidrDir, PortCidrs, PortConfig, PortState, MIN_PORT_MTU};
+use crate::vpc::port::{CidrDir, PortCidrs, PortConfig, PortConfigError, PortState, MIN_PORT_MTU};
 use crate::vpc::router::{RouteClass, RouteDump, RouteTarget, Router};
 use crate::vpc::v2b::{V2b, V2bEntry};
 use ipnet::IpNet;
@@ -81,12 +81,8 @@ impl Engine {
     /// (or are fragmented, IPv4 without DF), and the operator should lower their MTU
     /// or restore the underlay's.
     pub fn set_underlay_mtu(&mut self, mtu: u16) -> Result<Vec<String>, EngineError> {
-        let min = MIN_PORT_MTU + gateway::ENCAP_BUDGET;
-        if mtu < min {
-            return Err(EngineError::Invalid(format!(
-                "underlay MTU {mtu} is below {min} (port minimum {MIN_PORT_MTU} + encapsulation {})",
-                gateway::ENCAP_BUDGET
-            )));
+        if mtu < MIN_PORT_MTU + gateway::ENCAP_BUDGET {
+            return Err(EngineError::UnderlayMtuTooSmall { mtu });
         }
         self.cfg.underlay_mtu = mtu;
         // Engine-wide: every port's path MTUs and segment sizes derive from it.
@@ -106,25 +102,22 @@ impl Engine {
             .get(name)
             .and_then(|id| self.ports.get(id.0 as usize))
             .and_then(Option::as_ref)
-            .ok_or_else(|| EngineError::NoSuchPort(name.to_string()))
+            .ok_or_else(|| no_such_port(name))
     }
 
     pub(super) fn port_by_name_mut(&mut self, name: &str) -> Result<&mut Port, EngineError> {
-        let id = *self
-            .by_name
-            .get(name)
-            .ok_or_else(|| EngineError::NoSuchPort(name.to_string()))?;
-        slot_mut(&mut self.ports, id).ok_or_else(|| EngineError::NoSuchPort(name.to_string()))
+        let id = *self.by_name.get(name).ok_or_else(|| no_such_port(name))?;
+        slot_mut(&mut self.ports, id).ok_or_else(|| no_such_port(name))
     }
 
     pub(super) fn check_port_mtu(&self, mtu: u16) -> Result<(), EngineError> {
         let max = self.max_inner_mtu();
         if mtu < MIN_PORT_MTU || mtu > max {
-            return Err(EngineError::Invalid(format!(
-                "port MTU {mtu} is outside {MIN_PORT_MTU}..={max} (underlay MTU {} - encapsulation {})",
-                self.cfg.underlay_mtu,
-                gateway::ENCAP_BUDGET
-            )));
+            return Err(EngineError::PortMtuOutOfRange {
+                mtu,
+                max,
+                underlay_mtu: self.cfg.underlay_mtu,
+            });
         }
         Ok(())
     }
@@ -133,10 +126,11 @@ impl Engine {
     pub(super) fn check_port_room(&self, name: &str) -> Result<(), EngineError> {
         let ports = self.ports.iter().flatten().count();
         if ports >= self.cfg.tables.ports {
-            return Err(EngineError::Invalid(format!(
-                "port {name:?} refused: {ports} ports exist, as many as the table budget is shared by (tables.ports {})",
-                self.cfg.tables.ports
-            )));
+            return Err(EngineError::TooManyPorts {
+                name: name.to_string(),
+                ports,
+                limit: self.cfg.tables.ports,
+            });
         }
         Ok(())
     }
@@ -153,21 +147,20 @@ impl Engine {
     /// default routes -> internet gateway if boundary services are configured) and
     /// the default firewall (outbound allow, inbound deny unless established).
     pub fn add_port(&mut self, cfg: PortConfig) -> Result<PortId, EngineError> {
-        cfg.validate().map_err(EngineError::Invalid)?;
+        cfg.validate()?;
         self.check_port_mtu(cfg.mtu)?;
         self.check_port_room(&cfg.name)?;
         if self.by_name.contains_key(&cfg.name) {
-            return Err(EngineError::Conflict(format!(
-                "port {:?} already exists",
-                cfg.name
-            )));
+            return Err(EngineError::PortExists {
+                name: cfg.name.clone(),
+            });
         }
         let vni = cfg.vni.get();
         if self.by_mac.get(vni, cfg.guest_mac).is_some() {
-            return Err(EngineError::Conflict(format!(
-                "guest MAC {} is already used in VNI {vni}",
-                cfg.guest_mac
-            )));
+            return Err(EngineError::MacInUse {
+                mac: cfg.guest_mac,
+                vni: cfg.vni,
+            });
         }
         let ips: Vec<IpAddr> = cfg
             .ipv4
@@ -177,9 +170,10 @@ impl Engine {
             .collect();
         for ip in &ips {
             if self.by_ip.contains_key(&(vni, *ip)) {
-                return Err(EngineError::Conflict(format!(
-                    "address {ip} is already used in VNI {vni}"
-                )));
+                return Err(EngineError::AddressInUse {
+                    ip: *ip,
+                    vni: cfg.vni,
+                });
             }
         }
         let mut router = Router::default();
@@ -188,17 +182,13 @@ impl Engine {
             cfg.vpc_subnet6.map(IpNet::V6),
         ];
         for net in subnets.into_iter().flatten() {
-            router
-                .add(net, RouteTarget::VpcSubnet, None)
-                .map_err(EngineError::Invalid)?;
+            router.add(net, RouteTarget::VpcSubnet, None)?;
         }
         if self.cfg.boundary_services.is_some() {
-            for net in ["0.0.0.0/0", "::/0"] {
-                let net: IpNet = net.parse().map_err(|_| EngineError::Invalid(net.into()))?;
+            // 0.0.0.0/0 and ::/0.
+            for net in [IpNet::V4(Default::default()), IpNet::V6(Default::default())] {
                 if router.dump_routes().iter().all(|r| r.dst != net) {
-                    router
-                        .add(net, RouteTarget::InternetGateway, None)
-                        .map_err(EngineError::Invalid)?;
+                    router.add(net, RouteTarget::InternetGateway, None)?;
                 }
             }
         }
@@ -256,7 +246,7 @@ impl Engine {
     pub fn remove_port(&mut self, name: &str) -> Result<PortId, EngineError> {
         let id = self.port_by_name(name)?.id;
         let Some(p) = self.ports.get_mut(id.0 as usize).and_then(Option::take) else {
-            return Err(EngineError::NoSuchPort(name.to_string()));
+            return Err(no_such_port(name));
         };
         let vni = p.cfg.vni.get();
         self.by_name.remove(name);
@@ -345,8 +335,7 @@ impl Engine {
     /// new ports.
     pub fn set_external_ips(&mut self, name: &str, ext: ExternalIps) -> Result<(), EngineError> {
         let p = self.port_by_name_mut(name)?;
-        ext.validate(p.cfg.ipv4, p.cfg.ipv6)
-            .map_err(EngineError::Invalid)?;
+        ext.validate(p.cfg.ipv4, p.cfg.ipv6)?;
         if p.cfg.external.snat != ext.snat {
             p.snat.clear();
         }
@@ -358,7 +347,7 @@ impl Engine {
     /// Replaces port `name`'s rate limits (checked as `add_port` checks them). The
     /// buckets start full; flows are untouched.
     pub fn set_port_limits(&mut self, name: &str, limits: PortLimits) -> Result<(), EngineError> {
-        limits.validate().map_err(EngineError::Invalid)?;
+        limits.validate()?;
         let now = self.now;
         let p = self.port_by_name_mut(name)?;
         p.cfg.limits = limits;
@@ -372,7 +361,9 @@ impl Engine {
     /// anyway (its flows only: the prefixes are the port's alone).
     pub fn set_port_cidrs(&mut self, name: &str, cidrs: PortCidrs) -> Result<(), EngineError> {
         self.bump_port(name, |p| {
-            cidrs.validate(&p.cfg).map_err(EngineError::Invalid)?;
+            // A set that contradicts itself is an invalid port setting, even where
+            // the prefix it repeats would conflict on its own (`allow_cidr`).
+            cidrs.validate(&p.cfg).map_err(PortConfigError::from)?;
             p.cfg.cidrs = cidrs;
             Ok(())
         })
@@ -382,13 +373,7 @@ impl Engine {
     pub fn allow_cidr(&mut self, name: &str, net: IpNet, dir: CidrDir) -> Result<(), EngineError> {
         self.bump_port(name, |p| {
             let mut c = p.cfg.cidrs.clone();
-            c.allow(net, dir, &p.cfg).map_err(|e| {
-                if e.contains("already allows") {
-                    EngineError::Conflict(e)
-                } else {
-                    EngineError::Invalid(e)
-                }
-            })?;
+            c.allow(net, dir, &p.cfg)?;
             p.cfg.cidrs = c;
             Ok(())
         })
@@ -396,12 +381,7 @@ impl Engine {
 
     /// Removes `net` for `dir` from port `name` (`remove-cidr`, `detach-subnet`).
     pub fn remove_cidr(&mut self, name: &str, net: IpNet, dir: CidrDir) -> Result<(), EngineError> {
-        self.bump_port(name, |p| {
-            p.cfg
-                .cidrs
-                .remove(net, dir, name)
-                .map_err(EngineError::NotFound)
-        })
+        self.bump_port(name, |p| Ok(p.cfg.cidrs.remove(net, dir, name)?))
     }
 
     // ---- Ports of sibling workers ----
@@ -420,11 +400,9 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let v = vni.get();
         if let Some(Owner::Port(_)) = self.by_mac.get(v, mac) {
-            return Err(EngineError::Conflict(format!(
-                "guest MAC {mac} is already used in VNI {v} by a port of this worker"
-            )));
+            return Err(EngineError::SiblingMacInUse { mac, vni });
         }
-        if let Some(ip) = ips.iter().find(|ip| {
+        if let Some(&ip) = ips.iter().find(|ip| {
             matches!(
                 self.by_ip.get(&(v, **ip)),
                 Some(LocalDest {
@@ -433,9 +411,7 @@ impl Engine {
                 })
             )
         }) {
-            return Err(EngineError::Conflict(format!(
-                "address {ip} is already used in VNI {v} by a port of this worker"
-            )));
+            return Err(EngineError::SiblingAddressInUse { ip, vni });
         }
         let owner = Owner::Sibling(worker);
         self.by_mac.insert(v, mac, owner);
@@ -477,16 +453,14 @@ impl Engine {
         underlay: Ipv6Addr,
         mac: MacAddr,
     ) -> Result<(), EngineError> {
-        self.v2p
-            .set(vni, ip, V2pEntry { underlay, mac })
-            .map_err(EngineError::Invalid)?;
+        self.v2p.set(vni, ip, V2pEntry { underlay, mac })?;
         // Engine-wide: outbound encapsulation and inbound sender checks use V2P.
         self.bump();
         Ok(())
     }
 
     pub fn clear_v2p(&mut self, vni: Vni, ip: IpAddr) -> Result<(), EngineError> {
-        self.v2p.clear(vni, ip).map_err(EngineError::NotFound)?;
+        self.v2p.clear(vni, ip)?;
         // Engine-wide, as `set_v2p`.
         self.bump();
         Ok(())
@@ -502,7 +476,7 @@ impl Engine {
     /// daemon owns the table's semantics (`V2b::set`/`clear`) and hands it over
     /// whole, so every worker's engine holds the same one.
     pub fn set_v2b(&mut self, table: &V2b) -> Result<(), EngineError> {
-        let mut v2b = V2b::shorthand(self.cfg.boundary_services).map_err(EngineError::Invalid)?;
+        let mut v2b = V2b::shorthand(self.cfg.boundary_services)?;
         v2b.merge(table);
         self.v2b = v2b;
         // Engine-wide: every flow to the internet gateway chose its endpoint here.
@@ -541,21 +515,16 @@ impl Engine {
         mtu: Option<u16>,
     ) -> Result<(), EngineError> {
         let max = self.max_inner_mtu();
-        if let Some(m) = mtu.filter(|m| *m > max) {
-            return Err(EngineError::Invalid(format!(
-                "route MTU {m} for {dst} exceeds {max} (underlay MTU {} - encapsulation {})",
-                self.cfg.underlay_mtu,
-                gateway::ENCAP_BUDGET
-            )));
+        if let Some(mtu) = mtu.filter(|m| *m > max) {
+            return Err(EngineError::RouteMtuTooBig {
+                mtu,
+                dst,
+                max,
+                underlay_mtu: self.cfg.underlay_mtu,
+            });
         }
         let p = self.port_by_name_mut(port)?;
-        p.router.add_in(class, dst, target, mtu).map_err(|e| {
-            if e.contains("already exists") {
-                EngineError::Conflict(e)
-            } else {
-                EngineError::Invalid(e)
-            }
-        })?;
+        p.router.add_in(class, dst, target, mtu)?;
         p.epoch += 1;
         Ok(())
     }
@@ -572,9 +541,7 @@ impl Engine {
         class: RouteClass,
         dst: IpNet,
     ) -> Result<(), EngineError> {
-        self.bump_port(port, |p| {
-            p.router.del_in(class, dst).map_err(EngineError::NotFound)
-        })
+        self.bump_port(port, |p| Ok(p.router.del_in(class, dst)?))
     }
 
     pub fn dump_routes(&self, port: &str) -> Result<Vec<RouteDump>, EngineError> {
@@ -616,9 +583,11 @@ impl Engine {
     ) -> Result<(), EngineError> {
         self.bump_port(port, |p| match p.fw.layer_mut().remove(dir, id) {
             true => Ok(()),
-            false => Err(EngineError::NotFound(format!(
-                "port {port:?} has no {dir} firewall rule {id}"
-            ))),
+            false => Err(EngineError::NoSuchRule {
+                port: port.to_string(),
+                dir,
+                id,
+            }),
         })
     }
 
@@ -663,5 +632,12 @@ impl Engine {
     pub fn ra_info(&self, port: &str) -> Result<Option<RaInfo>, EngineError> {
         let p = self.port_by_name(port)?;
         Ok(gateway::ra_info(&p.cfg, &p.gw))
+    }
+}
+
+/// The refusal of a name no port has.
+fn no_such_port(name: &str) -> EngineError {
+    EngineError::NoSuchPort {
+        name: name.to_string(),
     }
 }

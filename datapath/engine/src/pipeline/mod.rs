@@ -108,28 +108,24 @@ impl Engine {
     /// Refuses an underlay MTU too small to carry a minimum-MTU guest packet, and
     /// zero flow limits, naming the value.
     pub fn new(cfg: EngineConfig) -> Result<Engine, EngineError> {
-        let min = MIN_PORT_MTU + gateway::ENCAP_BUDGET;
-        if cfg.underlay_mtu < min {
-            return Err(EngineError::Invalid(format!(
-                "underlay MTU {} is below {min} (port minimum {MIN_PORT_MTU} + encapsulation {})",
-                cfg.underlay_mtu,
-                gateway::ENCAP_BUDGET
-            )));
+        if cfg.underlay_mtu < MIN_PORT_MTU + gateway::ENCAP_BUDGET {
+            return Err(EngineError::UnderlayMtuTooSmall {
+                mtu: cfg.underlay_mtu,
+            });
         }
         if cfg.underlay_addr.is_unspecified() || cfg.underlay_addr.is_multicast() {
-            return Err(EngineError::Invalid(format!(
-                "underlay address {} is not a unicast address",
-                cfg.underlay_addr
-            )));
+            return Err(EngineError::UnderlayAddrNotUnicast {
+                addr: cfg.underlay_addr,
+            });
         }
-        cfg.flow.validate().map_err(EngineError::Invalid)?;
-        cfg.tables.validate().map_err(EngineError::Invalid)?;
+        cfg.flow.validate()?;
+        cfg.tables.validate()?;
         let underlay_drops = DropCounters::with(
             wire::meta::UnderlayDrop::ALL
                 .iter()
                 .map(|&d| DropReason::from(d)),
         );
-        let v2b = V2b::shorthand(cfg.boundary_services).map_err(EngineError::Invalid)?;
+        let v2b = V2b::shorthand(cfg.boundary_services)?;
         Ok(Engine {
             cfg,
             ports: Vec::new(),

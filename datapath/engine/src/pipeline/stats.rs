@@ -187,9 +187,7 @@ impl Engine {
     ) -> Result<UftPortDump, EngineError> {
         let p = self.port_by_name(port)?;
         if cursor >= 2 * OUTBOUND_CURSOR {
-            return Err(EngineError::Invalid(format!(
-                "dump-uft cursor {cursor} is not one a page returned"
-            )));
+            return Err(EngineError::BadCursor { cursor });
         }
         let (epoch, now) = (p.epoch, self.now);
         let limit = limit.clamp(1, UFT_PAGE_MAX);

@@ -60,6 +60,21 @@ pub struct ExternalIps {
     pub floating: Vec<IpAddr>,
 }
 
+/// Why a port's external addresses were refused; each names the value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExternalIpError {
+    /// `what` (`SNAT IP`, `ephemeral IP`, `floating IP`) is of a family the port has
+    /// no private address of: it could never be used.
+    #[error("{what} {ip}: the port has no private address of that family")]
+    NoPrivateOfFamily { what: &'static str, ip: IpAddr },
+    #[error("SNAT start port {start} is below {min}", min = SNAT_PORT_MIN)]
+    SnatStartTooLow { start: u16 },
+    #[error("SNAT port range {start}-{end}: start is above end")]
+    SnatRangeReversed { start: u16, end: u16 },
+    #[error("floating IP {ip} is given twice")]
+    FloatingTwice { ip: IpAddr },
+}
+
 impl ExternalIps {
     /// Whether the port has no external address at all.
     pub fn is_empty(&self) -> bool {
@@ -70,8 +85,12 @@ impl ExternalIps {
     /// 1024-65535 with start <= end, and every address of a family the port has (a
     /// v6 external address for a v4-only guest could never be used). Errors name
     /// the bad value.
-    pub fn validate(&self, ipv4: Option<Ipv4Addr>, ipv6: Option<Ipv6Addr>) -> Result<(), String> {
-        let family = |what: &str, ip: &IpAddr| {
+    pub fn validate(
+        &self,
+        ipv4: Option<Ipv4Addr>,
+        ipv6: Option<Ipv6Addr>,
+    ) -> Result<(), ExternalIpError> {
+        let family = |what: &'static str, ip: &IpAddr| {
             let ok = match ip {
                 IpAddr::V4(_) => ipv4.is_some(),
                 IpAddr::V6(_) => ipv6.is_some(),
@@ -79,24 +98,19 @@ impl ExternalIps {
             if ok {
                 Ok(())
             } else {
-                Err(format!(
-                    "{what} {ip}: the port has no private address of that family"
-                ))
+                Err(ExternalIpError::NoPrivateOfFamily { what, ip: *ip })
             }
         };
         if let Some(s) = &self.snat {
             family("SNAT IP", &s.ip)?;
             if s.start < SNAT_PORT_MIN {
-                return Err(format!(
-                    "SNAT start port {} is below {SNAT_PORT_MIN}",
-                    s.start
-                ));
+                return Err(ExternalIpError::SnatStartTooLow { start: s.start });
             }
             if s.start > s.end {
-                return Err(format!(
-                    "SNAT port range {}-{}: start is above end",
-                    s.start, s.end
-                ));
+                return Err(ExternalIpError::SnatRangeReversed {
+                    start: s.start,
+                    end: s.end,
+                });
             }
         }
         if let Some(ip) = &self.ephemeral {
@@ -105,7 +119,7 @@ impl ExternalIps {
         for (i, ip) in self.floating.iter().enumerate() {
             family("floating IP", ip)?;
             if self.floating[..i].contains(ip) {
-                return Err(format!("floating IP {ip} is given twice"));
+                return Err(ExternalIpError::FloatingTwice { ip: *ip });
             }
         }
         Ok(())

@@ -150,6 +150,20 @@ impl InboundTrust<'_> {
     }
 }
 
+/// Why a V2P mapping was refused or not found; each names the value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum V2pError {
+    #[error("V2P MAC {mac} for {ip} is not a unicast address")]
+    MacNotUnicast { mac: MacAddr, ip: IpAddr },
+    #[error("V2P underlay address {underlay} for {ip} is not a unicast address")]
+    UnderlayNotUnicast { underlay: Ipv6Addr, ip: IpAddr },
+    #[error("V2P virtual address {ip} is not a unicast address")]
+    VirtualNotUnicast { ip: IpAddr },
+    /// Nothing is mapped for this address in this VPC.
+    #[error("no V2P mapping for {ip} in VNI {vni}")]
+    NotFound { ip: IpAddr, vni: Vni },
+}
+
 /// The V2P table of the whole sled (all VPCs).
 #[derive(Clone, Debug, Default)]
 pub struct V2p {
@@ -158,29 +172,26 @@ pub struct V2p {
 
 impl V2p {
     /// Adds or replaces a mapping; returns the one it replaced.
-    pub fn set(&mut self, vni: Vni, ip: IpAddr, e: V2pEntry) -> Result<Option<V2pEntry>, String> {
+    pub fn set(&mut self, vni: Vni, ip: IpAddr, e: V2pEntry) -> Result<Option<V2pEntry>, V2pError> {
         if !e.mac.is_unicast() {
-            return Err(format!(
-                "V2P MAC {} for {ip} is not a unicast address",
-                e.mac
-            ));
+            return Err(V2pError::MacNotUnicast { mac: e.mac, ip });
         }
         if e.underlay.is_unspecified() || e.underlay.is_multicast() {
-            return Err(format!(
-                "V2P underlay address {} for {ip} is not a unicast address",
-                e.underlay
-            ));
+            return Err(V2pError::UnderlayNotUnicast {
+                underlay: e.underlay,
+                ip,
+            });
         }
         if ip.is_unspecified() || ip.is_multicast() {
-            return Err(format!("V2P virtual address {ip} is not a unicast address"));
+            return Err(V2pError::VirtualNotUnicast { ip });
         }
         Ok(self.map.insert((vni, ip), e))
     }
 
-    pub fn clear(&mut self, vni: Vni, ip: IpAddr) -> Result<V2pEntry, String> {
+    pub fn clear(&mut self, vni: Vni, ip: IpAddr) -> Result<V2pEntry, V2pError> {
         self.map
             .remove(&(vni, ip))
-            .ok_or_else(|| format!("no V2P mapping for {ip} in VNI {vni}"))
+            .ok_or(V2pError::NotFound { ip, vni })
     }
 
     pub fn get(&self, vni: Vni, ip: IpAddr) -> Option<&V2pEntry> {
@@ -236,7 +247,7 @@ mod tests {
         assert_eq!(t.get(Vni::new(11).unwrap(), ip), None);
         assert_eq!(t.dump()[0].underlay, moved.underlay);
         assert_eq!(t.clear(vni, ip).unwrap(), moved);
-        let err = t.clear(vni, ip).unwrap_err();
+        let err = t.clear(vni, ip).unwrap_err().to_string();
         assert!(err.contains("172.30.0.6") && err.contains("10"), "{err}");
     }
 
@@ -257,7 +268,8 @@ mod tests {
                     ..good
                 },
             )
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ff:ff:ff:ff:ff:ff"), "{e}");
         let e = t
             .set(
@@ -268,9 +280,13 @@ mod tests {
                     ..good
                 },
             )
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ff02::1"), "{e}");
-        let e = t.set(vni, "224.0.0.1".parse().unwrap(), good).unwrap_err();
+        let e = t
+            .set(vni, "224.0.0.1".parse().unwrap(), good)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("224.0.0.1"), "{e}");
         assert!(t.is_empty());
     }

@@ -1,8 +1,8 @@
 //! Guest ports: what the control plane says about one guest NIC.
 
 use crate::ids::Vni;
-use crate::machinery::ratelimit::PortLimits;
-use crate::vpc::nat::ExternalIps;
+use crate::machinery::ratelimit::{LimitError, PortLimits};
+use crate::vpc::nat::{ExternalIpError, ExternalIps};
 use core::fmt;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
@@ -103,14 +103,19 @@ impl CidrDir {
     }
 }
 
+/// A direction that is none of `in`, `out` and `both` (the text given).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid direction {0:?}: expected in, out or both")]
+pub struct ParseCidrDirError(pub String);
+
 impl core::str::FromStr for CidrDir {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseCidrDirError;
+    fn from_str(s: &str) -> Result<Self, ParseCidrDirError> {
         match s.to_ascii_lowercase().as_str() {
             "in" => Ok(CidrDir::In),
             "out" => Ok(CidrDir::Out),
             "both" => Ok(CidrDir::Both),
-            _ => Err(format!("invalid direction {s:?}: expected in, out or both")),
+            _ => Err(ParseCidrDirError(s.to_string())),
         }
     }
 }
@@ -128,6 +133,46 @@ impl fmt::Display for CidrDir {
 /// Most prefixes a port may allow per direction: the checks scan them linearly
 /// (only for frames not to or from the guest's own addresses).
 pub const MAX_PORT_CIDRS: usize = 64;
+
+/// Why a prefix was refused (for a port's allowed prefixes, and as a route's
+/// destination); each names the value. Nothing changes on a refusal.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    /// Host bits set: `network` is the prefix it would stand for.
+    #[error("prefix {net} has host bits set (the network is {network})")]
+    HostBits { net: IpNet, network: IpNet },
+    #[error("prefix {net} is IPv{family}, but port {port:?} has no IPv{family} address")]
+    NoAddressOfFamily {
+        net: IpNet,
+        port: String,
+        family: u8,
+    },
+    #[error("prefix {net} is not a range of unicast addresses a guest may use")]
+    NotUnicast { net: IpNet },
+    /// The port allows the prefix that way already.
+    #[error("port {port:?} already allows {net} (direction {dir})")]
+    AlreadyAllowed {
+        port: String,
+        net: IpNet,
+        dir: &'static str,
+    },
+    #[error(
+        "port {port:?} already allows {max} prefixes (direction {dir}); {net} is one too many",
+        max = MAX_PORT_CIDRS
+    )]
+    TooMany {
+        port: String,
+        net: IpNet,
+        dir: &'static str,
+    },
+    /// The port does not allow the prefix that way.
+    #[error("port {port:?} does not allow {net} (direction {dir})")]
+    NotAllowed {
+        port: String,
+        net: IpNet,
+        dir: &'static str,
+    },
+}
 
 /// A port's transit IPs and attached subnets, as OPTE has them: prefixes besides
 /// the guest's own addresses that anti-spoofing admits as sources (`outbound`) and
@@ -163,7 +208,7 @@ impl PortCidrs {
     /// Adds `net` for `dir`. Refuses, naming the value: host bits set, a prefix of
     /// a family the port has no address of, one already allowed that way, more than
     /// [`MAX_PORT_CIDRS`]. Nothing changes on a refusal.
-    pub fn allow(&mut self, net: IpNet, dir: CidrDir, cfg: &PortConfig) -> Result<(), String> {
+    pub fn allow(&mut self, net: IpNet, dir: CidrDir, cfg: &PortConfig) -> Result<(), CidrError> {
         check_cidr(net, cfg)?;
         let lists = [
             (dir.has_in(), &self.inbound, "in"),
@@ -173,17 +218,20 @@ impl PortCidrs {
             if !wanted {
                 continue;
             }
+            let port = || cfg.name.clone();
             if list.contains(&net) {
-                return Err(format!(
-                    "port {:?} already allows {net} (direction {name})",
-                    cfg.name
-                ));
+                return Err(CidrError::AlreadyAllowed {
+                    port: port(),
+                    net,
+                    dir: name,
+                });
             }
             if list.len() >= MAX_PORT_CIDRS {
-                return Err(format!(
-                    "port {:?} already allows {MAX_PORT_CIDRS} prefixes (direction {name}); {net} is one too many",
-                    cfg.name
-                ));
+                return Err(CidrError::TooMany {
+                    port: port(),
+                    net,
+                    dir: name,
+                });
             }
         }
         if dir.has_in() {
@@ -197,14 +245,16 @@ impl PortCidrs {
 
     /// Removes `net` for `dir`; refuses, naming the value, when it is not allowed
     /// that way (for `both`, either way). Nothing changes on a refusal.
-    pub fn remove(&mut self, net: IpNet, dir: CidrDir, port: &str) -> Result<(), String> {
-        let missing = |list: &Vec<IpNet>, name: &str| {
+    pub fn remove(&mut self, net: IpNet, dir: CidrDir, port: &str) -> Result<(), CidrError> {
+        let missing = |list: &Vec<IpNet>, name: &'static str| {
             if list.contains(&net) {
                 Ok(())
             } else {
-                Err(format!(
-                    "port {port:?} does not allow {net} (direction {name})"
-                ))
+                Err(CidrError::NotAllowed {
+                    port: port.to_string(),
+                    net,
+                    dir: name,
+                })
             }
         };
         if dir.has_in() {
@@ -223,7 +273,7 @@ impl PortCidrs {
     }
 
     /// Checks a whole set against the port (restored or created with it).
-    pub fn validate(&self, cfg: &PortConfig) -> Result<(), String> {
+    pub fn validate(&self, cfg: &PortConfig) -> Result<(), CidrError> {
         let mut rebuilt = PortCidrs::default();
         for n in &self.inbound {
             rebuilt.allow(*n, CidrDir::In, cfg)?;
@@ -238,33 +288,32 @@ impl PortCidrs {
 /// Refuses a prefix with host bits set (`10.9.0.1/6`), naming the network it would
 /// stand for, as `ip route` does: the operator meant one of the two, and a prefix
 /// kept as typed would not be the one matched.
-pub fn check_network(net: IpNet) -> Result<(), String> {
+pub fn check_network(net: IpNet) -> Result<(), CidrError> {
     if net.trunc() != net {
-        return Err(format!(
-            "prefix {net} has host bits set (the network is {})",
-            net.trunc()
-        ));
+        return Err(CidrError::HostBits {
+            net,
+            network: net.trunc(),
+        });
     }
     Ok(())
 }
 
-fn check_cidr(net: IpNet, cfg: &PortConfig) -> Result<(), String> {
+fn check_cidr(net: IpNet, cfg: &PortConfig) -> Result<(), CidrError> {
     check_network(net)?;
-    let (has, fam) = match net {
+    let (has, family) = match net {
         IpNet::V4(_) => (cfg.ipv4.is_some(), 4),
         IpNet::V6(_) => (cfg.ipv6.is_some(), 6),
     };
     if !has {
-        return Err(format!(
-            "prefix {net} is IPv{fam}, but port {:?} has no IPv{fam} address",
-            cfg.name
-        ));
+        return Err(CidrError::NoAddressOfFamily {
+            net,
+            port: cfg.name.clone(),
+            family,
+        });
     }
     let a = net.addr();
     if a.is_multicast() || a.is_loopback() {
-        return Err(format!(
-            "prefix {net} is not a range of unicast addresses a guest may use"
-        ));
+        return Err(CidrError::NotUnicast { net });
     }
     Ok(())
 }
@@ -272,64 +321,97 @@ fn check_cidr(net: IpNet, cfg: &PortConfig) -> Result<(), String> {
 /// Smallest MTU accepted for a port: IPv6's minimum link MTU (RFC 8200).
 pub const MIN_PORT_MTU: u16 = 1280;
 
+/// Why a port's configuration was refused; each names the value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PortConfigError {
+    #[error("port name {name:?} must be 1 to 15 bytes (it names a network device)")]
+    Name { name: String },
+    #[error("guest MAC {mac} is not a unicast address")]
+    GuestMacNotUnicast { mac: MacAddr },
+    #[error("gateway MAC {mac} is not a unicast address")]
+    GatewayMacNotUnicast { mac: MacAddr },
+    #[error("guest MAC and gateway MAC are both {mac}")]
+    SameMacs { mac: MacAddr },
+    #[error("a port needs an IPv4 or an IPv6 private address")]
+    NoAddress,
+    #[error("MTU {mtu} is below the minimum of {min}", min = MIN_PORT_MTU)]
+    MtuBelowMinimum { mtu: u16 },
+    #[error("private IP {ip} is outside VPC subnet {subnet}")]
+    OutsideSubnet { ip: IpAddr, subnet: IpNet },
+    #[error("a port with an IPv4 address needs a gateway IPv4 address")]
+    NoGatewayIpv4,
+    #[error("private IP {ip} is the gateway's IPv4 address")]
+    GatewayAddress { ip: Ipv4Addr },
+    #[error("private IP {ip} is not a unicast address")]
+    NotUnicast { ip: IpAddr },
+    #[error("private IP {ip} is link-local; a port needs a routable IPv6 address")]
+    LinkLocal { ip: Ipv6Addr },
+    #[error(transparent)]
+    External(#[from] ExternalIpError),
+    #[error(transparent)]
+    Cidr(#[from] CidrError),
+    #[error(transparent)]
+    Limits(#[from] LimitError),
+}
+
 impl PortConfig {
     /// Checks the configuration on its own (the engine checks it against the underlay
     /// MTU and the other ports). Errors name the bad value.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PortConfigError> {
+        use PortConfigError as E;
         if self.name.is_empty() || self.name.len() > 15 {
-            return Err(format!(
-                "port name {:?} must be 1 to 15 bytes (it names a network device)",
-                self.name
-            ));
+            return Err(E::Name {
+                name: self.name.clone(),
+            });
         }
         if !self.guest_mac.is_unicast() {
-            return Err(format!(
-                "guest MAC {} is not a unicast address",
-                self.guest_mac
-            ));
+            return Err(E::GuestMacNotUnicast {
+                mac: self.guest_mac,
+            });
         }
         if !self.gateway_mac.is_unicast() {
-            return Err(format!(
-                "gateway MAC {} is not a unicast address",
-                self.gateway_mac
-            ));
+            return Err(E::GatewayMacNotUnicast {
+                mac: self.gateway_mac,
+            });
         }
         if self.guest_mac == self.gateway_mac {
-            return Err(format!(
-                "guest MAC and gateway MAC are both {}",
-                self.guest_mac
-            ));
+            return Err(E::SameMacs {
+                mac: self.guest_mac,
+            });
         }
         if self.ipv4.is_none() && self.ipv6.is_none() {
-            return Err("a port needs an IPv4 or an IPv6 private address".into());
+            return Err(E::NoAddress);
         }
         if self.mtu < MIN_PORT_MTU {
-            return Err(format!(
-                "MTU {} is below the minimum of {MIN_PORT_MTU}",
-                self.mtu
-            ));
+            return Err(E::MtuBelowMinimum { mtu: self.mtu });
         }
         if let (Some(ip), Some(net)) = (self.ipv4, self.vpc_subnet4) {
             if !net.contains(&ip) {
-                return Err(format!("private IP {ip} is outside VPC subnet {net}"));
+                return Err(E::OutsideSubnet {
+                    ip: ip.into(),
+                    subnet: net.into(),
+                });
             }
         }
         if let (Some(ip), Some(net)) = (self.ipv6, self.vpc_subnet6) {
             if !net.contains(&ip) {
-                return Err(format!("private IP {ip} is outside VPC subnet {net}"));
+                return Err(E::OutsideSubnet {
+                    ip: ip.into(),
+                    subnet: net.into(),
+                });
             }
         }
         if self.ipv4.is_some() && self.gateway_ipv4.is_none() {
-            return Err("a port with an IPv4 address needs a gateway IPv4 address".into());
+            return Err(E::NoGatewayIpv4);
         }
         if let Some(ip) = self.ipv4 {
             // The gateway answers ARP and echo for its own address: a guest holding
             // it would be unreachable, and would see its own address as its router.
             if self.gateway_ipv4 == Some(ip) {
-                return Err(format!("private IP {ip} is the gateway's IPv4 address"));
+                return Err(E::GatewayAddress { ip });
             }
             if ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast() || ip.is_loopback() {
-                return Err(format!("private IP {ip} is not a unicast address"));
+                return Err(E::NotUnicast { ip: ip.into() });
             }
         }
         if let Some(ip) = self.ipv6 {
@@ -337,17 +419,15 @@ impl PortConfig {
             // datapath drops such traffic as link_local_only), so they cannot be the
             // address the VPC routes to the guest.
             if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() {
-                return Err(format!("private IP {ip} is not a unicast address"));
+                return Err(E::NotUnicast { ip: ip.into() });
             }
             if ip.segments()[0] & 0xffc0 == 0xfe80 {
-                return Err(format!(
-                    "private IP {ip} is link-local; a port needs a routable IPv6 address"
-                ));
+                return Err(E::LinkLocal { ip });
             }
         }
         self.external.validate(self.ipv4, self.ipv6)?;
         self.cidrs.validate(self)?;
-        self.limits.validate()
+        Ok(self.limits.validate()?)
     }
 
     /// The gateway's IPv6 link-local address: fe80::EUI-64(gateway MAC).
@@ -418,29 +498,29 @@ pub(crate) mod tests {
         assert!(sample().validate().is_ok());
         let mut p = sample();
         p.mtu = 1000;
-        assert!(p.validate().unwrap_err().contains("1000"));
+        assert!(p.validate().unwrap_err().to_string().contains("1000"));
         let mut p = sample();
         p.ipv4 = Some("10.0.0.1".parse().unwrap());
-        assert!(p.validate().unwrap_err().contains("10.0.0.1"));
+        assert!(p.validate().unwrap_err().to_string().contains("10.0.0.1"));
     }
 
     #[test]
     fn guest_addresses_must_be_routable_unicast_and_not_the_gateway() {
         let mut p = sample();
         p.ipv4 = p.gateway_ipv4;
-        let e = p.validate().unwrap_err();
+        let e = p.validate().unwrap_err().to_string();
         assert!(e.contains("172.30.0.1") && e.contains("gateway"), "{e}");
         for bad in ["fe80::5", "ff02::1", "::"] {
             let mut p = sample();
             p.ipv6 = Some(bad.parse().unwrap());
             p.vpc_subnet6 = None;
-            let e = p.validate().unwrap_err();
+            let e = p.validate().unwrap_err().to_string();
             assert!(e.contains(bad), "{bad}: {e}");
         }
         let mut p = sample();
         p.ipv4 = Some("224.0.0.5".parse().unwrap());
         p.vpc_subnet4 = None;
-        assert!(p.validate().unwrap_err().contains("224.0.0.5"));
+        assert!(p.validate().unwrap_err().to_string().contains("224.0.0.5"));
     }
 
     #[test]
@@ -451,7 +531,8 @@ pub(crate) mod tests {
         let mut cidrs = PortCidrs::default();
         let e = cidrs
             .allow("fd00:50::/64".parse().unwrap(), CidrDir::In, &c)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("fd00:50::/64") && e.contains("IPv6"), "{e}");
         cidrs
             .allow("0.0.0.0/0".parse().unwrap(), CidrDir::Out, &c)
@@ -463,7 +544,7 @@ pub(crate) mod tests {
             inbound: vec!["10.1.0.0/16".parse().unwrap(); 2],
             outbound: vec![],
         };
-        let e = c.validate().unwrap_err();
+        let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("10.1.0.0/16") && e.contains("already"), "{e}");
         let json = serde_json::to_string(&PortCidrs::default()).unwrap();
         assert_eq!(json, "{}");

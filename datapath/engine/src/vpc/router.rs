@@ -12,7 +12,8 @@
 
 use crate::drop::DropReason;
 use crate::machinery::layer::{Layer, LayerDump, RuleId};
-use crate::machinery::rule::{Direction, MatchFields, Predicate, Rule};
+use crate::machinery::rule::{Direction, MatchFields, Predicate, Rule, RuleError};
+use crate::vpc::port::MIN_PORT_MTU;
 use core::fmt;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -73,15 +74,18 @@ impl RouteClass {
     }
 }
 
+/// A router class that is neither `system` nor `custom` (the text given).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid router class {0:?}: expected system or custom")]
+pub struct ParseRouteClassError(pub String);
+
 impl core::str::FromStr for RouteClass {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseRouteClassError;
+    fn from_str(s: &str) -> Result<Self, ParseRouteClassError> {
         match s.to_ascii_lowercase().as_str() {
             "system" => Ok(RouteClass::System),
             "custom" => Ok(RouteClass::Custom),
-            _ => Err(format!(
-                "invalid router class {s:?}: expected system or custom"
-            )),
+            _ => Err(ParseRouteClassError(s.to_string())),
         }
     }
 }
@@ -93,6 +97,25 @@ impl fmt::Display for RouteClass {
             RouteClass::Custom => "custom",
         })
     }
+}
+
+/// Why a route was refused; each names the value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("route MTU {mtu} for {dst} is below the minimum of {min}", min = MIN_PORT_MTU)]
+    MtuBelowMinimum { mtu: u16, dst: IpNet },
+    #[error("route target {target} is of another address family than the destination {dst}")]
+    TargetFamily { target: RouteTarget, dst: IpNet },
+    #[error("route target {target} for {dst} is not a guest's unicast address")]
+    TargetNotUnicast { target: RouteTarget, dst: IpNet },
+    /// The port has a route of this class for the prefix already.
+    #[error("a {class} route for {dst} already exists")]
+    Exists { class: RouteClass, dst: IpNet },
+    /// The port has no route of this class for exactly this prefix.
+    #[error("no {class} route for {dst}")]
+    NotFound { class: RouteClass, dst: IpNet },
+    #[error(transparent)]
+    Rule(#[from] RuleError),
 }
 
 /// A route's action: its target and an optional path MTU overriding the default.
@@ -158,12 +181,17 @@ impl Router {
     }
 
     /// [`Router::add_in`] of a `system` route.
-    pub fn add(&mut self, dst: IpNet, target: RouteTarget, mtu: Option<u16>) -> Result<(), String> {
+    pub fn add(
+        &mut self,
+        dst: IpNet,
+        target: RouteTarget,
+        mtu: Option<u16>,
+    ) -> Result<(), RouteError> {
         self.add_in(RouteClass::System, dst, target, mtu)
     }
 
     /// [`Router::del_in`] of a `system` route.
-    pub fn del(&mut self, dst: IpNet) -> Result<(), String> {
+    pub fn del(&mut self, dst: IpNet) -> Result<(), RouteError> {
         self.del_in(RouteClass::System, dst)
     }
 
@@ -176,30 +204,23 @@ impl Router {
         dst: IpNet,
         target: RouteTarget,
         mtu: Option<u16>,
-    ) -> Result<(), String> {
+    ) -> Result<(), RouteError> {
         let dst = dst.trunc();
-        if let Some(m) = mtu {
-            if m < crate::vpc::port::MIN_PORT_MTU {
-                return Err(format!(
-                    "route MTU {m} for {dst} is below the minimum of {}",
-                    crate::vpc::port::MIN_PORT_MTU
-                ));
+        if let Some(mtu) = mtu {
+            if mtu < MIN_PORT_MTU {
+                return Err(RouteError::MtuBelowMinimum { mtu, dst });
             }
         }
         if let RouteTarget::Ip(a) = target {
             if a.is_ipv4() != matches!(dst, IpNet::V4(_)) {
-                return Err(format!(
-                    "route target {target} is of another address family than the destination {dst}"
-                ));
+                return Err(RouteError::TargetFamily { target, dst });
             }
             if a.is_unspecified() || a.is_multicast() || a.is_loopback() {
-                return Err(format!(
-                    "route target {target} for {dst} is not a guest's unicast address"
-                ));
+                return Err(RouteError::TargetNotUnicast { target, dst });
             }
         }
         if self.find(&dst, class).is_some() {
-            return Err(format!("a {class} route for {dst} already exists"));
+            return Err(RouteError::Exists { class, dst });
         }
         let rule = Rule::new(priority_of(&dst, class), RouteAction { target, mtu })
             .matching(Predicate::DstIp(dst))
@@ -209,14 +230,14 @@ impl Router {
     }
 
     /// Removes the route of `class` for exactly `dst`.
-    pub fn del_in(&mut self, class: RouteClass, dst: IpNet) -> Result<(), String> {
+    pub fn del_in(&mut self, class: RouteClass, dst: IpNet) -> Result<(), RouteError> {
         let dst = dst.trunc();
         match self.find(&dst, class) {
             Some(id) => {
                 self.layer.remove(Direction::Out, id);
                 Ok(())
             }
-            None => Err(format!("no {class} route for {dst}")),
+            None => Err(RouteError::NotFound { class, dst }),
         }
     }
 
@@ -357,9 +378,13 @@ mod tests {
             .unwrap();
         let e = r
             .add("10.0.0.0/8".parse().unwrap(), RouteTarget::Drop, None)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("10.0.0.0/8"), "{e}");
-        let e = r.del("192.168.0.0/16".parse().unwrap()).unwrap_err();
+        let e = r
+            .del("192.168.0.0/16".parse().unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("192.168.0.0/16"), "{e}");
         let e = r
             .add(
@@ -367,7 +392,8 @@ mod tests {
                 RouteTarget::VpcSubnet,
                 Some(500),
             )
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("500"), "{e}");
         assert_eq!(r.dump_routes().len(), 1);
     }
@@ -390,7 +416,8 @@ mod tests {
         assert_eq!(RouteTarget::Ip(v6).to_string(), "ip6=fd00::6");
         let e = r
             .add("fd00:1::/64".parse().unwrap(), RouteTarget::Ip(a), None)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("ip4=172.30.0.6") && e.contains("fd00:1::/64"),
             "{e}"
@@ -402,7 +429,8 @@ mod tests {
                 RouteTarget::Ip(bad),
                 None,
             )
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("224.0.0.9"), "{e}");
         assert_eq!(r.dump_routes()[0].target, RouteTarget::Ip(a));
     }
@@ -424,7 +452,8 @@ mod tests {
         );
         let e = r
             .add_in(RouteClass::Custom, net, RouteTarget::VpcSubnet, None)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("custom") && e.contains("10.0.0.0/8"), "{e}");
         let classes: Vec<(String, RouteClass)> = r
             .dump_routes()
@@ -444,9 +473,13 @@ mod tests {
             r.lookup(&to("10.9.0.1")).unwrap().target,
             RouteTarget::VpcSubnet
         );
-        let e = r.del_in(RouteClass::Custom, net).unwrap_err();
+        let e = r.del_in(RouteClass::Custom, net).unwrap_err().to_string();
         assert!(e.contains("no custom route for 10.0.0.0/8"), "{e}");
         assert_eq!("Custom".parse::<RouteClass>(), Ok(RouteClass::Custom));
-        assert!("user".parse::<RouteClass>().unwrap_err().contains("user"));
+        assert!("user"
+            .parse::<RouteClass>()
+            .unwrap_err()
+            .to_string()
+            .contains("user"));
     }
 }

@@ -25,6 +25,22 @@ pub struct V2bEntry {
     pub endpoints: Vec<Ipv6Addr>,
 }
 
+/// Why a change to the V2B table was refused; each names the value. Nothing
+/// changes on a refusal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum V2bError {
+    #[error("set-v2b {prefix}: no boundary endpoint given")]
+    NoEndpoint { prefix: IpNet },
+    #[error("V2B endpoint {endpoint} for {prefix} is not a unicast underlay address")]
+    EndpointNotUnicast { endpoint: Ipv6Addr, prefix: IpNet },
+    /// The table has no entry for the prefix.
+    #[error("no V2B entry for {prefix}")]
+    NoEntry { prefix: IpNet },
+    /// The prefix has no such endpoint.
+    #[error("V2B entry {prefix} has no endpoint {endpoint}")]
+    NoSuchEndpoint { prefix: IpNet, endpoint: Ipv6Addr },
+}
+
 /// The V2B table of a sled.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct V2b {
@@ -38,7 +54,7 @@ pub struct V2b {
 impl V2b {
     /// The table `--boundary-services ADDR` stands for: both default prefixes to
     /// that one endpoint (empty without one).
-    pub fn shorthand(endpoint: Option<Ipv6Addr>) -> Result<V2b, String> {
+    pub fn shorthand(endpoint: Option<Ipv6Addr>) -> Result<V2b, V2bError> {
         let mut t = V2b::default();
         if let Some(e) = endpoint {
             for net in [IpNet::V4(Default::default()), IpNet::V6(Default::default())] {
@@ -50,17 +66,15 @@ impl V2b {
 
     /// Adds `endpoints` to `prefix` (those it has already stay). Refuses, changing
     /// nothing, an empty list or an endpoint that is not a unicast address.
-    pub fn set(&mut self, prefix: IpNet, endpoints: &[Ipv6Addr]) -> Result<(), String> {
+    pub fn set(&mut self, prefix: IpNet, endpoints: &[Ipv6Addr]) -> Result<(), V2bError> {
         if endpoints.is_empty() {
-            return Err(format!("set-v2b {prefix}: no boundary endpoint given"));
+            return Err(V2bError::NoEndpoint { prefix });
         }
-        if let Some(bad) = endpoints
+        if let Some(&endpoint) = endpoints
             .iter()
             .find(|e| e.is_unspecified() || e.is_multicast() || e.is_loopback())
         {
-            return Err(format!(
-                "V2B endpoint {bad} for {prefix} is not a unicast underlay address"
-            ));
+            return Err(V2bError::EndpointNotUnicast { endpoint, prefix });
         }
         self.map
             .entry(prefix.trunc())
@@ -72,12 +86,12 @@ impl V2b {
 
     /// Removes `endpoints` from `prefix`; the prefix goes when none is left. Refuses,
     /// changing nothing, a prefix not in the table or an endpoint it does not have.
-    pub fn clear(&mut self, prefix: IpNet, endpoints: &[Ipv6Addr]) -> Result<(), String> {
+    pub fn clear(&mut self, prefix: IpNet, endpoints: &[Ipv6Addr]) -> Result<(), V2bError> {
         let Some(set) = self.map.get_mut(&prefix.trunc()) else {
-            return Err(format!("no V2B entry for {prefix}"));
+            return Err(V2bError::NoEntry { prefix });
         };
-        if let Some(missing) = endpoints.iter().find(|e| !set.contains(e)) {
-            return Err(format!("V2B entry {prefix} has no endpoint {missing}"));
+        if let Some(&endpoint) = endpoints.iter().find(|e| !set.contains(e)) {
+            return Err(V2bError::NoSuchEndpoint { prefix, endpoint });
         }
         for e in endpoints {
             set.remove(e);
@@ -141,7 +155,7 @@ impl V2b {
     }
 
     /// The table a dump describes (a restore).
-    pub fn from_entries(entries: &[V2bEntry]) -> Result<V2b, String> {
+    pub fn from_entries(entries: &[V2bEntry]) -> Result<V2b, V2bError> {
         let mut t = V2b::default();
         for e in entries {
             t.set(e.prefix, &e.endpoints)?;
@@ -216,16 +230,16 @@ mod tests {
         t.set(net, &[ep("fd00::1")]).unwrap();
         t.set(net, &[ep("fd00::2"), ep("fd00::1")]).unwrap();
         assert_eq!(t.endpoints(), [ep("fd00::1"), ep("fd00::2")]);
-        let e = t.clear(net, &[ep("fd00::9")]).unwrap_err();
+        let e = t.clear(net, &[ep("fd00::9")]).unwrap_err().to_string();
         assert!(e.contains("fd00::9"), "{e}");
         t.clear(net, &[ep("fd00::1")]).unwrap();
         assert_eq!(t.endpoints(), [ep("fd00::2")]);
         t.clear(net, &[ep("fd00::2")]).unwrap();
         assert!(t.is_empty() && t.endpoints().is_empty());
         assert_eq!(pick(&t, "192.0.2.1", 1), None);
-        let e = t.clear(net, &[ep("fd00::2")]).unwrap_err();
+        let e = t.clear(net, &[ep("fd00::2")]).unwrap_err().to_string();
         assert!(e.contains("0.0.0.0/0"), "{e}");
-        let e = t.set(net, &[ep("ff02::1")]).unwrap_err();
+        let e = t.set(net, &[ep("ff02::1")]).unwrap_err().to_string();
         assert!(e.contains("ff02::1"), "{e}");
         assert!(t.set(net, &[]).is_err());
         assert!(t.is_empty());

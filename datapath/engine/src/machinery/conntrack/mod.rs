@@ -85,7 +85,7 @@ impl Default for FlowLimits {
 
 impl FlowLimits {
     /// Refuses zero sizes and zero timeouts, naming the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), FlowLimitError> {
         for (name, v) in [
             ("tcp_incipient_ns", self.tcp_incipient_ns),
             ("tcp_established_ns", self.tcp_established_ns),
@@ -95,11 +95,19 @@ impl FlowLimits {
             ("uft_limit", self.uft_limit as u64),
         ] {
             if v == 0 {
-                return Err(format!("flow limit {name} must be above 0"));
+                return Err(FlowLimitError { field: name });
             }
         }
         Ok(())
     }
+}
+
+/// A flow limit of zero: no flow could ever be kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("flow limit {field} must be above 0")]
+pub struct FlowLimitError {
+    /// The field of [`FlowLimits`], as configured.
+    pub field: &'static str,
 }
 
 /// One tracked connection, keyed by its outbound orientation (guest is the source).
