@@ -81,7 +81,7 @@ fn queues_for(name: &str, workers: usize) -> Result<u32, String> {
     if queues >= need {
         return Ok(queues);
     }
-    dpio::channels::ensure_queues(name, need)?;
+    dpio::channels::ensure_queues(name, need).map_err(|e| e.to_string())?;
     let queues = rx_queue_count(name)?;
     if queues < need {
         return Err(format!(
