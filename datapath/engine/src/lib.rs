@@ -6,6 +6,12 @@
 //! and the virtual gateway. I/O and time are the caller's: it hands frames in (an
 //! [`RxFrame`], in the pieces they arrived in), lends the memory underlay frames are
 //! written to ([`FrameSpace`]), and takes frames out of a [`TxBatch`].
+//!
+//! The modules stand on floors, each importing only from those below it: `ids` and
+//! `drop` (the identifiers and the drop reasons) at the bottom; `machinery` (generic:
+//! flows, rules, layers, flow and connection tables) and `frames` (frames in and
+//! out, rewrites, encapsulation, TSO); `vpc` (the VPC policy); and `pipeline` (the
+//! [`Engine`] that drives them). Other crates use the names re-exported here.
 
 #![forbid(unsafe_code)]
 

@@ -38,7 +38,7 @@ impl Engine {
     }
 
     /// The epoch port `name`'s cached flows are checked against (see
-    /// [`Engine::bump_port`]).
+    /// `Engine::bump_port`).
     pub fn port_epoch(&self, name: &str) -> Result<u64, EngineError> {
         self.port_by_name(name).map(|p| p.epoch)
     }
@@ -65,7 +65,7 @@ impl Engine {
     }
 
     /// Makes every cached flow recompile on its next packet, which asks
-    /// [`UnderlayRoutes::next_hop`] again and rebuilds the outer header (interface,
+    /// [`UnderlayRoutes::next_hop`](super::config::UnderlayRoutes::next_hop) again and rebuilds the outer header (interface,
     /// source and destination MAC). The daemon calls this when its neighbour cache
     /// changes or drops an entry: a busy flow never goes idle long enough to be
     /// recompiled otherwise. Connections are kept; only cached decisions go.
@@ -388,7 +388,7 @@ impl Engine {
 
     /// Records that another worker of this sled (`worker`) owns the port with MAC
     /// `mac` and addresses `ips` in VPC `vni`, at MTU `mtu`: frames to it are handed
-    /// to that worker ([`TxDest::Sibling`]) rather than encapsulated toward this sled.
+    /// to that worker ([`TxDest::Sibling`](crate::frames::output::TxDest::Sibling)) rather than encapsulated toward this sled.
     /// Refused when one of this engine's own ports has the MAC or an address.
     pub fn set_sibling_port(
         &mut self,
