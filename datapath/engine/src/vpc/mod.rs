@@ -1,5 +1,6 @@
 //! The VPC policy built on the machinery: what a guest port is (`port`), the virtual
-//! gateway (`gateway`), the stateful firewall (`firewall`), the router (`router`),
+//! gateway (`gateway`), the firewall's rules and which flows open a connection
+//! (`firewall`; the connections are `machinery::conntrack`'s), the router (`router`),
 //! NAT to the internet (`nat`), and the overlay's tables, V2P (`overlay`) and V2B
 //! (`v2b`).
 //!
