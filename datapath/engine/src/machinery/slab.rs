@@ -61,7 +61,9 @@ impl<V> FlowSlab<V> {
     }
 
     /// Sets the value of `key` (in its slot if it has one, else in a free or new one)
-    /// and returns it.
+    /// and returns it. Inlined: a flow-table entry is large, and passed to an out of
+    /// line insert it is copied once more for every new flow.
+    #[inline]
     pub fn insert(&mut self, key: FlowKey, value: V) -> &mut V {
         let pos = match self.index.get(&key) {
             Some(&pos) => pos,
