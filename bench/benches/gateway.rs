@@ -10,7 +10,7 @@
 use bench::frames::{dhcp_discover, router_solicitation};
 use bench::{TwoSleds, NOW};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use engine::gateway::{handle_from_guest, GatewayState, GatewayVerdict};
+use engine::vpc::gateway::{handle_from_guest, GatewayState, GatewayVerdict};
 use engine::{TxBatch, TxDest, VnetHdr};
 use std::hint::black_box;
 

@@ -4,8 +4,8 @@
 //! the end (target: segment+encap and coalesce each >= 0.5x memcpy).
 
 use criterion::{Criterion, Throughput};
-use engine::encap::OuterTemplate;
-use engine::tso::{internal_segment_size, segment, Coalescer};
+use engine::frames::tso::{internal_segment_size, segment, Coalescer};
+use engine::OuterTemplate;
 use engine::{MacAddr, PortId, RxFrame, TxBatch, TxDest, VnetHdr, Vni};
 use std::hint::black_box;
 use std::time::{Duration, Instant};

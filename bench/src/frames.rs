@@ -5,7 +5,7 @@
 //! Also the two gateway requests the gateway bench answers: a Router Solicitation and
 //! a DHCPv4 DISCOVER.
 
-use engine::port::link_local_eui64;
+use engine::link_local_eui64;
 use engine::PortConfig;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::ethernet::{self, ethertype};

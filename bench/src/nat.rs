@@ -11,9 +11,9 @@
 use crate::frames::{data_frame, FlowSpec};
 use crate::scenario::Dir;
 use crate::sleds::{guest_port, mac, sled, Sled, IFINDEX, NOW};
-use engine::encap::OuterTemplate;
-use engine::nat::{ExternalIps, SnatRange};
+use engine::OuterTemplate;
 use engine::{EngineConfig, RxFrame, TxBatch, TxDest, VnetHdr};
+use engine::{ExternalIps, SnatRange};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::ipv4::protocol;
 

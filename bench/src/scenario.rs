@@ -9,7 +9,7 @@
 use crate::frames::{data_frame, set_src_port, FlowSpec};
 use crate::sleds::{Sled, TwoSleds, IFINDEX, NOW};
 use core::fmt;
-use engine::uft::UftStats;
+use engine::UftStats;
 use engine::{RxFrame, TxBatch, TxDest, VnetHdr};
 use wire::ipv4::protocol;
 

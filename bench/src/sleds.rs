@@ -61,7 +61,7 @@ pub(crate) fn guest_port(n: u8) -> Result<PortConfig, String> {
         vpc_subnet4: Some(parse("172.30.0.0/22")?),
         vpc_subnet6: Some(parse("fd00:1122:3344:100::/64")?),
         gateway_ipv4: Some(parse("172.30.0.1")?),
-        vni: Vni::new(VNI)?,
+        vni: Vni::new(VNI).map_err(|e| e.to_string())?,
         mtu: 8500,
         external_jumbo: false,
         dns_servers4: vec![parse("1.1.1.1")?],

@@ -9,7 +9,7 @@
 
 use api::protocol;
 use api::{Outcome, Request};
-use engine::v2b::V2b;
+use engine::V2b;
 use engine::{Engine, EngineConfig};
 use overlayd::controller::{Controller, Dataplane};
 use overlayd::convert::ToEngine;

@@ -66,7 +66,10 @@ pub enum ConfigError {
     TableBudgetMib(usize),
     /// The engine's refusal of the budget, which names the values.
     #[error("{why}")]
-    Tables { budget: TableBudget, why: String },
+    Tables {
+        budget: TableBudget,
+        why: engine::pipeline::budget::BudgetError,
+    },
     #[error("path-check interval 0: give at least 1 second")]
     PathCheckInterval,
 }

@@ -35,9 +35,9 @@ impl ToApi for engine::Vni {
 }
 
 impl ToEngine for api::SnatRange {
-    type Engine = engine::nat::SnatRange;
+    type Engine = engine::SnatRange;
     fn to_engine(&self) -> Self::Engine {
-        engine::nat::SnatRange {
+        engine::SnatRange {
             ip: self.ip,
             start: self.start,
             end: self.end,
@@ -46,9 +46,9 @@ impl ToEngine for api::SnatRange {
 }
 
 impl ToEngine for api::ExternalIps {
-    type Engine = engine::nat::ExternalIps;
+    type Engine = engine::ExternalIps;
     fn to_engine(&self) -> Self::Engine {
-        engine::nat::ExternalIps {
+        engine::ExternalIps {
             snat: self.snat.as_ref().map(ToEngine::to_engine),
             ephemeral: self.ephemeral,
             floating: self.floating.clone(),
@@ -160,16 +160,16 @@ impl ToApi for engine::RouteTarget {
 }
 
 impl ToEngine for api::V2bEntry {
-    type Engine = engine::v2b::V2bEntry;
+    type Engine = engine::V2bEntry;
     fn to_engine(&self) -> Self::Engine {
-        engine::v2b::V2bEntry {
+        engine::V2bEntry {
             prefix: self.prefix,
             endpoints: self.endpoints.clone(),
         }
     }
 }
 
-impl ToApi for engine::v2b::V2bEntry {
+impl ToApi for engine::V2bEntry {
     type Api = api::V2bEntry;
     fn to_api(&self) -> api::V2bEntry {
         api::V2bEntry {

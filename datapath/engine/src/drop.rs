@@ -3,14 +3,16 @@
 //! counter name in `stats`, the OpenMetrics `reason` label, logs and
 //! docs/engine.md. The names are stable: operators' dashboards and alerts use them.
 //!
-//! Reasons decided outside this crate's own code keep their own error types where
-//! they arise (`wire::meta::UnderlayDrop`, which cannot depend on the engine, and
-//! `tso::TsoDrop`) and convert into a `DropReason` with `From`, taking their names
-//! from there, so each string is written once. A reason is a `u8`, so a counter set
-//! is an array indexed by it ([`crate::counters::DropCounters`]): one add on the
-//! fast path, no lookup.
+//! Reasons decided elsewhere keep their own error types where they arise
+//! (`wire::meta::UnderlayDrop`, which cannot depend on the engine, and
+//! `frames::tso::TsoDrop`) and convert into a `DropReason` with `From`, taking
+//! their names from there, so each string is written once. Conversions live with
+//! their sources, so this file, the vocabulary everything else names, imports
+//! nothing above it: `From<TsoDrop>` is in `frames::tso`, and only the wire's, from
+//! the crate below, is here. A reason is a `u8`, so a counter set is an array
+//! indexed by it (`machinery::counters::DropCounters`): one add on the fast path,
+//! no lookup.
 
-use crate::tso::TsoDrop;
 use wire::meta::UnderlayDrop;
 
 /// Declares [`DropReason`] with its names and [`DropReason::ALL`] from one list,
@@ -133,7 +135,7 @@ drop_reasons! {
     FwMidstreamIn = "fw_midstream_in",
     /// A TCP segment of a tracked connection outside what its receiver accepts: an
     /// RST outside the receiver's window, data entirely outside it, or an ACK of
-    /// data never sent (see `firewall::tcp`). Either direction.
+    /// data never sent (see `machinery::conntrack::tcp`). Either direction.
     TcpOutOfWindow = "tcp_out_of_window",
 
     // IPv4 fragmentation of guest packets larger than their path MTU
@@ -253,25 +255,6 @@ impl From<UnderlayDrop> for DropReason {
     }
 }
 
-impl From<TsoDrop> for DropReason {
-    fn from(d: TsoDrop) -> Self {
-        match d {
-            TsoDrop::BadGsoType => DropReason::TsoBadGsoType,
-            TsoDrop::GsoIpMismatch => DropReason::TsoGsoIpMismatch,
-            TsoDrop::GsoNotTcp => DropReason::TsoGsoNotTcp,
-            TsoDrop::GsoFragment => DropReason::TsoGsoFragment,
-            TsoDrop::HdrLenMismatch => DropReason::TsoHdrLenMismatch,
-            TsoDrop::CsumStartMismatch => DropReason::TsoCsumStartMismatch,
-            TsoDrop::CsumOffsetOutOfRange => DropReason::TsoCsumOffsetOutOfRange,
-            TsoDrop::GsoSizeZero => DropReason::TsoGsoSizeZero,
-            TsoDrop::TooManySegments => DropReason::TsoTooManySegments,
-            TsoDrop::Truncated => DropReason::TsoTruncated,
-            TsoDrop::TooBig => DropReason::TsoTooBig,
-            TsoDrop::SegmentSizeZero => DropReason::TsoSegmentSizeZero,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,14 +277,11 @@ mod tests {
         assert_eq!(DropReason::from_name("nonsense"), None);
     }
 
-    /// The wire's and TSO's reasons keep their own names.
+    /// The wire's reasons keep their own names.
     #[test]
     fn converted_reasons_keep_their_names() {
         for d in UnderlayDrop::ALL {
             assert_eq!(DropReason::from(*d).name(), d.name());
-        }
-        for d in TsoDrop::ALL {
-            assert_eq!(DropReason::from(*d).name(), d.to_string());
         }
     }
 }

@@ -6,44 +6,47 @@
 //! and the virtual gateway. I/O and time are the caller's: it hands frames in (an
 //! [`RxFrame`], in the pieces they arrived in), lends the memory underlay frames are
 //! written to ([`FrameSpace`]), and takes frames out of a [`TxBatch`].
+//!
+//! The modules stand on floors, each importing only from those below it: `ids` and
+//! `drop` (the identifiers and the drop reasons) at the bottom; `machinery` (generic:
+//! flows, rules, layers, flow and connection tables) and `frames` (frames in and
+//! out, rewrites, encapsulation, TSO); `vpc` (the VPC policy); and `pipeline` (the
+//! [`Engine`] that drives them). Other crates use the names re-exported here.
 
 #![forbid(unsafe_code)]
 
-pub mod budget;
-pub mod counters;
 pub mod drop;
-pub mod encap;
-pub mod engine;
-pub mod firewall;
-pub mod flow;
-pub mod gateway;
-pub mod hold;
-pub mod input;
-pub mod layer;
-pub mod nat;
-pub mod output;
-pub mod overlay;
-pub mod port;
-pub mod ratelimit;
-pub mod router;
-pub mod rule;
-pub mod slab;
-pub mod tso;
-pub mod uft;
-pub mod v2b;
+pub mod frames;
+pub mod ids;
+pub mod machinery;
+pub mod pipeline;
+pub mod vpc;
 
-pub use budget::TableBudget;
 pub use drop::DropReason;
-pub use engine::{Engine, EngineConfig, EngineError, EngineStats, NextHop, UnderlayRoutes};
-pub use firewall::{FlowLimits, FwAction};
-pub use flow::FlowKey;
-pub use input::RxFrame;
-pub use output::{
-    FrameBytes, FrameSpace, InputRef, LentFrame, SiblingFrame, TunnelGso, TxBatch, TxDest,
+pub use frames::encap::OuterTemplate;
+pub use frames::input::{InputRef, RxFrame};
+pub use frames::output::{
+    FrameBytes, FrameSpace, LentFrame, SiblingFrame, TunnelGso, TxBatch, TxDest,
 };
-pub use port::{CidrDir, PortCidrs, PortConfig, PortId, PortState, Vni};
-pub use ratelimit::PortLimits;
-pub use router::{RouteClass, RouteTarget};
-pub use rule::{Direction, PortRange, Predicate, Rule};
+pub use ids::{PortId, Vni, VniError};
+pub use machinery::conntrack::FlowLimits;
+pub use machinery::counters::DropCounters;
+pub use machinery::flow::FlowKey;
+pub use machinery::ratelimit::PortLimits;
+pub use machinery::rule::{Direction, Finalized, PortRange, Predicate, Rule};
+pub use machinery::uft::UftStats;
+pub use pipeline::budget::TableBudget;
+pub use pipeline::config::{EngineConfig, NextHop, UnderlayRoutes};
+pub use pipeline::error::EngineError;
+pub use pipeline::stats::EngineStats;
+pub use pipeline::Engine;
+pub use vpc::firewall::FwAction;
+pub use vpc::nat::{ExternalIps, SnatRange};
+pub use vpc::port::{
+    check_network, link_local_eui64, CidrDir, PortCidrs, PortConfig, PortState, DEFAULT_PORT_MTU,
+    MIN_PORT_MTU,
+};
+pub use vpc::router::{RouteClass, RouteTarget};
+pub use vpc::v2b::{V2b, V2bEntry};
 pub use wire::vnet::VnetHdr;
 pub use wire::MacAddr;

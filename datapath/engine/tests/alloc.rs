@@ -9,9 +9,9 @@
 mod common;
 
 use common::*;
-use engine::encap::OuterTemplate;
-use engine::nat::{ExternalIps, SnatRange};
+use engine::OuterTemplate;
 use engine::{Engine, EngineConfig, FrameBytes, MacAddr, RxFrame, TxBatch, TxDest, VnetHdr, Vni};
+use engine::{ExternalIps, SnatRange};
 use etherparse::PacketBuilder;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use engine::hold::{HOLD_PER_DST, HOLD_TIMEOUT_NS};
+use engine::machinery::hold::{HOLD_PER_DST, HOLD_TIMEOUT_NS};
 use engine::{Engine, EngineConfig, FlowKey, TableBudget, TxBatch, TxDest, VnetHdr, Vni};
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -239,7 +239,7 @@ fn a_removed_port_leaves_nothing_waiting() {
 /// An engine whose table budget gives each of 4 ports `uft` flow-table entries each
 /// way (and, in the default proportions, 8 times as many connections).
 fn small_budget(uft: usize) -> Engine {
-    use engine::budget::{CONN_BYTES, UFT_IN_ENTRY_BYTES, UFT_OUT_ENTRY_BYTES};
+    use engine::pipeline::budget::{CONN_BYTES, UFT_IN_ENTRY_BYTES, UFT_OUT_ENTRY_BYTES};
     let share = uft * (UFT_OUT_ENTRY_BYTES + UFT_IN_ENTRY_BYTES + 8 * CONN_BYTES);
     let mut cfg = EngineConfig::new(SLED_A.parse().unwrap());
     cfg.tables = TableBudget {

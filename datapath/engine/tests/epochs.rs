@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use engine::uft::UftStats;
+use engine::UftStats;
 use engine::{Direction, Engine, FwAction, PortId, Predicate, Rule, TxBatch, TxDest, VnetHdr, Vni};
 use std::net::IpAddr;
 

@@ -7,9 +7,9 @@
 mod common;
 
 use common::*;
-use engine::encap::OuterTemplate;
-use engine::firewall::{TcpState, EXPIRE_SCAN};
-use engine::v2b::V2b;
+use engine::machinery::conntrack::{TcpState, EXPIRE_SCAN};
+use engine::OuterTemplate;
+use engine::V2b;
 use engine::{
     Direction, Engine, EngineConfig, FwAction, MacAddr, PortId, RouteTarget, Rule, RxFrame,
     TxBatch, TxDest, VnetHdr, Vni,

@@ -6,12 +6,12 @@
 mod common;
 
 use common::*;
-use engine::encap::OuterTemplate;
-use engine::nat::{ExternalIps, SnatRange};
+use engine::OuterTemplate;
 use engine::{
     Direction, Engine, EngineConfig, FwAction, MacAddr, PortId, Predicate, Rule, TxBatch, TxDest,
     VnetHdr, Vni,
 };
+use engine::{ExternalIps, SnatRange};
 use etherparse::{NetHeaders, PacketBuilder, PacketHeaders, TransportHeader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::vnet::F_NEEDS_CSUM;

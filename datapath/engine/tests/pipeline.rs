@@ -307,7 +307,7 @@ fn every_outbound_drop_reason_is_counted() {
     // internet; with one, the overlay finds no boundary services.
     assert_eq!(drop_count(&a, "no_external_ip"), 1);
     let float = IpAddr::V4(floating(&g1).0);
-    let ext = engine::nat::ExternalIps {
+    let ext = engine::ExternalIps {
         floating: vec![float],
         ..Default::default()
     };

@@ -29,11 +29,7 @@ fn a_to_b(a: &mut Engine, pa: PortId, b: &mut Engine, f: &[u8], now: u64) -> Vec
         .collect()
 }
 
-fn rule(
-    prio: u16,
-    action: FwAction,
-    preds: &[Predicate],
-) -> Rule<engine::rule::Finalized, FwAction> {
+fn rule(prio: u16, action: FwAction, preds: &[Predicate]) -> Rule<engine::Finalized, FwAction> {
     preds
         .iter()
         .fold(Rule::new(prio, action), |r, p| r.matching(*p))

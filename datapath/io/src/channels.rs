@@ -99,26 +99,59 @@ pub fn get(ifname: &str) -> io::Result<Channels> {
     Ok(ch)
 }
 
+/// Why an interface cannot be given the rx queues asked for, naming its limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("it supports at most {max} combined channels")]
+    Combined { max: u32 },
+    #[error("it supports at most {rx} rx and {tx} tx queues")]
+    RxTx { rx: u32, tx: u32 },
+}
+
+/// What failed while giving an interface its queues: reading its channels, their
+/// limits, or setting them.
+#[derive(Debug, thiserror::Error)]
+pub enum QueuesFailure {
+    #[error("ETHTOOL_GCHANNELS: {0}")]
+    Get(io::Error),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("ETHTOOL_SCHANNELS: {0}")]
+    Set(io::Error),
+}
+
+/// Why [`ensure_queues`] could not give `ifname` its `queues`, and what the
+/// operator can do about it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "underlay interface {ifname:?} cannot be given {queues} queues (one per worker): \
+     {why}; set them with `ethtool -L {ifname} ...` or configure fewer cores"
+)]
+pub struct QueuesError {
+    pub ifname: String,
+    pub queues: u32,
+    pub why: QueuesFailure,
+}
+
 /// The settings that give at least `queues` rx queues, or why none can: NICs
 /// with combined channels get at least `queues` combined; the others (veth) separate
 /// rx and tx counts, both raised to `queues` (never lowered).
-pub fn plan(now: &Channels, queues: u32) -> Result<Channels, String> {
+pub fn plan(now: &Channels, queues: u32) -> Result<Channels, PlanError> {
     let mut want = *now;
     want.cmd = ETHTOOL_SCHANNELS;
     if now.combined_count > 0 || (now.rx_count == 0 && now.max_combined > 0) {
         if now.max_combined < queues {
-            return Err(format!(
-                "it supports at most {} combined channels",
-                now.max_combined
-            ));
+            return Err(PlanError::Combined {
+                max: now.max_combined,
+            });
         }
         want.combined_count = now.combined_count.max(queues);
     } else {
         if now.max_rx < queues || now.max_tx < queues {
-            return Err(format!(
-                "it supports at most {} rx and {} tx queues",
-                now.max_rx, now.max_tx
-            ));
+            return Err(PlanError::RxTx {
+                rx: now.max_rx,
+                tx: now.max_tx,
+            });
         }
         want.rx_count = now.rx_count.max(queues);
         want.tx_count = now.tx_count.max(queues);
@@ -127,15 +160,14 @@ pub fn plan(now: &Channels, queues: u32) -> Result<Channels, String> {
 }
 
 /// Gives `ifname` at least `queues` rx queues (like `ethtool -L`).
-pub fn ensure_queues(ifname: &str, queues: u32) -> Result<(), String> {
-    let fail = |why: String| {
-        format!(
-            "underlay interface {ifname:?} cannot be given {queues} queues (one per worker): \
-             {why}; set them with `ethtool -L {ifname} ...` or configure fewer cores"
-        )
+pub fn ensure_queues(ifname: &str, queues: u32) -> Result<(), QueuesError> {
+    let fail = |why: QueuesFailure| QueuesError {
+        ifname: ifname.to_string(),
+        queues,
+        why,
     };
-    let now = get(ifname).map_err(|e| fail(format!("ETHTOOL_GCHANNELS: {e}")))?;
-    let mut want = plan(&now, queues).map_err(fail)?;
+    let now = get(ifname).map_err(|e| fail(QueuesFailure::Get(e)))?;
+    let mut want = plan(&now, queues).map_err(|e| fail(e.into()))?;
     let unchanged = Channels {
         cmd: ETHTOOL_SCHANNELS,
         ..now
@@ -143,7 +175,7 @@ pub fn ensure_queues(ifname: &str, queues: u32) -> Result<(), String> {
     if want == unchanged {
         return Ok(());
     }
-    ethtool(ifname, &mut want).map_err(|e| fail(format!("ETHTOOL_SCHANNELS: {e}")))?;
+    ethtool(ifname, &mut want).map_err(|e| fail(QueuesFailure::Set(e)))?;
     tracing::info!(
         iface = ifname,
         rx = want.rx_count,
@@ -172,7 +204,7 @@ mod tests {
     fn plan_raises_rx_and_tx_on_veth_and_combined_on_nics() {
         let w = plan(&veth(1, 1), 2).unwrap();
         assert_eq!((w.rx_count, w.tx_count, w.cmd), (2, 2, ETHTOOL_SCHANNELS));
-        let e = plan(&veth(1, 1), 3).unwrap_err();
+        let e = plan(&veth(1, 1), 3).unwrap_err().to_string();
         assert!(e.contains("at most 2 rx and 2 tx"), "{e}");
         let nic = Channels {
             max_combined: 8,
@@ -189,16 +221,20 @@ mod tests {
                 ..veth(2, 2)
             }
         );
-        assert!(plan(&nic, 9).unwrap_err().contains("at most 8 combined"));
+        assert!(plan(&nic, 9)
+            .unwrap_err()
+            .to_string()
+            .contains("at most 8 combined"));
     }
 
     /// The loopback interface has no channels: a clear error naming it.
     #[test]
     fn loopback_refuses_with_the_interface_named() {
-        let e = ensure_queues("lo", 2).unwrap_err();
+        let e = ensure_queues("lo", 2).unwrap_err().to_string();
         assert!(e.contains("\"lo\"") && e.contains("2 queues"), "{e}");
         assert!(ensure_queues("this-name-is-too-long", 2)
             .unwrap_err()
+            .to_string()
             .contains("invalid interface name"));
     }
 }

@@ -5,8 +5,8 @@ use api::{
     ErrorCode, ExternalIps, FwRule, PortCidrs, PortInfo, PortLimits, PortState, RouteEntry,
     V2pEntry, Vni,
 };
-use engine::v2b::V2b;
 use engine::EngineError;
+use engine::V2b;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -70,10 +70,10 @@ impl DataplaneError {
     /// The API's code for this refusal.
     pub fn code(&self) -> ErrorCode {
         match self {
-            DataplaneError::Engine(e) => match e {
-                EngineError::NoSuchPort(_) | EngineError::NotFound(_) => ErrorCode::NotFound,
-                EngineError::Conflict(_) => ErrorCode::Conflict,
-                EngineError::Invalid(_) => ErrorCode::Invalid,
+            DataplaneError::Engine(e) => match e.code() {
+                "no-such-port" | "not-found" => ErrorCode::NotFound,
+                "conflict" => ErrorCode::Conflict,
+                _ => ErrorCode::Invalid,
             },
             DataplaneError::UnderlayLink { .. } | DataplaneError::FwRule { .. } => {
                 ErrorCode::Invalid

@@ -16,7 +16,8 @@ use api::{
     PortInfo, PortLimits, Reply, Request, RouteClass, RouteEntry, V2bEntry, V2pEntry, V2pTarget,
     Vni,
 };
-use engine::v2b::V2b;
+use engine::vpc::v2b::V2bError;
+use engine::V2b;
 use ipnet::IpNet;
 use std::net::IpAddr;
 use std::time::Instant;
@@ -219,7 +220,7 @@ impl<D: Dataplane> Controller<D> {
     /// table and hands the result to the dataplane whole.
     fn change_v2b(
         &mut self,
-        change: impl FnOnce(&mut V2b) -> Result<(), String>,
+        change: impl FnOnce(&mut V2b) -> Result<(), V2bError>,
     ) -> Result<Reply, ControlError> {
         let old = v2b_table(&self.state.v2b)?;
         let mut table = old.clone();

@@ -8,6 +8,7 @@ use api::firewall::FwSyntaxError;
 use api::port::{CidrError, ExternalIpsError, HostBitsError, LimitsError, MIN_PORT_MTU};
 use api::v2p::V2pError;
 use api::{Direction, ErrorCode, FwRule, MacAddr, Refusal, RouteClass, Vni};
+use engine::vpc::v2b::V2bError;
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -29,8 +30,8 @@ pub enum ControlError {
     Prefix(#[from] HostBitsError),
     #[error(transparent)]
     V2p(#[from] V2pError),
-    #[error("{0}")]
-    V2b(String),
+    #[error(transparent)]
+    V2b(#[from] V2bError),
     #[error("no V2P mapping for {vpc_ip} in VNI {vni}")]
     NoV2p { vpc_ip: IpAddr, vni: Vni },
     #[error("the V2P mapping for {vpc_ip} in VNI {vni} is {mac} on {underlay}, not {want_mac} on {want_underlay}: left as it is")]
@@ -119,11 +120,16 @@ impl ControlError {
             | ControlError::Limits(_)
             | ControlError::Prefix(_)
             | ControlError::V2p(_)
-            | ControlError::V2b(_)
+            | ControlError::V2b(
+                V2bError::NoEndpoint { .. } | V2bError::EndpointNotUnicast { .. },
+            )
             | ControlError::RouteMtu(_)
             | ControlError::Filters(_)
             | ControlError::BadRule { .. }
             | ControlError::RuleTwice { .. } => ErrorCode::Invalid,
+            ControlError::V2b(V2bError::NoEntry { .. } | V2bError::NoSuchEndpoint { .. }) => {
+                ErrorCode::NotFound
+            }
             ControlError::Dataplane(e) => e.code(),
             ControlError::V2bUnreadable(_) => ErrorCode::Dataplane,
             ControlError::NotSaved(_) => ErrorCode::NotSaved,

@@ -35,7 +35,7 @@ use crate::convert::ToEngine;
 use crate::server::ApiCounters;
 use api::{Outcome, PortInfo, Reply, Request, V2bEntry, V2pEntry, Vni};
 use checks::check_port;
-use engine::v2b::V2b;
+use engine::V2b;
 use state::{State, StateError, StateStore};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

@@ -9,7 +9,6 @@ use api::{
     FwRule, NotApplied, PortCidrs, PortLimits, PortState, Refusal, RouteClass, RouteEntry,
     RouteTarget,
 };
-use engine::EngineError;
 use ipnet::IpNet;
 use serde_json::{json, Value};
 use std::sync::Mutex;
@@ -39,9 +38,11 @@ impl Recorder {
     fn check(&mut self, op: &str, target: &str) -> Result<(), DataplaneError> {
         self.log.push(format!("{op} {target}"));
         match self.refuse {
-            Some(r) if r == op => {
-                Err(EngineError::Invalid(format!("dataplane refuses {op}")).into())
-            }
+            Some(r) if r == op => Err(DataplaneError::Guest {
+                device: "recorder",
+                port: target.to_string(),
+                error: std::io::Error::other(format!("dataplane refuses {op}")),
+            }),
             _ => Ok(()),
         }
     }
@@ -1012,14 +1013,14 @@ fn refused_port_is_kept_and_applied_on_retry() {
     assert_eq!(c.state(), &saved, "nothing lost");
     assert!(c.dataplane().ports.is_empty());
     let na = not_applied(&mut c, "opte0").expect("marked");
-    assert_eq!(na.reason, "dataplane refuses add_port");
+    assert!(na.reason.ends_with("dataplane refuses add_port"), "{na:?}");
     assert_eq!(na.attempts, 1);
     assert!(na.retry_in_ms <= 1000, "{na:?}");
     let stats = control_stats(&mut c);
     assert_eq!(stats["not_applied"]["ports"][1]["name"], "opte1");
     assert_eq!(
         stats["not_applied"]["ports"][0]["not_applied"]["reason"],
-        "dataplane refuses add_port"
+        na.reason.as_str()
     );
     let Reply::Inspect(one) = ok(
         &mut c,

@@ -69,7 +69,10 @@ pub enum DaemonError {
     WorkerThread { worker: usize, error: io::Error },
     /// The worker could not be pinned to its core (dpio's error names it).
     #[error("worker {worker}: {error}")]
-    Pin { worker: usize, error: String },
+    Pin {
+        worker: usize,
+        error: dpio::cpu::PinError,
+    },
     #[error("worker {0} ended while starting")]
     WorkerEnded(usize),
     /// The thread of a daemon without I/O ([`headless`]) did not start.

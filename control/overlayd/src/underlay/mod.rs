@@ -40,7 +40,10 @@ pub enum UnderlayError {
     QueueCount { iface: String, count: usize },
     /// `ethtool -L` refused (dpio's error names the interface and the fix).
     #[error("{error}")]
-    Channels { iface: String, error: String },
+    Channels {
+        iface: String,
+        error: dpio::channels::QueuesError,
+    },
     #[error(
         "underlay interface {iface:?} has {queues} rx queues after asking for {need} (one per worker)"
     )]

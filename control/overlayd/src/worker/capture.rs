@@ -49,7 +49,7 @@
 use super::stats::WorkerStats;
 use crate::controller::DataplaneError;
 use api::{CaptureSpec, ErrorCode, Refusal};
-use engine::counters::DropCounters;
+use engine::DropCounters;
 use engine::{Engine, MacAddr, PortId, TxBatch, TxDest};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -15,8 +15,8 @@ use api::{
     Direction, ExternalIps, FwAction, FwHost, FwRule, PortCidrs, PortInfo, PortLimits, PortLink,
     PortState, RouteEntry, V2pEntry, Vni,
 };
-use engine::rule::{Finalized, PortRange, Predicate, Rule};
-use engine::v2b::V2b;
+use engine::V2b;
+use engine::{Finalized, PortRange, Predicate, Rule};
 use ipnet::IpNet;
 use serde::Serialize;
 use std::collections::HashMap;
