@@ -28,6 +28,9 @@
 //! [`counters`] (stats snapshots and their differences), [`soak`] (the long run
 //! under mixed traffic, `soak`).
 //!
+//! The fleet (docs/fleet.md): [`etcd`] (a TLS etcd cluster on the rack, with a
+//! role per sled, and the faults the fleet tests inflict on it).
+//!
 //! Binaries: `overlayd` and `xdeadm` are found through `OVERLAYD_BIN`/`XDEADM_BIN`,
 //! or else built once per test process with `cargo build -p overlayd -p xdeadm` into the same
 //! target directory and profile as the running test (see [`bins`]).
@@ -43,6 +46,7 @@ pub mod capture;
 pub mod cmd;
 pub mod counters;
 pub mod daemon;
+pub mod etcd;
 pub mod frames;
 pub mod guest;
 pub mod hostile;

@@ -47,7 +47,7 @@ pub fn sweep_stale(prefix: &str) -> Result<()> {
 }
 
 /// The pid embedded in a name made by [`unique_id`] with `prefix`, if it is one.
-fn creator_pid(prefix: &str, name: &str) -> Option<u32> {
+pub(crate) fn creator_pid(prefix: &str, name: &str) -> Option<u32> {
     let rest = name.strip_prefix(prefix)?;
     let (pid, after) = rest.split_once('x')?;
     let counter: String = after.chars().take_while(char::is_ascii_hexdigit).collect();
