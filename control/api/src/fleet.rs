@@ -242,6 +242,61 @@ pub struct SledStatus {
     pub updated_unix_ms: u64,
 }
 
+/// A sled's view of the fleet (`xdeadm fleet status`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetStatus {
+    /// Whether the daemon was started with `--fleet-endpoints`.
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sled: Option<SledId>,
+    pub connected: bool,
+    /// The store endpoint the watcher is connected to (or tried last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// The revision the sled's fleet tables are current at.
+    pub revision: i64,
+    /// The store's revision when the watcher last heard from it.
+    pub store_revision: i64,
+    pub cluster_id: u64,
+    /// Seconds since the sled last knew its tables current (a change applied or a
+    /// progress notification while connected); `None` until it once was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<f64>,
+    /// Full resyncs since the daemon started (compaction, cluster change, a
+    /// revision gone backwards, `fleet resync`).
+    pub resyncs: u64,
+    /// Times the store was not obeyed (an empty store of another cluster while the
+    /// sled holds entries), and why it is held now, if it is.
+    pub alarms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
+    /// The VPCs whose mappings the sled watches (it hosts ports in them).
+    pub vnis: Vec<Vni>,
+    pub entries: FleetCounts,
+    pub refused: Vec<RefusedKey>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// How many entries of each kind the sled holds from the fleet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetCounts {
+    pub v2p: usize,
+    pub v2b: usize,
+    pub routes: usize,
+    pub firewall: usize,
+}
+
+/// A key whose value the sled refused, and why; tried again when the key changes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedKey {
+    pub key: String,
+    pub mod_revision: i64,
+    /// The stable label ([`EntryError::reason`], or `dataplane`).
+    pub reason: String,
+    pub message: String,
+}
+
 /// An entry of the fleet, decoded and checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FleetEntry {

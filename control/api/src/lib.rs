@@ -46,6 +46,6 @@ pub use reply::{
 };
 pub use request::{CaptureSpec, Request};
 pub use route::{RouteClass, RouteEntry, RouteTarget};
-pub use v2p::{V2bEntry, V2pEntry, V2pTarget};
+pub use v2p::{Source, V2bEntry, V2pEntry, V2pRecord, V2pTarget};
 pub use vni::Vni;
 pub use wire::MacAddr;

@@ -479,6 +479,50 @@ fn control_metrics(e: &mut Exposition, control: &Value) {
             e.counter("overlayd_api_events", help, &[("counter", k)], v);
         }
     }
+    fleet_metrics(e, &control["fleet"]);
+}
+
+/// The fleet watcher's figures (docs/fleet.md), when the daemon is a member of one.
+fn fleet_metrics(e: &mut Exposition, fleet: &Value) {
+    if fleet["enabled"] != Value::Bool(true) {
+        return;
+    }
+    let flag = |v: &Value| Value::from(u8::from(v == &Value::Bool(true)));
+    e.gauge(
+        "overlayd_fleet_connected",
+        "1 while the fleet watcher is connected to the store.",
+        &[],
+        &flag(&fleet["connected"]),
+    );
+    e.gauge(
+        "overlayd_fleet_revision",
+        "The store revision the sled's fleet tables are current at.",
+        &[],
+        &fleet["revision"],
+    );
+    // Absent until the sled has once been current: no sample rather than a lie.
+    e.gauge(
+        "overlayd_fleet_lag_seconds",
+        "Seconds since the sled last knew its fleet tables current.",
+        &[],
+        &fleet["lag_seconds"],
+    );
+    e.counter(
+        "overlayd_fleet_resyncs",
+        "Full reads of the store (compaction, cluster change, revision gone back, fleet resync).",
+        &[],
+        &fleet["resyncs"],
+    );
+    e.counter(
+        "overlayd_fleet_alarms",
+        "Times an empty store of another cluster was not obeyed (see fleet adopt).",
+        &[],
+        &fleet["alarms"],
+    );
+    let help = "Keys of the store refused, by reason (the key's value is not applied).";
+    for (reason, n) in fleet["refused"].as_object().into_iter().flatten() {
+        e.counter("overlayd_fleet_refused", help, &[("reason", reason)], n);
+    }
 }
 
 #[cfg(test)]
@@ -619,5 +663,28 @@ mod tests {
     #[test]
     fn empty_stats_are_an_empty_exposition() {
         assert_eq!(render(&Value::Null).unwrap(), "# EOF\n");
+    }
+
+    #[test]
+    fn the_fleet_watcher_is_exposed_when_enabled() {
+        let fleet = |enabled: bool, lag: Value| {
+            serde_json::json!({ "control": { "fleet": {
+                "enabled": enabled, "connected": true, "revision": 42, "lag_seconds": lag,
+                "resyncs": 1, "alarms": 0, "refused": { "underlay_address": 2, "shape": 1 },
+            }}})
+        };
+        let s = parse(&render(&fleet(true, Value::from(0.25))).unwrap());
+        assert_eq!(s["overlayd_fleet_connected"], 1.0);
+        assert_eq!(s["overlayd_fleet_revision"], 42.0);
+        assert_eq!(s["overlayd_fleet_lag_seconds"], 0.25);
+        assert_eq!(s["overlayd_fleet_resyncs_total"], 1.0);
+        assert_eq!(
+            s[r#"overlayd_fleet_refused_total{reason="underlay_address"}"#],
+            2.0
+        );
+        // Never current yet: no lag sample rather than a made-up one.
+        let s = parse(&render(&fleet(true, Value::Null)).unwrap());
+        assert!(!s.contains_key("overlayd_fleet_lag_seconds"));
+        assert_eq!(render(&fleet(false, Value::Null)).unwrap(), "# EOF\n");
     }
 }

@@ -273,7 +273,7 @@ mod tests {
                 name: "opte0".into(),
             },
             Request::ListPorts,
-            Request::SetV2p(V2pEntry {
+            Request::set_v2p(V2pEntry {
                 vpc_ip: "172.30.0.6".parse().unwrap(),
                 vpc_mac: "a8:40:25:ff:00:06".parse().unwrap(),
                 underlay_ip: "fd00:99::2".parse().unwrap(),

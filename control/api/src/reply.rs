@@ -1,6 +1,8 @@
 //! What the daemon answers: a [`Reply`] for a request it carried out.
 
-use crate::{FwRule, PortInfo, PortState, RouteEntry, V2bEntry, V2pEntry};
+use crate::fleet::FleetStatus;
+use crate::v2p::V2pRecord;
+use crate::{FwRule, PortInfo, PortState, RouteEntry, V2bEntry};
 use core::fmt;
 use serde::{Deserialize, Serialize};
 use std::net::Ipv6Addr;
@@ -56,7 +58,8 @@ pub enum Reply {
     /// A change was applied (and persisted).
     Done,
     Ports(Vec<PortStatus>),
-    V2p(Vec<V2pEntry>),
+    /// Every mapping in force, local and fleet (docs/fleet.md).
+    V2p(Vec<V2pRecord>),
     V2b(Vec<V2bEntry>),
     Routes(Vec<RouteEntry>),
     FwRules(Vec<FwRule>),
@@ -68,6 +71,7 @@ pub enum Reply {
     /// `path-check`: one result per peer.
     PathCheck(Vec<PeerPath>),
     Capture(CaptureReport),
+    Fleet(Box<FleetStatus>),
 }
 
 /// How a `doctor` check came out.

@@ -17,7 +17,14 @@ pub enum Request {
         name: String,
     },
     ListPorts,
-    SetV2p(V2pEntry),
+    SetV2p {
+        #[serde(flatten)]
+        entry: V2pEntry,
+        /// Set it although the fleet maps the same address (docs/fleet.md): the
+        /// local mapping then wins until it is cleared.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        override_fleet: bool,
+    },
     ClearV2p {
         vpc_ip: IpAddr,
         vni: Vni,
@@ -169,16 +176,32 @@ pub enum Request {
     Workers,
     /// `capture`: copies of a port's frames into a pcapng file the daemon writes.
     Capture(CaptureSpec),
+    /// `fleet status`: the sled's view of the fleet's store (docs/fleet.md).
+    FleetStatus,
+    /// `fleet resync`: read everything the sled watches again, now.
+    FleetResync,
+    /// `fleet adopt`: take a store whose cluster changed as it is (deletes
+    /// included), which the sled otherwise refuses to obey when it comes empty.
+    FleetAdopt,
 }
 
 impl Request {
+    /// `set-v2p` as most callers ask it: a local mapping that does not override the
+    /// fleet's.
+    pub fn set_v2p(entry: V2pEntry) -> Request {
+        Request::SetV2p {
+            entry,
+            override_fleet: false,
+        }
+    }
+
     /// Whether the request changes configuration (and so the persisted state).
     pub fn is_mutation(&self) -> bool {
         matches!(
             self,
             Request::CreatePort(_)
                 | Request::DeletePort { .. }
-                | Request::SetV2p(_)
+                | Request::SetV2p { .. }
                 | Request::ClearV2p { .. }
                 | Request::SetV2b { .. }
                 | Request::ClearV2b { .. }

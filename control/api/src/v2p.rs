@@ -45,6 +45,39 @@ impl V2pEntry {
     }
 }
 
+/// Where a mapping comes from: this sled's own configuration (`xdeadm set-v2p`), or
+/// the fleet's store (docs/fleet.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    #[default]
+    Local,
+    Fleet,
+}
+
+impl core::fmt::Display for Source {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Source::Local => "local",
+            Source::Fleet => "fleet",
+        })
+    }
+}
+
+/// A mapping as `dump-v2p` shows it: the mapping, where it comes from, and whether
+/// another of the same address overrides it (a fleet mapping under a local one set
+/// with `--override-fleet`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct V2pRecord {
+    #[serde(flatten)]
+    pub entry: V2pEntry,
+    /// Absent from a daemon older than the fleet: all its mappings are local.
+    #[serde(default)]
+    pub source: Source,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overridden: bool,
+}
+
 /// The guest MAC and sled of a V2P mapping, as opteadm's `clear-v2p` names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct V2pTarget {

@@ -24,6 +24,7 @@ pub mod config;
 pub mod controller;
 pub mod convert;
 pub mod daemon;
+pub mod fleet;
 pub mod ops;
 pub mod server;
 pub mod underlay;

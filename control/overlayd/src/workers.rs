@@ -722,7 +722,7 @@ mod tests {
             Fake::default(),
         ]);
         let mut c = Controller::new(ws, None);
-        let Outcome::Error(e) = c.handle(Request::SetV2p(v2p("10.0.0.7"))) else {
+        let Outcome::Error(e) = c.handle(Request::set_v2p(v2p("10.0.0.7"))) else {
             panic!("accepted");
         };
         assert!(e.message.ends_with("refusing 10.0.0.7"), "{e}");

@@ -68,7 +68,7 @@ fn a_closed_pipe_ends_xdeadm_quietly() {
     let mut c = Client::connect(&sock).unwrap();
     for i in 0..4000u32 {
         let [_, _, hi, lo] = i.to_be_bytes();
-        c.call(&Request::SetV2p(V2pEntry {
+        c.call(&Request::set_v2p(V2pEntry {
             vpc_ip: format!("10.1.{hi}.{lo}").parse().unwrap(),
             vpc_mac: format!("a8:40:25:ff:{hi:02x}:{lo:02x}").parse().unwrap(),
             underlay_ip: "fd00:99::2".parse().unwrap(),

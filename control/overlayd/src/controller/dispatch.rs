@@ -6,10 +6,11 @@ use super::checks::{check_external_against, check_port};
 use super::dataplane::DataplaneError;
 use super::state::State;
 use super::{
-    put_table, saved_tables, v2b_table, v2p_key, ControlError, Controller, Dataplane, Inspect,
+    put_table, tables_in_force, v2b_table, v2p_key, ControlError, Controller, Dataplane, Inspect,
     PortTables,
 };
 use crate::convert::ToApi;
+use api::fleet::PortTable;
 use api::port::{check_network, MIN_PORT_MTU};
 use api::{
     CidrDir, Direction, ExternalIps, FwAction, FwFilters, FwHost, FwProto, FwRule, PortConfig,
@@ -58,13 +59,16 @@ impl<D: Dataplane> Controller<D> {
             Request::CreatePort(c) => self.create_port(*c),
             Request::DeletePort { name } => self.delete_port(&name),
             Request::ListPorts => Ok(Reply::Ports(self.port_statuses(Instant::now()))),
-            Request::SetV2p(e) => self.set_v2p(e),
+            Request::SetV2p {
+                entry,
+                override_fleet,
+            } => self.set_v2p(entry, override_fleet),
             Request::ClearV2p {
                 vpc_ip,
                 vni,
                 expect,
             } => self.clear_v2p(vpc_ip, vni, expect),
-            Request::DumpV2p => Ok(Reply::V2p(self.state.v2p.clone())),
+            Request::DumpV2p => Ok(Reply::V2p(self.v2p_records())),
             Request::SetV2b { prefix, endpoints } => self.change_v2b(|t| t.set(prefix, &endpoints)),
             Request::ClearV2b { prefix, endpoints } => {
                 self.change_v2b(|t| t.clear(prefix, &endpoints))
@@ -136,6 +140,9 @@ impl<D: Dataplane> Controller<D> {
                 Err(ControlError::NeedsIo)
             }
             Request::Workers => self.inspect(Inspect::Workers),
+            Request::FleetStatus => Ok(Reply::Fleet(Box::new(self.fleet_status(Instant::now())))),
+            Request::FleetResync => self.fleet_command(false).map(|()| Reply::Done),
+            Request::FleetAdopt => self.fleet_command(true).map(|()| Reply::Done),
         }
     }
 
@@ -163,16 +170,20 @@ impl<D: Dataplane> Controller<D> {
         next.ports.push(info);
         put_table(&mut next.routes, &name, routes);
         put_table(&mut next.fw_rules, &name, rules);
-        self.commit(next, |dp| {
+        let done = self.commit(next, |dp| {
             let _ = dp.remove_port(&name);
-        })
+        })?;
+        // The port's own tables are saved as a new port's; the fleet's, if it
+        // manages them, are the ones in force.
+        self.push_port_tables(&name);
+        Ok(done)
     }
 
     /// Deletes a port, also one that is not applied (from the state alone).
     fn delete_port(&mut self, name: &str) -> Result<Reply, ControlError> {
         let info = self.port(name)?.clone();
         let applied = !self.unapplied_ports.contains_key(name);
-        let tables = saved_tables(&self.state, name);
+        let tables = tables_in_force(&self.state, &self.fleet.layer, name);
         if applied {
             self.dp.remove_port(name)?;
         }
@@ -191,15 +202,19 @@ impl<D: Dataplane> Controller<D> {
         Ok(done)
     }
 
-    /// Sets a mapping; one saved but not applied is replaced and applied.
-    fn set_v2p(&mut self, e: V2pEntry) -> Result<Reply, ControlError> {
+    /// Sets a mapping; one saved but not applied is replaced and applied. One the
+    /// fleet has too is refused unless `override_fleet`.
+    fn set_v2p(&mut self, e: V2pEntry, override_fleet: bool) -> Result<Reply, ControlError> {
         e.validate()?;
+        self.check_fleet_v2p(e.vni, e.vpc_ip, override_fleet)?;
         let key = v2p_key(&e);
         let slot = self.state.v2p.iter().position(|o| v2p_key(o) == key);
-        // What the dataplane holds now, to put back if saving fails.
+        // What the dataplane holds now, to put back if saving fails: the local
+        // mapping replaced, or the fleet's it overrides.
         let held = slot
             .filter(|_| !self.unapplied_v2p.contains_key(&key))
-            .map(|i| self.state.v2p[i]);
+            .map(|i| self.state.v2p[i])
+            .or_else(|| self.fleet_v2p(e.vni, e.vpc_ip));
         self.dp.set_v2p(&e)?;
         let mut next = self.state.clone();
         match slot {
@@ -222,12 +237,14 @@ impl<D: Dataplane> Controller<D> {
         &mut self,
         change: impl FnOnce(&mut V2b) -> Result<(), V2bError>,
     ) -> Result<Reply, ControlError> {
-        let old = v2b_table(&self.state.v2b)?;
-        let mut table = old.clone();
+        let mut table = v2b_table(&self.state.v2b)?;
         change(&mut table).map_err(ControlError::V2b)?;
-        self.dp.set_v2b(&table)?;
+        let local = table.dump().to_api();
+        // What the dataplane holds is the local table with the fleet's added.
+        let old = self.v2b_in_force(&self.state.v2b)?;
+        self.dp.set_v2b(&self.v2b_in_force(&local)?)?;
         let mut next = self.state.clone();
-        next.v2b = table.dump().to_api();
+        next.v2b = local;
         self.commit(next, |dp| {
             let _ = dp.set_v2b(&old);
         })
@@ -241,13 +258,16 @@ impl<D: Dataplane> Controller<D> {
         expect: Option<V2pTarget>,
     ) -> Result<Reply, ControlError> {
         let key = (vni, vpc_ip);
-        let old = self
-            .state
-            .v2p
-            .iter()
-            .find(|o| v2p_key(o) == key)
-            .copied()
-            .ok_or(ControlError::NoV2p { vpc_ip, vni })?;
+        let fleet = self.fleet_v2p(vni, vpc_ip);
+        let Some(old) = self.state.v2p.iter().find(|o| v2p_key(o) == key).copied() else {
+            return Err(match fleet {
+                Some(_) => ControlError::FleetOwned {
+                    what: format!("the V2P mapping of {vpc_ip} in VNI {vni}"),
+                    key: api::fleet::v2p_key(vni, vpc_ip),
+                },
+                None => ControlError::NoV2p { vpc_ip, vni },
+            });
+        };
         if let Some(x) =
             expect.filter(|x| (x.vpc_mac, x.underlay_ip) != (old.vpc_mac, old.underlay_ip))
         {
@@ -262,7 +282,12 @@ impl<D: Dataplane> Controller<D> {
         }
         let applied = !self.unapplied_v2p.contains_key(&key);
         if applied {
-            self.dp.clear_v2p(vpc_ip, vni)?;
+            // The fleet's mapping of the address, which the local one overrode,
+            // is in force again.
+            match &fleet {
+                Some(f) => self.dp.set_v2p(f)?,
+                None => self.dp.clear_v2p(vpc_ip, vni)?,
+            }
         }
         let mut next = self.state.clone();
         next.v2p.retain(|o| v2p_key(o) != key);
@@ -291,6 +316,7 @@ impl<D: Dataplane> Controller<D> {
 
     fn add_route(&mut self, port: &str, entry: RouteEntry) -> Result<Reply, ControlError> {
         self.applied_port(port)?;
+        self.check_fleet_table(port, PortTable::Routes)?;
         check_network(entry.dest)?;
         if let Some(mtu) = entry.mtu.filter(|&m| m < MIN_PORT_MTU) {
             return Err(ControlError::RouteMtu(mtu));
@@ -317,6 +343,7 @@ impl<D: Dataplane> Controller<D> {
         class: RouteClass,
     ) -> Result<Reply, ControlError> {
         self.applied_port(port)?;
+        self.check_fleet_table(port, PortTable::Routes)?;
         let mut routes = self.state.routes.get(port).cloned().unwrap_or_default();
         let before = routes.len();
         routes.retain(|r| r.dest != dest || r.class != class);
@@ -455,6 +482,7 @@ impl<D: Dataplane> Controller<D> {
     /// Adds a rule under the port's next id (an id the request gives is not used).
     fn add_fw_rule(&mut self, port: &str, mut rule: FwRule) -> Result<Reply, ControlError> {
         self.applied_port(port)?;
+        self.check_fleet_table(port, PortTable::Firewall)?;
         rule.filters.validate()?;
         let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
         if let Some(r) = rules
@@ -481,6 +509,7 @@ impl<D: Dataplane> Controller<D> {
         filters: &FwFilters,
     ) -> Result<Reply, ControlError> {
         self.applied_port(port)?;
+        self.check_fleet_table(port, PortTable::Firewall)?;
         let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
         let before = rules.len();
         rules.retain(|r| !r.same_identity(direction, priority, filters));
@@ -507,6 +536,7 @@ impl<D: Dataplane> Controller<D> {
         id: u64,
     ) -> Result<Reply, ControlError> {
         self.applied_port(port)?;
+        self.check_fleet_table(port, PortTable::Firewall)?;
         let mut rules = self.state.fw_rules.get(port).cloned().unwrap_or_default();
         let at = rules.iter().position(|r| r.id == id).ok_or_else(|| {
             let ids: Vec<String> = rules.iter().map(|r| r.id.to_string()).collect();
@@ -537,6 +567,7 @@ impl<D: Dataplane> Controller<D> {
     /// used).
     fn set_fw_rules(&mut self, port: &str, mut rules: Vec<FwRule>) -> Result<Reply, ControlError> {
         self.applied_port(port)?;
+        self.check_fleet_table(port, PortTable::Firewall)?;
         for (i, r) in rules.iter().enumerate() {
             r.filters
                 .validate()

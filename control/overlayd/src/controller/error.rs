@@ -94,6 +94,12 @@ pub enum ControlError {
     NotSaved(StateError),
     #[error("doctor, path-check and capture need overlayd with an underlay (this daemon runs without I/O)")]
     NeedsIo,
+    #[error("{what} comes from the fleet (key {key}): change it in the store, or give --override-fleet where the verb takes it")]
+    FleetOwned { what: String, key: String },
+    #[error("this daemon is not a member of a fleet (see --fleet-endpoints)")]
+    NoFleet,
+    #[error("the fleet watcher has stopped")]
+    FleetStopped,
 }
 
 impl ControlError {
@@ -133,7 +139,9 @@ impl ControlError {
             ControlError::Dataplane(e) => e.code(),
             ControlError::V2bUnreadable(_) => ErrorCode::Dataplane,
             ControlError::NotSaved(_) => ErrorCode::NotSaved,
-            ControlError::NeedsIo => ErrorCode::Unsupported,
+            ControlError::NeedsIo | ControlError::NoFleet => ErrorCode::Unsupported,
+            ControlError::FleetOwned { .. } => ErrorCode::Conflict,
+            ControlError::FleetStopped => ErrorCode::Dataplane,
         }
     }
 }

@@ -108,6 +108,7 @@ impl<D: Dataplane> Controller<D> {
                 "save_error": self.save_error.as_ref().map(ToString::to_string),
             },
             "api": self.api.as_deref(),
+            "fleet": self.fleet_stats(now),
         })
     }
 }

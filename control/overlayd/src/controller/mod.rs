@@ -23,6 +23,7 @@ mod checks;
 mod dataplane;
 mod dispatch;
 mod error;
+mod fleet;
 mod inspect;
 pub mod state;
 mod tap_queue;
@@ -30,6 +31,7 @@ mod unapplied;
 
 pub use dataplane::{Dataplane, DataplaneError, Inspect, PortTables};
 pub use error::ControlError;
+pub use fleet::FleetLayer;
 
 use crate::convert::ToEngine;
 use crate::server::ApiCounters;
@@ -69,6 +71,8 @@ pub struct Controller<D: Dataplane> {
     netns_visitor: tap_queue::VisitorCell,
     /// The API server's counters, shown by `stats`.
     api: Option<Arc<ApiCounters>>,
+    /// What the fleet's store says, when the daemon is a member of a fleet.
+    fleet: fleet::Fleet,
 }
 
 /// A saved port's tables as saved: the whole routing table (no entry means an empty
@@ -78,6 +82,17 @@ fn saved_tables(state: &State, port: &str) -> PortTables {
         routes: Some(state.routes.get(port).cloned().unwrap_or_default()),
         fw_rules: state.fw_rules.get(port).cloned().unwrap_or_default(),
         paused: state.paused.contains(port),
+    }
+}
+
+/// A saved port's tables in force: the fleet's where it manages them
+/// (docs/fleet.md), the saved ones otherwise.
+fn tables_in_force(state: &State, fleet: &FleetLayer, port: &str) -> PortTables {
+    let saved = saved_tables(state, port);
+    PortTables {
+        routes: fleet.routes(port).map(<[_]>::to_vec).or(saved.routes),
+        fw_rules: fleet.firewall(port).unwrap_or(saved.fw_rules),
+        paused: saved.paused,
     }
 }
 
@@ -113,6 +128,7 @@ impl<D: Dataplane> Controller<D> {
             netns_exists: Box::new(netns_exists),
             netns_visitor: std::sync::OnceLock::new(),
             api: None,
+            fleet: fleet::Fleet::default(),
         }
     }
 
@@ -162,14 +178,19 @@ impl<D: Dataplane> Controller<D> {
             self.try_port(name, now);
         }
         self.try_v2p(now, |_| true);
+        self.restore_fleet();
         // A fresh dataplane holds the shorthand alone: only a saved table is news.
         // Refused only for a hand-edited file: kept in the state and logged, never
         // half applied.
-        if !self.state.v2b.is_empty() {
-            if let Err(e) = v2b_table(&self.state.v2b).and_then(|t| Ok(self.dp.set_v2b(&t)?)) {
+        if !self.state.v2b.is_empty() || self.fleet.layer.has_v2b() {
+            let v2b = self
+                .v2b_in_force(&self.state.v2b)
+                .and_then(|t| Ok(self.dp.set_v2b(&t)?));
+            if let Err(e) = v2b {
                 tracing::error!(error = %e, "the saved V2B table is not applied");
             }
         }
+        self.follow_hosted_vnis();
         tracing::info!(
             ports = self.state.ports.len(),
             ports_not_applied = self.unapplied_ports.len(),
@@ -232,7 +253,7 @@ impl<D: Dataplane> Controller<D> {
         let result = check_port(&self.state.ports[..i], port)
             .map_err(ControlError::from)
             .and_then(|()| {
-                let tables = saved_tables(&self.state, name);
+                let tables = tables_in_force(&self.state, &self.fleet.layer, name);
                 Ok(self.dp.add_port(port, &tables)?)
             });
         match result {
@@ -287,10 +308,15 @@ impl<D: Dataplane> Controller<D> {
 
     /// Handles one request.
     pub fn handle(&mut self, req: Request) -> Outcome {
-        match self.apply(req) {
+        let changes = req.is_mutation();
+        let outcome = match self.apply(req) {
             Ok(r) => Outcome::Ok(r),
             Err(e) => Outcome::Error(e.into()),
+        };
+        if changes {
+            self.follow_hosted_vnis();
         }
+        outcome
     }
 
     pub(super) fn port(&self, name: &str) -> Result<&PortInfo, ControlError> {

@@ -10,6 +10,7 @@
 
 use api::V2bEntry;
 use api::{FwRule, PortInfo, RouteEntry, V2pEntry};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
@@ -139,12 +140,42 @@ impl StateStore {
         self.dir.join(STATE_FILE)
     }
 
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Reads the saved state; an absent file is an empty state (first start).
     pub fn load(&self) -> Result<State, StateError> {
-        let path = self.path();
+        let file: Option<StateFile> = self.read(STATE_FILE)?;
+        match file {
+            None => Ok(State::default()),
+            Some(f) if f.format != STATE_FORMAT => Err(StateError::Format {
+                path: self.path(),
+                format: f.format,
+            }),
+            Some(f) => Ok(f.state),
+        }
+    }
+
+    /// Replaces the saved state atomically.
+    pub fn save(&self, state: &State) -> Result<(), StateError> {
+        self.write(
+            STATE_FILE,
+            &StateFile {
+                format: STATE_FORMAT,
+                state: state.clone(),
+            },
+        )
+    }
+
+    /// Reads the document `name` of the state directory; `None` if it does not
+    /// exist yet.
+    pub(super) fn read<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StateError> {
+        let path = self.dir.join(name);
         let text = match fs::read(&path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(State::default()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => {
                 return Err(StateError::Read {
                     path,
@@ -152,33 +183,20 @@ impl StateStore {
                 })
             }
         };
-        let file: StateFile = match serde_json::from_slice(&text) {
-            Ok(f) => f,
-            Err(e) => {
-                return Err(StateError::Unreadable {
-                    path,
-                    error: e.to_string(),
-                })
-            }
-        };
-        if file.format != STATE_FORMAT {
-            return Err(StateError::Format {
+        serde_json::from_slice(&text)
+            .map(Some)
+            .map_err(|e| StateError::Unreadable {
                 path,
-                format: file.format,
-            });
-        }
-        Ok(file.state)
+                error: e.to_string(),
+            })
     }
 
-    /// Replaces the saved state atomically.
-    pub fn save(&self, state: &State) -> Result<(), StateError> {
-        let path = self.path();
-        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
-        let body = serde_json::to_vec_pretty(&StateFile {
-            format: STATE_FORMAT,
-            state: state.clone(),
-        })
-        .map_err(|e| StateError::Encode(e.to_string()))?;
+    /// Replaces the document `name` of the state directory atomically: written to a
+    /// temporary file, synced, renamed over the old one, the directory synced.
+    pub(super) fn write<T: Serialize>(&self, name: &str, doc: &T) -> Result<(), StateError> {
+        let path = self.dir.join(name);
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        let body = serde_json::to_vec_pretty(doc).map_err(|e| StateError::Encode(e.to_string()))?;
         let write = || -> std::io::Result<()> {
             // The mode given to open is reduced by the umask and ignored for a
             // temporary file left by a crash, so it is set on the open file too; a

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::convert::ToApi;
+use crate::fleet::channel::{FleetBatch, FleetChange, FleetCommand, SharedView};
 use api::testing::sample_port;
 use api::{
     CidrDir, Direction, ErrorCode, ExternalIps, FwAction, FwFilters, FwHost, FwPorts, FwProto,
@@ -236,6 +237,15 @@ fn control_stats(c: &mut Controller<Recorder>) -> Value {
     v["control"].clone()
 }
 
+/// A local mapping as `dump-v2p` shows it.
+fn local(entry: V2pEntry) -> api::V2pRecord {
+    api::V2pRecord {
+        entry,
+        source: api::Source::Local,
+        overridden: false,
+    }
+}
+
 fn v2p(ip: &str) -> V2pEntry {
     V2pEntry {
         vpc_ip: ip.parse().unwrap(),
@@ -465,11 +475,11 @@ fn v2b_set_adds_clear_removes_and_a_refusal_changes_nothing() {
 #[test]
 fn v2p_set_replace_clear() {
     let mut c = Controller::new(Recorder::default(), None);
-    ok(&mut c, Request::SetV2p(v2p("172.30.0.9")));
+    ok(&mut c, Request::set_v2p(v2p("172.30.0.9")));
     let mut moved = v2p("172.30.0.9");
     moved.underlay_ip = "fd00:99::3".parse().unwrap();
-    ok(&mut c, Request::SetV2p(moved));
-    assert_eq!(ok(&mut c, Request::DumpV2p), Reply::V2p(vec![moved]));
+    ok(&mut c, Request::set_v2p(moved));
+    assert_eq!(ok(&mut c, Request::DumpV2p), Reply::V2p(vec![local(moved)]));
     assert_eq!(c.dataplane().v2p, vec![moved]);
     ok(
         &mut c,
@@ -482,7 +492,7 @@ fn v2p_set_replace_clear() {
     assert_eq!(ok(&mut c, Request::DumpV2p), Reply::V2p(vec![]));
     let mut bad = v2p("172.30.0.10");
     bad.vpc_mac = wire::MacAddr::BROADCAST;
-    assert!(err(&mut c, Request::SetV2p(bad))
+    assert!(err(&mut c, Request::set_v2p(bad))
         .message
         .contains("ff:ff:ff:ff:ff:ff"));
 }
@@ -681,7 +691,7 @@ fn persistence_and_restore() {
     let mut c = Controller::new(Recorder::default(), Some(store.clone()));
     ok(&mut c, create("opte0", 5));
     ok(&mut c, create("opte1", 6));
-    ok(&mut c, Request::SetV2p(v2p("172.30.0.9")));
+    ok(&mut c, Request::set_v2p(v2p("172.30.0.9")));
     ok(
         &mut c,
         Request::SetV2b {
@@ -961,8 +971,8 @@ fn saved_state() -> State {
             rules: vec![fw_rule(10, FwProto::Tcp, vec![22])],
         },
     );
-    ok(&mut c, Request::SetV2p(v2p("172.30.0.9")));
-    ok(&mut c, Request::SetV2p(v2p("172.30.0.10")));
+    ok(&mut c, Request::set_v2p(v2p("172.30.0.9")));
+    ok(&mut c, Request::set_v2p(v2p("172.30.0.10")));
     c.state().clone()
 }
 
@@ -1166,11 +1176,14 @@ fn refused_v2p_is_kept_and_retried() {
     c.restore(saved.clone(), t0);
     assert_eq!(c.state(), &saved);
     assert_eq!(control_stats(&mut c)["not_applied"]["v2p_count"], 3);
-    assert_eq!(ok(&mut c, Request::DumpV2p), Reply::V2p(saved.v2p.clone()));
+    assert_eq!(
+        ok(&mut c, Request::DumpV2p),
+        Reply::V2p(saved.v2p.iter().copied().map(local).collect())
+    );
 
     // Setting one by hand applies it (and it is no longer marked).
     c.dataplane_mut().refuse = None;
-    ok(&mut c, Request::SetV2p(v2p("172.30.0.9")));
+    ok(&mut c, Request::set_v2p(v2p("172.30.0.9")));
     assert_eq!(control_stats(&mut c)["not_applied"]["v2p_count"], 2);
     c.retry_due(t0 + Duration::from_secs(1));
     assert_eq!(c.dataplane().v2p, [v2p("172.30.0.9"), v2p("172.30.0.10")]);
@@ -1234,4 +1247,265 @@ fn failed_save_undoes_the_change() {
     let e = err(&mut c, create("opte1", 6));
     assert!(e.message.contains("change undone"), "{e}");
     assert_eq!(c.dataplane().ports, ["opte0"]);
+}
+
+/// A controller of sled `sled1` in a fleet, its watcher's commands kept.
+fn in_fleet(
+    store: Option<StateStore>,
+) -> (
+    Controller<Recorder>,
+    std::sync::mpsc::Receiver<FleetCommand>,
+) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut c = Controller::new(Recorder::default(), store);
+    c.join_fleet(
+        "sled1".parse().unwrap(),
+        FleetLayer::default(),
+        tx,
+        SharedView::default(),
+    );
+    (c, rx)
+}
+
+fn put(key: &str, value: &str, mod_revision: i64) -> FleetChange {
+    FleetChange {
+        key: key.into(),
+        value: Some(value.as_bytes().to_vec()),
+        mod_revision,
+    }
+}
+
+fn del(key: &str, mod_revision: i64) -> FleetChange {
+    FleetChange {
+        key: key.into(),
+        value: None,
+        mod_revision,
+    }
+}
+
+fn events(revision: i64, changes: Vec<FleetChange>) -> FleetBatch {
+    FleetBatch {
+        revision,
+        cluster_id: 7,
+        changes,
+        snapshot_of: None,
+    }
+}
+
+const K9: &str = "/overlay/v1/vpc/1701/v2p/172.30.0.9";
+const K10: &str = "/overlay/v1/vpc/1701/v2p/172.30.0.10";
+const AT_B: &str = r#"{"mac":"a8:40:25:ff:00:09","underlay":"fd00:99::2"}"#;
+const AT_C: &str = r#"{"mac":"a8:40:25:ff:00:09","underlay":"fd00:99::3"}"#;
+
+fn fleet_of(c: &mut Controller<Recorder>) -> api::fleet::FleetStatus {
+    let Reply::Fleet(s) = ok(c, Request::FleetStatus) else {
+        panic!("no fleet status")
+    };
+    *s
+}
+
+/// Mappings from the store reach the dataplane, deletes take them out, a bad value
+/// is refused alone, once per revision, and named.
+#[test]
+fn fleet_mappings_apply_and_bad_values_are_refused_by_key() {
+    let (mut c, watcher) = in_fleet(None);
+    ok(&mut c, create("opte0", 5));
+    assert_eq!(
+        watcher.try_recv(),
+        Ok(FleetCommand::Vnis([Vni::new(1701).unwrap()].into()))
+    );
+    let bad = r#"{"mac":"a8:40:25:ff:00:0a","underlay":"ff02::1"}"#;
+    c.apply_fleet(events(5, vec![put(K9, AT_B, 4), put(K10, bad, 5)]));
+    assert_eq!(c.dataplane().v2p, [v2p("172.30.0.9")]);
+    let s = fleet_of(&mut c);
+    assert_eq!((s.revision, s.entries.v2p), (5, 1));
+    assert_eq!(s.refused.len(), 1);
+    assert_eq!(s.refused[0].key, K10);
+    assert_eq!(s.refused[0].reason, "underlay_address");
+    assert!(s.refused[0].message.contains("ff02::1"), "{:?}", s.refused);
+    // The same revision again (a replay after a reconnect) is not tried again.
+    c.dataplane_mut().log.clear();
+    c.apply_fleet(events(5, vec![put(K10, bad, 5)]));
+    let stats = control_stats(&mut c);
+    assert_eq!(stats["fleet"]["refused"]["underlay_address"], 1);
+    // A good value of the key later applies and clears the refusal.
+    c.apply_fleet(events(7, vec![put(K10, AT_C, 7), del(K9, 6)]));
+    let held: Vec<String> = c
+        .dataplane()
+        .v2p
+        .iter()
+        .map(|e| e.vpc_ip.to_string())
+        .collect();
+    assert_eq!(held, ["172.30.0.10"]);
+    assert!(fleet_of(&mut c).refused.is_empty());
+    // dump-v2p shows where each mapping comes from.
+    let Reply::V2p(records) = ok(&mut c, Request::DumpV2p) else {
+        panic!()
+    };
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].source, api::Source::Fleet);
+}
+
+/// A local mapping of an address the fleet maps needs --override-fleet, wins while
+/// it exists, and uncovers the fleet's when cleared; the fleet's alone cannot be
+/// cleared locally.
+#[test]
+fn local_mappings_override_the_fleet_only_when_asked() {
+    let (mut c, _w) = in_fleet(None);
+    ok(&mut c, create("opte0", 5));
+    c.apply_fleet(events(3, vec![put(K9, AT_B, 3)]));
+    let local = V2pEntry {
+        underlay_ip: "fd00:99::4".parse().unwrap(),
+        ..v2p("172.30.0.9")
+    };
+    let e = err(&mut c, Request::set_v2p(local));
+    assert_eq!(e.code, ErrorCode::Conflict);
+    assert!(e.message.contains(K9), "{e}");
+    ok(
+        &mut c,
+        Request::SetV2p {
+            entry: local,
+            override_fleet: true,
+        },
+    );
+    assert_eq!(c.dataplane().v2p, [local]);
+    // A change from the store meanwhile is kept, not applied over the local one.
+    c.apply_fleet(events(4, vec![put(K9, AT_C, 4)]));
+    assert_eq!(c.dataplane().v2p, [local]);
+    let Reply::V2p(records) = ok(&mut c, Request::DumpV2p) else {
+        panic!()
+    };
+    assert!(records
+        .iter()
+        .any(|r| r.source == api::Source::Fleet && r.overridden));
+    ok(
+        &mut c,
+        Request::ClearV2p {
+            vpc_ip: local.vpc_ip,
+            vni: local.vni,
+            expect: None,
+        },
+    );
+    let fleets = V2pEntry {
+        underlay_ip: "fd00:99::3".parse().unwrap(),
+        ..v2p("172.30.0.9")
+    };
+    assert_eq!(c.dataplane().v2p, [fleets]);
+    let e = err(
+        &mut c,
+        Request::ClearV2p {
+            vpc_ip: local.vpc_ip,
+            vni: local.vni,
+            expect: None,
+        },
+    );
+    assert_eq!(e.code, ErrorCode::Conflict);
+}
+
+/// A full read deletes what it lacks under the prefixes it covers, and only
+/// there; an empty store of another cluster is not obeyed until adopted.
+#[test]
+fn full_reads_delete_what_is_gone_and_an_empty_new_cluster_waits_for_adopt() {
+    let (mut c, watcher) = in_fleet(None);
+    ok(&mut c, create("opte0", 5));
+    let v2b = "/overlay/v1/v2b/0.0.0.0/0";
+    c.apply_fleet(events(
+        3,
+        vec![
+            put(K9, AT_B, 2),
+            put(K10, AT_B, 3),
+            put(v2b, r#"{"endpoints":["fd00:99::b1"]}"#, 3),
+        ],
+    ));
+    let vpc = api::fleet::vpc_prefix(Vni::new(1701).unwrap());
+    c.apply_fleet(FleetBatch {
+        revision: 9,
+        cluster_id: 7,
+        changes: vec![put(K10, AT_B, 3)],
+        snapshot_of: Some(vec![vpc.clone()]),
+    });
+    let s = fleet_of(&mut c);
+    assert_eq!((s.revision, s.entries.v2p, s.entries.v2b), (9, 1, 1));
+    assert_eq!(c.dataplane().v2p, [v2p("172.30.0.10")]);
+    // A wiped store (another cluster, nothing in it): held, counted, shown.
+    let wiped = |cluster_id| FleetBatch {
+        revision: 1,
+        cluster_id,
+        changes: vec![],
+        snapshot_of: Some(vec![vpc.clone(), api::fleet::V2B_PREFIX.to_string()]),
+    };
+    c.apply_fleet(wiped(8));
+    let s = fleet_of(&mut c);
+    assert_eq!((s.alarms, s.entries.v2p, s.revision), (1, 1, 9));
+    assert!(
+        s.held.as_deref().unwrap_or("").contains("fleet adopt"),
+        "{s:?}"
+    );
+    // Events meanwhile change nothing.
+    c.apply_fleet(events(10, vec![del(K10, 10)]));
+    assert_eq!(c.dataplane().v2p.len(), 1);
+    // The operator adopts: a resync is asked, and the next full read is obeyed.
+    while watcher.try_recv().is_ok() {}
+    ok(&mut c, Request::FleetAdopt);
+    assert_eq!(watcher.try_recv(), Ok(FleetCommand::Resync));
+    c.apply_fleet(wiped(8));
+    let s = fleet_of(&mut c);
+    assert_eq!((s.entries.v2p, s.entries.v2b, s.held), (0, 0, None));
+    assert!(c.dataplane().v2p.is_empty());
+}
+
+/// A port's tables from the fleet are in force while the keys exist, local edits
+/// of them are refused, and the port's own come back when the keys go.
+#[test]
+fn fleet_managed_tables_replace_the_ports_own() {
+    let (mut c, _w) = in_fleet(None);
+    ok(&mut c, create("opte0", 5));
+    let own = c.dataplane().routes["opte0"].clone();
+    let routes_key = "/overlay/v1/sled/sled1/port/opte0/routes";
+    c.apply_fleet(events(
+        2,
+        vec![put(
+            routes_key,
+            r#"[{"dest":"0.0.0.0/0","target":"igw"}]"#,
+            2,
+        )],
+    ));
+    let routes = &c.dataplane().routes["opte0"];
+    assert_eq!(routes.len(), 1);
+    assert_eq!(routes[0].target, RouteTarget::Igw);
+    let e = err(
+        &mut c,
+        Request::AddRouterEntry {
+            port: "opte0".into(),
+            entry: RouteEntry {
+                dest: "10.9.0.0/16".parse().unwrap(),
+                target: RouteTarget::Drop,
+                mtu: None,
+                class: RouteClass::System,
+            },
+        },
+    );
+    assert_eq!(e.code, ErrorCode::Conflict);
+    assert!(e.message.contains(routes_key), "{e}");
+    c.apply_fleet(events(3, vec![del(routes_key, 3)]));
+    assert_eq!(c.dataplane().routes["opte0"], own);
+}
+
+/// The fleet layer is saved with its revision and restored before anything is
+/// asked of the store: a restart forwards on it at once.
+#[test]
+fn the_fleet_layer_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    let (mut c, _w) = in_fleet(Some(store.clone()));
+    ok(&mut c, create("opte0", 5));
+    c.apply_fleet(events(12, vec![put(K9, AT_B, 12)]));
+    let saved = store.load().unwrap();
+    let layer = store.load_fleet().unwrap();
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let mut fresh = Controller::new(Recorder::default(), Some(store));
+    fresh.join_fleet("sled1".parse().unwrap(), layer, tx, SharedView::default());
+    fresh.restore(saved, Instant::now());
+    assert_eq!(fresh.fleet_position(), (12, 7));
+    assert_eq!(fresh.dataplane().v2p, [v2p("172.30.0.9")]);
 }

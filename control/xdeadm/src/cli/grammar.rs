@@ -65,6 +65,10 @@ pub enum Command {
         vpc_mac: MacAddr,
         underlay_ip: Ipv6Addr,
         vni: Vni,
+        /// Set it although the fleet maps the address (docs/fleet.md): the local
+        /// mapping wins until it is cleared.
+        #[arg(long)]
+        override_fleet: bool,
     },
     /// Remove a V2P mapping: `VPC_IP VNI`, or opteadm's `VPC_IP VPC_MAC UNDERLAY_IP
     /// VNI` (then only if the mapping is exactly that).
@@ -257,6 +261,22 @@ pub enum Command {
     /// dropped carry the reason) as pcapng: into FILE, or to standard output
     /// (`xdeadm capture PORT | tshark -r -`). Ends after COUNT frames or SECONDS.
     Capture(CaptureArgs),
+    /// The sled as a member of a fleet (docs/fleet.md).
+    #[command(subcommand)]
+    Fleet(FleetCommand),
+}
+
+/// `xdeadm fleet ...`.
+#[derive(Debug, Subcommand)]
+pub enum FleetCommand {
+    /// The sled's view of the fleet's store: connection, revisions, lag, resyncs,
+    /// alarms, refused keys.
+    Status,
+    /// Read everything the sled watches again now, and apply the difference.
+    Resync,
+    /// Obey a store whose cluster changed and came empty (the sled holds its
+    /// tables until told so).
+    Adopt,
 }
 
 #[derive(Debug, Args, Clone, PartialEq, Eq)]

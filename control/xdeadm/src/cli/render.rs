@@ -56,20 +56,28 @@ pub fn render(reply: &Reply) -> String {
     match reply {
         Reply::Done => {}
         Reply::Ports(ports) => render_ports(&mut out, ports),
-        Reply::V2p(entries) => {
-            let rows = entries
+        Reply::V2p(records) => {
+            let rows = records
                 .iter()
-                .map(|e| {
+                .map(|r| {
+                    let e = &r.entry;
+                    let source = match r.overridden {
+                        true => format!("{} (overridden)", r.source),
+                        false => r.source.to_string(),
+                    };
                     vec![
                         e.vni.to_string(),
                         e.vpc_ip.to_string(),
                         e.vpc_mac.to_string(),
                         e.underlay_ip.to_string(),
+                        source,
                     ]
                 })
                 .collect();
-            table(&mut out, &["VNI", "VPC IP", "VPC MAC", "UNDERLAY IP"], rows);
+            let head = ["VNI", "VPC IP", "VPC MAC", "UNDERLAY IP", "SOURCE"];
+            table(&mut out, &head, rows);
         }
+        Reply::Fleet(status) => render_fleet(&mut out, status),
         Reply::V2b(entries) => {
             let rows = entries
                 .iter()
@@ -197,6 +205,72 @@ pub fn render_as(show: Show, reply: &Reply, json: bool) -> Result<String, Render
         }
         (Show::Workers | Show::Json, r) => Ok(to_json(r)? + "\n"),
         (Show::OpenMetrics, other) => Err(RenderError::NotStats(Box::new(other.clone()))),
+    }
+}
+
+/// `fleet status`: the connection, the revisions, and what was refused.
+fn render_fleet(out: &mut String, s: &api::fleet::FleetStatus) {
+    if !s.enabled {
+        out.push_str("not a member of a fleet (overlayd runs without --fleet-endpoints)\n");
+        return;
+    }
+    let sled = s.sled.as_ref().map_or("-".to_string(), ToString::to_string);
+    let endpoint = s.endpoint.as_deref().unwrap_or("-");
+    let link = match s.connected {
+        true => format!("connected to {endpoint}"),
+        false => format!("NOT connected (last tried {endpoint})"),
+    };
+    let lag = s
+        .lag_seconds
+        .map_or("never current yet".to_string(), |l| format!("{l:.1} s"));
+    let vnis: Vec<String> = s.vnis.iter().map(ToString::to_string).collect();
+    let e = &s.entries;
+    let _ = writeln!(out, "sled            {sled}");
+    let _ = writeln!(out, "store           {link}");
+    let _ = writeln!(out, "cluster         {:x}", s.cluster_id);
+    let _ = writeln!(
+        out,
+        "revision        {} applied, {} in the store",
+        s.revision, s.store_revision
+    );
+    let _ = writeln!(out, "lag             {lag}");
+    let _ = writeln!(out, "resyncs         {}", s.resyncs);
+    let _ = writeln!(out, "alarms          {}", s.alarms);
+    let _ = writeln!(
+        out,
+        "watched VPCs    {}",
+        if vnis.is_empty() {
+            "-".to_string()
+        } else {
+            vnis.join(",")
+        }
+    );
+    let _ = writeln!(
+        out,
+        "entries         {} V2P, {} V2B, {} routing tables, {} rule sets",
+        e.v2p, e.v2b, e.routes, e.firewall
+    );
+    if let Some(h) = &s.held {
+        let _ = writeln!(out, "HELD            {h}");
+    }
+    if let Some(err) = &s.last_error {
+        let _ = writeln!(out, "last error      {err}");
+    }
+    if !s.refused.is_empty() {
+        out.push('\n');
+        let rows = s
+            .refused
+            .iter()
+            .map(|r| {
+                vec![
+                    r.key.clone(),
+                    r.mod_revision.to_string(),
+                    r.reason.clone(),
+                    r.message.clone(),
+                ]
+            })
+            .collect();
+        table(out, &["REFUSED KEY", "REVISION", "REASON", "WHY"], rows);
     }
 }
 

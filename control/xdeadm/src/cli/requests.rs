@@ -4,8 +4,8 @@
 //! value is refused by name before anything is sent.
 
 use super::grammar::{
-    CaptureArgs, Command, CreateXde, ExternalArgs, LimitArgs, RaArgs, RaCommand, RuleArgs,
-    StatsFormat, VhostModeArg,
+    CaptureArgs, Command, CreateXde, ExternalArgs, FleetCommand, LimitArgs, RaArgs, RaCommand,
+    RuleArgs, StatsFormat, VhostModeArg,
 };
 use super::render::Show;
 use crate::opteadm::{self, RulesError};
@@ -107,12 +107,16 @@ impl Command {
                 vpc_mac,
                 underlay_ip,
                 vni,
-            } => Request::SetV2p(V2pEntry {
-                vpc_ip,
-                vpc_mac,
-                underlay_ip,
-                vni,
-            }),
+                override_fleet,
+            } => Request::SetV2p {
+                entry: V2pEntry {
+                    vpc_ip,
+                    vpc_mac,
+                    underlay_ip,
+                    vni,
+                },
+                override_fleet,
+            },
             Command::ClearV2p { words } => clear_v2p(&words)?,
             Command::DumpV2p => Request::DumpV2p,
             Command::SetV2b { prefix, endpoints } => Request::SetV2b { prefix, endpoints },
@@ -265,6 +269,9 @@ impl Command {
                 return Err(CommandError::RaWithoutPort);
             }
             Command::Doctor => Request::Doctor,
+            Command::Fleet(FleetCommand::Status) => Request::FleetStatus,
+            Command::Fleet(FleetCommand::Resync) => Request::FleetResync,
+            Command::Fleet(FleetCommand::Adopt) => Request::FleetAdopt,
             Command::PathCheck { underlay_addr } => Request::PathCheck {
                 peer: underlay_addr,
             },
@@ -583,7 +590,7 @@ mod tests {
                 "1701"
             ])
             .unwrap(),
-            Action::Call(Request::SetV2p(V2pEntry {
+            Action::Call(Request::set_v2p(V2pEntry {
                 vpc_ip: "172.30.0.6".parse().unwrap(),
                 vpc_mac: "a8:40:25:ff:00:06".parse().unwrap(),
                 underlay_ip: "fd00:99::2".parse().unwrap(),
