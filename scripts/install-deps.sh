@@ -7,12 +7,18 @@
 # datapath for comparison (openvswitch-switch; its system service is not used).
 # prometheus scrapes the daemon's OpenMetrics endpoint in tests/tests/metrics.rs
 # (run as a child process; its system service is not used), asked with curl.
+# protobuf-compiler (protoc) is run by etcd-client's build script to compile etcd's
+# gRPC API for control/fleet. etcd-server is the fleet's store: control/fleet's
+# tests start members of their own (its system service is disabled below, so the
+# tests stay in charge of the ports and the data); etcd-client brings etcdctl, to
+# look into such a member by hand.
 # Idempotent and quiet: it installs only what is missing.
 set -euo pipefail
 
 need_apt=()
 for pkg in clang llvm libbpf-dev iproute2 iputils-ping procps tshark tcpdump iperf3 \
-    ethtool ndisc6 python3 openvswitch-switch prometheus curl; do
+    ethtool ndisc6 python3 openvswitch-switch prometheus curl protobuf-compiler etcd-server \
+    etcd-client; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -20,6 +26,17 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# Installing etcd-server enables and starts its service (a member on 2379 with data
+# in /var/lib/etcd): stop and disable it, under systemd or, where a policy let its
+# init script start it, under sysvinit (its pid file says so). Nothing to do in a
+# container where neither ran.
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+    systemctl disable --now etcd >/dev/null 2>&1 || true
+elif [ -f /var/run/etcd.pid ] && [ -x /etc/init.d/etcd ]; then
+    /etc/init.d/etcd stop >/dev/null 2>&1 || true
+    update-rc.d etcd disable >/dev/null 2>&1 || true
 fi
 
 # QEMU runs the virtual machine of tests/tests/vm.rs. Without its recommends (display
