@@ -96,6 +96,10 @@ pub struct Watch {
     responses: WatchResponseStream,
     merge: Merge,
     next_watch_id: i64,
+    /// Watchers asked for and not yet confirmed, oldest first: etcd answers
+    /// creates in order, and a refused one (a permission) comes back with no
+    /// watch id, so the oldest unanswered create is the one refused.
+    unconfirmed: VecDeque<i64>,
     /// When progress was last asked for, while changes wait; `None` when none
     /// wait (the next wait asks at once).
     progress_asked: Option<Instant>,
@@ -133,6 +137,7 @@ impl Watch {
             responses,
             merge: Merge::new(from_revision),
             next_watch_id: 2,
+            unconfirmed: VecDeque::from([1]),
             progress_asked: None,
             ended: false,
         };
@@ -225,6 +230,7 @@ impl Watch {
                 source,
             })?;
         self.next_watch_id += 1;
+        self.unconfirmed.push_back(id);
         self.merge.add(id, prefix.to_string(), from_revision);
         Ok(())
     }
@@ -270,6 +276,22 @@ impl Watch {
         check_cluster(&self.endpoint, self.cluster_id, response.header())?;
         let id = response.watch_id();
         let revision = response.header().map_or(0, ResponseHeader::revision);
+        if response.created() {
+            let confirmed = self.unconfirmed.pop_front();
+            if !response.canceled() {
+                return Ok(());
+            }
+            let refused = if id == STREAM_PROGRESS {
+                confirmed
+            } else {
+                Some(id)
+            };
+            // A prefix removed before etcd answered needs no watcher anyway.
+            let Some(prefix) = refused.and_then(|id| self.merge.prefix_of(id)) else {
+                return Ok(());
+            };
+            return Err(self.refused(prefix.to_string(), response));
+        }
         if response.canceled() {
             // A watcher we removed ourselves is not in the merge any more.
             let Some(prefix) = self.merge.prefix_of(id).map(str::to_string) else {
@@ -279,15 +301,7 @@ impl Watch {
                 self.merge.compacted(prefix, response.compact_revision());
                 return Ok(());
             }
-            self.ended = true;
-            return Err(StoreError::WatchCanceled {
-                endpoint: self.endpoint.clone(),
-                prefix,
-                reason: response.cancel_reason().to_string(),
-            });
-        }
-        if response.created() {
-            return Ok(());
+            return Err(self.refused(prefix, response));
         }
         if id == STREAM_PROGRESS {
             // Answers to progress requests; not asked for from members that
@@ -304,6 +318,17 @@ impl Watch {
                 .events(id, response.events().iter().filter_map(change));
         }
         Ok(())
+    }
+
+    /// A watcher etcd would not create or cancelled: the watch ends, since the
+    /// merge cannot go past a prefix it no longer hears from.
+    fn refused(&mut self, prefix: String, response: &WatchResponse) -> StoreError {
+        self.ended = true;
+        StoreError::WatchCanceled {
+            endpoint: self.endpoint.clone(),
+            prefix,
+            reason: response.cancel_reason().to_string(),
+        }
     }
 
     async fn ask_progress(&mut self) -> Result<(), StoreError> {
@@ -334,7 +359,7 @@ impl Watch {
 }
 
 /// The watch id etcd gives answers to progress requests, which concern every
-/// watcher of the stream.
+/// watcher of the stream, and refusals of watchers it did not create.
 const STREAM_PROGRESS: i64 = -1;
 
 fn watch_options(id: i64, from_revision: i64) -> WatchOptions {
