@@ -24,83 +24,109 @@ pub struct Etcd {
 }
 
 /// The certificates of a test PKI: a CA, the server's (IP SANs 127.0.0.1 and
-/// ::1), a client's (CN "sled7"), a client signed by a CA etcd does not know, and
-/// that CA.
+/// ::1), clients with CN "sled7" and "root" (etcd's user names under
+/// `--client-cert-auth`), a client signed by a CA etcd does not know, and that CA.
 pub struct Pki {
     pub ca: PathBuf,
     pub other_ca: PathBuf,
     pub server_cert: PathBuf,
     pub server_key: PathBuf,
     pub client: TlsFiles,
+    pub root: TlsFiles,
     pub stranger: TlsFiles,
 }
 
 impl Etcd {
     /// Plain http, progress notifications every second.
     pub fn start() -> Etcd {
-        Etcd::launch(None)
+        Etcd::launch(None, 1).remove(0)
     }
 
     /// https with `--client-cert-auth`, on 127.0.0.1 and [::1].
     pub fn start_tls(pki: &Pki) -> Etcd {
-        Etcd::launch(Some(pki))
+        Etcd::launch(Some(pki), 1).remove(0)
     }
 
-    fn launch(pki: Option<&Pki>) -> Etcd {
+    /// A cluster of `n` plain-http members.
+    pub fn cluster(n: usize) -> Vec<Etcd> {
+        Etcd::launch(None, n)
+    }
+
+    fn launch(pki: Option<&Pki>, n: usize) -> Vec<Etcd> {
         // A free port may be taken between our probe and etcd's bind (tests run in
         // parallel): etcd then exits, and we try again with others.
         for _ in 0..5 {
-            let dir = tempfile::tempdir().expect("temporary directory");
-            let (client, peer) = (free_port(), free_port());
-            let scheme = if pki.is_some() { "https" } else { "http" };
-            let mut endpoints = vec![format!("{scheme}://127.0.0.1:{client}")];
-            if pki.is_some() {
-                endpoints.push(format!("{scheme}://[::1]:{client}"));
-            }
-            let peer_url = format!("http://127.0.0.1:{peer}");
-            let log = fs::File::create(dir.path().join("etcd.log")).expect("log file");
-            let mut command = Command::new("etcd");
-            command
-                .arg("--name=t")
-                .arg(format!("--data-dir={}", dir.path().join("data").display()))
-                .arg(format!("--listen-client-urls={}", endpoints.join(",")))
-                .arg(format!("--advertise-client-urls={}", endpoints[0]))
-                .arg(format!("--listen-peer-urls={peer_url}"))
-                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-                .arg(format!("--initial-cluster=t={peer_url}"))
-                .arg("--initial-cluster-state=new")
-                // Idle watchers hear of progress within a second.
-                .arg("--experimental-watch-progress-notify-interval=1s")
-                // A lone member elects itself at once, and the shortest lease
-                // TTL becomes one second.
-                .arg("--heartbeat-interval=50")
-                .arg("--election-timeout=250")
-                .arg("--unsafe-no-fsync")
-                .arg("--logger=zap")
-                .arg("--log-level=warn")
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log file"))
-                .stderr(log);
-            if let Some(pki) = pki {
-                command
-                    .arg(format!("--cert-file={}", pki.server_cert.display()))
-                    .arg(format!("--key-file={}", pki.server_key.display()))
-                    .arg(format!("--trusted-ca-file={}", pki.ca.display()))
-                    .arg("--client-cert-auth");
-            }
-            let child = command
-                .spawn()
-                .expect("etcd (Debian's etcd-server; scripts/install-deps.sh)");
-            let mut etcd = Etcd {
-                child,
-                dir,
-                endpoints,
-            };
-            if etcd.listening(client) {
-                return etcd;
+            let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+            let peer_url = |i: usize| format!("http://127.0.0.1:{}", ports[i].1);
+            let initial_cluster = (0..n)
+                .map(|i| format!("m{i}={}", peer_url(i)))
+                .collect::<Vec<_>>()
+                .join(",");
+            let mut members: Vec<Etcd> = (0..n)
+                .map(|i| Etcd::spawn(pki, i, ports[i].0, &peer_url(i), &initial_cluster))
+                .collect();
+            let ready = members
+                .iter_mut()
+                .zip(&ports)
+                .all(|(etcd, (client, _))| etcd.listening(*client));
+            if ready {
+                return members;
             }
         }
         panic!("etcd did not start in five tries");
+    }
+
+    fn spawn(
+        pki: Option<&Pki>,
+        index: usize,
+        client: u16,
+        peer_url: &str,
+        initial_cluster: &str,
+    ) -> Etcd {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let scheme = if pki.is_some() { "https" } else { "http" };
+        let mut endpoints = vec![format!("{scheme}://127.0.0.1:{client}")];
+        if pki.is_some() {
+            endpoints.push(format!("{scheme}://[::1]:{client}"));
+        }
+        let log = fs::File::create(dir.path().join("etcd.log")).expect("log file");
+        let mut command = Command::new("etcd");
+        command
+            .arg(format!("--name=m{index}"))
+            .arg(format!("--data-dir={}", dir.path().join("data").display()))
+            .arg(format!("--listen-client-urls={}", endpoints.join(",")))
+            .arg(format!("--advertise-client-urls={}", endpoints[0]))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster={initial_cluster}"))
+            .arg("--initial-cluster-state=new")
+            // Idle watchers hear of progress within a second.
+            .arg("--experimental-watch-progress-notify-interval=1s")
+            // Elections within a fraction of a second, and the shortest lease TTL
+            // becomes one second.
+            .arg("--heartbeat-interval=50")
+            .arg("--election-timeout=250")
+            .arg("--unsafe-no-fsync")
+            .arg("--logger=zap")
+            .arg("--log-level=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log);
+        if let Some(pki) = pki {
+            command
+                .arg(format!("--cert-file={}", pki.server_cert.display()))
+                .arg(format!("--key-file={}", pki.server_key.display()))
+                .arg(format!("--trusted-ca-file={}", pki.ca.display()))
+                .arg("--client-cert-auth");
+        }
+        let child = command
+            .spawn()
+            .expect("etcd (Debian's etcd-server; scripts/install-deps.sh)");
+        Etcd {
+            child,
+            dir,
+            endpoints,
+        }
     }
 
     /// Waits until the client port accepts, or etcd exits (port taken).
@@ -203,26 +229,29 @@ impl Pki {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let server = params.signed_by(&server_key, &ca, &ca_key).expect("server");
 
-        let client_of = |name: &str, issuer: &rcgen::Certificate, issuer_key: &KeyPair| {
-            let key = KeyPair::generate().expect("key");
-            let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-            params.distinguished_name.push(DnType::CommonName, "sled7");
-            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-            let cert = params.signed_by(&key, issuer, issuer_key).expect("client");
-            TlsFiles {
-                cert: write(&format!("{name}.crt"), cert.pem()),
-                key: write(&format!("{name}.key"), key.serialize_pem()),
-                ca: dir.join("ca.crt"),
-            }
-        };
-        let client = client_of("sled7", &ca, &ca_key);
-        let stranger = client_of("stranger", &other_ca, &other_ca_key);
+        let client_of =
+            |name: &str, cn: &str, issuer: &rcgen::Certificate, issuer_key: &KeyPair| {
+                let key = KeyPair::generate().expect("key");
+                let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+                params.distinguished_name.push(DnType::CommonName, cn);
+                params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+                let cert = params.signed_by(&key, issuer, issuer_key).expect("client");
+                TlsFiles {
+                    cert: write(&format!("{name}.crt"), cert.pem()),
+                    key: write(&format!("{name}.key"), key.serialize_pem()),
+                    ca: dir.join("ca.crt"),
+                }
+            };
+        let client = client_of("sled7", "sled7", &ca, &ca_key);
+        let root = client_of("root", "root", &ca, &ca_key);
+        let stranger = client_of("stranger", "sled7", &other_ca, &other_ca_key);
         Pki {
             ca: write("ca.crt", ca.pem()),
             other_ca: write("other-ca.crt", other_ca.pem()),
             server_cert: write("server.crt", server.pem()),
             server_key: write("server.key", server_key.serialize_pem()),
             client,
+            root,
             stranger,
         }
     }

@@ -1,9 +1,10 @@
 //! Writes: guarded deletes, transactions split at etcd's limit, status and
 //! connection errors.
 
-use crate::harness::{Etcd, TIMEOUT};
+use crate::harness::{connect, Etcd, TIMEOUT};
 use fleet::{Op, SkippedDelete, Store, StoreConfig, StoreError, MAX_TXN_OPS};
 use std::net::TcpListener;
+use std::time::{Duration, Instant};
 
 fn put(key: &str, value: &str) -> Op {
     Op::Put {
@@ -157,4 +158,48 @@ async fn an_unreachable_member_is_transient_and_skipped() {
         Store::connect(&none).await,
         Err(StoreError::NoEndpoints)
     ));
+}
+
+/// A member cut off from its quorum must not serve what it knew before: once it
+/// has noticed, it answers "no leader" (worth a reconnect elsewhere), and a few
+/// election timeouts later it ends the watches on it. (A read admitted just before
+/// it noticed waits for a quorum that does not come, and times out.)
+#[tokio::test]
+async fn a_member_without_quorum_answers_no_leader() {
+    let mut members = Etcd::cluster(2);
+    let mut config = members[0].config();
+    config.endpoints.truncate(1);
+    config.timeout = Duration::from_secs(1);
+    let mut store = connect(&config).await;
+    store.apply(vec![put("/t/q/a", "1")]).await.unwrap();
+    let start = store.status().await.unwrap().revision;
+    let mut watch = store
+        .watch(&["/t/q/".to_string()], start + 1)
+        .await
+        .unwrap();
+
+    drop(members.remove(1)); // killed: one member of two is no quorum
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.snapshot(&["/t/q/".to_string()]).await {
+            Err(e) if e.to_string().contains("no leader") => {
+                assert!(e.is_transient(), "{e}");
+                break;
+            }
+            Err(e) => assert!(e.is_transient(), "{e}"),
+            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+        assert!(Instant::now() < deadline, "no \"no leader\" within 10 s");
+    }
+
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Err(e) = watch.next().await {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("the watch ends within 10 s");
+    assert!(ended.is_transient(), "{ended}");
 }
