@@ -7,16 +7,19 @@
 # datapath for comparison (openvswitch-switch; its system service is not used).
 # prometheus scrapes the daemon's OpenMetrics endpoint in tests/tests/metrics.rs
 # (run as a child process; its system service is not used), asked with curl.
-# etcd-server and etcd-client (etcd and etcdctl 3.4) are the fleet tests' source of
-# truth, a cluster the harness starts itself in namespaces (tests/src/etcd.rs);
-# nftables cuts a sled off etcd's client port in those tests.
+# protobuf-compiler (protoc) is run by etcd-client's build script to compile etcd's
+# gRPC API for control/fleet. etcd-server and etcd-client (etcd and etcdctl 3.4) are
+# the fleet's store: control/fleet's tests start members of their own, the e2e
+# harness a cluster in namespaces (tests/src/etcd.rs); the package's own service is
+# disabled below so the tests stay in charge of ports and data. nftables cuts a sled
+# off etcd's client port in those tests.
 # Idempotent and quiet: it installs only what is missing.
 set -euo pipefail
 
 need_apt=()
 for pkg in clang llvm libbpf-dev iproute2 iputils-ping procps tshark tcpdump iperf3 \
-    ethtool ndisc6 python3 openvswitch-switch prometheus curl etcd-server etcd-client \
-    nftables; do
+    ethtool ndisc6 python3 openvswitch-switch prometheus curl protobuf-compiler \
+    etcd-server etcd-client nftables; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -26,12 +29,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-# Installing etcd-server enables (and, under systemd, starts) a system etcd on the
-# default ports; the tests start their own members, so it is turned off where
-# systemd runs. Without systemd there is no unit to disable (and the tests' members
-# listen in namespaces of their own, so a system etcd is never in their way).
+# Installing etcd-server enables and starts its service (a member on 2379 with data
+# in /var/lib/etcd): stop and disable it, under systemd or, where a policy let its
+# init script start it, under sysvinit (its pid file says so). Nothing to do in a
+# container where neither ran.
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
-    systemctl disable --now --quiet etcd 2>/dev/null || true
+    systemctl disable --now etcd >/dev/null 2>&1 || true
+elif [ -f /var/run/etcd.pid ] && [ -x /etc/init.d/etcd ]; then
+    /etc/init.d/etcd stop >/dev/null 2>&1 || true
+    update-rc.d etcd disable >/dev/null 2>&1 || true
 fi
 
 # QEMU runs the virtual machine of tests/tests/vm.rs. Without its recommends (display
