@@ -801,7 +801,7 @@ impl TxSlots {
 
     /// The slot and chunk bit of a chunk-aligned address inside the slots.
     fn locate(&self, addr: u64) -> Option<(u32, u32)> {
-        if addr % CHUNK_SIZE as u64 != 0 {
+        if !addr.is_multiple_of(CHUNK_SIZE as u64) {
             return None;
         }
         let count = u32::try_from(self.state.len())

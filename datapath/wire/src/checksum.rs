@@ -223,7 +223,7 @@ mod avx2 {
         // `len`, its bytes already summed masked to zero), which spares the caller's
         // scalar loop; an odd one would pair the bytes across words differently.
         let rem = len % VECTOR;
-        let sum_end = COPY && rem % 2 == 0;
+        let sum_end = COPY && rem.is_multiple_of(2);
         let mut biased = 0i64;
         let mut i = 0;
         while i < vectors {

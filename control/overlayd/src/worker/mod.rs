@@ -208,7 +208,7 @@ pub fn run_worker(dp: &mut Datapath, jobs: &JobRx<Datapath>, stop: &AtomicBool) 
         };
         // Taps need a syscall to be looked at: every round while frames flow, one
         // round in TAP_EVERY while spinning idle (the rings are memory).
-        let taps = sleep || empty_rounds % TAP_EVERY == 0;
+        let taps = sleep || empty_rounds.is_multiple_of(TAP_EVERY);
         work += dp.poll_once(timeout, now, taps);
         // After a sleep the clock has moved: the tick the sleep waited for is due
         // now, not one wake-up later.
