@@ -138,18 +138,10 @@ pub enum StoreError {
         expected: u64,
         got: u64,
     },
-    /// A watch must start past what it already delivered, or events would come out
-    /// of revision order (snapshot the new prefix first: its revision is the
-    /// store's, never behind the watch).
-    #[error(
-        "watch of {prefix} from revision {from_revision}: the watch has delivered up to \
-         revision {delivered} already"
-    )]
-    WatchStartBehind {
-        prefix: String,
-        from_revision: i64,
-        delivered: i64,
-    },
+    /// A prefix that contains, or lies within, one the watch has: each key must
+    /// belong to one prefix, whose position says what of it was delivered.
+    #[error("{prefix} overlaps {watched}, which is watched")]
+    OverlappingPrefix { prefix: String, watched: String },
     /// [`crate::Store::watch`] with no prefixes (a stream needs a first watcher).
     #[error("a watch needs at least one prefix")]
     NothingToWatch,
@@ -196,7 +188,7 @@ impl StoreError {
             | StoreError::Setup { .. }
             | StoreError::WatchCanceled { .. }
             | StoreError::ClusterChanged { .. }
-            | StoreError::WatchStartBehind { .. }
+            | StoreError::OverlappingPrefix { .. }
             | StoreError::NothingToWatch
             | StoreError::InvalidRevision(_)
             | StoreError::AlreadyWatched { .. }

@@ -7,8 +7,8 @@
 //! - [`config`]: where the store is and the certificate to show it;
 //! - [`store`]: one connection to one member ([`Store`]): status, a paged
 //!   [`Snapshot`] pinned at one revision, bounded transactions ([`Store::apply`]);
-//! - [`watch`]: a [`Watch`] over several prefixes whose events come out in revision
-//!   order, one transaction at a time, with the revision a restart may resume from;
+//! - [`watch`]: a [`Watch`] over several prefixes, each followed from a revision
+//!   of its own and resumed from its own [`Positions`];
 //! - [`lease`]: a key that lives as long as its writer ([`LeasedKey`], the sled's
 //!   status key);
 //! - [`backoff`]: waits between reconnects, with full jitter;
@@ -31,4 +31,4 @@ pub use config::{StoreConfig, TlsFiles, TlsPem};
 pub use error::{Operation, StoreError};
 pub use lease::LeasedKey;
 pub use store::{Applied, Kv, Op, SkippedDelete, Snapshot, Store, StoreStatus, MAX_TXN_OPS};
-pub use watch::{Change, Watch, WatchEvent};
+pub use watch::{Change, Positions, Watch, WatchEvent};

@@ -5,7 +5,7 @@ use crate::backoff::random_u64;
 use crate::config::{StoreConfig, TlsPem};
 use crate::error::{Operation, StoreError};
 use crate::lease::LeasedKey;
-use crate::watch::Watch;
+use crate::watch::{Positions, Watch};
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
     KvClient, LeaseClient, MaintenanceClient, ResponseHeader, TlsOptions, Txn, TxnOp,
@@ -347,20 +347,16 @@ impl Store {
         })
     }
 
-    /// Watches every prefix from `from_revision` (inclusive); see [`Watch`].
-    pub async fn watch(
-        &mut self,
-        prefixes: &[String],
-        from_revision: i64,
-    ) -> Result<Watch, StoreError> {
+    /// Watches every prefix of `positions` after its revision there (from the
+    /// next one on); see [`Watch`].
+    pub async fn watch(&mut self, positions: &Positions) -> Result<Watch, StoreError> {
         Watch::start(
             self.watch.clone(),
             self.endpoint.clone(),
             self.timeout,
             self.cluster_id,
             self.ordered_progress,
-            prefixes,
-            from_revision,
+            positions,
         )
         .await
     }

@@ -1,34 +1,44 @@
-//! A watch over several prefixes whose changes come out in revision order, one
-//! revision (one transaction) at a time.
+//! A watch over several prefixes, each followed from a revision of its own.
 //!
 //! One gRPC watch stream carries one etcd watcher per prefix. etcd orders each
-//! watcher's events, but not the watchers among themselves: a watcher catching up
-//! from an old revision (or one that fell behind a slow reader) sends its backlog
-//! in batches while the others already send live events, and one transaction that
-//! touches two prefixes arrives as two messages. So the watch merges: it keeps,
-//! per watcher, the revision up to which that watcher has sent everything (its
-//! *watermark*), holds changes back in a buffer ordered by revision, and releases
-//! a revision once every watcher's watermark has reached it. A watermark advances
-//! with
-//! - the watcher's events: etcd never splits one revision of one watcher over
-//!   two messages (its catch-up batches end on revision boundaries, and fragmented
+//! watcher's events but not the watchers among themselves (a watcher catching up
+//! sends its backlog while the others send live events; a transaction over two
+//! prefixes arrives as two messages), so the watch does not pretend otherwise:
+//! each prefix's changes come out as soon as its watcher sends them, in that
+//! prefix's revision order, and each prefix has its own **position**, the revision
+//! up to which everything under it was delivered. A restart resumes every prefix
+//! from its own position + 1, so nothing is replayed and nothing missed.
+//!
+//! Merging the prefixes into one revision order instead would make a change under
+//! one prefix wait until every quiet prefix had reported progress past it: on
+//! members before etcd 3.4.31 and 3.5.13 (Debian's 3.4.23 among them) only the
+//! periodic notifications say so, every
+//! `--experimental-watch-progress-notify-interval` (10 minutes by default). Each
+//! key belongs to one prefix (overlapping prefixes are refused), and nothing the
+//! daemon does needs one order across prefixes: a guest's mapping and its move are
+//! one key of one VPC.
+//!
+//! A position advances with
+//! - the watcher's events: etcd never splits one revision of one watcher over two
+//!   messages (its catch-up batches end on revision boundaries, and fragmented
 //!   messages are not asked for), so after events of revision R the watcher has
 //!   sent all it has up to R;
 //! - the watcher's progress notifications (it is caught up, and has nothing below
-//!   the notification's revision left to send): sent by etcd every
-//!   `--experimental-watch-progress-notify-interval` to watchers without events,
-//!   through the same queue as their events, so never ahead of them;
-//! - a stream-wide progress answer to our request (every watcher is caught up to
-//!   its revision), asked for every 100 ms while changes wait, but only from
-//!   members whose answer is ordered with the events (etcd 3.4.31+, 3.5.13+).
-//!   On older members the periodic notifications are all there is, and how long a
-//!   change in one prefix may wait for a quiet one is that interval (see
-//!   docs/fleet.md, "The store client").
+//!   the notification's revision left to send), sent by etcd through the same
+//!   queue as its events, so never ahead of them;
+//! - a stream-wide progress answer (every watcher is caught up to its revision),
+//!   asked for every second, but only from members whose answer is ordered with
+//!   the events (etcd 3.4.31+, 3.5.13+). Older members send them out of order, so
+//!   there the periodic notifications are all there is.
+//!
+//! Positions of quiet prefixes moving up matters twice: `fleet status` shows the
+//! revision a sled is current at, and a restart's watch starts above the store's
+//! compaction rather than falling into a full resync.
 //!
 //! Prefixes are added and removed on the live stream ([`Watch::add_prefix`],
 //! [`Watch::remove_prefix`]) rather than by re-creating the watch: re-creating
-//! would replay every other prefix from the last saved revision, on 1,000 sleds,
-//! each time a port lands in a new VPC.
+//! would restart every other prefix's watcher, on 1,000 sleds, each time a port
+//! lands in a new VPC.
 
 use crate::error::{Operation, StoreError};
 use crate::store::{check_cluster, rpc};
@@ -40,34 +50,41 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How often to ask for a progress notification while changes wait for a quiet
-/// watcher's watermark (what Kubernetes uses for the same purpose).
-const PROGRESS_REQUEST_EVERY: Duration = Duration::from_millis(100);
+/// How often to ask members whose answers are ordered for a progress answer: the
+/// positions of quiet prefixes are then at most this far behind the store.
+const PROGRESS_REQUEST_EVERY: Duration = Duration::from_secs(1);
+
+/// Each watched prefix and the revision up to which everything under it was
+/// delivered: where a watch resumes ([`crate::Store::watch`]).
+pub type Positions = BTreeMap<String, i64>;
 
 /// What a [`Watch`] reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WatchEvent {
-    /// Every change of one revision under the watched prefixes, sorted by key:
-    /// a transaction's writes together. Revisions come in increasing order.
+    /// Every change of one revision under one prefix, sorted by key. A prefix's
+    /// revisions come in increasing order; a transaction over several prefixes
+    /// comes as one event for each.
     Changes {
+        /// The prefix whose watcher sent them; its position is now `revision`.
+        prefix: String,
         /// The transaction's revision.
         revision: i64,
-        /// Its changes under the watched prefixes.
+        /// Its changes under `prefix`.
         changes: Vec<Change>,
     },
-    /// Nothing under the watched prefixes changed up to `revision`: a restart may
-    /// resume from `revision + 1` (and an idle sled's saved revision keeps up with
-    /// the store, ahead of compaction).
+    /// Nothing under `prefix` changed up to `revision`: its position moved there.
     Progress {
-        /// Everything up to here was delivered.
+        /// The quiet prefix.
+        prefix: String,
+        /// Everything under it up to here was delivered.
         revision: i64,
     },
-    /// The store compacted away revisions the watch still needed (it started from
-    /// a revision older than the compaction, or fell that far behind): changes
-    /// were lost, and the caller must take a snapshot and start again. The last
-    /// event of this watch.
+    /// The store compacted away revisions the watch still needed (a prefix
+    /// started from a revision older than the compaction, or fell that far
+    /// behind): changes were lost, and the caller must take a snapshot and start
+    /// again. The last event of this watch.
     Compacted {
-        /// The prefix whose watcher etcd cancelled (the others follow).
+        /// The prefix whose watcher etcd cancelled.
         prefix: String,
         /// The oldest revision the store still has.
         compact_revision: i64,
@@ -85,24 +102,23 @@ pub struct Change {
     pub mod_revision: i64,
 }
 
-/// A watch over several prefixes ([`crate::Store::watch`]); see the module's
-/// doc for how the prefixes' events are merged. Its errors end it: on a transient
-/// one, reconnect and watch again from [`Watch::delivered`] + 1.
+/// A watch over several prefixes ([`crate::Store::watch`]); see the module's doc
+/// for what comes out in which order. Its errors end it: on a transient one,
+/// reconnect and watch again from [`Watch::positions`].
 pub struct Watch {
     endpoint: String,
     cluster_id: u64,
     ordered_progress: bool,
     requests: WatchRequestSender,
     responses: WatchResponseStream,
-    merge: Merge,
+    tracker: Tracker,
     next_watch_id: i64,
     /// Watchers asked for and not yet confirmed, oldest first: etcd answers
     /// creates in order, and a refused one (a permission) comes back with no
     /// watch id, so the oldest unanswered create is the one refused.
     unconfirmed: VecDeque<i64>,
-    /// When progress was last asked for, while changes wait; `None` when none
-    /// wait (the next wait asks at once).
-    progress_asked: Option<Instant>,
+    /// When to ask for progress next (members with ordered answers only).
+    progress_due: Instant,
     ended: bool,
 }
 
@@ -113,15 +129,12 @@ impl Watch {
         timeout: Duration,
         cluster_id: u64,
         ordered_progress: bool,
-        prefixes: &[String],
-        from_revision: i64,
+        positions: &Positions,
     ) -> Result<Watch, StoreError> {
-        if from_revision < 1 {
-            return Err(StoreError::InvalidRevision(from_revision));
-        }
-        let Some((first, rest)) = prefixes.split_first() else {
+        let Some((first, &after)) = positions.iter().next() else {
             return Err(StoreError::NothingToWatch);
         };
+        let from_revision = start_of(after)?;
         let operation = Operation::Watch {
             prefix: first.clone(),
             from_revision,
@@ -135,15 +148,15 @@ impl Watch {
             ordered_progress,
             requests,
             responses,
-            merge: Merge::new(from_revision),
+            tracker: Tracker::default(),
             next_watch_id: 2,
             unconfirmed: VecDeque::from([1]),
-            progress_asked: None,
+            progress_due: Instant::now() + PROGRESS_REQUEST_EVERY,
             ended: false,
         };
-        watch.merge.add(1, first.clone(), from_revision);
-        for prefix in rest {
-            watch.add_prefix(prefix, from_revision).await?;
+        watch.tracker.add(1, first.clone(), after);
+        for (prefix, &after) in positions.iter().skip(1) {
+            watch.add_prefix(prefix, after).await?;
         }
         Ok(watch)
     }
@@ -152,7 +165,7 @@ impl Watch {
     /// timer, say) loses nothing; a later call continues.
     pub async fn next(&mut self) -> Result<WatchEvent, StoreError> {
         loop {
-            if let Some(event) = self.merge.ready.pop_front() {
+            if let Some(event) = self.tracker.ready.pop_front() {
                 if matches!(event, WatchEvent::Compacted { .. }) {
                     self.ended = true;
                 }
@@ -161,13 +174,10 @@ impl Watch {
             if self.ended {
                 return Err(self.ended_error());
             }
-            let message = if self.ordered_progress && self.merge.waiting() {
-                let due = self
-                    .progress_asked
-                    .map_or_else(Instant::now, |t| t + PROGRESS_REQUEST_EVERY);
+            let message = if self.ordered_progress {
                 tokio::select! {
                     message = self.responses.message() => message,
-                    () = tokio::time::sleep_until(due) => {
+                    () = tokio::time::sleep_until(self.progress_due) => {
                         self.ask_progress().await?;
                         continue;
                     }
@@ -190,31 +200,25 @@ impl Watch {
                     });
                 }
             }
-            if !self.merge.waiting() {
-                self.progress_asked = None;
-            }
         }
     }
 
-    /// Starts watching `prefix` from `from_revision` (a sled starts hosting a port
-    /// in a new VPC): take a [`crate::Store::snapshot`] of the prefix, then add it
-    /// from the snapshot's revision + 1. The start must lie past what this watch
-    /// has delivered ([`StoreError::WatchStartBehind`]), which a fresh snapshot's
-    /// revision always does.
-    pub async fn add_prefix(&mut self, prefix: &str, from_revision: i64) -> Result<(), StoreError> {
-        if from_revision < 1 {
-            return Err(StoreError::InvalidRevision(from_revision));
-        }
-        if from_revision <= self.merge.delivered {
-            return Err(StoreError::WatchStartBehind {
-                prefix: prefix.to_string(),
-                from_revision,
-                delivered: self.merge.delivered,
-            });
-        }
-        if self.merge.id_of(prefix).is_some() {
-            return Err(StoreError::AlreadyWatched {
-                prefix: prefix.to_string(),
+    /// Starts watching `prefix` after revision `after` (a sled starts hosting a
+    /// port in a new VPC): take a [`crate::Store::snapshot`] of the prefix, then
+    /// add it after the snapshot's revision. A prefix that overlaps one watched
+    /// already is refused.
+    pub async fn add_prefix(&mut self, prefix: &str, after: i64) -> Result<(), StoreError> {
+        let from_revision = start_of(after)?;
+        if let Some(watched) = self.tracker.overlapping(prefix) {
+            return Err(if watched == prefix {
+                StoreError::AlreadyWatched {
+                    prefix: prefix.to_string(),
+                }
+            } else {
+                StoreError::OverlappingPrefix {
+                    prefix: prefix.to_string(),
+                    watched: watched.to_string(),
+                }
             });
         }
         let id = self.next_watch_id;
@@ -231,15 +235,14 @@ impl Watch {
             })?;
         self.next_watch_id += 1;
         self.unconfirmed.push_back(id);
-        self.merge.add(id, prefix.to_string(), from_revision);
+        self.tracker.add(id, prefix.to_string(), after);
         Ok(())
     }
 
     /// Stops watching `prefix` (the sled's last port in that VPC went): its
-    /// changes still waiting in the buffer are dropped, and changes of the other
-    /// prefixes that waited only for it come out at the next [`Watch::next`].
+    /// events not yet taken are dropped.
     pub async fn remove_prefix(&mut self, prefix: &str) -> Result<(), StoreError> {
-        let Some(id) = self.merge.id_of(prefix) else {
+        let Some(id) = self.tracker.id_of(prefix) else {
             return Err(StoreError::NotWatched {
                 prefix: prefix.to_string(),
             });
@@ -252,14 +255,19 @@ impl Watch {
                 operation: self.operation(),
                 source,
             })?;
-        self.merge.remove(id);
+        self.tracker.remove(id);
         Ok(())
     }
 
-    /// The revision up to which everything was delivered: a new watch after a
-    /// reconnect starts at this + 1.
+    /// Every prefix's position: a new watch after a reconnect starts from these.
+    pub fn positions(&self) -> Positions {
+        self.tracker.positions()
+    }
+
+    /// The revision up to which everything watched was delivered: the lowest
+    /// position.
     pub fn delivered(&self) -> i64 {
-        self.merge.delivered
+        self.tracker.delivered()
     }
 
     /// The cluster every answer of this watch came from.
@@ -287,18 +295,18 @@ impl Watch {
                 Some(id)
             };
             // A prefix removed before etcd answered needs no watcher anyway.
-            let Some(prefix) = refused.and_then(|id| self.merge.prefix_of(id)) else {
+            let Some(prefix) = refused.and_then(|id| self.tracker.prefix_of(id)) else {
                 return Ok(());
             };
             return Err(self.refused(prefix.to_string(), response));
         }
         if response.canceled() {
-            // A watcher we removed ourselves is not in the merge any more.
-            let Some(prefix) = self.merge.prefix_of(id).map(str::to_string) else {
+            // A watcher we removed ourselves is not tracked any more.
+            let Some(prefix) = self.tracker.prefix_of(id).map(str::to_string) else {
                 return Ok(());
             };
             if response.compact_revision() > 0 {
-                self.merge.compacted(prefix, response.compact_revision());
+                self.tracker.compacted(prefix, response.compact_revision());
                 return Ok(());
             }
             return Err(self.refused(prefix, response));
@@ -307,21 +315,21 @@ impl Watch {
             // Answers to progress requests; not asked for from members that
             // might send them out of order, and ignored from those.
             if self.ordered_progress {
-                self.merge.progress(None, revision);
+                self.tracker.progress(None, revision);
             }
             return Ok(());
         }
         if response.events().is_empty() {
-            self.merge.progress(Some(id), revision);
+            self.tracker.progress(Some(id), revision);
         } else {
-            self.merge
+            self.tracker
                 .events(id, response.events().iter().filter_map(change));
         }
         Ok(())
     }
 
-    /// A watcher etcd would not create or cancelled: the watch ends, since the
-    /// merge cannot go past a prefix it no longer hears from.
+    /// A watcher etcd would not create or cancelled: the watch ends (the caller
+    /// learns which prefix, and why).
     fn refused(&mut self, prefix: String, response: &WatchResponse) -> StoreError {
         self.ended = true;
         StoreError::WatchCanceled {
@@ -332,7 +340,7 @@ impl Watch {
     }
 
     async fn ask_progress(&mut self) -> Result<(), StoreError> {
-        self.progress_asked = Some(Instant::now());
+        self.progress_due = Instant::now() + PROGRESS_REQUEST_EVERY;
         self.requests
             .request_progress()
             .await
@@ -345,9 +353,10 @@ impl Watch {
 
     /// The watch as a whole, for errors of the stream: named by its first prefix.
     fn operation(&self) -> Operation {
+        let (prefix, after) = self.tracker.first().unwrap_or_default();
         Operation::Watch {
-            prefix: self.merge.first_prefix().unwrap_or_default().to_string(),
-            from_revision: self.merge.delivered + 1,
+            prefix,
+            from_revision: after + 1,
         }
     }
 
@@ -356,6 +365,15 @@ impl Watch {
             endpoint: self.endpoint.clone(),
         }
     }
+}
+
+/// The first revision of a watch of a prefix delivered up to `after`.
+fn start_of(after: i64) -> Result<i64, StoreError> {
+    // etcd reads a start of 0 as "from now", and would miss changes.
+    if after < 0 {
+        return Err(StoreError::InvalidRevision(after + 1));
+    }
+    Ok(after + 1)
 }
 
 /// The watch id etcd gives answers to progress requests, which concern every
@@ -382,71 +400,65 @@ fn change(event: &Event) -> Option<Change> {
     })
 }
 
-/// The merge of the watchers' events into revision order, apart from the stream
-/// so that it can be tested without a store.
-struct Merge {
+/// The watchers' positions and the events ready to be taken, apart from the
+/// stream so that it can be tested without a store.
+#[derive(Default)]
+struct Tracker {
     watchers: BTreeMap<i64, Watcher>,
-    /// Changes not yet released: revision -> key -> change (a key once per
-    /// revision even when overlapping prefixes both report it).
-    pending: BTreeMap<i64, BTreeMap<String, Change>>,
-    /// Every revision up to this one was released (changes or progress).
-    delivered: i64,
     ready: VecDeque<WatchEvent>,
 }
 
 struct Watcher {
     prefix: String,
-    /// This watcher has sent everything it has up to here.
-    watermark: i64,
+    /// Everything under the prefix up to here was delivered.
+    position: i64,
 }
 
-impl Merge {
-    fn new(from_revision: i64) -> Merge {
-        Merge {
-            watchers: BTreeMap::new(),
-            pending: BTreeMap::new(),
-            delivered: from_revision - 1,
-            ready: VecDeque::new(),
-        }
-    }
-
-    fn add(&mut self, id: i64, prefix: String, from_revision: i64) {
+impl Tracker {
+    fn add(&mut self, id: i64, prefix: String, after: i64) {
         self.watchers.insert(
             id,
             Watcher {
                 prefix,
-                watermark: from_revision - 1,
+                position: after,
             },
         );
     }
 
-    /// Forgets a watcher and its waiting changes (those no remaining prefix
-    /// covers); what waited only for it is released.
+    /// Forgets a watcher and the events of its prefix not yet taken.
     fn remove(&mut self, id: i64) {
         let Some(gone) = self.watchers.remove(&id) else {
             return;
         };
-        let still_watched = |key: &str| self.watchers.values().any(|w| key.starts_with(&w.prefix));
-        for changes in self.pending.values_mut() {
-            changes.retain(|key, _| !key.starts_with(&gone.prefix) || still_watched(key));
-        }
-        self.pending.retain(|_, changes| !changes.is_empty());
-        self.release();
+        self.ready.retain(|e| match e {
+            WatchEvent::Changes { prefix, .. } | WatchEvent::Progress { prefix, .. } => {
+                *prefix != gone.prefix
+            }
+            WatchEvent::Compacted { .. } => true,
+        });
     }
 
+    /// A watcher's events, one [`WatchEvent::Changes`] per revision (a catch-up
+    /// message may hold several).
     fn events(&mut self, id: i64, changes: impl Iterator<Item = Change>) {
         let Some(watcher) = self.watchers.get_mut(&id) else {
             return;
         };
-        for change in changes {
-            watcher.watermark = watcher.watermark.max(change.mod_revision);
-            self.pending
+        let mut by_revision: BTreeMap<i64, BTreeMap<String, Change>> = BTreeMap::new();
+        for change in changes.filter(|c| c.mod_revision > watcher.position) {
+            by_revision
                 .entry(change.mod_revision)
                 .or_default()
-                .entry(change.key.clone())
-                .or_insert(change);
+                .insert(change.key.clone(), change);
         }
-        self.release();
+        for (revision, changes) in by_revision {
+            watcher.position = revision;
+            self.ready.push_back(WatchEvent::Changes {
+                prefix: watcher.prefix.clone(),
+                revision,
+                changes: changes.into_values().collect(),
+            });
+        }
     }
 
     /// A progress notification: for one watcher, or (`None`) for all.
@@ -456,9 +468,14 @@ impl Merge {
             .iter_mut()
             .filter(|(w, _)| id.is_none_or(|id| **w == id))
         {
-            watcher.watermark = watcher.watermark.max(revision);
+            if revision > watcher.position {
+                watcher.position = revision;
+                self.ready.push_back(WatchEvent::Progress {
+                    prefix: watcher.prefix.clone(),
+                    revision,
+                });
+            }
         }
-        self.release();
     }
 
     fn compacted(&mut self, prefix: String, compact_revision: i64) {
@@ -468,33 +485,27 @@ impl Merge {
         });
     }
 
-    /// Releases every waiting revision that all watchers have passed, in order,
-    /// then progress up to the lowest watermark if that is further.
-    fn release(&mut self) {
-        let Some(safe) = self.watchers.values().map(|w| w.watermark).min() else {
-            return;
-        };
-        while let Some(entry) = self.pending.first_entry() {
-            if *entry.key() > safe {
-                break;
-            }
-            let (revision, changes) = entry.remove_entry();
-            self.ready.push_back(WatchEvent::Changes {
-                revision,
-                changes: changes.into_values().collect(),
-            });
-            self.delivered = revision;
-        }
-        if safe > self.delivered {
-            self.ready
-                .push_back(WatchEvent::Progress { revision: safe });
-            self.delivered = safe;
-        }
+    fn positions(&self) -> Positions {
+        self.watchers
+            .values()
+            .map(|w| (w.prefix.clone(), w.position))
+            .collect()
     }
 
-    /// Changes are held back for a watcher that has not caught up.
-    fn waiting(&self) -> bool {
-        !self.pending.is_empty()
+    fn delivered(&self) -> i64 {
+        self.watchers
+            .values()
+            .map(|w| w.position)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// A watched prefix that `prefix` equals, contains or lies within.
+    fn overlapping(&self, prefix: &str) -> Option<&str> {
+        self.watchers
+            .values()
+            .map(|w| w.prefix.as_str())
+            .find(|w| w.starts_with(prefix) || prefix.starts_with(w))
     }
 
     fn id_of(&self, prefix: &str) -> Option<i64> {
@@ -508,8 +519,11 @@ impl Merge {
         self.watchers.get(&id).map(|w| w.prefix.as_str())
     }
 
-    fn first_prefix(&self) -> Option<&str> {
-        self.watchers.values().next().map(|w| w.prefix.as_str())
+    fn first(&self) -> Option<(String, i64)> {
+        self.watchers
+            .values()
+            .next()
+            .map(|w| (w.prefix.clone(), w.position))
     }
 }
 
@@ -525,115 +539,117 @@ mod tests {
         }
     }
 
-    fn drain(m: &mut Merge) -> Vec<WatchEvent> {
-        m.ready.drain(..).collect()
+    fn drain(t: &mut Tracker) -> Vec<WatchEvent> {
+        t.ready.drain(..).collect()
     }
 
-    fn changes(revision: i64, keys: &[&str]) -> WatchEvent {
+    fn changes(prefix: &str, revision: i64, keys: &[&str]) -> WatchEvent {
         WatchEvent::Changes {
+            prefix: prefix.to_string(),
             revision,
             changes: keys.iter().map(|k| put(k, revision)).collect(),
         }
     }
 
-    fn two_watchers(from: i64) -> Merge {
-        let mut m = Merge::new(from);
-        m.add(1, "/a/".into(), from);
-        m.add(2, "/b/".into(), from);
-        m
+    fn progress(prefix: &str, revision: i64) -> WatchEvent {
+        WatchEvent::Progress {
+            prefix: prefix.to_string(),
+            revision,
+        }
+    }
+
+    fn two_watchers(after: i64) -> Tracker {
+        let mut t = Tracker::default();
+        t.add(1, "/a/".into(), after);
+        t.add(2, "/b/".into(), after);
+        t
     }
 
     #[test]
-    fn a_catching_up_watcher_holds_back_later_revisions() {
-        let mut m = two_watchers(10);
-        // Watcher 1 is live at 15 while watcher 2 still sends its backlog.
-        m.events(1, [put("/a/x", 15)].into_iter());
-        assert_eq!(drain(&mut m), []);
-        m.events(2, [put("/b/y", 12)].into_iter());
-        assert_eq!(drain(&mut m), [changes(12, &["/b/y"])]);
-        m.progress(Some(2), 20);
-        assert_eq!(drain(&mut m), [changes(15, &["/a/x"])]);
-        // Watcher 1's watermark (15) now bounds the progress.
-        m.progress(Some(1), 20);
-        assert_eq!(drain(&mut m), [WatchEvent::Progress { revision: 20 }]);
-        assert_eq!(m.delivered, 20);
-    }
-
-    #[test]
-    fn one_transaction_over_two_prefixes_is_one_event() {
-        let mut m = two_watchers(1);
-        m.events(1, [put("/a/x", 7)].into_iter());
-        m.events(2, [put("/b/y", 7), put("/b/z", 7)].into_iter());
-        assert_eq!(drain(&mut m), [changes(7, &["/a/x", "/b/y", "/b/z"])]);
-    }
-
-    #[test]
-    fn a_single_watcher_releases_at_once() {
-        let mut m = Merge::new(1);
-        m.add(1, "/a/".into(), 1);
-        m.events(1, [put("/a/x", 3), put("/a/y", 4)].into_iter());
+    fn a_live_change_does_not_wait_for_a_quiet_prefix() {
+        let mut t = two_watchers(10);
+        t.events(1, [put("/a/x", 15)].into_iter());
+        assert_eq!(drain(&mut t), [changes("/a/", 15, &["/a/x"])]);
+        // The other prefix catches up on its own; each has its own position.
+        t.events(2, [put("/b/y", 12)].into_iter());
+        assert_eq!(drain(&mut t), [changes("/b/", 12, &["/b/y"])]);
         assert_eq!(
-            drain(&mut m),
-            [changes(3, &["/a/x"]), changes(4, &["/a/y"])]
+            t.positions(),
+            Positions::from([("/a/".into(), 15), ("/b/".into(), 12)])
         );
-        m.progress(Some(1), 4);
-        assert_eq!(drain(&mut m), []);
+        assert_eq!(t.delivered(), 12);
+        t.progress(Some(2), 20);
+        assert_eq!(drain(&mut t), [progress("/b/", 20)]);
+        assert_eq!(t.delivered(), 15);
     }
 
     #[test]
-    fn stream_progress_moves_every_watermark() {
-        let mut m = two_watchers(1);
-        m.events(1, [put("/a/x", 5)].into_iter());
-        m.progress(None, 9);
+    fn a_catch_up_message_is_one_event_per_revision() {
+        let mut t = Tracker::default();
+        t.add(1, "/a/".into(), 2);
+        t.events(
+            1,
+            [put("/a/y", 4), put("/a/x", 3), put("/a/z", 4)].into_iter(),
+        );
         assert_eq!(
-            drain(&mut m),
-            [changes(5, &["/a/x"]), WatchEvent::Progress { revision: 9 }]
+            drain(&mut t),
+            [
+                changes("/a/", 3, &["/a/x"]),
+                changes("/a/", 4, &["/a/y", "/a/z"])
+            ]
         );
+        // Progress that says nothing new is not reported.
+        t.progress(Some(1), 4);
+        assert_eq!(drain(&mut t), []);
     }
 
     #[test]
-    fn overlapping_prefixes_report_a_key_once() {
-        let mut m = Merge::new(1);
-        m.add(1, "/a/".into(), 1);
-        m.add(2, "/a/b/".into(), 1);
-        m.events(1, [put("/a/b/k", 3)].into_iter());
-        m.events(2, [put("/a/b/k", 3)].into_iter());
-        assert_eq!(drain(&mut m), [changes(3, &["/a/b/k"])]);
+    fn stream_progress_moves_every_position() {
+        let mut t = two_watchers(1);
+        t.events(1, [put("/a/x", 5)].into_iter());
+        t.progress(None, 9);
+        assert_eq!(
+            drain(&mut t),
+            [
+                changes("/a/", 5, &["/a/x"]),
+                progress("/a/", 9),
+                progress("/b/", 9)
+            ]
+        );
+        assert_eq!(t.delivered(), 9);
     }
 
     #[test]
-    fn removing_a_prefix_drops_its_waiting_changes() {
-        let mut m = two_watchers(1);
-        m.events(1, [put("/a/x", 6)].into_iter());
-        m.remove(1);
-        assert_eq!(drain(&mut m), []);
-        m.progress(Some(2), 9);
-        assert_eq!(drain(&mut m), [WatchEvent::Progress { revision: 9 }]);
-        assert_eq!(m.id_of("/a/"), None);
+    fn removing_a_prefix_drops_its_events_not_yet_taken() {
+        let mut t = two_watchers(1);
+        t.events(1, [put("/a/x", 6)].into_iter());
+        t.events(2, [put("/b/x", 7)].into_iter());
+        t.remove(1);
+        assert_eq!(drain(&mut t), [changes("/b/", 7, &["/b/x"])]);
+        assert_eq!(t.id_of("/a/"), None);
+        assert_eq!(t.delivered(), 7);
     }
 
     #[test]
-    fn removing_the_laggard_releases_what_waited_for_it() {
-        let mut m = two_watchers(1);
-        m.events(2, [put("/b/y", 4)].into_iter());
-        assert_eq!(drain(&mut m), []);
-        m.remove(1);
-        assert_eq!(drain(&mut m), [changes(4, &["/b/y"])]);
+    fn overlapping_prefixes_are_found_both_ways() {
+        let mut t = Tracker::default();
+        t.add(1, "/v/vpc/1/".into(), 0);
+        assert_eq!(t.overlapping("/v/vpc/1/"), Some("/v/vpc/1/"));
+        assert_eq!(t.overlapping("/v/vpc/"), Some("/v/vpc/1/"));
+        assert_eq!(t.overlapping("/v/vpc/1/v2p/"), Some("/v/vpc/1/"));
+        assert_eq!(t.overlapping("/v/vpc/10/"), None);
     }
 
     #[test]
-    fn an_added_watcher_starts_at_its_own_revision() {
-        let mut m = Merge::new(1);
-        m.add(1, "/a/".into(), 1);
-        m.progress(Some(1), 10);
-        assert_eq!(drain(&mut m), [WatchEvent::Progress { revision: 10 }]);
-        // Snapshot of /b/ at 12, watched from 13: holds nothing below 13 back.
-        m.add(2, "/b/".into(), 13);
-        m.events(1, [put("/a/x", 11)].into_iter());
-        assert_eq!(drain(&mut m), [changes(11, &["/a/x"])]);
-        m.events(2, [put("/b/y", 14)].into_iter());
-        assert_eq!(drain(&mut m), []);
-        m.progress(Some(1), 14);
-        assert_eq!(drain(&mut m), [changes(14, &["/b/y"])]);
+    fn an_added_watcher_starts_at_its_own_position() {
+        let mut t = Tracker::default();
+        t.add(1, "/a/".into(), 10);
+        // Snapshot of /b/ at 12, watched after it.
+        t.add(2, "/b/".into(), 12);
+        t.events(1, [put("/a/x", 11)].into_iter());
+        assert_eq!(drain(&mut t), [changes("/a/", 11, &["/a/x"])]);
+        t.events(2, [put("/b/y", 14)].into_iter());
+        assert_eq!(drain(&mut t), [changes("/b/", 14, &["/b/y"])]);
+        assert_eq!(t.delivered(), 11);
     }
 }

@@ -1,7 +1,7 @@
 //! TLS with client certificates (`--client-cert-auth`), over IPv4 and IPv6.
 
 use crate::harness::{connect, Etcd, Pki, TIMEOUT};
-use fleet::{Op, Store, StoreConfig, StoreError, TlsFiles};
+use fleet::{Op, Positions, Store, StoreConfig, StoreError, TlsFiles};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
@@ -147,8 +147,11 @@ async fn a_sled_reads_only_what_its_role_grants() {
     let e = store.apply(vec![put]).await.unwrap_err();
     assert!(!e.is_transient(), "{e}");
 
-    let both = vec![v2b[0].clone(), vpc[0].clone()];
-    let mut watch = store.watch(&both, snap.revision + 1).await.unwrap();
+    let both = Positions::from([
+        (v2b[0].clone(), snap.revision),
+        (vpc[0].clone(), snap.revision),
+    ]);
+    let mut watch = store.watch(&both).await.unwrap();
     match tokio::time::timeout(std::time::Duration::from_secs(5), watch.next()).await {
         Ok(Err(StoreError::WatchCanceled { prefix, reason, .. })) => {
             assert_eq!(prefix, vpc[0]);

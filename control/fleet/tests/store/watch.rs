@@ -1,8 +1,9 @@
-//! Watches: replay from a revision (deletes included), one event per transaction
-//! across prefixes, progress when idle, compaction, prefixes added and removed.
+//! Watches: replay from a revision (deletes included), each prefix in its own
+//! order and from its own position, progress when idle, compaction, prefixes
+//! added and removed.
 
 use crate::harness::Etcd;
-use fleet::{Change, Op, StoreError, Watch, WatchEvent};
+use fleet::{Change, Op, Positions, StoreError, Watch, WatchEvent};
 use std::time::Duration;
 
 fn put(key: &str, value: &str) -> Op {
@@ -19,18 +20,28 @@ fn delete(key: &str) -> Op {
     }
 }
 
-fn prefixes(p: &[&str]) -> Vec<String> {
-    p.iter().map(|s| s.to_string()).collect()
+/// Every prefix of `p` after revision `after`.
+fn after(p: &[&str], after: i64) -> Positions {
+    p.iter().map(|s| (s.to_string(), after)).collect()
 }
 
-/// The next event other than progress, within a few seconds.
-async fn next_change(watch: &mut Watch) -> WatchEvent {
-    loop {
+/// The next `n` events other than progress, within a few seconds, in the order
+/// (revision, prefix): the order across prefixes is not the watch's to promise.
+async fn next_changes(watch: &mut Watch, n: usize) -> Vec<WatchEvent> {
+    let mut got = Vec::new();
+    while got.len() < n {
         match next(watch).await {
             WatchEvent::Progress { .. } => continue,
-            event => return event,
+            event => got.push(event),
         }
     }
+    got.sort_by_key(|e| match e {
+        WatchEvent::Changes {
+            prefix, revision, ..
+        } => (*revision, prefix.clone()),
+        _ => (0, String::new()),
+    });
+    got
 }
 
 async fn next(watch: &mut Watch) -> WatchEvent {
@@ -40,8 +51,9 @@ async fn next(watch: &mut Watch) -> WatchEvent {
         .expect("watch")
 }
 
-fn changed(revision: i64, changes: &[(&str, Option<&str>)]) -> WatchEvent {
+fn changed(prefix: &str, revision: i64, changes: &[(&str, Option<&str>)]) -> WatchEvent {
     WatchEvent::Changes {
+        prefix: prefix.to_string(),
         revision,
         changes: changes
             .iter()
@@ -75,23 +87,19 @@ async fn watch_from_a_revision_replays_puts_and_deletes_in_order() {
         .unwrap()
         .revision;
 
-    // Both watchers catch up from r1; /t/x/'s events of r3 must wait for /t/w/'s
-    // backlog and come out with them as one event.
+    // Both watchers catch up after r1 - 1; r3 comes once for each prefix.
     let mut watch = store
-        .watch(&prefixes(&["/t/w/", "/t/x/"]), r1)
+        .watch(&after(&["/t/w/", "/t/x/"], r1 - 1))
         .await
         .unwrap();
     assert_eq!(
-        next_change(&mut watch).await,
-        changed(r1, &[("/t/w/a", Some("1")), ("/t/w/b", Some("1"))])
-    );
-    assert_eq!(
-        next_change(&mut watch).await,
-        changed(r2, &[("/t/w/a", None)])
-    );
-    assert_eq!(
-        next_change(&mut watch).await,
-        changed(r3, &[("/t/w/c", Some("1")), ("/t/x/d", Some("1"))])
+        next_changes(&mut watch, 4).await,
+        [
+            changed("/t/w/", r1, &[("/t/w/a", Some("1")), ("/t/w/b", Some("1"))]),
+            changed("/t/w/", r2, &[("/t/w/a", None)]),
+            changed("/t/w/", r3, &[("/t/w/c", Some("1"))]),
+            changed("/t/x/", r3, &[("/t/x/d", Some("1"))]),
+        ]
     );
 
     // Live: the same holds for a transaction written now.
@@ -101,22 +109,39 @@ async fn watch_from_a_revision_replays_puts_and_deletes_in_order() {
         .unwrap()
         .revision;
     assert_eq!(
-        next_change(&mut watch).await,
-        changed(r4, &[("/t/w/b", None), ("/t/x/d", Some("2"))])
+        next_changes(&mut watch, 2).await,
+        [
+            changed("/t/w/", r4, &[("/t/w/b", None)]),
+            changed("/t/x/", r4, &[("/t/x/d", Some("2"))]),
+        ]
     );
-    // A change under one prefix while the other is quiet: it waits for the quiet
-    // watcher's progress (etcd 3.4.23 sends it every second here).
+    // A change under one prefix while the other is quiet comes at once: it does
+    // not wait for the quiet one's progress, and only its own position moves.
     let r5 = store
         .apply(vec![put("/t/x/e", "1")])
         .await
         .unwrap()
         .revision;
     assert_eq!(
-        next_change(&mut watch).await,
-        changed(r5, &[("/t/x/e", Some("1"))])
+        next_changes(&mut watch, 1).await,
+        [changed("/t/x/", r5, &[("/t/x/e", Some("1"))])]
     );
-    assert_eq!(watch.delivered(), r5);
+    let positions = watch.positions();
+    assert_eq!(positions["/t/x/"], r5);
+    assert!(positions["/t/w/"] >= r4, "{positions:?}");
     assert_eq!(watch.cluster_id(), store.cluster_id());
+
+    // A watch resumed from those positions replays nothing.
+    let mut resumed = store.watch(&positions).await.unwrap();
+    let r6 = store
+        .apply(vec![put("/t/w/f", "1")])
+        .await
+        .unwrap()
+        .revision;
+    assert_eq!(
+        next_changes(&mut resumed, 1).await,
+        [changed("/t/w/", r6, &[("/t/w/f", Some("1"))])]
+    );
 }
 
 #[tokio::test]
@@ -125,23 +150,22 @@ async fn an_idle_watch_hears_progress() {
     let mut store = etcd.store().await;
     let start = store.status().await.unwrap().revision;
     let mut watch = store
-        .watch(&prefixes(&["/t/quiet/", "/t/still/"]), start + 1)
+        .watch(&after(&["/t/quiet/", "/t/still/"], start))
         .await
         .unwrap();
-    // Writes elsewhere move the store's revision, and the watch's with it.
+    // Writes elsewhere move the store's revision, and both positions with it.
     let elsewhere = store
         .apply(vec![put("/t/other/k", "1")])
         .await
         .unwrap()
         .revision;
-    loop {
+    while watch.delivered() < elsewhere {
         match next(&mut watch).await {
-            WatchEvent::Progress { revision } if revision >= elsewhere => break,
             WatchEvent::Progress { .. } => continue,
             other => panic!("unexpected {other:?}"),
         }
     }
-    assert!(watch.delivered() >= elsewhere);
+    assert!(watch.positions().values().all(|&r| r >= elsewhere));
 }
 
 #[tokio::test]
@@ -160,7 +184,7 @@ async fn a_watch_from_a_compacted_revision_says_so() {
         .revision;
     etcd.raw().await.compact(last, None).await.expect("compact");
 
-    let mut watch = store.watch(&prefixes(&["/t/c/"]), first).await.unwrap();
+    let mut watch = store.watch(&after(&["/t/c/"], first - 1)).await.unwrap();
     assert_eq!(
         next(&mut watch).await,
         WatchEvent::Compacted {
@@ -174,10 +198,10 @@ async fn a_watch_from_a_compacted_revision_says_so() {
     ));
 
     // The way out: a snapshot, and a watch from after it.
-    let snap = store.snapshot(&prefixes(&["/t/c/"])).await.unwrap();
+    let snap = store.snapshot(&["/t/c/".to_string()]).await.unwrap();
     assert_eq!(snap.kvs.len(), 1);
     let mut watch = store
-        .watch(&prefixes(&["/t/c/"]), snap.revision + 1)
+        .watch(&after(&["/t/c/"], snap.revision))
         .await
         .unwrap();
     let r = store
@@ -186,8 +210,8 @@ async fn a_watch_from_a_compacted_revision_says_so() {
         .unwrap()
         .revision;
     assert_eq!(
-        next_change(&mut watch).await,
-        changed(r, &[("/t/c/b", Some("1"))])
+        next_changes(&mut watch, 1).await,
+        [changed("/t/c/", r, &[("/t/c/b", Some("1"))])]
     );
 }
 
@@ -196,28 +220,28 @@ async fn prefixes_come_and_go_on_a_live_watch() {
     let etcd = Etcd::start();
     let mut store = etcd.store().await;
     let start = store.status().await.unwrap().revision;
-    let mut watch = store.watch(&prefixes(&["/t/a/"]), start + 1).await.unwrap();
+    let mut watch = store.watch(&after(&["/t/a/"], start)).await.unwrap();
     let r1 = store
         .apply(vec![put("/t/a/1", "x"), put("/t/b/1", "x")])
         .await
         .unwrap()
         .revision;
     assert_eq!(
-        next_change(&mut watch).await,
-        changed(r1, &[("/t/a/1", Some("x"))])
+        next_changes(&mut watch, 1).await,
+        [changed("/t/a/", r1, &[("/t/a/1", Some("x"))])]
     );
 
     // A new VPC: snapshot its prefix, then watch it from after the snapshot.
-    let snap = store.snapshot(&prefixes(&["/t/b/"])).await.unwrap();
+    let snap = store.snapshot(&["/t/b/".to_string()]).await.unwrap();
     assert_eq!(snap.kvs.len(), 1);
+    watch.add_prefix("/t/b/", snap.revision).await.unwrap();
     assert!(matches!(
-        watch.add_prefix("/t/b/", r1 - 1).await,
-        Err(StoreError::WatchStartBehind { .. })
-    ));
-    watch.add_prefix("/t/b/", snap.revision + 1).await.unwrap();
-    assert!(matches!(
-        watch.add_prefix("/t/b/", snap.revision + 1).await,
+        watch.add_prefix("/t/b/", snap.revision).await,
         Err(StoreError::AlreadyWatched { .. })
+    ));
+    assert!(matches!(
+        watch.add_prefix("/t/b/sub/", snap.revision).await,
+        Err(StoreError::OverlappingPrefix { .. })
     ));
     let r2 = store
         .apply(vec![put("/t/a/2", "x"), put("/t/b/2", "x")])
@@ -225,8 +249,11 @@ async fn prefixes_come_and_go_on_a_live_watch() {
         .unwrap()
         .revision;
     assert_eq!(
-        next_change(&mut watch).await,
-        changed(r2, &[("/t/a/2", Some("x")), ("/t/b/2", Some("x"))])
+        next_changes(&mut watch, 2).await,
+        [
+            changed("/t/a/", r2, &[("/t/a/2", Some("x"))]),
+            changed("/t/b/", r2, &[("/t/b/2", Some("x"))]),
+        ]
     );
 
     // The VPC's last port goes: its changes stop, the others' go on.
@@ -243,11 +270,12 @@ async fn prefixes_come_and_go_on_a_live_watch() {
         .revision;
     assert!(r4 > r3);
     assert_eq!(
-        next_change(&mut watch).await,
-        changed(r4, &[("/t/a/4", Some("x"))])
+        next_changes(&mut watch, 1).await,
+        [changed("/t/a/", r4, &[("/t/a/4", Some("x"))])]
     );
     assert!(matches!(
         watch.remove_prefix("/t/b/").await,
         Err(StoreError::NotWatched { .. })
     ));
+    assert_eq!(watch.positions().len(), 1);
 }

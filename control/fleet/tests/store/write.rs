@@ -2,7 +2,7 @@
 //! connection errors.
 
 use crate::harness::{connect, Etcd, TIMEOUT};
-use fleet::{Op, SkippedDelete, Store, StoreConfig, StoreError, MAX_TXN_OPS};
+use fleet::{Op, Positions, SkippedDelete, Store, StoreConfig, StoreError, MAX_TXN_OPS};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -174,7 +174,7 @@ async fn a_member_without_quorum_answers_no_leader() {
     store.apply(vec![put("/t/q/a", "1")]).await.unwrap();
     let start = store.status().await.unwrap().revision;
     let mut watch = store
-        .watch(&["/t/q/".to_string()], start + 1)
+        .watch(&Positions::from([("/t/q/".to_string(), start)]))
         .await
         .unwrap();
 
