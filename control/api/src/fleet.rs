@@ -32,14 +32,17 @@ pub const MAX_MAPPING_VALUE: usize = 4 * 1024;
 /// The largest value a port's table (routes, firewall rules) may have.
 pub const MAX_TABLE_VALUE: usize = 64 * 1024;
 
+/// Where every VPC's prefix lies.
+pub const VPC_ROOT: &str = "/overlay/v1/vpc/";
+
 /// The prefix of VPC `vni`'s keys; a sled watches it while it hosts a port there.
 pub fn vpc_prefix(vni: Vni) -> String {
-    format!("{ROOT}vpc/{vni}/")
+    format!("{VPC_ROOT}{vni}/")
 }
 
 /// The key of the V2P mapping of `vpc_ip` in VPC `vni`.
 pub fn v2p_key(vni: Vni, vpc_ip: IpAddr) -> String {
-    format!("{ROOT}vpc/{vni}/v2p/{vpc_ip}")
+    format!("{VPC_ROOT}{vni}/v2p/{vpc_ip}")
 }
 
 /// The key of the V2B entry of `prefix`.

@@ -72,6 +72,18 @@ pub enum ConfigError {
     },
     #[error("path-check interval 0: give at least 1 second")]
     PathCheckInterval,
+    #[error("fleet-endpoints given without sled-id: a fleet member needs its name")]
+    FleetNoSled,
+    #[error("sled-id given without fleet-endpoints: no store to be a member of")]
+    FleetNoEndpoints,
+    #[error(transparent)]
+    SledId(#[from] api::fleet::SledIdError),
+    #[error("fleet endpoint {0:?} is not an http:// or https:// URL")]
+    FleetEndpoint(String),
+    #[error("fleet endpoint {0:?} is https: give fleet-cert, fleet-key and fleet-ca")]
+    FleetHttpsWithoutTls(String),
+    #[error("fleet TLS needs fleet-cert, fleet-key and fleet-ca together; {0} is missing")]
+    FleetTlsPart(&'static str),
 }
 
 /// Where ports, V2P, routes and firewall rules are kept across restarts by default.
@@ -305,6 +317,12 @@ pub struct FileConfig {
     pub log_format: Option<LogFormat>,
     pub path_check_interval: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
+    #[serde(default)]
+    pub fleet_endpoints: Vec<String>,
+    pub fleet_cert: Option<PathBuf>,
+    pub fleet_key: Option<PathBuf>,
+    pub fleet_ca: Option<PathBuf>,
+    pub sled_id: Option<String>,
 }
 
 impl FileConfig {
@@ -399,6 +417,91 @@ pub struct DaemonArgs {
     /// http://ADDR:PORT/metrics, for Prometheus (off unless given).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Make this sled a member of a fleet: the client URLs of the etcd members
+    /// that hold the fleet's V2P, V2B and port tables (docs/fleet.md), comma
+    /// separated. Off unless given.
+    #[arg(long, value_name = "URL,...", value_delimiter = ',')]
+    pub fleet_endpoints: Vec<String>,
+    /// The sled's client certificate for the fleet's store (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub fleet_cert: Option<PathBuf>,
+    /// Its private key (PEM, mode 0600).
+    #[arg(long, value_name = "FILE")]
+    pub fleet_key: Option<PathBuf>,
+    /// The CA that signed the store members' certificates (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub fleet_ca: Option<PathBuf>,
+    /// This sled's name in the fleet: its keys' path element and its certificate's
+    /// user.
+    #[arg(long, value_name = "NAME")]
+    pub sled_id: Option<String>,
+}
+
+/// Where the fleet's store is and who this sled is in it (docs/fleet.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FleetConfig {
+    pub endpoints: Vec<String>,
+    /// The certificate, key and CA files; `None` for plain http:// endpoints.
+    pub tls: Option<FleetTls>,
+    pub sled: api::fleet::SledId,
+}
+
+/// The sled's TLS files for the store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FleetTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl FleetConfig {
+    /// The fleet flags and keys merged (flags win, a flag's endpoint list
+    /// replaces the file's), or `None` when neither names a store.
+    fn merge(file: &FileConfig, args: &DaemonArgs) -> Result<Option<FleetConfig>, ConfigError> {
+        let endpoints = if args.fleet_endpoints.is_empty() {
+            file.fleet_endpoints.clone()
+        } else {
+            args.fleet_endpoints.clone()
+        };
+        let sled = args.sled_id.clone().or_else(|| file.sled_id.clone());
+        let (endpoints, sled) = match (endpoints.is_empty(), sled) {
+            (true, None) => return Ok(None),
+            (true, Some(_)) => return Err(ConfigError::FleetNoEndpoints),
+            (false, None) => return Err(ConfigError::FleetNoSled),
+            (false, Some(s)) => (endpoints, s.parse::<api::fleet::SledId>()?),
+        };
+        let file_of = |option: &'static str, flag: &Option<PathBuf>, key: &Option<PathBuf>| {
+            let path = flag.clone().or_else(|| key.clone());
+            if let Some(p) = &path {
+                absolute(option, p)?;
+            }
+            Ok::<_, ConfigError>(path)
+        };
+        let cert = file_of("fleet-cert", &args.fleet_cert, &file.fleet_cert)?;
+        let key = file_of("fleet-key", &args.fleet_key, &file.fleet_key)?;
+        let ca = file_of("fleet-ca", &args.fleet_ca, &file.fleet_ca)?;
+        let tls = match (cert, key, ca) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(ca)) => Some(FleetTls { cert, key, ca }),
+            (None, _, _) => return Err(ConfigError::FleetTlsPart("fleet-cert")),
+            (_, None, _) => return Err(ConfigError::FleetTlsPart("fleet-key")),
+            (_, _, None) => return Err(ConfigError::FleetTlsPart("fleet-ca")),
+        };
+        for e in &endpoints {
+            if e.starts_with("https://") {
+                if tls.is_none() {
+                    return Err(ConfigError::FleetHttpsWithoutTls(e.clone()));
+                }
+            } else if !e.starts_with("http://") || e.len() == "http://".len() {
+                return Err(ConfigError::FleetEndpoint(e.clone()));
+            }
+        }
+        Ok(Some(FleetConfig {
+            endpoints,
+            tls,
+            sled,
+        }))
+    }
 }
 
 /// Refuses a relative path: the daemon would resolve it against wherever it was
@@ -444,6 +547,8 @@ pub struct DaemonConfig {
     pub path_check_interval: Option<std::time::Duration>,
     /// Where the OpenMetrics endpoint listens, if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// The fleet this sled is a member of, if any.
+    pub fleet: Option<FleetConfig>,
 }
 
 impl DaemonConfig {
@@ -459,6 +564,7 @@ impl DaemonConfig {
     }
 
     fn merge(file: FileConfig, args: &DaemonArgs) -> Result<DaemonConfig, ConfigError> {
+        let fleet = FleetConfig::merge(&file, args)?;
         let underlay = if args.underlay.is_empty() {
             file.underlay
         } else {
@@ -540,6 +646,7 @@ impl DaemonConfig {
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             path_check_interval,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
+            fleet,
         })
     }
 }
@@ -728,6 +835,86 @@ mod tests {
             matches!(&e, ConfigError::Relative { option: "api-socket", path } if path.as_os_str() == "x.sock"),
             "{e}"
         );
+    }
+
+    /// The fleet flags: endpoints and sled id together, TLS files all three or
+    /// none (and required by https), each refusal naming what is wrong; the file's
+    /// keys the same, flags winning.
+    #[test]
+    fn fleet_membership_from_flags_and_file() {
+        let base = ["--underlay", "eth0", "--underlay-addr", "fd00::1"];
+        let resolve =
+            |extra: &[&str]| DaemonConfig::resolve(&args(&[&base[..], extra].concat()).unwrap());
+        assert_eq!(resolve(&[]).unwrap().fleet, None);
+        let c = resolve(&[
+            "--fleet-endpoints",
+            "https://[fd00:99::e1]:2379,https://[fd00:99::e2]:2379",
+            "--fleet-cert",
+            "/etc/o/s.crt",
+            "--fleet-key",
+            "/etc/o/s.key",
+            "--fleet-ca",
+            "/etc/o/ca.crt",
+            "--sled-id",
+            "sled7",
+        ])
+        .unwrap();
+        let f = c.fleet.unwrap();
+        assert_eq!(f.endpoints.len(), 2);
+        assert_eq!(f.sled.to_string(), "sled7");
+        assert_eq!(f.tls.unwrap().key, PathBuf::from("/etc/o/s.key"));
+        let refused = |extra: &[&str]| resolve(extra).unwrap_err().to_string();
+        let http = ["--fleet-endpoints", "http://127.0.0.1:2379"];
+        assert!(refused(&http).contains("sled-id"));
+        assert!(refused(&["--sled-id", "s1"]).contains("fleet-endpoints"));
+        assert!(refused(&[&http[..], &["--sled-id", "s/1"]].concat()).contains("\"s/1\""));
+        let e = refused(&["--fleet-endpoints", "https://[::1]:2379", "--sled-id", "s1"]);
+        assert!(
+            e.contains("https://[::1]:2379") && e.contains("fleet-cert"),
+            "{e}"
+        );
+        let e = refused(&["--fleet-endpoints", "etcd:2379", "--sled-id", "s1"]);
+        assert!(e.contains("\"etcd:2379\""), "{e}");
+        let e = refused(
+            &[
+                &http[..],
+                &["--sled-id", "s1", "--fleet-cert", "/c", "--fleet-ca", "/a"],
+            ]
+            .concat(),
+        );
+        assert!(e.contains("fleet-key is missing"), "{e}");
+        let e = refused(
+            &[
+                &http[..],
+                &[
+                    "--sled-id",
+                    "s1",
+                    "--fleet-cert",
+                    "c",
+                    "--fleet-key",
+                    "/k",
+                    "--fleet-ca",
+                    "/a",
+                ],
+            ]
+            .concat(),
+        );
+        assert!(e.contains("fleet-cert") && e.contains("absolute"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "fleet-endpoints = [\"http://127.0.0.1:2379\"]\nsled-id = \"file-sled\"\n",
+        )
+        .unwrap();
+        let file = ["--config", path.to_str().unwrap()];
+        let f = resolve(&file).unwrap().fleet.unwrap();
+        assert_eq!((f.sled.to_string(), f.tls), ("file-sled".to_string(), None));
+        let f = resolve(&[&file[..], &["--sled-id", "flag-sled"]].concat())
+            .unwrap()
+            .fleet
+            .unwrap();
+        assert_eq!(f.sled.to_string(), "flag-sled");
     }
 
     #[test]

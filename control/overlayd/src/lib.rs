@@ -4,7 +4,10 @@
 //! - [`util`]: back-off and the doorbell that wakes a sleeping thread;
 //! - [`config`]: the configuration file and flags;
 //! - [`convert`]: the edge between the API's types and the engine's;
-//! - [`server`]: the API socket (requests in, answers out, clients bounded);
+//! - [`fleet`]: the sled as a member of a fleet: the watcher thread that follows
+//!   the fleet's etcd store, and what passes between it and the main loop;
+//! - [`server`]: the API socket (requests in, answers out, clients bounded), and
+//!   the channel that brings the controller its work (requests, fleet batches);
 //! - [`controller`]: request handling, the persisted state and what is retried;
 //!   it drives a [`controller::Dataplane`];
 //! - [`underlay`]: the XDP program and AF_XDP sockets on the underlay links, the

@@ -10,6 +10,7 @@
 //! number and the time each may take per request are bounded ([`ApiLimits`]), and
 //! every refusal is counted ([`ApiCounters`]).
 
+use crate::fleet::channel::FleetBatch;
 use api::protocol::{self, MAX_LINE};
 use api::{ErrorCode, Outcome, Refusal, Request};
 use serde::Serialize;
@@ -113,26 +114,48 @@ pub struct Pending {
     pub reply: mpsc::Sender<Outcome>,
 }
 
-/// The sending side the server uses; the receiving side belongs to the controller's
-/// owner, which calls [`serve_pending`] between batches.
-pub type RequestTx = mpsc::SyncSender<Pending>;
-pub type RequestRx = mpsc::Receiver<Pending>;
+/// What reaches the controller's owner: an API request (from the socket or the
+/// metrics endpoint), or a batch of the fleet store's changes from its watcher.
+/// One channel for both, so that the fleet's changes are applied between
+/// requests, in one order with them, by the one thread that owns the controller.
+pub enum Work {
+    Request(Pending),
+    Fleet(FleetBatch),
+}
 
-/// How many requests may wait for the controller; beyond it, connection threads block
-/// (there is no reason for an admin client to queue more).
+/// The sending side the server, the metrics endpoint and the fleet's watcher use;
+/// the receiving side belongs to the controller's owner, which calls
+/// [`serve_pending`] or [`serve_next`].
+pub type WorkTx = mpsc::SyncSender<Work>;
+pub type WorkRx = mpsc::Receiver<Work>;
+
+/// How much work may wait for the controller; beyond it, senders block (there is
+/// no reason for an admin client to queue more, and a watcher that outruns the
+/// controller should wait for it).
 const QUEUE: usize = 64;
 
-pub fn request_channel() -> (RequestTx, RequestRx) {
+pub fn work_channel() -> (WorkTx, WorkRx) {
     mpsc::sync_channel(QUEUE)
 }
 
-/// Answers every request waiting in `rx` with `handle`, without blocking. Returns how
-/// many were served, so a worker knows it did work this round.
-pub fn serve_pending(rx: &RequestRx, mut handle: impl FnMut(Request) -> Outcome) -> usize {
+/// Answers every request waiting in `rx` with `handle` and applies every fleet
+/// batch with `apply`, both given `ctx` (the controller), without blocking.
+/// Returns how much was done, so a worker knows it did work this round.
+pub fn serve_pending<C>(
+    rx: &WorkRx,
+    ctx: &mut C,
+    mut handle: impl FnMut(&mut C, Request) -> Outcome,
+    mut apply: impl FnMut(&mut C, FleetBatch),
+) -> usize {
     let mut n = 0;
-    while let Ok(p) = rx.try_recv() {
-        // The client may have gone away; its answer is then simply dropped.
-        let _ = p.reply.send(handle(p.request));
+    while let Ok(w) = rx.try_recv() {
+        match w {
+            // The client may have gone away; its answer is then simply dropped.
+            Work::Request(p) => {
+                let _ = p.reply.send(handle(ctx, p.request));
+            }
+            Work::Fleet(batch) => apply(ctx, batch),
+        }
         n += 1;
     }
     n
@@ -152,37 +175,43 @@ impl From<Outcome> for Answer {
     }
 }
 
-/// Waits up to `timeout` for one request and answers it with `handle`; for a
-/// thread whose only job is the controller. Returns false once every sender is
-/// gone (the server stopped).
-pub fn serve_next(
-    rx: &RequestRx,
+/// Waits up to `timeout` for one piece of work: answers a request with `handle`,
+/// applies a fleet batch with `apply`, both given `ctx`; for a thread whose only
+/// job is the controller. Returns false once every sender is gone (the server
+/// stopped).
+pub fn serve_next<C>(
+    rx: &WorkRx,
     timeout: Duration,
-    handle: impl FnOnce(Request) -> Answer,
+    ctx: &mut C,
+    handle: impl FnOnce(&mut C, Request) -> Answer,
+    apply: impl FnOnce(&mut C, FleetBatch),
 ) -> bool {
-    match rx.recv_timeout(timeout) {
-        Ok(p) => {
-            match handle(p.request) {
-                Answer::Now(o) => {
-                    let _ = p.reply.send(o);
-                }
-                Answer::Later(work) => {
-                    let reply = p.reply.clone();
-                    let spawned = thread::Builder::new()
-                        .name("api-slow".into())
-                        .spawn(move || {
-                            let _ = reply.send(work());
-                        });
-                    if let Err(e) = spawned {
-                        let _ = p.reply.send(refusal(ServerRefusal::NoThread(e)));
-                    }
-                }
-            }
-            true
+    let p = match rx.recv_timeout(timeout) {
+        Ok(Work::Request(p)) => p,
+        Ok(Work::Fleet(batch)) => {
+            apply(ctx, batch);
+            return true;
         }
-        Err(mpsc::RecvTimeoutError::Timeout) => true,
-        Err(mpsc::RecvTimeoutError::Disconnected) => false,
+        Err(mpsc::RecvTimeoutError::Timeout) => return true,
+        Err(mpsc::RecvTimeoutError::Disconnected) => return false,
+    };
+    match handle(ctx, p.request) {
+        Answer::Now(o) => {
+            let _ = p.reply.send(o);
+        }
+        Answer::Later(work) => {
+            let reply = p.reply.clone();
+            let spawned = thread::Builder::new()
+                .name("api-slow".into())
+                .spawn(move || {
+                    let _ = reply.send(work());
+                });
+            if let Err(e) = spawned {
+                let _ = p.reply.send(refusal(ServerRefusal::NoThread(e)));
+            }
+        }
     }
+    true
 }
 
 /// Bounds on API clients. Each connection is served by a thread of its own, so
@@ -263,7 +292,7 @@ impl ApiServer {
     /// previous run is replaced; a live one (another daemon answering) is an error.
     pub fn start(
         path: &Path,
-        requests: RequestTx,
+        requests: WorkTx,
         limits: ApiLimits,
     ) -> Result<ApiServer, ServerError> {
         let (dir, name) = split_socket_path(path)?;
@@ -424,7 +453,7 @@ fn bind_private(path: &Path, name: &OsStr) -> Result<UnixListener, ServerError> 
 
 fn accept_loop(
     listener: UnixListener,
-    requests: RequestTx,
+    requests: WorkTx,
     stop: Arc<AtomicBool>,
     limits: ApiLimits,
     counters: Arc<ApiCounters>,
@@ -446,7 +475,7 @@ fn accept_loop(
 
 /// Serves a new connection on a thread of its own, or, when `max_clients` are
 /// being served, tells the client so and closes it.
-fn admit(stream: UnixStream, requests: &RequestTx, limits: ApiLimits, counters: &Arc<ApiCounters>) {
+fn admit(stream: UnixStream, requests: &WorkTx, limits: ApiLimits, counters: &Arc<ApiCounters>) {
     let Some(slot) = ClientSlot::take(counters, limits.max_clients) else {
         let refused = counters.clients_refused.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::warn!(
@@ -498,7 +527,7 @@ impl Read for DeadlineReader {
 /// that is too long or unterminated, or takes longer than `timeout` for one.
 fn serve_connection(
     stream: UnixStream,
-    requests: &RequestTx,
+    requests: &WorkTx,
     timeout: Duration,
     counters: &ApiCounters,
 ) -> io::Result<()> {
@@ -552,10 +581,13 @@ fn serve_connection(
     }
 }
 
-fn submit(requests: &RequestTx, request: Request) -> Outcome {
+fn submit(requests: &WorkTx, request: Request) -> Outcome {
     let stopping = || refusal(ServerRefusal::ShuttingDown);
     let (tx, rx) = mpsc::channel();
-    if requests.send(Pending { request, reply: tx }).is_err() {
+    if requests
+        .send(Work::Request(Pending { request, reply: tx }))
+        .is_err()
+    {
         return stopping();
     }
     rx.recv().unwrap_or_else(|_| stopping())
@@ -577,7 +609,7 @@ mod tests {
     }
 
     fn start(path: &Path) -> Result<ApiServer, ServerError> {
-        let (tx, _rx) = request_channel();
+        let (tx, _rx) = work_channel();
         ApiServer::start(path, tx, ApiLimits::default())
     }
 
@@ -676,12 +708,16 @@ mod tests {
     /// A server whose requests are all answered `done` by a thread of its own.
     fn answering(limits: ApiLimits) -> (tempfile::TempDir, ApiServer) {
         let tmp = tempfile::tempdir().unwrap();
-        let (tx, rx) = request_channel();
+        let (tx, rx) = work_channel();
         let server = ApiServer::start(&tmp.path().join("api.sock"), tx, limits).unwrap();
         thread::spawn(move || {
-            while serve_next(&rx, Duration::from_secs(1), |_| {
-                Outcome::Ok(Reply::Done).into()
-            }) {}
+            while serve_next(
+                &rx,
+                Duration::from_secs(1),
+                &mut (),
+                |(), _| Outcome::Ok(Reply::Done).into(),
+                |(), _| {},
+            ) {}
         });
         (tmp, server)
     }

@@ -14,19 +14,23 @@
 //! and not tried again until the key changes. Nothing but an explicit delete from
 //! the store (an event, or a full read that lacks the key) removes an entry: a
 //! disconnect or an error never does. The layer is saved beside the state
-//! (`fleet.json`) with the revision it is current at, so a restart forwards on it at
-//! once and resumes watching from there.
+//! (`fleet.json`) with each watched prefix's position, so a restart forwards on it
+//! at once and resumes watching from there. Saving the whole layer after every
+//! batch would rewrite megabytes many times a second under churn, so it is saved
+//! at most once a second while entries change, and once a minute while only
+//! positions move (a crash then replays a little from the store, which is
+//! harmless: a replayed change puts the value the key had).
 
 use super::state::{State, StateError, StateStore};
 use super::{ControlError, Controller, Dataplane};
-use crate::fleet::channel::{FleetBatch, FleetChange, FleetCommand, SharedView};
+use crate::fleet::channel::{CommandTx, FleetBatch, FleetCommand, SharedView};
 use api::fleet::{EntryError, FleetCounts, FleetEntry, FleetKey, FleetStatus, RefusedKey, SledId};
 use api::{FwRule, RouteEntry, Source, V2bEntry, V2pEntry, V2pRecord, Vni};
+use fleet::{Change, Positions};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::mpsc::Sender;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The file of the fleet layer in the state directory.
 const FLEET_FILE: &str = "fleet.json";
@@ -34,11 +38,19 @@ const FLEET_FILE: &str = "fleet.json";
 /// Its format; a daemon refuses (and keeps) a file of another.
 const FLEET_FORMAT: u32 = 1;
 
+/// How long changed entries may go unsaved.
+const SAVE_ENTRIES_EVERY: Duration = Duration::from_secs(1);
+
+/// How long moved positions may go unsaved when no entry changed: a restart then
+/// resumes a little further back, still well ahead of any sane compaction.
+const SAVE_POSITIONS_EVERY: Duration = Duration::from_secs(60);
+
 /// What the store says, as this sled holds it.
 #[derive(Debug, Default)]
 pub struct FleetLayer {
-    /// The store revision the layer is current at (0: never read).
-    revision: i64,
+    /// Each watched prefix, and the store revision up to which the layer has
+    /// everything under it.
+    positions: Positions,
     cluster_id: u64,
     /// Every key held, by key.
     entries: BTreeMap<String, Held>,
@@ -51,6 +63,17 @@ pub struct FleetLayer {
     alarms: u64,
     /// Refusals by reason since the daemon started (`overlayd_fleet_refused_total`).
     refusals: BTreeMap<String, u64>,
+    /// What changed since the layer was last saved.
+    unsaved: Unsaved,
+    saved_at: Option<Instant>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+enum Unsaved {
+    #[default]
+    Nothing,
+    Positions,
+    Entries,
 }
 
 #[derive(Debug)]
@@ -72,7 +95,7 @@ struct Refused {
 #[derive(Serialize, Deserialize)]
 struct FleetFile {
     format: u32,
-    revision: i64,
+    positions: Positions,
     cluster_id: u64,
     entries: Vec<SavedEntry>,
     #[serde(default)]
@@ -92,13 +115,26 @@ struct SavedEntry {
 pub struct Fleet {
     pub(super) layer: FleetLayer,
     sled: Option<SledId>,
-    watcher: Option<Sender<FleetCommand>>,
+    watcher: Option<CommandTx>,
     view: Option<SharedView>,
-    /// The VPCs last told to the watcher.
-    watched: BTreeSet<Vni>,
+    /// The VPCs last told to the watcher; `None` until first told (the watcher
+    /// waits for it before it connects).
+    watched: Option<BTreeSet<Vni>>,
 }
 
 impl FleetLayer {
+    /// Where the layer is current at, prefix by prefix, and its cluster: where a
+    /// watcher resumes.
+    pub fn position(&self) -> (Positions, u64) {
+        (self.positions.clone(), self.cluster_id)
+    }
+
+    /// The store revision up to which the layer has everything it watches (0:
+    /// never read): the lowest position.
+    pub fn revision(&self) -> i64 {
+        self.positions.values().copied().min().unwrap_or(0)
+    }
+
     fn v2p(&self) -> impl Iterator<Item = &V2pEntry> {
         self.entries.values().filter_map(|h| match &h.entry {
             FleetEntry::V2p(e) => Some(e),
@@ -170,7 +206,7 @@ impl FleetLayer {
     fn to_file(&self) -> FleetFile {
         FleetFile {
             format: FLEET_FORMAT,
-            revision: self.revision,
+            positions: self.positions.clone(),
             cluster_id: self.cluster_id,
             entries: self
                 .entries
@@ -201,7 +237,7 @@ impl FleetLayer {
     /// by hand gets no pass), and those that fail are dropped with a warning.
     fn from_file(file: FleetFile) -> FleetLayer {
         let mut layer = FleetLayer {
-            revision: file.revision,
+            positions: file.positions,
             cluster_id: file.cluster_id,
             ..FleetLayer::default()
         };
@@ -282,7 +318,7 @@ impl<D: Dataplane> Controller<D> {
         &mut self,
         sled: SledId,
         layer: FleetLayer,
-        watcher: Sender<FleetCommand>,
+        watcher: CommandTx,
         view: SharedView,
     ) {
         self.fleet = Fleet {
@@ -290,14 +326,8 @@ impl<D: Dataplane> Controller<D> {
             sled: Some(sled),
             watcher: Some(watcher),
             view: Some(view),
-            watched: BTreeSet::new(),
+            watched: None,
         };
-    }
-
-    /// The store revision the fleet layer is current at, and its cluster: where the
-    /// watcher resumes.
-    pub fn fleet_position(&self) -> (i64, u64) {
-        (self.fleet.layer.revision, self.fleet.layer.cluster_id)
     }
 
     /// Puts the restored fleet layer's V2P mappings into the dataplane (those no
@@ -319,7 +349,7 @@ impl<D: Dataplane> Controller<D> {
         }
         tracing::info!(
             mappings = batch.len(),
-            revision = self.fleet.layer.revision,
+            revision = self.fleet.layer.revision(),
             "fleet layer restored"
         );
     }
@@ -335,7 +365,7 @@ impl<D: Dataplane> Controller<D> {
     pub fn apply_fleet(&mut self, batch: FleetBatch) {
         let layer = &mut self.fleet.layer;
         let other_cluster = layer.cluster_id != 0 && batch.cluster_id != layer.cluster_id;
-        if batch.snapshot_of.is_some() {
+        if batch.full_read {
             if other_cluster
                 && batch.changes.is_empty()
                 && !layer.entries.is_empty()
@@ -362,9 +392,10 @@ impl<D: Dataplane> Controller<D> {
             return;
         }
         let mut changes = batch.changes;
-        if let Some(prefixes) = &batch.snapshot_of {
+        if batch.full_read {
+            let read_at = batch.positions.values().copied().max().unwrap_or(0);
             let present: BTreeSet<&str> = changes.iter().map(|c| c.key.as_str()).collect();
-            let under = |k: &String| prefixes.iter().any(|p| k.starts_with(p.as_str()));
+            let under = |k: &String| batch.positions.keys().any(|p| k.starts_with(p.as_str()));
             let gone: Vec<String> = layer
                 .entries
                 .keys()
@@ -374,14 +405,19 @@ impl<D: Dataplane> Controller<D> {
             layer
                 .refused
                 .retain(|k, _| !under(k) || present.contains(k.as_str()));
-            changes.extend(gone.into_iter().map(|key| FleetChange {
+            changes.extend(gone.into_iter().map(|key| Change {
                 key,
                 value: None,
-                mod_revision: batch.revision,
+                mod_revision: read_at,
             }));
         }
         let mut v2b_changed = false;
         let mut ports_changed = BTreeSet::new();
+        let unsaved = if changes.is_empty() {
+            Unsaved::Positions
+        } else {
+            Unsaved::Entries
+        };
         for c in changes {
             self.apply_fleet_change(c, &mut v2b_changed, &mut ports_changed);
         }
@@ -392,14 +428,25 @@ impl<D: Dataplane> Controller<D> {
             self.push_port_tables(&port);
         }
         let layer = &mut self.fleet.layer;
-        layer.revision = layer.revision.max(batch.revision);
+        for (prefix, revision) in batch.positions {
+            let at = layer.positions.entry(prefix).or_default();
+            *at = (*at).max(revision);
+        }
         layer.cluster_id = batch.cluster_id;
-        self.save_fleet();
+        layer.unsaved = layer.unsaved.max(unsaved);
+        if let Some(view) = &self.fleet.view {
+            let (applied, refused) = (layer.counts(), layer.refused.len());
+            view.update(|v| {
+                v.applied = applied;
+                v.refused = refused;
+            });
+        }
+        self.save_fleet_due(Instant::now());
     }
 
     fn apply_fleet_change(
         &mut self,
-        c: FleetChange,
+        c: Change,
         v2b_changed: &mut bool,
         ports_changed: &mut BTreeSet<String>,
     ) {
@@ -522,15 +569,46 @@ impl<D: Dataplane> Controller<D> {
         }
     }
 
+    /// Writes the fleet layer beside the state if what changed has waited long
+    /// enough (see the module's doc); the main loop calls it on every round.
+    pub fn save_fleet_due(&mut self, now: Instant) {
+        let layer = &self.fleet.layer;
+        let wait = match layer.unsaved {
+            Unsaved::Nothing => return,
+            Unsaved::Positions => SAVE_POSITIONS_EVERY,
+            Unsaved::Entries => SAVE_ENTRIES_EVERY,
+        };
+        if layer
+            .saved_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= wait)
+        {
+            self.save_fleet(now);
+        }
+    }
+
+    /// Writes the fleet layer now if anything changed (a clean stop).
+    pub fn flush_fleet(&mut self) {
+        if self.fleet.layer.unsaved != Unsaved::Nothing {
+            self.save_fleet(Instant::now());
+        }
+    }
+
     /// Writes the fleet layer beside the state; a failure is logged and shown by
-    /// `stats` (the layer in force is kept; the next batch tries again).
-    fn save_fleet(&mut self) {
+    /// `stats` (the layer in force is kept; the next round tries again).
+    fn save_fleet(&mut self, now: Instant) {
         let Some(store) = &self.store else {
             return;
         };
-        if let Err(e) = store.save_fleet(&self.fleet.layer) {
-            tracing::error!(error = %e, "the fleet layer cannot be saved");
-            self.save_error = Some(e);
+        match store.save_fleet(&self.fleet.layer) {
+            Ok(()) => {
+                let layer = &mut self.fleet.layer;
+                layer.unsaved = Unsaved::Nothing;
+                layer.saved_at = Some(now);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the fleet layer cannot be saved");
+                self.save_error = Some(e);
+            }
         }
     }
 
@@ -541,7 +619,7 @@ impl<D: Dataplane> Controller<D> {
             return;
         };
         let vnis = hosted_vnis(&self.state);
-        if vnis == self.fleet.watched {
+        if self.fleet.watched.as_ref() == Some(&vnis) {
             return;
         }
         if watcher.send(FleetCommand::Vnis(vnis.clone())).is_err() {
@@ -563,7 +641,13 @@ impl<D: Dataplane> Controller<D> {
                 let _ = self.dp.clear_v2p(e.vpc_ip, e.vni);
             }
         }
-        self.fleet.watched = vnis;
+        let wanted: BTreeSet<String> = vnis.iter().map(|&v| api::fleet::vpc_prefix(v)).collect();
+        let layer = &mut self.fleet.layer;
+        layer
+            .positions
+            .retain(|p, _| !p.starts_with(api::fleet::VPC_ROOT) || wanted.contains(p));
+        layer.unsaved = Unsaved::Entries;
+        self.fleet.watched = Some(vnis);
     }
 
     /// `fleet resync` and `fleet adopt`.
@@ -594,7 +678,7 @@ impl<D: Dataplane> Controller<D> {
             sled: self.fleet.sled.clone(),
             connected: view.connected,
             endpoint: view.endpoint,
-            revision: layer.revision,
+            revision: layer.revision(),
             store_revision: view.store_revision,
             cluster_id: layer.cluster_id,
             lag_seconds: view
@@ -603,7 +687,7 @@ impl<D: Dataplane> Controller<D> {
             resyncs: view.resyncs,
             alarms: layer.alarms,
             held: layer.held.clone(),
-            vnis: self.fleet.watched.iter().copied().collect(),
+            vnis: self.fleet.watched.iter().flatten().copied().collect(),
             entries: layer.counts(),
             refused: layer.refused_keys(),
             last_error: view.last_error,

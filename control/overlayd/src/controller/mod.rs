@@ -23,7 +23,7 @@ mod checks;
 mod dataplane;
 mod dispatch;
 mod error;
-mod fleet;
+pub mod fleet;
 mod inspect;
 pub mod state;
 mod tap_queue;

@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::convert::ToApi;
-use crate::fleet::channel::{FleetBatch, FleetChange, FleetCommand, SharedView};
+use crate::fleet::channel::{FleetBatch, FleetCommand, SharedView};
+use ::fleet::{Change, Positions};
 use api::testing::sample_port;
 use api::{
     CidrDir, Direction, ErrorCode, ExternalIps, FwAction, FwFilters, FwHost, FwPorts, FwProto,
@@ -1254,9 +1255,9 @@ fn in_fleet(
     store: Option<StateStore>,
 ) -> (
     Controller<Recorder>,
-    std::sync::mpsc::Receiver<FleetCommand>,
+    tokio::sync::mpsc::UnboundedReceiver<FleetCommand>,
 ) {
-    let (tx, rx) = std::sync::mpsc::channel();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut c = Controller::new(Recorder::default(), store);
     c.join_fleet(
         "sled1".parse().unwrap(),
@@ -1267,28 +1268,34 @@ fn in_fleet(
     (c, rx)
 }
 
-fn put(key: &str, value: &str, mod_revision: i64) -> FleetChange {
-    FleetChange {
+fn put(key: &str, value: &str, mod_revision: i64) -> Change {
+    Change {
         key: key.into(),
         value: Some(value.as_bytes().to_vec()),
         mod_revision,
     }
 }
 
-fn del(key: &str, mod_revision: i64) -> FleetChange {
-    FleetChange {
+fn del(key: &str, mod_revision: i64) -> Change {
+    Change {
         key: key.into(),
         value: None,
         mod_revision,
     }
 }
 
-fn events(revision: i64, changes: Vec<FleetChange>) -> FleetBatch {
+/// VPC 1701's prefix, where the tests' mappings live.
+fn vpc1701() -> String {
+    api::fleet::vpc_prefix(Vni::new(1701).unwrap())
+}
+
+/// Events of VPC 1701's prefix that leave it at `revision`.
+fn events(revision: i64, changes: Vec<Change>) -> FleetBatch {
     FleetBatch {
-        revision,
         cluster_id: 7,
         changes,
-        snapshot_of: None,
+        positions: Positions::from([(vpc1701(), revision)]),
+        full_read: false,
     }
 }
 
@@ -1308,7 +1315,7 @@ fn fleet_of(c: &mut Controller<Recorder>) -> api::fleet::FleetStatus {
 /// is refused alone, once per revision, and named.
 #[test]
 fn fleet_mappings_apply_and_bad_values_are_refused_by_key() {
-    let (mut c, watcher) = in_fleet(None);
+    let (mut c, mut watcher) = in_fleet(None);
     ok(&mut c, create("opte0", 5));
     assert_eq!(
         watcher.try_recv(),
@@ -1406,7 +1413,7 @@ fn local_mappings_override_the_fleet_only_when_asked() {
 /// there; an empty store of another cluster is not obeyed until adopted.
 #[test]
 fn full_reads_delete_what_is_gone_and_an_empty_new_cluster_waits_for_adopt() {
-    let (mut c, watcher) = in_fleet(None);
+    let (mut c, mut watcher) = in_fleet(None);
     ok(&mut c, create("opte0", 5));
     let v2b = "/overlay/v1/v2b/0.0.0.0/0";
     c.apply_fleet(events(
@@ -1417,22 +1424,22 @@ fn full_reads_delete_what_is_gone_and_an_empty_new_cluster_waits_for_adopt() {
             put(v2b, r#"{"endpoints":["fd00:99::b1"]}"#, 3),
         ],
     ));
-    let vpc = api::fleet::vpc_prefix(Vni::new(1701).unwrap());
+    let vpc = vpc1701();
     c.apply_fleet(FleetBatch {
-        revision: 9,
         cluster_id: 7,
         changes: vec![put(K10, AT_B, 3)],
-        snapshot_of: Some(vec![vpc.clone()]),
+        positions: Positions::from([(vpc.clone(), 9)]),
+        full_read: true,
     });
     let s = fleet_of(&mut c);
     assert_eq!((s.revision, s.entries.v2p, s.entries.v2b), (9, 1, 1));
     assert_eq!(c.dataplane().v2p, [v2p("172.30.0.10")]);
     // A wiped store (another cluster, nothing in it): held, counted, shown.
     let wiped = |cluster_id| FleetBatch {
-        revision: 1,
         cluster_id,
         changes: vec![],
-        snapshot_of: Some(vec![vpc.clone(), api::fleet::V2B_PREFIX.to_string()]),
+        positions: Positions::from([(vpc.clone(), 1), (api::fleet::V2B_PREFIX.to_string(), 1)]),
+        full_read: true,
     };
     c.apply_fleet(wiped(8));
     let s = fleet_of(&mut c);
@@ -1491,8 +1498,9 @@ fn fleet_managed_tables_replace_the_ports_own() {
     assert_eq!(c.dataplane().routes["opte0"], own);
 }
 
-/// The fleet layer is saved with its revision and restored before anything is
-/// asked of the store: a restart forwards on it at once.
+/// The fleet layer is saved with its positions and restored before anything is
+/// asked of the store: a restart forwards on it at once, and resumes each prefix
+/// from where it was.
 #[test]
 fn the_fleet_layer_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -1502,10 +1510,40 @@ fn the_fleet_layer_survives_a_restart() {
     c.apply_fleet(events(12, vec![put(K9, AT_B, 12)]));
     let saved = store.load().unwrap();
     let layer = store.load_fleet().unwrap();
-    let (tx, _rx) = std::sync::mpsc::channel();
+    assert_eq!(layer.position(), (Positions::from([(vpc1701(), 12)]), 7));
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let mut fresh = Controller::new(Recorder::default(), Some(store));
     fresh.join_fleet("sled1".parse().unwrap(), layer, tx, SharedView::default());
     fresh.restore(saved, Instant::now());
-    assert_eq!(fresh.fleet_position(), (12, 7));
+    let s = fleet_of(&mut fresh);
+    assert_eq!((s.revision, s.cluster_id), (12, 7));
     assert_eq!(fresh.dataplane().v2p, [v2p("172.30.0.9")]);
+}
+
+/// Saving the whole layer is not done for every batch: changed entries wait up to
+/// a second, moved positions alone up to a minute, and a clean stop saves what is
+/// left.
+#[test]
+fn the_fleet_layer_is_saved_at_a_bounded_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = StateStore::open(dir.path()).unwrap();
+    let (mut c, _w) = in_fleet(Some(store.clone()));
+    ok(&mut c, create("opte0", 5));
+    let saved_at = |store: &StateStore| store.load_fleet().unwrap().revision();
+    c.apply_fleet(events(3, vec![put(K9, AT_B, 3)]));
+    assert_eq!(saved_at(&store), 3, "the first batch is saved at once");
+    c.apply_fleet(events(4, vec![put(K10, AT_B, 4)]));
+    assert_eq!(saved_at(&store), 3);
+    let now = Instant::now();
+    c.save_fleet_due(now + Duration::from_millis(1100));
+    assert_eq!(saved_at(&store), 4);
+    // Progress alone: a minute.
+    c.apply_fleet(events(9, vec![]));
+    c.save_fleet_due(now + Duration::from_secs(30));
+    assert_eq!(saved_at(&store), 4);
+    c.save_fleet_due(now + Duration::from_secs(62));
+    assert_eq!(saved_at(&store), 9);
+    c.apply_fleet(events(11, vec![]));
+    c.flush_fleet();
+    assert_eq!(saved_at(&store), 11);
 }

@@ -4,7 +4,7 @@
 use super::DaemonError;
 use crate::controller::state::StateStore;
 use crate::controller::Controller;
-use crate::server::{request_channel, serve_pending, ApiLimits, ApiServer};
+use crate::server::{serve_pending, work_channel, ApiLimits, ApiServer};
 use crate::worker::Datapath;
 use engine::{Engine, EngineConfig};
 use std::path::Path;
@@ -34,7 +34,7 @@ impl Headless {
             None => Default::default(),
         };
         let mut ctl = Controller::new(Datapath::without_io(engine), store);
-        let (tx, rx) = request_channel();
+        let (tx, rx) = work_channel();
         let server = ApiServer::start(socket, tx, ApiLimits::default())?;
         ctl.set_api_counters(server.counters());
         ctl.restore(saved, Instant::now());
@@ -44,7 +44,9 @@ impl Headless {
             .name("headless".into())
             .spawn(move || {
                 while !stop2.load(Ordering::Relaxed) {
-                    if serve_pending(&rx, |r| ctl.handle(r)) == 0 {
+                    if serve_pending(&rx, &mut ctl, |c, r| c.handle(r), |c, b| c.apply_fleet(b))
+                        == 0
+                    {
                         thread::sleep(Duration::from_millis(2));
                     }
                     ctl.retry_due(Instant::now());

@@ -11,14 +11,17 @@
 pub mod headless;
 pub mod watch;
 
-use crate::config::DaemonConfig;
+use crate::config::{DaemonConfig, FleetConfig};
+use crate::controller::fleet::FleetLayer;
 use crate::controller::state::{StateError, StateStore};
 use crate::controller::Controller;
+use crate::fleet::channel::SharedView;
+use crate::fleet::watcher::{self, WatcherStart};
 use crate::ops::capture;
 use crate::ops::doctor;
 use crate::ops::metrics::{MetricsError, MetricsServer};
 use crate::ops::notify::Notifier;
-use crate::server::{request_channel, serve_next, Answer, ApiLimits, ApiServer, ServerError};
+use crate::server::{serve_next, work_channel, Answer, ApiLimits, ApiServer, ServerError, WorkTx};
 use crate::underlay::neighbours::{NeighbourError, NextHops};
 use crate::underlay::pathcheck::{self, PathCheckError, PathMonitor};
 use crate::underlay::{warn_if_address_missing, Underlay, UnderlayError, FRAME_OVERHEAD};
@@ -31,6 +34,7 @@ use crate::workers::Workers;
 use api::{Outcome, PeerPath, Reply, Request};
 use dpio::cpu::pin_to_core;
 use engine::{Engine, EngineConfig, EngineError};
+use fleet::{StoreConfig, TlsFiles};
 use std::io;
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,7 +86,15 @@ pub enum DaemonError {
     PathCheck(#[from] PathCheckError),
     #[error("a worker stopped unexpectedly; shutting down")]
     WorkerStopped,
+    /// The fleet's TLS files (the store client's error names the file).
+    #[error("fleet: {0}")]
+    Fleet(#[from] fleet::StoreError),
+    #[error("cannot start the fleet watcher: {0}")]
+    FleetThread(io::Error),
 }
+
+/// How long the fleet watcher waits for a member to connect or to answer.
+const FLEET_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long the main thread waits for an API request before checking for a
 /// signal, a dead worker, underlay link notifications and retries that are due.
@@ -159,14 +171,16 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), DaemonError> {
     }
     let store = StateStore::open(&cfg.state_dir)?;
     let saved = store.load()?;
+    let fleet_layer = cfg.fleet.as_ref().map(|_| store.load_fleet()).transpose()?;
+    let fleet_store = cfg.fleet.as_ref().map(store_config).transpose()?;
     // Before the underlay is touched, so that a bad socket path stops the daemon
     // early; requests wait in the channel until the state is restored.
-    let (tx, rx) = request_channel();
+    let (tx, rx) = work_channel();
     let metrics = cfg
         .metrics_listen
         .map(|addr| MetricsServer::start(addr, tx.clone()))
         .transpose()?;
-    let server = ApiServer::start(&cfg.api_socket, tx, ApiLimits::default())?;
+    let server = ApiServer::start(&cfg.api_socket, tx.clone(), ApiLimits::default())?;
     warn_if_address_missing(cfg.underlay_addr);
     let n = cfg.cores.len().max(1);
     let mut underlay = Underlay::open(cfg, n)?;
@@ -212,6 +226,13 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), DaemonError> {
     let workers = Workers::new(jobs, Some(Box::new(link_stats))).with_doorbells(doorbells);
     let mut ctl = Controller::new(workers, Some(store));
     ctl.set_api_counters(server.counters());
+    let fleet_thread = match (&cfg.fleet, fleet_layer, fleet_store) {
+        (Some(f), Some(layer), Some(store)) => Some(join_fleet(&mut ctl, f, layer, store, tx)?),
+        _ => {
+            drop(tx);
+            None
+        }
+    };
     ctl.restore(saved, Instant::now());
     let mut monitor = cfg
         .path_check_interval
@@ -233,32 +254,39 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), DaemonError> {
             result = Err(DaemonError::WorkerStopped);
             break;
         }
-        let served = serve_next(&rx, MAIN_POLL, |r| match r {
-            Request::Doctor => {
-                // The facts on this thread (they come from the controller), the
-                // path probes (seconds for a black-holed peer) on another.
-                let facts = doctor::gather(cfg, &mut ctl);
-                let peers = pathcheck::v2p_peers(&ctl.state().v2p, cfg.underlay_addr);
-                let probe = prober(cfg, watch.mtu());
-                Answer::Later(Box::new(move || {
-                    let mut checks = doctor::checks(&facts);
-                    checks.push(doctor::underlay_paths(&probe(&peers)));
-                    Outcome::Ok(Reply::Doctor(checks))
-                }))
-            }
-            Request::PathCheck { peer } => path_check(cfg, &ctl, watch.mtu(), peer),
-            Request::Capture(spec) => capture::start(ctl.dataplane(), spec),
-            r => {
-                let listed = ctl.handle(r);
-                let out = ctl.dataplane().with_port_links(listed);
-                with_path_stats(out, monitor.as_ref()).into()
-            }
-        });
+        let served = serve_next(
+            &rx,
+            MAIN_POLL,
+            &mut ctl,
+            |ctl, r| match r {
+                Request::Doctor => {
+                    // The facts on this thread (they come from the controller), the
+                    // path probes (seconds for a black-holed peer) on another.
+                    let facts = doctor::gather(cfg, ctl);
+                    let peers = pathcheck::v2p_peers(&ctl.state().v2p, cfg.underlay_addr);
+                    let probe = prober(cfg, watch.mtu());
+                    Answer::Later(Box::new(move || {
+                        let mut checks = doctor::checks(&facts);
+                        checks.push(doctor::underlay_paths(&probe(&peers)));
+                        Outcome::Ok(Reply::Doctor(checks))
+                    }))
+                }
+                Request::PathCheck { peer } => path_check(cfg, ctl, watch.mtu(), peer),
+                Request::Capture(spec) => capture::start(ctl.dataplane(), spec),
+                r => {
+                    let listed = ctl.handle(r);
+                    let out = ctl.dataplane().with_port_links(listed);
+                    with_path_stats(out, monitor.as_ref()).into()
+                }
+            },
+            |ctl, batch| ctl.apply_fleet(batch),
+        );
         if !served {
             break;
         }
         let now = Instant::now();
         ctl.retry_due(now);
+        ctl.save_fleet_due(now);
         watch.poll(ctl.dataplane());
         if let Some(m) = &mut monitor {
             let v2p = &ctl.state().v2p;
@@ -278,13 +306,65 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), DaemonError> {
     }
     drop(metrics);
     drop(server);
+    ctl.flush_fleet();
     // Workers first (their sockets close), then the controller (whose link
     // statistics closure) and the underlay watch, which hold the underlay: XDP
-    // detached, UMEM unmapped.
+    // detached, UMEM unmapped. The controller's going ends the fleet's watcher
+    // (it revokes the status key), and the work channel's a watcher waiting to
+    // hand over a batch.
     drop(pool);
     drop(ctl);
+    drop(rx);
     drop(watch);
+    if let Some(t) = fleet_thread {
+        if t.join().is_err() {
+            tracing::error!("the fleet watcher panicked");
+        }
+    }
     result
+}
+
+/// The fleet's store as the watcher reaches it. The TLS files are read once here,
+/// so that a missing file or a key others may read stops the daemon at start
+/// rather than at its first connection.
+fn store_config(f: &FleetConfig) -> Result<StoreConfig, DaemonError> {
+    let tls = f.tls.as_ref().map(|t| TlsFiles {
+        cert: t.cert.clone(),
+        key: t.key.clone(),
+        ca: t.ca.clone(),
+    });
+    if let Some(t) = &tls {
+        t.load()?;
+    }
+    Ok(StoreConfig {
+        endpoints: f.endpoints.clone(),
+        tls,
+        timeout: FLEET_TIMEOUT,
+    })
+}
+
+/// Makes the controller a member of the fleet `f` with its saved layer, and
+/// starts the watcher that feeds it over `work`.
+fn join_fleet(
+    ctl: &mut Controller<Workers<Datapath>>,
+    f: &FleetConfig,
+    layer: FleetLayer,
+    store: StoreConfig,
+    work: WorkTx,
+) -> Result<thread::JoinHandle<()>, DaemonError> {
+    let view = SharedView::default();
+    let (positions, cluster_id) = layer.position();
+    let start = WatcherStart {
+        store,
+        sled: f.sled.clone(),
+        positions,
+        cluster_id,
+    };
+    let (commands, thread) =
+        watcher::spawn(start, work, view.clone()).map_err(DaemonError::FleetThread)?;
+    tracing::info!(sled = %f.sled, endpoints = ?f.endpoints, revision = layer.revision(), "fleet member");
+    ctl.join_fleet(f.sled.clone(), layer, commands, view);
+    Ok(thread)
 }
 
 /// Probes of the underlay paths from this sled for `underlay_mtu`-byte packets,
@@ -382,6 +462,7 @@ mod tests {
             log_format: crate::config::LogFormat::Text,
             path_check_interval: None,
             metrics_listen: None,
+            fleet: None,
         };
         let fixed = EngineConfig::new(cfg.underlay_addr).hash_seed;
         let a = engine_config(&cfg, 9000).unwrap();

@@ -2,33 +2,35 @@
 //! the store's changes one way ([`FleetBatch`], on the request channel the API uses,
 //! so they are applied between requests like any other change), and what the
 //! controller asks of the watcher the other way ([`FleetCommand`]); the watcher's
-//! own view of its connection is shared for `fleet status` ([`WatcherView`]).
+//! own view of its connection is shared for `fleet status`, and the controller's
+//! counts for the sled's status key ([`WatcherView`]).
 
+use api::fleet::FleetCounts;
 use api::Vni;
+use fleet::{Change, Positions};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
 
-/// One key as the store has it at a revision: its value, or `None` for a delete.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FleetChange {
-    pub key: String,
-    pub value: Option<Vec<u8>>,
-    /// The revision the key was last changed at (for a delete, the delete's).
-    pub mod_revision: i64,
-}
+/// How the controller reaches the watcher: sending never blocks the main loop.
+pub type CommandTx = UnboundedSender<FleetCommand>;
 
-/// Changes the store made, in revision order, up to `revision`.
+/// Changes the store made, each prefix's in its revision order, and where they
+/// leave the prefixes' positions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FleetBatch {
-    /// The store revision the layer is current at once the batch is applied.
-    pub revision: i64,
     pub cluster_id: u64,
-    pub changes: Vec<FleetChange>,
-    /// `Some(prefixes)`: the batch is the whole content of these prefixes at
-    /// `revision` (a full read): what the layer holds under them and the batch
-    /// lacks was deleted meanwhile. `None`: the batch is events.
-    pub snapshot_of: Option<Vec<String>>,
+    /// Each key as the store has it at a revision: its value, or `None` for a
+    /// delete.
+    pub changes: Vec<Change>,
+    /// The prefixes whose position the batch moves, and where to: everything
+    /// under each up to its revision is in the batch or was applied before.
+    pub positions: Positions,
+    /// The batch is the whole content of the prefixes of `positions` at their
+    /// revision (a full read): what the layer holds under them and the batch
+    /// lacks was deleted meanwhile. Otherwise the batch is events.
+    pub full_read: bool,
 }
 
 /// What the controller asks of the watcher.
@@ -53,6 +55,9 @@ pub struct WatcherView {
     pub current_at: Option<Instant>,
     pub resyncs: u64,
     pub last_error: Option<String>,
+    /// What the controller holds of the fleet's (for the status key).
+    pub applied: FleetCounts,
+    pub refused: usize,
 }
 
 /// [`WatcherView`] shared between the watcher thread and the main loop.

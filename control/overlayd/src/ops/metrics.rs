@@ -3,7 +3,7 @@
 //! (`overlayd --metrics-listen ADDR:PORT`), each scrape asked of the workers like
 //! `xdeadm stats`, answered between their rounds.
 
-use crate::server::{Pending, RequestTx};
+use crate::server::{Pending, Work, WorkTx};
 use api::openmetrics::{render, CONTENT_TYPE};
 use api::{Outcome, Refusal, Reply, Request};
 use std::io::{self, Read, Write};
@@ -58,7 +58,7 @@ pub struct MetricsServer {
 impl MetricsServer {
     /// Listens on `addr`; stats are asked for through `requests`, as the API server
     /// asks (the controller answers between its other requests).
-    pub fn start(addr: SocketAddr, requests: RequestTx) -> Result<MetricsServer, MetricsError> {
+    pub fn start(addr: SocketAddr, requests: WorkTx) -> Result<MetricsServer, MetricsError> {
         let refused = |error| MetricsError::Listen { addr, error };
         let listener = TcpListener::bind(addr).map_err(refused)?;
         let addr = listener.local_addr().map_err(refused)?;
@@ -112,7 +112,7 @@ impl Drop for MetricsServer {
 }
 
 /// Answers one HTTP/1.x request: `GET /metrics` (or `/`) with the exposition.
-fn serve(mut s: TcpStream, requests: &RequestTx) -> io::Result<()> {
+fn serve(mut s: TcpStream, requests: &WorkTx) -> io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     s.set_write_timeout(Some(CLIENT_TIMEOUT))?;
@@ -157,13 +157,15 @@ fn serve(mut s: TcpStream, requests: &RequestTx) -> io::Result<()> {
 }
 
 /// The exposition of the daemon's current stats, or why there is none.
-fn scrape(requests: &RequestTx) -> Result<String, MetricsError> {
+fn scrape(requests: &WorkTx) -> Result<String, MetricsError> {
     let (tx, rx) = mpsc::channel();
     let pending = Pending {
         request: Request::Stats { port: None },
         reply: tx,
     };
-    requests.try_send(pending).map_err(|_| MetricsError::Busy)?;
+    requests
+        .try_send(Work::Request(pending))
+        .map_err(|_| MetricsError::Busy)?;
     match rx.recv_timeout(SCRAPE_TIMEOUT) {
         Ok(Outcome::Ok(Reply::Inspect(v))) => Ok(render(&v)?),
         Ok(Outcome::Ok(other)) => Err(MetricsError::Unexpected(Box::new(other))),
@@ -185,7 +187,7 @@ fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::request_channel;
+    use crate::server::work_channel;
 
     fn http(addr: SocketAddr, req: &str) -> String {
         let mut s = TcpStream::connect(addr).unwrap();
@@ -199,10 +201,12 @@ mod tests {
     /// refuses other methods and paths by name.
     #[test]
     fn serves_the_exposition_over_http() {
-        let (tx, rx) = request_channel();
+        let (tx, rx) = work_channel();
         let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), tx).unwrap();
         let answer = thread::spawn(move || {
-            let p = rx.recv().unwrap();
+            let Ok(Work::Request(p)) = rx.recv() else {
+                panic!("expected a request");
+            };
             assert_eq!(p.request, Request::Stats { port: None });
             p.reply
                 .send(Outcome::Ok(Reply::Inspect(
