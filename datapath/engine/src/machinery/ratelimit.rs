@@ -142,8 +142,15 @@ struct Bucket {
 const SCALE: i128 = 1_000_000_000;
 
 impl Bucket {
+    /// A full bucket. A rate or burst of zero is taken as one (a byte or a packet;
+    /// per second for the rate) rather than kept: a bucket that can never hold a
+    /// token would answer every `wait` with 1 ns, and the caller, told to retry at
+    /// once, would spin. One byte a second lets, in effect, nothing pass, which is
+    /// what a zero limit asks for, and keeps every wait finite and every division
+    /// by a rate of at least one.
     fn new(rate: u64, burst: u64, now: u64) -> Bucket {
-        let cap = i128::from(burst) * SCALE;
+        let rate = rate.max(1);
+        let cap = i128::from(burst.max(1)) * SCALE;
         Bucket {
             rate,
             cap,
@@ -182,7 +189,7 @@ impl Bucket {
         if t > 0 {
             return None;
         }
-        let ns = (-t) / i128::from(self.rate.max(1)) + 1;
+        let ns = (-t) / i128::from(self.rate) + 1;
         Some(u64::try_from(ns).unwrap_or(u64::MAX))
     }
 }
@@ -197,10 +204,15 @@ struct Buckets {
 impl Buckets {
     fn new(mbps: Option<u32>, burst_kib: Option<u32>, pps: Option<u32>, now: u64) -> Buckets {
         let bytes = mbps.map(|m| {
+            // At most 2^32 Mbit/s, 2^49 bytes a second: the default burst's
+            // product is taken in 128 bits (it would overflow 64 above ~7 Tbit/s).
             let rate = u64::from(m) * 1_000_000 / 8;
             let burst = match burst_kib {
                 Some(k) => u64::from(k) * 1024,
-                None => (rate * DEFAULT_BURST_NS / 1_000_000_000).max(DEFAULT_BURST_MIN),
+                None => {
+                    let b = u128::from(rate) * u128::from(DEFAULT_BURST_NS) / 1_000_000_000;
+                    u64::try_from(b).unwrap_or(u64::MAX).max(DEFAULT_BURST_MIN)
+                }
             };
             Bucket::new(rate, burst, now)
         });
@@ -404,6 +416,51 @@ mod tests {
         // 1 KiB of debt at 1 MB/s: about 1 ms.
         let w = p.egress_wait(10 * MS).unwrap();
         assert!((1_000_000..=1_100_000).contains(&w), "{w}");
+    }
+
+    /// Values the API refuses (zeros, the largest `u32`s) and clocks at either end
+    /// neither panic nor leave a bucket that never holds a token: a zero limit
+    /// lets a frame through now and then (one byte a second) and asks the caller
+    /// to wait, never to spin.
+    #[test]
+    fn unchecked_values_are_harmless() {
+        let zero = PortLimits {
+            egress_mbps: Some(0),
+            ingress_mbps: Some(0),
+            burst_kib: Some(0),
+            pps: Some(0),
+        };
+        let max = PortLimits {
+            egress_mbps: Some(u32::MAX),
+            ingress_mbps: Some(u32::MAX),
+            burst_kib: None,
+            pps: Some(u32::MAX),
+        };
+        for l in [
+            zero,
+            max,
+            PortLimits {
+                burst_kib: Some(u32::MAX),
+                ..max
+            },
+        ] {
+            for now in [0, 1, u64::MAX / 2, u64::MAX] {
+                let mut p = PortPolicer::new(&l, now);
+                for t in [now, now.saturating_add(1), u64::MAX, 0] {
+                    p.egress(usize::MAX, t);
+                    p.ingress(65536, t);
+                    let _ = (p.egress_wait(t), p.ingress_wait(t));
+                }
+            }
+        }
+        let mut p = PortPolicer::new(&zero, 0);
+        p.egress(1500, 0);
+        let w = p.egress_wait(0).expect("over a zero limit");
+        assert!(w >= 1_000_000_000, "a zero limit waits seconds, not {w} ns");
+        // The default burst of the largest rate: 20 ms of it, not an overflow.
+        let mut p = PortPolicer::new(&max, 0);
+        p.ingress(1 << 40, 0);
+        assert_eq!(p.ingress_wait(0), None, "within 20 ms of 2^32 Mbit/s");
     }
 
     #[test]

@@ -36,7 +36,9 @@ use wire::meta::InnerMeta;
 /// Lowest SNAT port: the reference (and opteadm) refuse the well-known ports.
 pub const SNAT_PORT_MIN: u16 = 1024;
 
-/// A SNAT address and the source ports this port may use on it (inclusive).
+/// A SNAT address and the source ports this port may use on it (inclusive). A
+/// range whose start is above its end holds no port: its flows are refused as
+/// `snat_exhausted`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnatRange {
     pub ip: IpAddr,
@@ -249,8 +251,10 @@ impl SnatTable {
         if let Some(&p) = self.by_private.get(&pk) {
             return Some(p);
         }
-        let span = u32::from(range.end - range.start) + 1;
+        // A reversed range is empty (no underflow: `span` is 0 and nothing is tried).
+        let span = (u32::from(range.end) + 1).saturating_sub(u32::from(range.start));
         for i in 0..span {
+            // Below `span`, so the port is within the range.
             let p = range.start + ((self.cursor + i) % span) as u16;
             let free = match self.by_port.get(&(key.proto, p)) {
                 None => true,
