@@ -33,19 +33,15 @@ pub const DEFAULT_BURST_MIN: u64 = 4 * 64 * 1024;
 /// [`DEFAULT_BURST_MIN`]): enough for TCP to keep a window in flight at the rate.
 pub const DEFAULT_BURST_NS: u64 = 20_000_000;
 
-/// The largest limit accepted: 400 Gbit/s, beyond any NIC a sled has.
-pub const MAX_MBPS: u32 = 400_000;
-
-/// The largest burst accepted (1 GiB).
-pub const MAX_BURST_KIB: u32 = 1 << 20;
-
-/// The largest packet rate accepted.
-pub const MAX_PPS: u32 = 1_000_000_000;
-
 /// A port's limits as configured; `None` is unlimited. `burst_kib` applies to both
 /// byte buckets (default: [`DEFAULT_BURST_NS`] at the rate, at least
 /// [`DEFAULT_BURST_MIN`]); `pps` limits each direction separately, with a burst of
 /// the rate's 20 ms (at least 64 packets).
+///
+/// Taken as given: the API refuses zeros and values above what a sled needs, and
+/// here every value is harmless: the arithmetic cannot overflow (`u32` rates and
+/// bursts are far inside an `i128` of nano-tokens), and a zero rate or burst is
+/// clamped to one token (see `Bucket::new`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -58,49 +54,10 @@ pub struct PortLimits {
     pub pps: Option<u32>,
 }
 
-/// Why a port's limits were refused; each names the bad value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LimitError {
-    /// An egress or ingress bit rate outside what a port may be given.
-    #[error("{dir} limit {mbps} Mbit/s is outside 1-{max} Mbit/s", max = MAX_MBPS)]
-    Rate { dir: &'static str, mbps: u32 },
-    #[error("burst {kib} KiB is outside 1-{max} KiB", max = MAX_BURST_KIB)]
-    Burst { kib: u32 },
-    #[error("burst {kib} KiB given without an egress or ingress limit to apply to")]
-    BurstWithoutRate { kib: u32 },
-    #[error("packet rate {pps} pps is outside 1-{max} pps", max = MAX_PPS)]
-    PacketRate { pps: u32 },
-}
-
 impl PortLimits {
     /// Whether no limit is set.
     pub fn is_unlimited(&self) -> bool {
         self.egress_mbps.is_none() && self.ingress_mbps.is_none() && self.pps.is_none()
-    }
-
-    /// Checks the values; errors name the bad one.
-    pub fn validate(&self) -> Result<(), LimitError> {
-        for (dir, v) in [("egress", self.egress_mbps), ("ingress", self.ingress_mbps)] {
-            if let Some(mbps) = v {
-                if mbps == 0 || mbps > MAX_MBPS {
-                    return Err(LimitError::Rate { dir, mbps });
-                }
-            }
-        }
-        if let Some(kib) = self.burst_kib {
-            if kib == 0 || kib > MAX_BURST_KIB {
-                return Err(LimitError::Burst { kib });
-            }
-            if self.egress_mbps.is_none() && self.ingress_mbps.is_none() {
-                return Err(LimitError::BurstWithoutRate { kib });
-            }
-        }
-        if let Some(pps) = self.pps {
-            if pps == 0 || pps > MAX_PPS {
-                return Err(LimitError::PacketRate { pps });
-            }
-        }
-        Ok(())
     }
 
     /// `egress 100 Mbit/s, ingress 1000 Mbit/s, burst 512 KiB, 10000 pps`, or `-`.
@@ -461,29 +418,5 @@ mod tests {
         let mut p = PortPolicer::new(&max, 0);
         p.ingress(1 << 40, 0);
         assert_eq!(p.ingress_wait(0), None, "within 20 ms of 2^32 Mbit/s");
-    }
-
-    #[test]
-    fn bad_values_are_named() {
-        let bad = |l: PortLimits, want: &str| {
-            let e = l.validate().unwrap_err().to_string();
-            assert!(e.contains(want), "{e}");
-        };
-        let l = PortLimits::default();
-        bad(limits(Some(0), None), "egress limit 0");
-        bad(limits(None, Some(500_000)), "ingress limit 500000");
-        bad(
-            PortLimits {
-                burst_kib: Some(64),
-                ..l
-            },
-            "burst 64 KiB given without",
-        );
-        bad(PortLimits { pps: Some(0), ..l }, "packet rate 0");
-        let ok = PortLimits {
-            burst_kib: Some(512),
-            ..limits(Some(100), None)
-        };
-        assert!(ok.validate().is_ok());
     }
 }
