@@ -7,7 +7,7 @@
 //! A call refuses what conflicts with the engine's state or exceeds its own bounds
 //! ([`EngineError`]); it does not check a port's configuration on its own (the
 //! API does, `api::PortConfig::validate`), and none of its values can make the
-//! engine panic.
+//! engine panic (`tests/unchecked.rs`).
 
 use super::config::EngineConfig;
 use super::dispatch::{LocalDest, Owner};
