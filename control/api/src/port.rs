@@ -725,6 +725,70 @@ mod tests {
         );
     }
 
+    /// What the engine checked of a prefix until it trusted the API for it
+    /// (datapath/engine/tests/routing.rs): multicast refused, a prefix allowed one
+    /// way refused when asked for both and still free the other way, a removal
+    /// naming the direction that lacks it, and at most `MAX_PORT_CIDRS` a way.
+    #[test]
+    fn allowed_prefixes_are_refused_by_name_and_change_nothing() {
+        let c = sample();
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        let mut cidrs = PortCidrs::default();
+        let e = cidrs
+            .allow(net("224.0.0.0/4"), CidrDir::Out, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("224.0.0.0/4") && e.contains("unicast"), "{e}");
+        let e = cidrs
+            .allow(net("192.168.50.1/24"), CidrDir::In, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("192.168.50.1/24") && e.contains("host bits"),
+            "{e}"
+        );
+        cidrs
+            .allow(net("192.168.50.0/24"), CidrDir::In, &c)
+            .unwrap();
+        let e = cidrs
+            .allow(net("192.168.50.0/24"), CidrDir::Both, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("192.168.50.0/24") && e.contains("already"),
+            "{e}"
+        );
+        assert!(cidrs.outbound.is_empty(), "nothing changed on the refusal");
+        cidrs
+            .allow(net("192.168.50.0/24"), CidrDir::Out, &c)
+            .unwrap();
+        cidrs
+            .remove(net("192.168.50.0/24"), CidrDir::In, "opte0")
+            .unwrap();
+        let e = cidrs
+            .remove(net("192.168.50.0/24"), CidrDir::Both, "opte0")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("192.168.50.0/24") && e.contains("direction in"),
+            "{e}"
+        );
+        assert_eq!(cidrs.outbound, [net("192.168.50.0/24")], "kept");
+        let mut full = PortCidrs::default();
+        for i in 0..MAX_PORT_CIDRS {
+            full.allow(net(&format!("10.{i}.0.0/16")), CidrDir::Out, &c)
+                .unwrap();
+        }
+        let e = full
+            .allow(net("10.200.0.0/16"), CidrDir::Out, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("10.200.0.0/16") && e.contains("one too many"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn external_addresses_are_checked_against_the_port() {
         let v4 = Some("172.30.0.5".parse().unwrap());
@@ -746,6 +810,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("SNAT IP 198.51.100.1"), "{e}");
+        // Of a family the port has no private address of, whatever its role.
+        let v6 = ExternalIps {
+            ephemeral: Some("2001:db8::7".parse().unwrap()),
+            ..Default::default()
+        };
+        let e = v6.validate(v4, None).unwrap_err().to_string();
+        assert!(e.contains("ephemeral IP 2001:db8::7"), "{e}");
         let twice = ExternalIps {
             floating: vec!["192.0.2.5".parse().unwrap(); 2],
             ..Default::default()
@@ -783,6 +854,27 @@ mod tests {
                     ..l
                 },
                 "without an egress or ingress limit",
+            ),
+            (
+                PortLimits {
+                    egress_mbps: Some(0),
+                    ..l
+                },
+                "egress limit 0 Mbit/s",
+            ),
+            (
+                PortLimits {
+                    ingress_mbps: Some(MAX_MBPS + 1),
+                    ..l
+                },
+                "ingress limit 400001 Mbit/s is outside 1-400000",
+            ),
+            (
+                PortLimits {
+                    burst_kib: Some(0),
+                    ..l
+                },
+                "burst 0 KiB",
             ),
             (PortLimits { pps: Some(0), ..l }, "packet rate 0 pps"),
         ] {

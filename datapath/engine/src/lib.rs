@@ -12,6 +12,11 @@
 //! flows, rules, layers, flow and connection tables) and `frames` (frames in and
 //! out, rewrites, encapsulation, TSO); `vpc` (the VPC policy); and `pipeline` (the
 //! [`Engine`] that drives them). Other crates use the names re-exported here.
+//!
+//! Configuration comes checked: whether a port's configuration makes sense on its
+//! own is the API's check (`api::PortConfig::validate`), and the engine refuses only
+//! what depends on its own state or bounds its own work ([`EngineError`]). Whatever
+//! it is given, it neither panics nor spins (docs/engine.md, "Who checks what").
 
 #![forbid(unsafe_code)]
 
@@ -43,8 +48,7 @@ pub use pipeline::Engine;
 pub use vpc::firewall::FwAction;
 pub use vpc::nat::{ExternalIps, SnatRange};
 pub use vpc::port::{
-    check_network, link_local_eui64, CidrDir, PortCidrs, PortConfig, PortState, DEFAULT_PORT_MTU,
-    MIN_PORT_MTU,
+    link_local_eui64, PortCidrs, PortConfig, PortState, MAX_PORT_CIDRS, MIN_PORT_MTU,
 };
 pub use vpc::router::{RouteClass, RouteTarget};
 pub use vpc::v2b::{V2b, V2bEntry};

@@ -197,9 +197,12 @@ fn appliance_flows_allocate_nothing_per_packet() {
         None,
     )
     .unwrap();
-    b.allow_cidr("gb", "10.9.0.0/16".parse().unwrap(), engine::CidrDir::Both)
-        .unwrap();
-    b.allow_cidr("gb", subnet, engine::CidrDir::Both).unwrap();
+    let nets = vec!["10.9.0.0/16".parse().unwrap(), subnet];
+    let cidrs = engine::PortCidrs {
+        inbound: nets.clone(),
+        outbound: nets,
+    };
+    b.set_port_cidrs("gb", cidrs).unwrap();
     let behind = Ipv4Addr::new(192, 168, 50, 7);
     let udp = L4::Udp {
         sport: 4000,

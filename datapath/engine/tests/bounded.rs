@@ -465,15 +465,18 @@ fn rate_limits_shape_both_ways() {
         .unwrap();
     assert_eq!(a.egress_wait(pa, t0 + 30_000_000), None);
     assert_eq!(a.ingress_take(pa, 65536, t0 + 30_000_000), Ok(()));
-    // Bad values are refused with the value named.
-    let e = a
-        .set_port_limits(
-            g1.name,
-            engine::PortLimits {
-                egress_mbps: Some(0),
-                ..limits
-            },
-        )
-        .unwrap_err();
-    assert!(e.to_string().contains("egress limit 0"), "{e}");
+    // A zero rate, which the API refuses, is one byte a second here: once the
+    // burst is spent, the next frame waits minutes (110 bytes owed), and the
+    // caller is never told to retry at once.
+    let zero = engine::PortLimits {
+        egress_mbps: Some(0),
+        ..limits
+    };
+    a.set_port_limits(g1.name, zero).unwrap();
+    let t1 = t0 + 40_000_000;
+    assert_eq!(send(&mut a, t1), 63);
+    let wait = a.egress_wait(pa, t1).unwrap();
+    assert_eq!(wait, 110 * NS_PER_S + 1);
+    let e = a.set_port_limits("nope", zero).unwrap_err();
+    assert_eq!(e.code(), "no-such-port");
 }

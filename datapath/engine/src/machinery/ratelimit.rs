@@ -33,19 +33,15 @@ pub const DEFAULT_BURST_MIN: u64 = 4 * 64 * 1024;
 /// [`DEFAULT_BURST_MIN`]): enough for TCP to keep a window in flight at the rate.
 pub const DEFAULT_BURST_NS: u64 = 20_000_000;
 
-/// The largest limit accepted: 400 Gbit/s, beyond any NIC a sled has.
-pub const MAX_MBPS: u32 = 400_000;
-
-/// The largest burst accepted (1 GiB).
-pub const MAX_BURST_KIB: u32 = 1 << 20;
-
-/// The largest packet rate accepted.
-pub const MAX_PPS: u32 = 1_000_000_000;
-
 /// A port's limits as configured; `None` is unlimited. `burst_kib` applies to both
 /// byte buckets (default: [`DEFAULT_BURST_NS`] at the rate, at least
 /// [`DEFAULT_BURST_MIN`]); `pps` limits each direction separately, with a burst of
 /// the rate's 20 ms (at least 64 packets).
+///
+/// Taken as given: the API refuses zeros and values above what a sled needs, and
+/// here every value is harmless: the arithmetic cannot overflow (`u32` rates and
+/// bursts are far inside an `i128` of nano-tokens), and a zero rate or burst is
+/// clamped to one token (see `Bucket::new`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -58,49 +54,10 @@ pub struct PortLimits {
     pub pps: Option<u32>,
 }
 
-/// Why a port's limits were refused; each names the bad value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum LimitError {
-    /// An egress or ingress bit rate outside what a port may be given.
-    #[error("{dir} limit {mbps} Mbit/s is outside 1-{max} Mbit/s", max = MAX_MBPS)]
-    Rate { dir: &'static str, mbps: u32 },
-    #[error("burst {kib} KiB is outside 1-{max} KiB", max = MAX_BURST_KIB)]
-    Burst { kib: u32 },
-    #[error("burst {kib} KiB given without an egress or ingress limit to apply to")]
-    BurstWithoutRate { kib: u32 },
-    #[error("packet rate {pps} pps is outside 1-{max} pps", max = MAX_PPS)]
-    PacketRate { pps: u32 },
-}
-
 impl PortLimits {
     /// Whether no limit is set.
     pub fn is_unlimited(&self) -> bool {
         self.egress_mbps.is_none() && self.ingress_mbps.is_none() && self.pps.is_none()
-    }
-
-    /// Checks the values; errors name the bad one.
-    pub fn validate(&self) -> Result<(), LimitError> {
-        for (dir, v) in [("egress", self.egress_mbps), ("ingress", self.ingress_mbps)] {
-            if let Some(mbps) = v {
-                if mbps == 0 || mbps > MAX_MBPS {
-                    return Err(LimitError::Rate { dir, mbps });
-                }
-            }
-        }
-        if let Some(kib) = self.burst_kib {
-            if kib == 0 || kib > MAX_BURST_KIB {
-                return Err(LimitError::Burst { kib });
-            }
-            if self.egress_mbps.is_none() && self.ingress_mbps.is_none() {
-                return Err(LimitError::BurstWithoutRate { kib });
-            }
-        }
-        if let Some(pps) = self.pps {
-            if pps == 0 || pps > MAX_PPS {
-                return Err(LimitError::PacketRate { pps });
-            }
-        }
-        Ok(())
     }
 
     /// `egress 100 Mbit/s, ingress 1000 Mbit/s, burst 512 KiB, 10000 pps`, or `-`.
@@ -142,8 +99,15 @@ struct Bucket {
 const SCALE: i128 = 1_000_000_000;
 
 impl Bucket {
+    /// A full bucket. A rate or burst of zero is taken as one (a byte or a packet;
+    /// per second for the rate) rather than kept: a bucket that can never hold a
+    /// token would answer every `wait` with 1 ns, and the caller, told to retry at
+    /// once, would spin. One byte a second lets, in effect, nothing pass, which is
+    /// what a zero limit asks for, and keeps every wait finite and every division
+    /// by a rate of at least one.
     fn new(rate: u64, burst: u64, now: u64) -> Bucket {
-        let cap = i128::from(burst) * SCALE;
+        let rate = rate.max(1);
+        let cap = i128::from(burst.max(1)) * SCALE;
         Bucket {
             rate,
             cap,
@@ -182,7 +146,7 @@ impl Bucket {
         if t > 0 {
             return None;
         }
-        let ns = (-t) / i128::from(self.rate.max(1)) + 1;
+        let ns = (-t) / i128::from(self.rate) + 1;
         Some(u64::try_from(ns).unwrap_or(u64::MAX))
     }
 }
@@ -197,10 +161,15 @@ struct Buckets {
 impl Buckets {
     fn new(mbps: Option<u32>, burst_kib: Option<u32>, pps: Option<u32>, now: u64) -> Buckets {
         let bytes = mbps.map(|m| {
+            // At most 2^32 Mbit/s, 2^49 bytes a second: the default burst's
+            // product is taken in 128 bits (it would overflow 64 above ~7 Tbit/s).
             let rate = u64::from(m) * 1_000_000 / 8;
             let burst = match burst_kib {
                 Some(k) => u64::from(k) * 1024,
-                None => (rate * DEFAULT_BURST_NS / 1_000_000_000).max(DEFAULT_BURST_MIN),
+                None => {
+                    let b = u128::from(rate) * u128::from(DEFAULT_BURST_NS) / 1_000_000_000;
+                    u64::try_from(b).unwrap_or(u64::MAX).max(DEFAULT_BURST_MIN)
+                }
             };
             Bucket::new(rate, burst, now)
         });
@@ -406,27 +375,48 @@ mod tests {
         assert!((1_000_000..=1_100_000).contains(&w), "{w}");
     }
 
+    /// Values the API refuses (zeros, the largest `u32`s) and clocks at either end
+    /// neither panic nor leave a bucket that never holds a token: a zero limit
+    /// lets a frame through now and then (one byte a second) and asks the caller
+    /// to wait, never to spin.
     #[test]
-    fn bad_values_are_named() {
-        let bad = |l: PortLimits, want: &str| {
-            let e = l.validate().unwrap_err().to_string();
-            assert!(e.contains(want), "{e}");
+    fn unchecked_values_are_harmless() {
+        let zero = PortLimits {
+            egress_mbps: Some(0),
+            ingress_mbps: Some(0),
+            burst_kib: Some(0),
+            pps: Some(0),
         };
-        let l = PortLimits::default();
-        bad(limits(Some(0), None), "egress limit 0");
-        bad(limits(None, Some(500_000)), "ingress limit 500000");
-        bad(
+        let max = PortLimits {
+            egress_mbps: Some(u32::MAX),
+            ingress_mbps: Some(u32::MAX),
+            burst_kib: None,
+            pps: Some(u32::MAX),
+        };
+        for l in [
+            zero,
+            max,
             PortLimits {
-                burst_kib: Some(64),
-                ..l
+                burst_kib: Some(u32::MAX),
+                ..max
             },
-            "burst 64 KiB given without",
-        );
-        bad(PortLimits { pps: Some(0), ..l }, "packet rate 0");
-        let ok = PortLimits {
-            burst_kib: Some(512),
-            ..limits(Some(100), None)
-        };
-        assert!(ok.validate().is_ok());
+        ] {
+            for now in [0, 1, u64::MAX / 2, u64::MAX] {
+                let mut p = PortPolicer::new(&l, now);
+                for t in [now, now.saturating_add(1), u64::MAX, 0] {
+                    p.egress(usize::MAX, t);
+                    p.ingress(65536, t);
+                    let _ = (p.egress_wait(t), p.ingress_wait(t));
+                }
+            }
+        }
+        let mut p = PortPolicer::new(&zero, 0);
+        p.egress(1500, 0);
+        let w = p.egress_wait(0).expect("over a zero limit");
+        assert!(w >= 1_000_000_000, "a zero limit waits seconds, not {w} ns");
+        // The default burst of the largest rate: 20 ms of it, not an overflow.
+        let mut p = PortPolicer::new(&max, 0);
+        p.ingress(1 << 40, 0);
+        assert_eq!(p.ingress_wait(0), None, "within 20 ms of 2^32 Mbit/s");
     }
 }

@@ -1,17 +1,21 @@
 //! Why a management request was refused ([`EngineError`]): each variant carries the
 //! bad value and names it in its message, and [`EngineError::code`] gives the
 //! stable code an API sends with the refusal. A refused request changes nothing.
+//!
+//! The engine refuses what depends on its own state or bounds its own work (a
+//! name, MAC or address taken, an MTU the underlay cannot carry, the table
+//! budget, the prefixes it scans per frame, lookups that find nothing); whether a
+//! port's configuration makes sense on its own is the API's check
+//! (`api::PortConfig::validate`), made before a request reaches the engine.
 
 use super::budget::BudgetError;
 use crate::ids::Vni;
 use crate::machinery::conntrack::FlowLimitError;
 use crate::machinery::layer::RuleId;
-use crate::machinery::ratelimit::LimitError;
 use crate::machinery::rule::Direction;
 use crate::vpc::gateway::ENCAP_BUDGET;
-use crate::vpc::nat::ExternalIpError;
 use crate::vpc::overlay::V2pError;
-use crate::vpc::port::{CidrError, PortConfigError, MIN_PORT_MTU};
+use crate::vpc::port::{MAX_PORT_CIDRS, MIN_PORT_MTU};
 use crate::vpc::router::RouteError;
 use crate::vpc::v2b::V2bError;
 use ipnet::IpNet;
@@ -88,18 +92,19 @@ pub enum EngineError {
         ports: usize,
         limit: usize,
     },
+    /// More allowed prefixes one way than the per-frame checks scan.
+    #[error(
+        "port {port:?}: {count} prefixes allowed {dir} exceed the {MAX_PORT_CIDRS} the datapath checks per frame"
+    )]
+    TooManyPrefixes {
+        port: String,
+        dir: Direction,
+        count: usize,
+    },
     #[error("dump-uft cursor {cursor} is not one a page returned")]
     BadCursor { cursor: u64 },
     #[error(transparent)]
-    PortConfig(#[from] PortConfigError),
-    #[error(transparent)]
     Route(#[from] RouteError),
-    #[error(transparent)]
-    Cidr(#[from] CidrError),
-    #[error(transparent)]
-    ExternalIp(#[from] ExternalIpError),
-    #[error(transparent)]
-    Limits(#[from] LimitError),
     #[error(transparent)]
     V2p(#[from] V2pError),
     #[error(transparent)]
@@ -112,7 +117,7 @@ pub enum EngineError {
 
 impl EngineError {
     /// The stable code of the refusal, for an API to send with it: `no-such-port`,
-    /// `conflict` (with existing state: a name, MAC, address, route or prefix taken),
+    /// `conflict` (with existing state: a name, MAC, address or route taken),
     /// `not-found` (the thing to remove or show does not exist) or `invalid` (a
     /// value out of range or inconsistent).
     pub fn code(&self) -> &'static str {
@@ -124,12 +129,10 @@ impl EngineError {
             | E::AddressInUse { .. }
             | E::SiblingMacInUse { .. }
             | E::SiblingAddressInUse { .. }
-            | E::Route(RouteError::Exists { .. })
-            | E::Cidr(CidrError::AlreadyAllowed { .. }) => "conflict",
+            | E::Route(RouteError::Exists { .. }) => "conflict",
             E::NoSuchRule { .. }
             | E::NoSuchLayer { .. }
             | E::Route(RouteError::NotFound { .. })
-            | E::Cidr(CidrError::NotAllowed { .. })
             | E::V2p(V2pError::NotFound { .. })
             | E::V2b(V2bError::NoEntry { .. } | V2bError::NoSuchEndpoint { .. }) => "not-found",
             E::UnderlayMtuTooSmall { .. }
@@ -137,12 +140,9 @@ impl EngineError {
             | E::PortMtuOutOfRange { .. }
             | E::RouteMtuTooBig { .. }
             | E::TooManyPorts { .. }
+            | E::TooManyPrefixes { .. }
             | E::BadCursor { .. }
-            | E::PortConfig(_)
             | E::Route(_)
-            | E::Cidr(_)
-            | E::ExternalIp(_)
-            | E::Limits(_)
             | E::V2p(_)
             | E::V2b(_)
             | E::FlowLimits(_)

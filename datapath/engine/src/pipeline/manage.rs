@@ -3,6 +3,11 @@
 //! Every call that changes what the paths decide moves the epochs of the flows it
 //! may invalidate (see the module doc of `pipeline`); a refused call changes
 //! nothing.
+//!
+//! A call refuses what conflicts with the engine's state or exceeds its own bounds
+//! ([`EngineError`]); it does not check a port's configuration on its own (the
+//! API does, `api::PortConfig::validate`), and none of its values can make the
+//! engine panic (`tests/unchecked.rs`).
 
 use super::config::EngineConfig;
 use super::dispatch::{LocalDest, Owner};
@@ -19,7 +24,7 @@ use crate::vpc::firewall::{Firewall, FwAction};
 use crate::vpc::gateway::{self, GatewayState, MtuBudget, RaInfo};
 use crate::vpc::nat::{ExternalIps, SnatTable};
 use crate::vpc::overlay::{V2pDump, V2pEntry};
-use crate::vpc::port::{CidrDir, PortCidrs, PortConfig, PortConfigError, PortState, MIN_PORT_MTU};
+use crate::vpc::port::{PortCidrs, PortConfig, PortState, MAX_PORT_CIDRS, MIN_PORT_MTU};
 use crate::vpc::router::{RouteClass, RouteDump, RouteTarget, Router};
 use crate::vpc::v2b::{V2b, V2bEntry};
 use ipnet::IpNet;
@@ -141,14 +146,34 @@ impl Engine {
         self.cfg.underlay_mtu.saturating_sub(gateway::ENCAP_BUDGET)
     }
 
+    /// Refuses more allowed prefixes one way than the per-frame checks scan.
+    fn check_port_cidrs(name: &str, cidrs: &PortCidrs) -> Result<(), EngineError> {
+        let lists = [
+            (Direction::In, &cidrs.inbound),
+            (Direction::Out, &cidrs.outbound),
+        ];
+        match lists.into_iter().find(|(_, l)| l.len() > MAX_PORT_CIDRS) {
+            Some((dir, l)) => Err(EngineError::TooManyPrefixes {
+                port: name.to_string(),
+                dir,
+                count: l.len(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     // ---- Ports ----
 
     /// Creates a port with the default routes (its VPC subnets -> VPC, and the
     /// default routes -> internet gateway if boundary services are configured) and
     /// the default firewall (outbound allow, inbound deny unless established).
+    /// Refuses what conflicts with the engine's state: an MTU outside what the
+    /// underlay carries, a port beyond the table budget's, a name, guest MAC or
+    /// address taken, too many allowed prefixes. Whether the configuration makes
+    /// sense on its own is the API's check (docs/engine.md, "Who checks what").
     pub fn add_port(&mut self, cfg: PortConfig) -> Result<PortId, EngineError> {
-        cfg.validate()?;
         self.check_port_mtu(cfg.mtu)?;
+        Self::check_port_cidrs(&cfg.name, &cfg.cidrs)?;
         self.check_port_room(&cfg.name)?;
         if self.by_name.contains_key(&cfg.name) {
             return Err(EngineError::PortExists {
@@ -328,14 +353,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Replaces port `name`'s external addresses (checked as `add_port` checks
-    /// them). Every flow of the port is decided again (its epoch moves): a flow
-    /// keeps no address the port no longer has. A changed SNAT range forgets the SNAT ports
-    /// (they may lie outside it); the connections stay, and their next packets get
-    /// new ports.
+    /// Replaces port `name`'s external addresses. Every flow of the port is decided
+    /// again (its epoch moves): a flow keeps no address the port no longer has. A
+    /// changed SNAT range forgets the SNAT ports (they may lie outside it); the
+    /// connections stay, and their next packets get new ports.
     pub fn set_external_ips(&mut self, name: &str, ext: ExternalIps) -> Result<(), EngineError> {
         let p = self.port_by_name_mut(name)?;
-        ext.validate(p.cfg.ipv4, p.cfg.ipv6)?;
         if p.cfg.external.snat != ext.snat {
             p.snat.clear();
         }
@@ -344,10 +367,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Replaces port `name`'s rate limits (checked as `add_port` checks them). The
-    /// buckets start full; flows are untouched.
+    /// Replaces port `name`'s rate limits. The buckets start full; flows are
+    /// untouched.
     pub fn set_port_limits(&mut self, name: &str, limits: PortLimits) -> Result<(), EngineError> {
-        limits.validate()?;
         let now = self.now;
         let p = self.port_by_name_mut(name)?;
         p.cfg.limits = limits;
@@ -355,33 +377,16 @@ impl Engine {
         Ok(())
     }
 
-    /// Replaces port `name`'s allowed prefixes (transit IPs and attached subnets,
-    /// checked as `add_port` checks them). Checked per packet, ahead of the flow
-    /// tables, so a removed prefix stops traffic at once; the port's epoch moves
-    /// anyway (its flows only: the prefixes are the port's alone).
+    /// Replaces port `name`'s allowed prefixes (transit IPs and attached subnets;
+    /// refused beyond [`MAX_PORT_CIDRS`] a direction). Checked per packet, ahead
+    /// of the flow tables, so a removed prefix stops traffic at once; the port's
+    /// epoch moves anyway (its flows only: the prefixes are the port's alone).
     pub fn set_port_cidrs(&mut self, name: &str, cidrs: PortCidrs) -> Result<(), EngineError> {
         self.bump_port(name, |p| {
-            // A set that contradicts itself is an invalid port setting, even where
-            // the prefix it repeats would conflict on its own (`allow_cidr`).
-            cidrs.validate(&p.cfg).map_err(PortConfigError::from)?;
+            Self::check_port_cidrs(name, &cidrs)?;
             p.cfg.cidrs = cidrs;
             Ok(())
         })
-    }
-
-    /// Allows `net` for `dir` on port `name` (`allow-cidr`, `attach-subnet`).
-    pub fn allow_cidr(&mut self, name: &str, net: IpNet, dir: CidrDir) -> Result<(), EngineError> {
-        self.bump_port(name, |p| {
-            let mut c = p.cfg.cidrs.clone();
-            c.allow(net, dir, &p.cfg)?;
-            p.cfg.cidrs = c;
-            Ok(())
-        })
-    }
-
-    /// Removes `net` for `dir` from port `name` (`remove-cidr`, `detach-subnet`).
-    pub fn remove_cidr(&mut self, name: &str, net: IpNet, dir: CidrDir) -> Result<(), EngineError> {
-        self.bump_port(name, |p| Ok(p.cfg.cidrs.remove(net, dir, name)?))
     }
 
     // ---- Ports of sibling workers ----

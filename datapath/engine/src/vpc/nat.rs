@@ -33,10 +33,9 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::meta::InnerMeta;
 
-/// Lowest SNAT port: the reference (and opteadm) refuse the well-known ports.
-pub const SNAT_PORT_MIN: u16 = 1024;
-
-/// A SNAT address and the source ports this port may use on it (inclusive).
+/// A SNAT address and the source ports this port may use on it (inclusive). A
+/// range whose start is above its end holds no port: its flows are refused as
+/// `snat_exhausted` (the API refuses such a range before it gets here).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnatRange {
     pub ip: IpAddr,
@@ -52,7 +51,10 @@ impl SnatRange {
 }
 
 /// A port's external addresses (opteadm's `--snat-ip/--snat-start/--snat-end`,
-/// `--ephemeral-ip`, `--floating-ip`).
+/// `--ephemeral-ip`, `--floating-ip`). Taken as given (the API checks them: ports
+/// of 1024 and up, no address twice, every address of a family the port has): an
+/// address of a family the port has no private address of is never chosen for a
+/// flow and translates nothing inbound (`nat_no_mapping`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExternalIps {
     pub snat: Option<SnatRange>,
@@ -60,69 +62,10 @@ pub struct ExternalIps {
     pub floating: Vec<IpAddr>,
 }
 
-/// Why a port's external addresses were refused; each names the value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ExternalIpError {
-    /// `what` (`SNAT IP`, `ephemeral IP`, `floating IP`) is of a family the port has
-    /// no private address of: it could never be used.
-    #[error("{what} {ip}: the port has no private address of that family")]
-    NoPrivateOfFamily { what: &'static str, ip: IpAddr },
-    #[error("SNAT start port {start} is below {min}", min = SNAT_PORT_MIN)]
-    SnatStartTooLow { start: u16 },
-    #[error("SNAT port range {start}-{end}: start is above end")]
-    SnatRangeReversed { start: u16, end: u16 },
-    #[error("floating IP {ip} is given twice")]
-    FloatingTwice { ip: IpAddr },
-}
-
 impl ExternalIps {
     /// Whether the port has no external address at all.
     pub fn is_empty(&self) -> bool {
         self.snat.is_none() && self.ephemeral.is_none() && self.floating.is_empty()
-    }
-
-    /// Checks the addresses against the port's private ones: a port range inside
-    /// 1024-65535 with start <= end, and every address of a family the port has (a
-    /// v6 external address for a v4-only guest could never be used). Errors name
-    /// the bad value.
-    pub fn validate(
-        &self,
-        ipv4: Option<Ipv4Addr>,
-        ipv6: Option<Ipv6Addr>,
-    ) -> Result<(), ExternalIpError> {
-        let family = |what: &'static str, ip: &IpAddr| {
-            let ok = match ip {
-                IpAddr::V4(_) => ipv4.is_some(),
-                IpAddr::V6(_) => ipv6.is_some(),
-            };
-            if ok {
-                Ok(())
-            } else {
-                Err(ExternalIpError::NoPrivateOfFamily { what, ip: *ip })
-            }
-        };
-        if let Some(s) = &self.snat {
-            family("SNAT IP", &s.ip)?;
-            if s.start < SNAT_PORT_MIN {
-                return Err(ExternalIpError::SnatStartTooLow { start: s.start });
-            }
-            if s.start > s.end {
-                return Err(ExternalIpError::SnatRangeReversed {
-                    start: s.start,
-                    end: s.end,
-                });
-            }
-        }
-        if let Some(ip) = &self.ephemeral {
-            family("ephemeral IP", ip)?;
-        }
-        for (i, ip) in self.floating.iter().enumerate() {
-            family("floating IP", ip)?;
-            if self.floating[..i].contains(ip) {
-                return Err(ExternalIpError::FloatingTwice { ip: *ip });
-            }
-        }
-        Ok(())
     }
 
     /// The 1:1 address (floating first, then ephemeral) of `family`'s flows.
@@ -249,8 +192,10 @@ impl SnatTable {
         if let Some(&p) = self.by_private.get(&pk) {
             return Some(p);
         }
-        let span = u32::from(range.end - range.start) + 1;
+        // A reversed range is empty (no underflow: `span` is 0 and nothing is tried).
+        let span = (u32::from(range.end) + 1).saturating_sub(u32::from(range.start));
         for i in 0..span {
+            // Below `span`, so the port is within the range.
             let p = range.start + ((self.cursor + i) % span) as u16;
             let free = match self.by_port.get(&(key.proto, p)) {
                 None => true,
