@@ -59,28 +59,6 @@ impl PortLimits {
     pub fn is_unlimited(&self) -> bool {
         self.egress_mbps.is_none() && self.ingress_mbps.is_none() && self.pps.is_none()
     }
-
-    /// `egress 100 Mbit/s, ingress 1000 Mbit/s, burst 512 KiB, 10000 pps`, or `-`.
-    pub fn describe(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(m) = self.egress_mbps {
-            parts.push(format!("egress {m} Mbit/s"));
-        }
-        if let Some(m) = self.ingress_mbps {
-            parts.push(format!("ingress {m} Mbit/s"));
-        }
-        if let Some(b) = self.burst_kib {
-            parts.push(format!("burst {b} KiB"));
-        }
-        if let Some(p) = self.pps {
-            parts.push(format!("{p} pps"));
-        }
-        if parts.is_empty() {
-            "-".into()
-        } else {
-            parts.join(", ")
-        }
-    }
 }
 
 /// One token bucket. Tokens are kept in units of 1/10^9 of a byte (or packet), so

@@ -43,13 +43,6 @@ pub struct SnatRange {
     pub end: u16,
 }
 
-impl SnatRange {
-    /// Whether two ranges share an address and at least one port.
-    pub fn overlaps(&self, other: &SnatRange) -> bool {
-        self.ip == other.ip && self.start <= other.end && other.start <= self.end
-    }
-}
-
 /// A port's external addresses (opteadm's `--snat-ip/--snat-start/--snat-end`,
 /// `--ephemeral-ip`, `--floating-ip`). Taken as given (the API checks them: ports
 /// of 1024 and up, no address twice, every address of a family the port has): an
