@@ -443,6 +443,42 @@ impl FleetEntry {
     }
 }
 
+/// A key and its value as a writer puts them ([`encode_v2p`], [`encode_v2b`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Encoded {
+    pub key: String,
+    pub value: Vec<u8>,
+}
+
+/// The key and value of a V2P mapping as a writer (`xdeadm fleet`, a control
+/// plane) puts them, checked as every sled will check them: the key is parsed back
+/// and the value decoded with [`FleetEntry::decode`], so what this accepts no sled
+/// refuses, and what it refuses is named as a sled would name it.
+pub fn encode_v2p(e: &V2pEntry) -> Result<Encoded, EntryError> {
+    let value = V2pValue {
+        mac: e.vpc_mac,
+        underlay: e.underlay_ip,
+    };
+    encoded(v2p_key(e.vni, e.vpc_ip), &value)
+}
+
+/// The key and value of a V2B entry as a writer puts them (endpoints sorted,
+/// without duplicates), checked as every sled will check them (see
+/// [`encode_v2p`]): a prefix with host bits set, no endpoint, an endpoint that is
+/// not unicast, or too many endpoints for a value are refused.
+pub fn encode_v2b(e: &V2bEntry) -> Result<Encoded, EntryError> {
+    let mut endpoints = e.endpoints.clone();
+    endpoints.sort();
+    endpoints.dedup();
+    encoded(v2b_key(e.prefix), &V2bValue { endpoints })
+}
+
+fn encoded(key: String, value: &impl Serialize) -> Result<Encoded, EntryError> {
+    let value = serde_json::to_vec(value).map_err(|e| EntryError::Shape(e.to_string()))?;
+    FleetEntry::decode(&FleetKey::parse(&key)?, &value)?;
+    Ok(Encoded { key, value })
+}
+
 /// A routing table as `add-router-entry` would build it: networks without host
 /// bits, path MTUs a port may have, one route per prefix and class.
 fn check_routes(routes: &[RouteEntry]) -> Result<(), EntryError> {
@@ -624,6 +660,90 @@ mod tests {
             FleetEntry::decode(&status, b"{}").unwrap_err().reason(),
             "key"
         );
+    }
+
+    #[test]
+    fn writers_encode_what_sleds_decode() {
+        let e = V2pEntry {
+            vpc_ip: "172.30.0.6".parse().unwrap(),
+            vpc_mac: "a8:40:25:ff:00:06".parse().unwrap(),
+            underlay_ip: "fd00:99::2".parse().unwrap(),
+            vni: Vni::new(1701).unwrap(),
+        };
+        let enc = encode_v2p(&e).unwrap();
+        assert_eq!(enc.key, "/overlay/v1/vpc/1701/v2p/172.30.0.6");
+        let key = FleetKey::parse(&enc.key).unwrap();
+        assert_eq!(FleetEntry::decode(&key, &enc.value), Ok(FleetEntry::V2p(e)));
+        for (bad, named) in [
+            (
+                V2pEntry {
+                    underlay_ip: "ff02::1".parse().unwrap(),
+                    ..e
+                },
+                "ff02::1",
+            ),
+            (
+                V2pEntry {
+                    underlay_ip: Ipv6Addr::UNSPECIFIED,
+                    ..e
+                },
+                "::",
+            ),
+            (
+                V2pEntry {
+                    vpc_mac: MacAddr::BROADCAST,
+                    ..e
+                },
+                "ff:ff:ff:ff:ff:ff",
+            ),
+        ] {
+            let err = encode_v2p(&bad).unwrap_err().to_string();
+            assert!(err.contains(named), "{err}");
+        }
+
+        let b = V2bEntry {
+            prefix: "0.0.0.0/0".parse().unwrap(),
+            endpoints: vec![
+                "fd00:99::b2".parse().unwrap(),
+                "fd00:99::b1".parse().unwrap(),
+            ],
+        };
+        let enc = encode_v2b(&b).unwrap();
+        assert_eq!(enc.key, "/overlay/v1/v2b/0.0.0.0/0");
+        assert_eq!(enc.value, br#"{"endpoints":["fd00:99::b1","fd00:99::b2"]}"#);
+        for (bad, named) in [
+            (
+                V2bEntry {
+                    prefix: "10.1.2.3/8".parse().unwrap(),
+                    ..b.clone()
+                },
+                "10.1.2.3/8",
+            ),
+            (
+                V2bEntry {
+                    endpoints: vec![],
+                    ..b.clone()
+                },
+                "no endpoint",
+            ),
+            (
+                V2bEntry {
+                    endpoints: vec!["ff02::2".parse().unwrap()],
+                    ..b.clone()
+                },
+                "ff02::2",
+            ),
+        ] {
+            let err = encode_v2b(&bad).unwrap_err().to_string();
+            assert!(err.contains(named), "{err}");
+        }
+        let many = V2bEntry {
+            endpoints: (1..=400u16)
+                .map(|i| Ipv6Addr::new(0xfd00, 0x99, 0, 0, 0, 0, 0, i))
+                .collect(),
+            ..b
+        };
+        assert_eq!(encode_v2b(&many).unwrap_err().reason(), "too_large");
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! - [`lease`]: a key that lives as long as its writer ([`LeasedKey`], the sled's
 //!   status key);
 //! - [`backoff`]: waits between reconnects, with full jitter;
-//! - [`error`]: what failed, where, and whether another try may help.
+//! - [`error`]: what failed, where, and whether another try may help;
+//! - `testing` (feature `testing`): an etcd of a test's own and a test PKI.
 //!
 //! Async inside (etcd-client runs on tokio): the daemon's watcher drives it from a
 //! thread of its own with a current-thread runtime.
@@ -24,6 +25,8 @@ pub mod config;
 pub mod error;
 pub mod lease;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod watch;
 
 pub use backoff::Backoff;

@@ -3,7 +3,8 @@
 //!
 //! Exit codes (docs/operating.md, "Exit codes"): 0 ok, 1 refused by the daemon (or
 //! a check that failed: `doctor`, `path-check`, `ra listen`), 2 usage error, 3
-//! daemon unreachable. Output cut short by the reader (`xdeadm dump-v2p | head -1`)
+//! daemon unreachable; the writer verbs of `fleet`, which talk to the fleet's store
+//! instead, the same for the store. Output cut short by the reader (`xdeadm dump-v2p | head -1`)
 //! ends the tool quietly.
 
 #![forbid(unsafe_code)]
@@ -15,9 +16,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use xdeadm::cli::fleet::{self, WriteError};
 use xdeadm::cli::grammar::{CaptureArgs, Cli};
 use xdeadm::cli::render::{
-    render, render_as, render_for, reply_fails, to_json, JsonError, RenderError,
+    render, render_as, render_fleet_write, render_for, reply_fails, to_json, JsonError, RenderError,
 };
 use xdeadm::cli::requests::{Action, CommandError};
 use xdeadm::ra_listen::{self, RaListenError};
@@ -62,6 +64,9 @@ enum Failure {
     /// Whoever reads our output went away: nothing more to say.
     #[error("the reader of the output went away")]
     ReaderGone,
+    /// A writer verb of `fleet` failed, or a delete of it lost a race.
+    #[error(transparent)]
+    Fleet(#[from] WriteError),
 }
 
 impl From<ClientError> for Failure {
@@ -88,6 +93,7 @@ impl Failure {
             | Failure::Json(_) => 1,
             Failure::Usage(_) | Failure::Render(_) | Failure::SocketPath { .. } => 2,
             Failure::Unreachable(_) => 3,
+            Failure::Fleet(e) => e.exit_code(),
         }
     }
 
@@ -142,6 +148,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 eprintln!("xdeadm: capture file {} not removed: {e}", path.display());
             }
             result?;
+        }
+        Action::FleetWrite(write) => {
+            let report = fleet::run(&write)?;
+            if json {
+                emit(&format!("{}\n", to_json(&report)?))?;
+            } else {
+                emit(&render_fleet_write(&report))?;
+            }
+            if !report.skipped.is_empty() {
+                return Err(WriteError::Skipped(report.skipped).into());
+            }
         }
     }
     Ok(())

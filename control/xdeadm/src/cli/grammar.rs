@@ -261,12 +261,15 @@ pub enum Command {
     /// dropped carry the reason) as pcapng: into FILE, or to standard output
     /// (`xdeadm capture PORT | tshark -r -`). Ends after COUNT frames or SECONDS.
     Capture(CaptureArgs),
-    /// The sled as a member of a fleet (docs/fleet.md).
+    /// The sled as a member of a fleet, and the fleet's store itself: its V2P and
+    /// V2B entries, written to etcd directly (docs/fleet.md).
     #[command(subcommand)]
     Fleet(FleetCommand),
 }
 
-/// `xdeadm fleet ...`.
+/// `xdeadm fleet ...`: the sled's view (`status`, `resync`, `adopt`, asked of the
+/// daemon), and the writer verbs, which talk to the fleet's store (etcd) directly
+/// with a certificate of their own and need no daemon.
 #[derive(Debug, Subcommand)]
 pub enum FleetCommand {
     /// The sled's view of the fleet's store: connection, revisions, lag, resyncs,
@@ -277,6 +280,105 @@ pub enum FleetCommand {
     /// Obey a store whose cluster changed and came empty (the sled holds its
     /// tables until told so).
     Adopt,
+    #[command(flatten)]
+    Write(FleetWriteCommand),
+}
+
+/// The writer verbs of `xdeadm fleet`.
+#[derive(Debug, Subcommand)]
+pub enum FleetWriteCommand {
+    /// Write a V2P mapping to the store (set-v2p's arguments): every sled with a
+    /// port in VNI applies it.
+    SetV2p {
+        vpc_ip: IpAddr,
+        vpc_mac: MacAddr,
+        underlay_ip: Ipv6Addr,
+        vni: Vni,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Delete a V2P mapping from the store, unless it changed after it was read.
+    ClearV2p {
+        vpc_ip: IpAddr,
+        vni: Vni,
+        /// A mapping that is not there is no error.
+        #[arg(long)]
+        if_exists: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Write a V2B entry to the store: PREFIX and all its boundary-services
+    /// endpoints (they replace those the store has for PREFIX).
+    SetV2b {
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+        #[arg(required = true, value_name = "ENDPOINTS")]
+        boundary: Vec<Ipv6Addr>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Delete a V2B entry from the store, unless it changed after it was read.
+    ClearV2b {
+        #[arg(value_parser = parse_net)]
+        prefix: IpNet,
+        /// An entry that is not there is no error.
+        #[arg(long)]
+        if_exists: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Write and delete many entries, from a JSON document (FILE, or - for
+    /// standard input).
+    ///
+    /// The document: {"v2p": [{"vni", "vpc_ip", "vpc_mac", "underlay_ip"}, ...],
+    /// "v2b": [{"prefix", "endpoints"}, ...], "clear_v2p": [{"vni", "vpc_ip"},
+    /// ...], "clear_v2b": [{"prefix"}, ...]}, each part optional; the entries of
+    /// dump-v2p --json and dump-v2b --json fit. Nothing is written if an entry is
+    /// invalid (each bad one is named by its place, e.g. v2p[3]) or a key comes
+    /// twice. Written in transactions of at most 128 operations.
+    Load {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Entries of clear_v2p and clear_v2b that are not there are no error.
+        #[arg(long)]
+        if_exists: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+/// Where the fleet's store is, for the writer verbs of `xdeadm fleet`: flags,
+/// else the environment (`XDEADM_FLEET_ENDPOINTS`, `XDEADM_FLEET_CERT`,
+/// `XDEADM_FLEET_KEY`, `XDEADM_FLEET_CA`).
+#[derive(Debug, Args, Clone, PartialEq, Eq)]
+pub struct StoreArgs {
+    /// The store's client URLs, comma separated: http://HOST:PORT, or
+    /// https://HOST:PORT with --cert, --key and --ca.
+    #[arg(
+        long,
+        env = "XDEADM_FLEET_ENDPOINTS",
+        value_name = "URL[,URL...]",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub endpoints: Vec<String>,
+    /// Our client certificate (PEM); its common name is our etcd user.
+    #[arg(long, env = "XDEADM_FLEET_CERT", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// The certificate's private key (PEM, mode 0600 or stricter).
+    #[arg(long, env = "XDEADM_FLEET_KEY", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// The CA that signed the store's certificates (PEM): the only one trusted.
+    #[arg(long, env = "XDEADM_FLEET_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// The longest wait for a member to connect or answer, in seconds.
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub timeout: u64,
 }
 
 #[derive(Debug, Args, Clone, PartialEq, Eq)]

@@ -4,6 +4,7 @@
 //! OpenMetrics, the workers table, JSON; [`to_json`] for `--json`). [`reply_fails`]
 //! says whether a reply reports a failed check.
 
+use super::fleet::{Counts, WriteReport};
 use super::flows;
 use super::layout::{render_value, table};
 use api::{CaptureEnd, Check, CheckStatus, PeerPath, PortLink, PortStatus, Reply, Request};
@@ -274,6 +275,46 @@ fn render_fleet(out: &mut String, s: &api::fleet::FleetStatus) {
     }
 }
 
+/// What a writer verb of `fleet` did, in one line (`fleet load` of 10,000
+/// entries included): the counts, what was skipped, and the store's revisions
+/// before and after (each transaction that changed something is one revision).
+/// Keys that were not there (`--if-exists`) follow, one per line.
+pub fn render_fleet_write(r: &WriteReport) -> String {
+    let counts = |verb: &str, c: &Counts| {
+        let n = c.total();
+        let noun = if n == 1 { "entry" } else { "entries" };
+        format!("{verb} {n} {noun} ({} v2p, {} v2b)", c.v2p, c.v2b)
+    };
+    let asked_deletes = r.deleted.total() + r.absent.len() + r.skipped.len();
+    let mut parts = Vec::new();
+    if r.written.total() > 0 || asked_deletes == 0 {
+        parts.push(counts("wrote", &r.written));
+    }
+    if asked_deletes > 0 {
+        parts.push(counts("deleted", &r.deleted));
+    }
+    if !r.absent.is_empty() {
+        parts.push(format!("{} not there", r.absent.len()));
+    }
+    if !r.skipped.is_empty() {
+        parts.push(format!(
+            "{} NOT deleted (changed after it was read)",
+            r.skipped.len()
+        ));
+    }
+    let mut out = format!(
+        "{} at {}, store revision {} (from {})\n",
+        parts.join(", "),
+        r.endpoint,
+        r.revision,
+        r.from_revision
+    );
+    for key in &r.absent {
+        let _ = writeln!(out, "not there: {key}");
+    }
+    out
+}
+
 /// One row per port; a port the daemon could not put into the dataplane says why
 /// and when it is tried again.
 fn render_ports(out: &mut String, ports: &[PortStatus]) {
@@ -389,6 +430,42 @@ pub fn worker_rows(views: &serde_json::Value, now: SystemTime) -> Vec<Vec<String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::fleet::SkippedDelete;
+
+    #[test]
+    fn a_fleet_write_is_one_line() {
+        let mut r = WriteReport {
+            endpoint: "http://127.0.0.1:2379".into(),
+            written: Counts { v2p: 5000, v2b: 2 },
+            from_revision: 100,
+            revision: 140,
+            ..WriteReport::default()
+        };
+        assert_eq!(
+            render_fleet_write(&r),
+            "wrote 5002 entries (5000 v2p, 2 v2b) at http://127.0.0.1:2379, store revision \
+             140 (from 100)\n"
+        );
+        r.written = Counts::default();
+        r.deleted = Counts { v2p: 1, v2b: 0 };
+        r.absent = vec!["/overlay/v1/v2b/::/0".into()];
+        r.skipped = vec![SkippedDelete {
+            key: "/overlay/v1/vpc/1/v2p/10.0.0.1".into(),
+            expected_mod_revision: 7,
+            current_mod_revision: 9,
+        }];
+        assert_eq!(
+            render_fleet_write(&r),
+            "deleted 1 entry (1 v2p, 0 v2b), 1 not there, 1 NOT deleted (changed after it \
+             was read) at http://127.0.0.1:2379, store revision 140 (from 100)\nnot there: \
+             /overlay/v1/v2b/::/0\n"
+        );
+        let json: serde_json::Value = serde_json::from_str(&to_json(&r).unwrap()).unwrap();
+        assert_eq!(json["skipped"][0]["expected_mod_revision"], 7);
+        assert_eq!(json["skipped"][0]["current_mod_revision"], 9);
+        assert_eq!(json["deleted"]["v2p"], 1);
+        assert_eq!(json["revision"], 140);
+    }
     use api::{RouteEntry, RouteTarget};
 
     #[test]

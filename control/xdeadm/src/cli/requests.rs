@@ -3,12 +3,14 @@
 //! types make (a port's configuration, a route target, firewall filters), so a bad
 //! value is refused by name before anything is sent.
 
+use super::fleet::{self, Batch, FleetWrite, LoadError, StoreArgsError};
 use super::grammar::{
-    CaptureArgs, Command, CreateXde, ExternalArgs, FleetCommand, LimitArgs, RaArgs, RaCommand,
-    RuleArgs, StatsFormat, VhostModeArg,
+    CaptureArgs, Command, CreateXde, ExternalArgs, FleetCommand, FleetWriteCommand, LimitArgs,
+    RaArgs, RaCommand, RuleArgs, StatsFormat, VhostModeArg,
 };
 use super::render::Show;
 use crate::opteadm::{self, RulesError};
+use api::fleet::{EntryError, KeyError};
 use api::port::PortConfigError;
 use api::route::RouteSyntaxError;
 use api::vni::ParseVniError;
@@ -70,6 +72,16 @@ pub enum CommandError {
         file: PathBuf,
         error: std::io::Error,
     },
+    /// An entry for the fleet's store that a sled would refuse.
+    #[error(transparent)]
+    FleetEntry(#[from] EntryError),
+    /// A key of the fleet's store that cannot exist.
+    #[error(transparent)]
+    FleetKey(#[from] KeyError),
+    #[error(transparent)]
+    StoreArgs(#[from] StoreArgsError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
 }
 
 /// What a parsed command does.
@@ -83,6 +95,8 @@ pub enum Action {
     RaListen { iface: String, timeout_s: u64 },
     /// Capture into a file of xdeadm's own and copy it to standard output.
     CaptureToStdout(CaptureArgs),
+    /// Write to the fleet's store, directly ([`fleet::run`]).
+    FleetWrite(Box<FleetWrite>),
 }
 
 impl Command {
@@ -272,6 +286,9 @@ impl Command {
             Command::Fleet(FleetCommand::Status) => Request::FleetStatus,
             Command::Fleet(FleetCommand::Resync) => Request::FleetResync,
             Command::Fleet(FleetCommand::Adopt) => Request::FleetAdopt,
+            Command::Fleet(FleetCommand::Write(c)) => {
+                return Ok(Action::FleetWrite(Box::new(fleet_write(c)?)))
+            }
             Command::PathCheck { underlay_addr } => Request::PathCheck {
                 peer: underlay_addr,
             },
@@ -287,6 +304,81 @@ impl Command {
             },
         };
         Ok(Action::Call(req))
+    }
+}
+
+/// The writer verbs of `fleet`: every entry encoded and checked (a load document
+/// read whole) before anything is sent.
+fn fleet_write(c: FleetWriteCommand) -> Result<FleetWrite, CommandError> {
+    let (store, batch) = match c {
+        FleetWriteCommand::SetV2p {
+            vpc_ip,
+            vpc_mac,
+            underlay_ip,
+            vni,
+            store,
+        } => {
+            let put = Batch::put_v2p(&V2pEntry {
+                vpc_ip,
+                vpc_mac,
+                underlay_ip,
+                vni,
+            })?;
+            (store, batch_of(vec![put], vec![], false))
+        }
+        FleetWriteCommand::ClearV2p {
+            vpc_ip,
+            vni,
+            if_exists,
+            store,
+        } => (
+            store,
+            batch_of(vec![], vec![Batch::clear_v2p(vni, vpc_ip)?], if_exists),
+        ),
+        FleetWriteCommand::SetV2b {
+            prefix,
+            boundary,
+            store,
+        } => {
+            let put = Batch::put_v2b(&api::V2bEntry {
+                prefix,
+                endpoints: boundary,
+            })?;
+            (store, batch_of(vec![put], vec![], false))
+        }
+        FleetWriteCommand::ClearV2b {
+            prefix,
+            if_exists,
+            store,
+        } => (
+            store,
+            batch_of(vec![], vec![Batch::clear_v2b(prefix)?], if_exists),
+        ),
+        FleetWriteCommand::Load {
+            file,
+            if_exists,
+            store,
+        } => {
+            // The store options first: a bad one is named before a large file is read.
+            let config = store.to_config()?;
+            let batch = fleet::read_load(&file, if_exists)?;
+            return Ok(FleetWrite {
+                store: config,
+                batch,
+            });
+        }
+    };
+    Ok(FleetWrite {
+        store: store.to_config()?,
+        batch,
+    })
+}
+
+fn batch_of(puts: Vec<fleet::Put>, clears: Vec<fleet::Clear>, if_exists: bool) -> Batch {
+    Batch {
+        puts,
+        clears,
+        if_exists,
     }
 }
 
@@ -1209,5 +1301,179 @@ mod tests {
         );
         let e = parse(&["dump-uft", "p", "--cursor", "-1"]).unwrap_err();
         assert!(e.contains("-1"), "{e}");
+    }
+
+    const STORE: &[&str] = &["--endpoints", "http://127.0.0.1:2379,http://[::1]:2379"];
+
+    /// A writer verb of `fleet`, with the store options.
+    fn fleet_write(args: &[&str]) -> Result<FleetWrite, String> {
+        let line: Vec<&str> = ["fleet"].iter().chain(args).chain(STORE).copied().collect();
+        match parse(&line)? {
+            Action::FleetWrite(w) => Ok(*w),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn fleet_writer_verbs_encode_their_entries() {
+        let w = fleet_write(&[
+            "set-v2p",
+            "172.30.0.6",
+            "a8:40:25:ff:00:06",
+            "fd00:99::2",
+            "1701",
+        ])
+        .unwrap();
+        assert_eq!(
+            w.store.endpoints,
+            ["http://127.0.0.1:2379", "http://[::1]:2379"]
+        );
+        assert_eq!(w.store.tls, None);
+        assert_eq!(w.store.timeout, std::time::Duration::from_secs(10));
+        let put = &w.batch.puts[0];
+        assert_eq!(put.key, "/overlay/v1/vpc/1701/v2p/172.30.0.6");
+        assert_eq!(
+            put.value,
+            br#"{"mac":"a8:40:25:ff:00:06","underlay":"fd00:99::2"}"#
+        );
+        assert!(w.batch.clears.is_empty());
+
+        let w = fleet_write(&["set-v2b", "0.0.0.0/0", "fd00:99::b2", "fd00:99::b1"]).unwrap();
+        assert_eq!(w.batch.puts[0].key, "/overlay/v1/v2b/0.0.0.0/0");
+        assert_eq!(
+            w.batch.puts[0].value,
+            br#"{"endpoints":["fd00:99::b1","fd00:99::b2"]}"#
+        );
+
+        let w =
+            fleet_write(&["clear-v2p", "fd00:1122:3344:100::6", "7", "--timeout", "2"]).unwrap();
+        assert_eq!(
+            w.batch.clears[0].key,
+            "/overlay/v1/vpc/7/v2p/fd00:1122:3344:100::6"
+        );
+        assert!(!w.batch.if_exists);
+        assert_eq!(w.store.timeout, std::time::Duration::from_secs(2));
+        let w = fleet_write(&["clear-v2b", "::/0", "--if-exists"]).unwrap();
+        assert_eq!(w.batch.clears[0].key, "/overlay/v1/v2b/::/0");
+        assert!(w.batch.if_exists && w.batch.puts.is_empty());
+
+        // The daemon's verbs stay requests.
+        assert_eq!(
+            parse(&["fleet", "status"]).unwrap(),
+            Action::Call(Request::FleetStatus)
+        );
+    }
+
+    #[test]
+    fn fleet_writer_verbs_refuse_bad_values_by_name() {
+        for (args, named) in [
+            (
+                &[
+                    "set-v2p",
+                    "172.30.0.6",
+                    "a8:40:25:ff:00:06",
+                    "fd00:99::2",
+                    "16777216",
+                ][..],
+                "16777216",
+            ),
+            (
+                &[
+                    "set-v2p",
+                    "172.30.0.6",
+                    "a8:40:25:ff:00:06",
+                    "ff02::1",
+                    "1701",
+                ],
+                "ff02::1",
+            ),
+            (
+                &["set-v2p", "172.30.0.6", "a8:40:25:ff:00:06", "::", "1701"],
+                "underlay address :: ",
+            ),
+            (
+                &[
+                    "set-v2p",
+                    "172.30.0.6",
+                    "ff:ff:ff:ff:ff:ff",
+                    "fd00:99::2",
+                    "1701",
+                ],
+                "ff:ff:ff:ff:ff:ff",
+            ),
+            (
+                &[
+                    "set-v2p",
+                    "172.30.0.6",
+                    "a8:40:25:ff:00:zz",
+                    "fd00:99::2",
+                    "1701",
+                ],
+                "a8:40:25:ff:00:zz",
+            ),
+            (
+                &[
+                    "set-v2p",
+                    "0.0.0.0",
+                    "a8:40:25:ff:00:06",
+                    "fd00:99::2",
+                    "1701",
+                ],
+                "0.0.0.0",
+            ),
+            (&["set-v2b", "10.1.2.3/8", "fd00:99::b1"], "10.1.2.3/8"),
+            (&["set-v2b", "0.0.0.0/0", "10.0.0.1"], "10.0.0.1"),
+            (&["set-v2b", "0.0.0.0/0", "ff02::2"], "ff02::2"),
+            (&["set-v2b", "0.0.0.0/0"], "ENDPOINTS"),
+            (&["clear-v2b", "10.0.0.1/8"], "10.0.0.1/8"),
+            (&["clear-v2p", "172.30.0.6", "x"], "\"x\""),
+            (&["clear-v2p", "172.30.0.6", "1701", "--timeout", "0"], "0"),
+            (
+                &["clear-v2p", "172.30.0.6", "1701", "--cert", "c.pem"],
+                "--key, --ca missing",
+            ),
+        ] {
+            let e = fleet_write(args).unwrap_err();
+            assert!(e.contains(named), "{args:?}: {e}");
+        }
+        // The store's endpoints are needed (from the environment when not given).
+        if std::env::var_os("XDEADM_FLEET_ENDPOINTS").is_none() {
+            let e = parse(&["fleet", "clear-v2b", "::/0"]).unwrap_err();
+            assert!(e.contains("--endpoints"), "{e}");
+        }
+    }
+
+    #[test]
+    fn fleet_load_reads_a_file_whole_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("fleet.json");
+        std::fs::write(
+            &file,
+            r#"{"v2p": [{"vni": 1, "vpc_ip": "10.0.0.1", "vpc_mac": "a8:40:25:ff:00:01", "underlay_ip": "fd00:99::2"}],
+                "clear_v2b": [{"prefix": "::/0"}]}"#,
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let w = fleet_write(&["load", path, "--if-exists"]).unwrap();
+        assert_eq!(w.batch.puts.len(), 1);
+        assert_eq!(w.batch.clears.len(), 1);
+        assert!(w.batch.if_exists);
+
+        std::fs::write(
+            &file,
+            r#"{"v2p": [{"vni": 1, "vpc_ip": "10.0.0.1", "vpc_mac": "a8:40:25:ff:00:01", "underlay_ip": "ff02::1"}]}"#,
+        )
+        .unwrap();
+        let e = fleet_write(&["load", path]).unwrap_err();
+        assert!(
+            e.contains(path) && e.contains("v2p[0]") && e.contains("ff02::1"),
+            "{e}"
+        );
+        std::fs::write(&file, "").unwrap();
+        let e = fleet_write(&["load", path]).unwrap_err();
+        assert!(e.contains(path) && e.contains("empty"), "{e}");
+        let missing = dir.path().join("absent.json");
+        let e = fleet_write(&["load", missing.to_str().unwrap()]).unwrap_err();
+        assert!(e.contains("absent.json"), "{e}");
     }
 }
