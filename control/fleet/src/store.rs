@@ -134,6 +134,17 @@ impl Op {
             Op::Delete { key, .. } => key.len(),
         }
     }
+
+    /// A delete guarded by a mod revision: a nested transaction.
+    fn is_guarded(&self) -> bool {
+        matches!(
+            self,
+            Op::Delete {
+                if_mod_revision: Some(_),
+                ..
+            }
+        )
+    }
 }
 
 /// What [`Store::apply`] did.
@@ -549,22 +560,34 @@ pub(crate) fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// Groups ops into transactions: at most [`MAX_TXN_OPS`] ops and about
-/// [`MAX_TXN_BYTES`] each, and never one key twice in one transaction.
+/// [`MAX_TXN_BYTES`] each, and never one key twice in one transaction. etcd
+/// counts a nested transaction (a guarded delete is one) against what the outer
+/// one leaves of `--max-txn-ops`, so a transaction holding a guarded delete holds
+/// one op less.
 fn split_txns(ops: Vec<Op>) -> Vec<Vec<Op>> {
     let mut txns = Vec::new();
     let mut current: Vec<Op> = Vec::new();
     let mut keys: HashSet<String> = HashSet::new();
     let mut bytes = 0;
+    let mut nested = false;
     for op in ops {
-        let full = current.len() == MAX_TXN_OPS
+        let guarded = op.is_guarded();
+        let room = if nested || guarded {
+            MAX_TXN_OPS - 1
+        } else {
+            MAX_TXN_OPS
+        };
+        let full = current.len() >= room
             || (!current.is_empty() && bytes + op.bytes() > MAX_TXN_BYTES)
             || keys.contains(op.key());
         if full {
             txns.push(std::mem::take(&mut current));
             keys.clear();
             bytes = 0;
+            nested = false;
         }
         bytes += op.bytes();
+        nested |= guarded;
         keys.insert(op.key().to_string());
         current.push(op);
     }
@@ -653,6 +676,23 @@ mod tests {
         let ops: Vec<Op> = (0..300).map(|i| put(&format!("k{i}"), 10)).collect();
         let sizes: Vec<usize> = split_txns(ops).iter().map(Vec::len).collect();
         assert_eq!(sizes, [128, 128, 44]);
+    }
+
+    #[test]
+    fn transactions_with_guarded_deletes_hold_one_op_less() {
+        let guarded = |i: usize| Op::Delete {
+            key: format!("d{i}"),
+            if_mod_revision: Some(5),
+        };
+        let ops: Vec<Op> = (0..300).map(guarded).collect();
+        let sizes: Vec<usize> = split_txns(ops).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [127, 127, 46]);
+        // 127 puts, then a guarded delete: the delete starts the next one.
+        let mut ops: Vec<Op> = (0..127).map(|i| put(&format!("k{i}"), 1)).collect();
+        ops.push(guarded(0));
+        ops.push(put("z", 1));
+        let sizes: Vec<usize> = split_txns(ops).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [127, 2]);
     }
 
     #[test]

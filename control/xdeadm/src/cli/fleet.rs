@@ -550,7 +550,7 @@ async fn write_batch(config: &StoreConfig, batch: &Batch) -> Result<WriteReport,
         report.revision = report.from_revision;
         return Ok(report);
     }
-    let applied = apply_in_parts(&mut store, ops).await?;
+    let applied = store.apply(ops).await?;
     report.revision = applied.revision;
     for p in &batch.puts {
         report.written.add(p.kind);
@@ -572,65 +572,6 @@ async fn write_batch(config: &StoreConfig, batch: &Batch) -> Result<WriteReport,
         })
         .collect();
     Ok(report)
-}
-
-/// Guarded deletes per [`Store::apply`] call. etcd counts a nested transaction
-/// (a guarded delete is one) against what the outer one leaves of
-/// `--max-txn-ops`: in a transaction of [`fleet::MAX_TXN_OPS`] operations a guarded
-/// delete is refused ("too many operations in txn request"), so transactions
-/// with guarded deletes hold one operation less.
-const GUARDED_DELETES_PER_TXN: usize = fleet::MAX_TXN_OPS - 1;
-
-/// [`Store::apply`] of `ops`: the puts in one call (split at
-/// [`fleet::MAX_TXN_OPS`]), the guarded deletes in calls of at most
-/// [`GUARDED_DELETES_PER_TXN`], each one transaction. An error after some went
-/// through counts all ops applied before it ([`StoreError::ApplyPartly`]).
-async fn apply_in_parts(store: &mut Store, ops: Vec<Op>) -> Result<fleet::Applied, StoreError> {
-    let (puts, deletes): (Vec<Op>, Vec<Op>) =
-        ops.into_iter().partition(|op| matches!(op, Op::Put { .. }));
-    let mut parts = Vec::new();
-    if !puts.is_empty() {
-        parts.push(puts);
-    }
-    let mut deletes = deletes.into_iter().peekable();
-    while deletes.peek().is_some() {
-        parts.push(deletes.by_ref().take(GUARDED_DELETES_PER_TXN).collect());
-    }
-    let mut done = fleet::Applied {
-        revision: 0,
-        skipped: Vec::new(),
-    };
-    let mut applied = 0;
-    for part in parts {
-        let n = part.len();
-        match store.apply(part).await {
-            Ok(mut a) => {
-                done.revision = a.revision;
-                done.skipped.append(&mut a.skipped);
-                applied += n;
-            }
-            Err(e) if applied == 0 => return Err(e),
-            Err(StoreError::ApplyPartly {
-                applied: more,
-                revision,
-                source,
-            }) => {
-                return Err(StoreError::ApplyPartly {
-                    applied: applied + more,
-                    revision,
-                    source,
-                })
-            }
-            Err(e) => {
-                return Err(StoreError::ApplyPartly {
-                    applied,
-                    revision: done.revision,
-                    source: Box::new(e),
-                })
-            }
-        }
-    }
-    Ok(done)
 }
 
 /// What to read to learn the mod revisions of the keys to delete: each key (as a
