@@ -50,9 +50,10 @@ pub fn v2b_key(prefix: IpNet) -> String {
     format!("{V2B_PREFIX}{prefix}")
 }
 
-/// The prefix of the keys of sled `sled` (its ports' tables and its status).
-pub fn sled_prefix(sled: &SledId) -> String {
-    format!("{ROOT}sled/{sled}/")
+/// The prefix of the tables of sled `sled`'s ports: what it watches of its own
+/// keys (not its status key, which it writes itself and need not hear back).
+pub fn sled_ports_prefix(sled: &SledId) -> String {
+    format!("{ROOT}sled/{sled}/port/")
 }
 
 /// The key sled `sled` writes its status to, on a lease.
@@ -62,7 +63,7 @@ pub fn status_key(sled: &SledId) -> String {
 
 /// The key of port `port`'s table `table` on sled `sled`.
 pub fn port_key(sled: &SledId, port: &str, table: PortTable) -> String {
-    format!("{ROOT}sled/{sled}/port/{port}/{table}")
+    format!("{}{port}/{table}", sled_ports_prefix(sled))
 }
 
 /// A sled's name in the fleet (`overlayd --sled-id`): it is a path element of its

@@ -13,7 +13,7 @@
 
 use super::channel::{CommandTx, FleetBatch, FleetCommand, SharedView};
 use crate::server::{Work, WorkTx};
-use api::fleet::{sled_prefix, status_key, vpc_prefix, SledId, SledStatus, V2B_PREFIX};
+use api::fleet::{sled_ports_prefix, status_key, vpc_prefix, SledId, SledStatus, V2B_PREFIX};
 use api::Vni;
 use fleet::{
     Backoff, Change, Positions, Snapshot, Store, StoreConfig, StoreError, Watch, WatchEvent,
@@ -255,7 +255,7 @@ impl Watcher {
     fn wanted(&self) -> Vec<String> {
         let mut p: Vec<String> = self.vnis.iter().map(|&v| vpc_prefix(v)).collect();
         p.push(V2B_PREFIX.to_string());
-        p.push(sled_prefix(&self.sled));
+        p.push(sled_ports_prefix(&self.sled));
         p.sort();
         p
     }
@@ -268,9 +268,10 @@ impl Watcher {
         if let Some(why) = self.resync {
             tracing::warn!(reason = why.as_str(), "fleet full resync");
             let snapshot = store.snapshot(&wanted).await?;
-            self.send_read(&wanted, snapshot)?;
-            self.resync = None;
+            // Counted before the batch goes, so whoever sees it sees the count.
             self.view.update(|v| v.resyncs += 1);
+            self.resync = None;
+            self.send_read(&wanted, snapshot)?;
         } else {
             let unread: Vec<String> = wanted
                 .iter()
