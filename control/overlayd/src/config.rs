@@ -1,7 +1,6 @@
 //! `overlayd`'s configuration: a TOML or JSON file, command-line flags that override
 //! it, and the resolved [`DaemonConfig`] the daemon runs with.
 
-use crate::convert::ToEngine;
 use api::protocol::DEFAULT_API_SOCKET;
 use api::vni::ParseVniError;
 use clap::Parser;
@@ -520,7 +519,7 @@ fn absolute(option: &'static str, path: &Path) -> Result<(), ConfigError> {
 /// Parses a VNI argument with the API's parser (the admin tool's too), which names
 /// the value when it is not a 24-bit number.
 pub fn parse_vni(s: &str) -> Result<Vni, ParseVniError> {
-    s.parse::<api::Vni>().map(|v| v.to_engine())
+    s.parse::<Vni>()
 }
 
 /// What the daemon runs with, file and flags merged and defaults filled in.

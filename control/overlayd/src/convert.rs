@@ -19,21 +19,6 @@ pub trait ToApi {
     fn to_api(&self) -> Self::Api;
 }
 
-impl ToEngine for api::Vni {
-    type Engine = engine::Vni;
-    fn to_engine(&self) -> engine::Vni {
-        // Both are 24-bit VNIs checked on construction, so one always fits the other.
-        engine::Vni::new(self.get()).unwrap_or_else(|e| unreachable!("{e}"))
-    }
-}
-
-impl ToApi for engine::Vni {
-    type Api = api::Vni;
-    fn to_api(&self) -> api::Vni {
-        api::Vni::new(self.get()).unwrap_or_else(|e| unreachable!("{e}"))
-    }
-}
-
 impl ToEngine for api::SnatRange {
     type Engine = engine::SnatRange;
     fn to_engine(&self) -> Self::Engine {
@@ -90,7 +75,7 @@ impl ToEngine for api::PortConfig {
             vpc_subnet4: self.vpc_subnet4,
             vpc_subnet6: self.vpc_subnet6,
             gateway_ipv4: self.gateway_ipv4,
-            vni: self.vni.to_engine(),
+            vni: self.vni,
             mtu: self.mtu,
             external_jumbo: self.external_jumbo,
             dns_servers4: self.dns_servers4.clone(),
@@ -231,8 +216,6 @@ mod tests {
         for c in [api::RouteClass::System, api::RouteClass::Custom] {
             assert_eq!(c.to_engine().to_api(), c);
         }
-        let v = api::Vni::new(api::Vni::MAX).unwrap();
-        assert_eq!(v.to_engine().to_api(), v);
         assert_eq!(
             engine::PortState::Paused.to_api().to_string(),
             engine::PortState::Paused.to_string()

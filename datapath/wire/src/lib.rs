@@ -16,8 +16,10 @@
 mod bytes;
 pub mod mac;
 pub mod vnet;
+pub mod vni;
 
 pub use mac::MacAddr;
+pub use vni::{Vni, VniError};
 
 pub mod checksum;
 pub mod meta;

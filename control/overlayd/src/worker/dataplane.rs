@@ -120,14 +120,14 @@ impl Dataplane for Datapath {
     }
 
     fn set_v2p(&mut self, e: &V2pEntry) -> Result<(), DataplaneError> {
-        let vni = e.vni.to_engine();
+        let vni = e.vni;
         Ok(self
             .engine
             .set_v2p(vni, e.vpc_ip, e.underlay_ip, e.vpc_mac)?)
     }
 
     fn clear_v2p(&mut self, vpc_ip: IpAddr, vni: Vni) -> Result<(), DataplaneError> {
-        Ok(self.engine.clear_v2p(vni.to_engine(), vpc_ip)?)
+        Ok(self.engine.clear_v2p(vni, vpc_ip)?)
     }
 
     fn set_v2b(&mut self, table: &V2b) -> Result<(), DataplaneError> {

@@ -4,7 +4,6 @@
 
 use super::stats::{WorkerInfo, WorkerReport};
 use crate::controller::Dataplane;
-use crate::convert::ToEngine;
 use api::PortInfo;
 use engine::{MacAddr, Vni};
 use std::net::IpAddr;
@@ -56,7 +55,7 @@ impl PortKey {
     pub(crate) fn of(p: &PortInfo) -> PortKey {
         let c = &p.config;
         PortKey {
-            vni: c.vni.to_engine(),
+            vni: c.vni,
             mac: c.guest_mac,
             ips: c
                 .ipv4
