@@ -45,7 +45,7 @@ fn parse(c: &mut Criterion) {
             let frame = fixture(data_frame(&spec, 0));
             assert!(wire::meta::parse_inner(&frame).is_ok());
             g.bench_function(format!("inner/{ip}/{l4}"), |b| {
-                b.iter(|| wire::meta::parse_inner(black_box(&frame)))
+                b.iter(|| wire::meta::parse_inner(black_box(&frame)));
             });
         }
     }
@@ -59,7 +59,7 @@ fn parse(c: &mut Criterion) {
         let id = format!("{s}");
         let id = id.trim_end_matches("/in/0").to_string();
         g.bench_function(format!("underlay/{id}"), |b| {
-            b.iter(|| wire::meta::parse_underlay(black_box(&frame)))
+            b.iter(|| wire::meta::parse_underlay(black_box(&frame)));
         });
     }
     g.finish();
@@ -83,7 +83,7 @@ fn fast_path(c: &mut Criterion) {
             b.iter(|| {
                 fp.process(black_box(&mut out));
                 out.clear();
-            })
+            });
         });
         // The measured packets were still hits producing the reference frame.
         fixture(fp.check());
@@ -105,7 +105,7 @@ fn nat_fast_path(c: &mut Criterion) {
             b.iter(|| {
                 fp.process(black_box(&mut out));
                 out.clear();
-            })
+            });
         });
         fixture(fp.check());
     }
@@ -124,7 +124,7 @@ fn tso_out(c: &mut Criterion) {
             b.iter(|| {
                 t.process(black_box(&mut out));
                 out.clear();
-            })
+            });
         });
         fixture(t.check());
     }
@@ -158,7 +158,7 @@ fn slow_path(c: &mut Criterion) {
                     left -= n;
                 }
                 total
-            })
+            });
         });
     }
     g.finish();

@@ -55,7 +55,7 @@ fn gateway(c: &mut Criterion) {
                     &mut out,
                 );
                 out.clear();
-            })
+            });
         });
 
         let meta = wire::meta::parse_inner(frame)
@@ -77,7 +77,7 @@ fn gateway(c: &mut Criterion) {
                     &mut out,
                 );
                 out.clear();
-            })
+            });
         });
     }
     g.finish();

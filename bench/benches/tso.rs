@@ -190,7 +190,7 @@ fn main() {
     let mut works = workloads();
     {
         let mut g = c.benchmark_group("tso");
-        for work in works.iter_mut() {
+        for work in &mut works {
             g.throughput(Throughput::Bytes(work.bytes));
             g.bench_function(work.name.clone(), |b| b.iter(|| (work.run)()));
         }

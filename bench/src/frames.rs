@@ -174,16 +174,16 @@ fn fill_l4_checksum(spec: &FlowSpec, f: &mut [u8]) -> Result<(), String> {
         .ok_or_else(|| format!("frame of {len} bytes has no L4 header"))?;
     match (spec.proto, spec.src_ip, spec.dst_ip) {
         (protocol::TCP, IpAddr::V4(s), IpAddr::V4(d)) => {
-            tcp::Packet::new_unchecked(l4).fill_checksum_v4(s, d)
+            tcp::Packet::new_unchecked(l4).fill_checksum_v4(s, d);
         }
         (protocol::TCP, IpAddr::V6(s), IpAddr::V6(d)) => {
-            tcp::Packet::new_unchecked(l4).fill_checksum_v6(s, d)
+            tcp::Packet::new_unchecked(l4).fill_checksum_v6(s, d);
         }
         (protocol::UDP, IpAddr::V4(s), IpAddr::V4(d)) => {
-            udp::Packet::new_unchecked(l4).fill_checksum_v4(s, d)
+            udp::Packet::new_unchecked(l4).fill_checksum_v4(s, d);
         }
         (protocol::UDP, IpAddr::V6(s), IpAddr::V6(d)) => {
-            udp::Packet::new_unchecked(l4).fill_checksum_v6(s, d)
+            udp::Packet::new_unchecked(l4).fill_checksum_v6(s, d);
         }
         (p, s, d) => return Err(format!("cannot checksum protocol {p} from {s} to {d}")),
     }

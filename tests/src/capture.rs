@@ -109,7 +109,10 @@ impl Capture {
             .ok_or_else(|| Error::new("tcpdump's stderr was not captured"))?;
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+            for line in BufReader::new(stderr)
+                .lines()
+                .map_while(std::result::Result::ok)
+            {
                 if tx.send(line).is_err() {
                     break;
                 }

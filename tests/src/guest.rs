@@ -125,7 +125,7 @@ impl GuestSpec {
     /// `extra` (e.g. `--attach IFACE`).
     pub fn create_args_in_sled(&self, extra: &[&str]) -> Vec<String> {
         let mut a = self.create_args(None);
-        a.extend(extra.iter().map(|s| s.to_string()));
+        a.extend(extra.iter().map(std::string::ToString::to_string));
         a
     }
 

@@ -219,16 +219,16 @@ impl UnderlayTarget {
             Ok(())
         };
         lie(c, "ipv6_payload_length_long", "bad_ipv6_length", &|f| {
-            frames::add16(f, 18, 100)
+            frames::add16(f, 18, 100);
         })?;
         lie(c, "ipv6_payload_length_short", "bad_udp_length", &|f| {
-            frames::add16(f, 18, -4)
+            frames::add16(f, 18, -4);
         })?;
         lie(c, "udp_length_long", "bad_udp_length", &|f| {
-            frames::add16(f, 58, 4)
+            frames::add16(f, 58, 4);
         })?;
         lie(c, "udp_length_short", "bad_udp_length", &|f| {
-            frames::add16(f, 58, -4)
+            frames::add16(f, 58, -4);
         })?;
         lie(c, "udp_length_header_only", "truncated", &|f| {
             frames::set16(f, 18, 8);
@@ -236,7 +236,7 @@ impl UnderlayTarget {
         })?;
         // Option length 63 words: the options would end past the datagram.
         lie(c, "geneve_options_past_udp", "bad_option_length", &|f| {
-            f[frames::GENEVE] |= 0x3f
+            f[frames::GENEVE] |= 0x3f;
         })
     }
 
@@ -575,10 +575,10 @@ pub fn inner_lies() -> Vec<(&'static str, Lie)> {
     }
     vec![
         ("inner_ipv4_total_length_long", |f| {
-            v4(f, |f| frames::add16(f, L3 + 2, 40))
+            v4(f, |f| frames::add16(f, L3 + 2, 40));
         }),
         ("inner_ipv4_total_length_below_header", |f| {
-            v4(f, |f| frames::set16(f, L3 + 2, 19))
+            v4(f, |f| frames::set16(f, L3 + 2, 19));
         }),
         ("inner_ipv4_ihl_4", |f| v4(f, |f| f[L3] = 0x44)),
         ("inner_ipv4_ihl_15", |f| v4(f, |f| f[L3] = 0x4f)),
@@ -591,14 +591,14 @@ pub fn inner_lies() -> Vec<(&'static str, Lie)> {
             v4(f, |f| {
                 f[L3 + 20 + 12] = 0xf0;
                 frames::set16(f, L3 + 2, 20 + 28);
-            })
+            });
         }),
         ("inner_udp_length_long", |f| {
-            frames::add16(f, L3 + 20 + 4, 40)
+            frames::add16(f, L3 + 20 + 4, 40);
         }),
         ("inner_udp_length_7", |f| frames::set16(f, L3 + 20 + 4, 7)),
         ("inner_ipv6_payload_length_long", |f| {
-            frames::add16(f, L3 + 4, 40)
+            frames::add16(f, L3 + 4, 40);
         }),
         ("inner_ipv6_cut_tcp_header", |f| {
             frames::set16(f, L3 + 4, 10);

@@ -302,9 +302,9 @@ impl Rack {
             "info",
         ]
         .iter()
-        .map(|s| s.to_string())
+        .map(std::string::ToString::to_string)
         .collect();
-        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(extra.iter().map(std::string::ToString::to_string));
         let socket = paths.api_socket.clone();
         let daemon = Overlayd::start_with_env(
             &sled.ns,

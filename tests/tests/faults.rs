@@ -52,7 +52,7 @@ fn daemon_cpu(sled: &Sled, span: Duration) -> Result<f64> {
         .ok_or_else(|| Error::new("the daemon has no pid"))?;
     let before = cpu_time(pid)?;
     std::thread::sleep(span);
-    Ok((cpu_time(pid)? - before).as_secs_f64() / span.as_secs_f64())
+    Ok(cpu_time(pid)?.checked_sub(before).unwrap().as_secs_f64() / span.as_secs_f64())
 }
 
 /// The guests of sled 0 vanish while sled 1 sends to one of them: both ports go

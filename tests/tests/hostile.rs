@@ -598,7 +598,7 @@ fn check_daemons_up(rack: &Rack, findings: &mut Findings) {
             .guests
             .iter()
             .filter(|g| g.spec.sled == sled.index)
-            .map(|g| g.ifname())
+            .map(e2e::Guest::ifname)
             .collect();
         match ports {
             Ok(list) => findings.check(want.iter().all(|p| list.contains(p)), || {

@@ -42,7 +42,7 @@ fn rack_underlay_carries_9000_byte_packets_and_is_removed_on_drop() -> Result<()
     assert!(mtu.contains("mtu 9000"), "bridge: {mtu}");
     let ns: Vec<String> = [rack.switch.name(), a.ns.name(), b.ns.name()]
         .iter()
-        .map(|s| s.to_string())
+        .map(std::string::ToString::to_string)
         .collect();
     let existing = netns_names()?;
     for n in &ns {

@@ -97,7 +97,7 @@ fn check_workers_view(sled: &Sled) -> Result<()> {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|q| q.to_string())
+                .map(std::string::ToString::to_string)
         })
         .collect();
     let n = all.len();

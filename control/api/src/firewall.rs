@@ -519,7 +519,7 @@ impl FwRule {
                     priority = Some(
                         v.parse::<u16>()
                             .map_err(|_| FwSyntaxError::Priority(v.to_string()))?,
-                    )
+                    );
                 }
                 "action" => action = v.parse()?,
                 "host" | "hosts" => host = v.parse()?,

@@ -113,7 +113,9 @@ impl LeasedKey {
             ),
         )
         .await?;
-        Ok(put.header().map_or(0, |h| h.revision()))
+        Ok(put
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision))
     }
 
     /// Deletes the key now, with its lease (a clean stop: readers need not wait

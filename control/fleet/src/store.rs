@@ -177,7 +177,11 @@ impl Store {
         if n == 0 {
             return Err(StoreError::NoEndpoints);
         }
-        let pem = config.tls.as_ref().map(|t| t.load()).transpose()?;
+        let pem = config
+            .tls
+            .as_ref()
+            .map(super::config::TlsFiles::load)
+            .transpose()?;
         let first = usize::try_from(random_u64() % n as u64).unwrap_or(0);
         let mut attempts = Vec::new();
         for i in 0..n {

@@ -286,7 +286,11 @@ impl From<CoreList> for String {
 
 impl fmt::Display for CoreList {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = self.0.iter().map(|c| c.to_string()).collect();
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(std::string::ToString::to_string)
+            .collect();
         f.write_str(&parts.join(","))
     }
 }

@@ -206,7 +206,7 @@ pub fn listen(iface: &str, timeout: Duration) -> Result<RaReport, RaListenError>
             error,
         }
     })?;
-    let rs = router_solicitation(link.mac.map(MacAddr).filter(|m| m.is_unicast()))?;
+    let rs = router_solicitation(link.mac.map(MacAddr).filter(api::MacAddr::is_unicast))?;
     let start = Instant::now();
     let deadline = start + timeout;
     let mut buf = vec![0u8; 65536];

@@ -326,7 +326,7 @@ fn v2b_endpoints_choose_and_admit() {
             RouteTarget::InternetGateway,
             None,
         )
-        .unwrap()
+        .unwrap();
     };
     igw(&mut b);
     let syn_to = |dst, sport| tcp(&g2, dst, (sport, 443), 1000, 0, SYN, b"");

@@ -485,7 +485,7 @@ fn build(
                 .ipv6(v6("fe80::1").octets(), v6("ff02::2").octets(), 255)
                 .icmpv6_raw(133, 0, [0; 4])
                 .write(&mut buf, &[1, 1, src_mac.0[0], 0, 0, 0, 0, 0])
-                .unwrap()
+                .unwrap();
         }
         (_, IpAddr::V4(s), IpAddr::V4(d)) => {
             let ip = eth.ipv4(s.octets(), d.octets(), 64);
@@ -493,7 +493,7 @@ fn build(
                 Kind::Tcp { syn } => {
                     let t = ip.tcp(40000, 80, 1000, 65535);
                     let t = if syn { t.syn() } else { t.ack(1) };
-                    t.write(&mut buf, &payload).unwrap()
+                    t.write(&mut buf, &payload).unwrap();
                 }
                 Kind::Echo => ip
                     .icmpv4_echo_request(7, 1)
@@ -508,7 +508,7 @@ fn build(
                 Kind::Tcp { syn } => {
                     let t = ip.tcp(40000, 80, 1000, 65535);
                     let t = if syn { t.syn() } else { t.ack(1) };
-                    t.write(&mut buf, &payload).unwrap()
+                    t.write(&mut buf, &payload).unwrap();
                 }
                 Kind::Echo => ip
                     .icmpv6_echo_request(7, 1)

@@ -188,7 +188,7 @@ impl TapPort {
         ioctl_int(
             fd,
             libc::TUNSETOFFLOAD,
-            offloads as libc::c_ulong,
+            libc::c_ulong::from(offloads),
             "TUNSETOFFLOAD",
             name,
         )?;

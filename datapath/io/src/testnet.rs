@@ -156,7 +156,7 @@ impl PacketSocket {
             libc::socket(
                 libc::AF_PACKET,
                 libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                proto as i32,
+                i32::from(proto),
             )
         };
         if fd < 0 {
@@ -312,7 +312,7 @@ pub fn guest_tso_buffer(port: &mut GuestPort, guest: &Netns) -> (VnetHdr, Vec<u8
                 let _ = s.write_all(&vec![0x5a; 60000]);
                 std::thread::sleep(Duration::from_millis(500));
             })
-            .unwrap()
+            .unwrap();
         }
     });
     let is_syn = |_: &VnetHdr, f: &[u8]| matches!(SlicedPacket::from_ethernet(f), Ok(SlicedPacket { transport: Some(TransportSlice::Tcp(t)), .. }) if t.syn() && t.destination_port() == 8080);

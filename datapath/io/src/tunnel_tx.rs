@@ -245,7 +245,7 @@ fn probe(q: &TunnelQueue, name: &str) -> io::Result<()> {
         libc::ioctl(
             q.as_raw_fd(),
             libc::TUNSETOFFLOAD,
-            offloads as libc::c_ulong,
+            libc::c_ulong::from(offloads),
         )
     } == 0
     {

@@ -171,7 +171,10 @@ impl ChunkLease {
     /// Leases `count` contiguous chunks of `umem`. The first lease on a UMEM
     /// is the registration socket's (`reusable == false`).
     fn take(umem: &Arc<UmemInner>, count: u32, ifindex: u32, queue: u32) -> io::Result<ChunkLease> {
-        let mut st = umem.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = umem
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(first) = st.take(count) else {
             return Err(invalid_config(format!(
                 "socket for ifindex {ifindex} queue {queue} wants {count} chunks, UMEM has {} left of {}",
@@ -193,7 +196,11 @@ impl ChunkLease {
 impl Drop for ChunkLease {
     fn drop(&mut self) {
         if self.reusable {
-            let mut st = self.umem.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self
+                .umem
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             st.free.push((self.first, self.count));
         }
     }
@@ -239,7 +246,11 @@ impl Umem {
 
     /// Chunks not yet handed to a socket.
     pub fn free_chunks(&self) -> u32 {
-        let st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = self
+            .inner
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         st.free_count()
     }
 }

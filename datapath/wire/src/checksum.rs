@@ -72,7 +72,7 @@ fn bulk_len(len: usize) -> usize {
 #[inline]
 fn add(acc: u64, v: u64) -> u64 {
     let (s, carry) = acc.overflowing_add(v);
-    s + carry as u64
+    s + u64::from(carry)
 }
 
 /// Native-endian unfolded sum of the whole 32-bit words of `data` (fewer than 2^32
@@ -96,10 +96,10 @@ fn native_to_be(native: u64) -> u64 {
 fn tail_sum(data: &[u8], mut acc: u64) -> u64 {
     let mut pairs = data.chunks_exact(2);
     for p in &mut pairs {
-        acc = add(acc, u16::from_be_bytes([p[0], p[1]]) as u64);
+        acc = add(acc, u64::from(u16::from_be_bytes([p[0], p[1]])));
     }
     if let [last] = pairs.remainder() {
-        acc = add(acc, (*last as u64) << 8);
+        acc = add(acc, u64::from(*last) << 8);
     }
     acc
 }
@@ -354,7 +354,7 @@ pub fn checksum(data: &[u8]) -> u16 {
 pub fn pseudo_header_v4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4_len: u32) -> u64 {
     let mut acc = sum(&src.octets(), 0);
     acc = sum(&dst.octets(), acc);
-    acc + proto as u64 + l4_len as u64
+    acc + u64::from(proto) + u64::from(l4_len)
 }
 
 /// Unfolded sum of the IPv6 pseudo-header (RFC 8200 §8.1).
@@ -362,14 +362,14 @@ pub fn pseudo_header_v4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4_len: u32) ->
 pub fn pseudo_header_v6(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, l4_len: u32) -> u64 {
     let mut acc = sum(&src.octets(), 0);
     acc = sum(&dst.octets(), acc);
-    acc + next_header as u64 + l4_len as u64
+    acc + u64::from(next_header) + u64::from(l4_len)
 }
 
 /// RFC 1624 eqn. 3: the new checksum field after a 16-bit word of the covered data
 /// changed from `old` to `new`: HC' = ~(~HC + ~m + m').
 #[inline]
 pub fn update16(check: u16, old: u16, new: u16) -> u16 {
-    let acc = (!check) as u64 + (!old) as u64 + new as u64;
+    let acc = u64::from(!check) + u64::from(!old) + u64::from(new);
     !fold(acc)
 }
 
@@ -378,11 +378,11 @@ pub fn update16(check: u16, old: u16, new: u16) -> u16 {
 #[inline]
 pub fn update(check: u16, old: &[u8], new: &[u8]) -> u16 {
     debug_assert_eq!(old.len(), new.len());
-    let mut acc = (!check) as u64;
+    let mut acc = u64::from(!check);
     for (o, n) in old.chunks(2).zip(new.chunks(2)) {
         let o = u16::from_be_bytes([o[0], *o.get(1).unwrap_or(&0)]);
         let n = u16::from_be_bytes([n[0], *n.get(1).unwrap_or(&0)]);
-        acc += (!o) as u64 + n as u64;
+        acc += u64::from(!o) + u64::from(n);
     }
     !fold(acc)
 }
@@ -399,9 +399,9 @@ mod tests {
             let w = if c.len() == 2 {
                 u16::from_be_bytes([c[0], c[1]])
             } else {
-                (c[0] as u16) << 8
+                u16::from(c[0]) << 8
             };
-            acc += w as u32;
+            acc += u32::from(w);
             acc = (acc & 0xffff) + (acc >> 16);
         }
         !(acc as u16)

@@ -362,7 +362,7 @@ impl<'a> Repr<'a> {
                 opt::SUBNET_MASK => r.subnet_mask = Some(ip_opt(d, "dhcp subnet mask")?),
                 opt::ROUTER => {
                     // A list; the first router is the one that matters.
-                    r.router = Some(ip_opt(d.get(..4).unwrap_or(d), "dhcp router")?)
+                    r.router = Some(ip_opt(d.get(..4).unwrap_or(d), "dhcp router")?);
                 }
                 opt::LEASE_TIME => {
                     let [a, b, c, e] = d else {
@@ -401,7 +401,11 @@ impl<'a> Repr<'a> {
             n += 6;
         }
         if !self.classless_routes.is_empty() {
-            let l: usize = self.classless_routes.iter().map(|r| r.encoded_len()).sum();
+            let l: usize = self
+                .classless_routes
+                .iter()
+                .map(ClasslessRoute::encoded_len)
+                .sum();
             if l > 255 {
                 return Err(WireError::Malformed("dhcp classless routes length"));
             }
@@ -490,7 +494,11 @@ impl<'a> Repr<'a> {
             w.opt(opt::ROUTER, &a.octets());
         }
         if !self.classless_routes.is_empty() {
-            let l: usize = self.classless_routes.iter().map(|r| r.encoded_len()).sum();
+            let l: usize = self
+                .classless_routes
+                .iter()
+                .map(ClasslessRoute::encoded_len)
+                .sum();
             w.header(opt::CLASSLESS_STATIC_ROUTE, l);
             for r in self.classless_routes {
                 let plen = r.prefix_len.min(32);

@@ -147,7 +147,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         &mut self.buffer.as_mut()[field::DATA..]
     }
     pub fn fill_checksum(&mut self, src: Ipv6Addr, dst: Ipv6Addr) {
-        fill_checksum(src, dst, self.buffer.as_mut())
+        fill_checksum(src, dst, self.buffer.as_mut());
     }
 }
 

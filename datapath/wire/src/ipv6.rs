@@ -127,7 +127,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Writes version 6, the traffic class and the 20-bit flow label together.
     pub fn set_version_tc_flow(&mut self, traffic_class: u8, flow_label: u32) {
-        self.set_first_word((6 << 28) | ((traffic_class as u32) << 20) | (flow_label & 0xf_ffff));
+        self.set_first_word((6 << 28) | (u32::from(traffic_class) << 20) | (flow_label & 0xf_ffff));
     }
 
     pub fn set_payload_len(&mut self, v: u16) {

@@ -78,7 +78,7 @@ impl FromStr for MacAddr {
         let err = || ParseMacError(s.to_string());
         let mut out = [0u8; 6];
         let mut parts = s.split([':', '-']);
-        for byte in out.iter_mut() {
+        for byte in &mut out {
             let p = parts.next().ok_or_else(err)?;
             if p.is_empty() || p.len() > 2 {
                 return Err(err());

@@ -676,7 +676,7 @@ fn geneve_options(mut opts: &[u8], meta: &mut UnderlayMeta) -> Result<(), Underl
             Ok(OxideOption::External) => meta.external = true,
             Ok(OxideOption::Multicast(r)) => meta.multicast = Some(r),
             Ok(OxideOption::Mss(m)) => {
-                if m == 0 || m > u16::MAX as u32 {
+                if m == 0 || m > u32::from(u16::MAX) {
                     return Err(UnderlayDrop::BadMssValue);
                 }
                 meta.mss = Some(m);
@@ -1054,8 +1054,10 @@ mod tests {
 
     #[test]
     fn drop_names_are_unique_snake_case() {
-        let names: std::collections::HashSet<_> =
-            UnderlayDrop::ALL.iter().map(|d| d.name()).collect();
+        let names: std::collections::HashSet<_> = UnderlayDrop::ALL
+            .iter()
+            .map(super::UnderlayDrop::name)
+            .collect();
         assert_eq!(names.len(), UnderlayDrop::ALL.len());
         for n in names {
             assert!(
@@ -1202,11 +1204,11 @@ mod tests {
         let under: [(UnderlayDrop, Mutation); 4] = [
             // IPv6 payload length past the frame.
             (UnderlayDrop::BadIpv6Length, |f| {
-                f[18..20].copy_from_slice(&9000u16.to_be_bytes())
+                f[18..20].copy_from_slice(&9000u16.to_be_bytes());
             }),
             // UDP length past the frame (and so unlike the IPv6 payload length).
             (UnderlayDrop::BadUdpLength, |f| {
-                f[58..60].copy_from_slice(&9000u16.to_be_bytes())
+                f[58..60].copy_from_slice(&9000u16.to_be_bytes());
             }),
             // 60 bytes of options in a datagram that ends 4 bytes after the Geneve header.
             (UnderlayDrop::BadOptionLength, |f| {
@@ -1424,7 +1426,7 @@ mod tests {
             [t.fin, t.syn, t.rst, t.psh, t.ack, t.urg, t.ece, t.cwr]
                 .iter()
                 .enumerate()
-                .map(|(i, b)| (*b as u8) << i)
+                .map(|(i, b)| u8::from(*b) << i)
                 .sum()
         }
 

@@ -273,9 +273,8 @@ impl<'a> Iterator for OptionIter<'a> {
             return None;
         }
         let r = (|| {
-            let (&kind, &units) = match self.rest {
-                [k, l, ..] => (k, l),
-                _ => return Err(WireError::Truncated),
+            let [kind, units, ..] = *self.rest else {
+                return Err(WireError::Truncated);
             };
             if units == 0 {
                 return Err(WireError::Malformed("ndp option length 0"));
@@ -604,7 +603,7 @@ impl fmt::Display for Repr {
             } => write!(
                 f,
                 "NDP RA hop_limit={hop_limit} M={} O={} lifetime={router_lifetime} lladdr={lladdr:?} mtu={mtu:?}",
-                *managed as u8, *other as u8
+                u8::from(*managed), u8::from(*other)
             ),
             Repr::NeighborSolicit {
                 target_addr,
@@ -619,7 +618,7 @@ impl fmt::Display for Repr {
             } => write!(
                 f,
                 "NDP NA target={target_addr} R={} S={} O={} lladdr={lladdr:?}",
-                *router as u8, *solicited as u8, *override_ as u8
+                u8::from(*router), u8::from(*solicited), u8::from(*override_)
             ),
         }
     }

@@ -86,7 +86,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if self.checksum() == 0 {
             return true;
         }
-        let acc = checksum::pseudo_header_v4(src, dst, protocol::UDP, self.len() as u32);
+        let acc = checksum::pseudo_header_v4(src, dst, protocol::UDP, u32::from(self.len()));
         checksum::fold(checksum::sum(self.datagram(), acc)) == 0xffff
     }
 
@@ -97,7 +97,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if self.checksum() == 0 {
             return false;
         }
-        let acc = checksum::pseudo_header_v6(src, dst, protocol::UDP, self.len() as u32);
+        let acc = checksum::pseudo_header_v6(src, dst, protocol::UDP, u32::from(self.len()));
         checksum::fold(checksum::sum(self.datagram(), acc)) == 0xffff
     }
 }
@@ -128,12 +128,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 
     pub fn fill_checksum_v4(&mut self, src: Ipv4Addr, dst: Ipv4Addr) {
-        let len = self.len() as u32;
+        let len = u32::from(self.len());
         self.fill_checksum_with(checksum::pseudo_header_v4(src, dst, protocol::UDP, len));
     }
 
     pub fn fill_checksum_v6(&mut self, src: Ipv6Addr, dst: Ipv6Addr) {
-        let len = self.len() as u32;
+        let len = u32::from(self.len());
         self.fill_checksum_with(checksum::pseudo_header_v6(src, dst, protocol::UDP, len));
     }
 

@@ -303,7 +303,9 @@ fn cpu_window(
 ) -> Result<Usage> {
     let t0 = Instant::now();
     let warm_up = Duration::from_secs(u64::from(timing.omit));
-    let end = t0 + warm_up + Duration::from_secs(u64::from(timing.seconds)) - WINDOW_TAIL;
+    let end = (t0 + warm_up + Duration::from_secs(u64::from(timing.seconds)))
+        .checked_sub(WINDOW_TAIL)
+        .unwrap();
     sleep_while_running(client, t0 + warm_up + WINDOW_LEAD)?;
     let before = Snapshot::take(watched)?;
     sleep_while_running(client, end)?;

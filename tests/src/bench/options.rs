@@ -266,7 +266,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Options> {
-        match Options::parse(args.iter().map(|s| s.to_string()))? {
+        match Options::parse(args.iter().map(std::string::ToString::to_string))? {
             Parsed::Run(o) => Ok(o),
             Parsed::Help => Err(Error::new("help")),
         }

@@ -139,10 +139,14 @@ impl Drop for TempDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fmt::Write as _;
 
     #[test]
     fn tail_keeps_the_last_lines() {
-        let text: String = (0..40).map(|i| format!("line {i}\n")).collect();
+        let text = (0..40).fold(String::new(), |mut s, i| {
+            let _ = writeln!(s, "line {i}");
+            s
+        });
         let t = tail(&text);
         assert!(t.starts_with("line 25\n"), "{t}");
         assert!(t.ends_with("line 39"), "{t}");

@@ -49,14 +49,14 @@ fn parse_args() -> Result<Args, String> {
                     value
                         .parse()
                         .map_err(|_| format!("--listen {value:?}: not an IPv6 address"))?,
-                )
+                );
             }
             "--tun" => tun = Some(value),
             "--stats" => stats = Some(PathBuf::from(value)),
             "--boundary-vni" => {
                 switch.boundary_vni = value
                     .parse()
-                    .map_err(|_| format!("--boundary-vni {value:?}: not a number"))?
+                    .map_err(|_| format!("--boundary-vni {value:?}: not a number"))?;
             }
             "--ingress" => switch
                 .ingress

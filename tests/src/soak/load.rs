@@ -103,7 +103,7 @@ fn churn_server(listen: SocketAddr, seconds: Duration, close: Close) -> Result<S
         match listener.accept() {
             Ok((conn, _)) => served += u64::from(serve(conn, close).is_ok()),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(1))
+                std::thread::sleep(Duration::from_millis(1));
             }
             Err(e) => return Err(Error::new(format!("accept on {listen}: {e}"))),
         }
@@ -252,7 +252,11 @@ mod tests {
 
     #[test]
     fn bad_command_lines_are_refused() {
-        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let args = |a: &[&str]| {
+            a.iter()
+                .map(std::string::ToString::to_string)
+                .collect::<Vec<_>>()
+        };
         assert!(run(&args(&["nope"])).is_err());
         let e = run(&args(&["churn-server", "127.0.0.1:1", "1", "both"])).unwrap_err();
         assert!(e.0.contains("\"both\""), "{e}");

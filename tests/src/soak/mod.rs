@@ -536,7 +536,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Parsed> {
-        Options::parse(args.iter().map(|s| s.to_string()))
+        Options::parse(args.iter().map(std::string::ToString::to_string))
     }
 
     #[test]

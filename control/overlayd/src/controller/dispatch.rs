@@ -369,7 +369,7 @@ impl<D: Dataplane> Controller<D> {
             port,
             ext,
             |c| &mut c.external,
-            |dp, p, e| dp.set_external_ips(p, e),
+            super::dataplane::Dataplane::set_external_ips,
         )
     }
 
@@ -381,7 +381,7 @@ impl<D: Dataplane> Controller<D> {
             port,
             limits,
             |c| &mut c.limits,
-            |dp, p, l| dp.set_port_limits(p, l),
+            super::dataplane::Dataplane::set_port_limits,
         )
     }
 

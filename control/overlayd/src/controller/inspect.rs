@@ -104,7 +104,7 @@ impl<D: Dataplane> Controller<D> {
                 "v2p": v2p,
             },
             "state": {
-                "file": self.store.as_ref().map(|s| s.path()),
+                "file": self.store.as_ref().map(super::state::StateStore::path),
                 "save_error": self.save_error.as_ref().map(ToString::to_string),
             },
             "api": self.api.as_deref(),

@@ -44,8 +44,12 @@ impl Headless {
             .name("headless".into())
             .spawn(move || {
                 while !stop2.load(Ordering::Relaxed) {
-                    if serve_pending(&rx, &mut ctl, |c, r| c.handle(r), |c, b| c.apply_fleet(b))
-                        == 0
+                    if serve_pending(
+                        &rx,
+                        &mut ctl,
+                        super::super::controller::Controller::handle,
+                        super::super::controller::Controller::apply_fleet,
+                    ) == 0
                     {
                         thread::sleep(Duration::from_millis(2));
                     }

@@ -110,7 +110,9 @@ struct WorkerPool {
 
 impl WorkerPool {
     fn any_stopped(&self) -> bool {
-        self.threads.iter().any(|t| t.is_finished())
+        self.threads
+            .iter()
+            .any(std::thread::JoinHandle::is_finished)
     }
 }
 
@@ -279,7 +281,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), DaemonError> {
                     with_path_stats(out, monitor.as_ref()).into()
                 }
             },
-            |ctl, batch| ctl.apply_fleet(batch),
+            super::controller::Controller::apply_fleet,
         );
         if !served {
             break;

@@ -78,7 +78,7 @@ impl MetricsServer {
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            thread::sleep(ACCEPT_POLL)
+                            thread::sleep(ACCEPT_POLL);
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "metrics accept");

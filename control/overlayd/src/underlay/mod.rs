@@ -406,7 +406,7 @@ pub fn warn_if_address_missing(addr: Ipv6Addr) {
     let Ok(text) = std::fs::read_to_string("/proc/net/if_inet6") else {
         return;
     };
-    let hex: String = addr.octets().iter().map(|b| format!("{b:02x}")).collect();
+    let hex = format!("{:032x}", u128::from(addr));
     if !text.lines().any(|l| l.starts_with(&hex)) {
         tracing::warn!(%addr, "underlay address is not configured on any interface");
     }

@@ -97,7 +97,10 @@ struct Shared {
 
 impl Shared {
     fn publish(&self, next_hops: &HashMap<Ipv6Addr, NextHop>, invalidate: bool) {
-        let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cur = self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         cur.version += 1;
         cur.next_hops = Arc::new(next_hops.clone());
         cur.invalidations += u64::from(invalidate);
@@ -107,7 +110,7 @@ impl Shared {
     fn snapshot(&self) -> Snapshot {
         self.current
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 }
@@ -644,7 +647,10 @@ mod tests {
         while wait < MAX_BACKOFF {
             p.ask(a, t);
             assert!(p
-                .due(t - Duration::from_millis(1), &mut forgotten)
+                .due(
+                    t.checked_sub(Duration::from_millis(1)).unwrap(),
+                    &mut forgotten
+                )
                 .is_empty());
             assert_eq!(p.due(t, &mut forgotten), vec![a]);
             p.tried(&[a], &[a], t);
@@ -653,8 +659,12 @@ mod tests {
             t += wait;
         }
         p.ask(a, t);
-        p.hurry(a, t - MAX_BACKOFF);
-        assert_eq!(p.due(t - MAX_BACKOFF, &mut forgotten), vec![a], "hurried");
+        p.hurry(a, t.checked_sub(MAX_BACKOFF).unwrap());
+        assert_eq!(
+            p.due(t.checked_sub(MAX_BACKOFF).unwrap(), &mut forgotten),
+            vec![a],
+            "hurried"
+        );
         assert!(forgotten.is_empty());
         assert!(p.due(t + FORGET_AFTER, &mut forgotten).is_empty());
         assert_eq!(forgotten, vec![a], "nobody asked: forgotten");

@@ -246,7 +246,7 @@ fn log_change(now: &PeerPath, before: Option<&PeerPath>) {
     match (&now.error, now.largest) {
         (Some(e), _) => tracing::warn!(peer = %now.peer, error = %e, "path check could not probe"),
         (None, Some(l)) if l == now.wanted => {
-            tracing::info!(peer = %now.peer, mtu = l, "underlay path carries full-size frames again")
+            tracing::info!(peer = %now.peer, mtu = l, "underlay path carries full-size frames again");
         }
         (None, Some(l)) => tracing::warn!(
             peer = %now.peer, largest = l, wanted = now.wanted, was = ?was,

@@ -7,7 +7,6 @@ use engine::{FrameSpace, LentFrame, TxDest};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::AsRawFd;
 use wire::vnet::TUNNEL_VNET_HDR_LEN;
 
 /// The underlay sockets one worker owns: it receives on all of them and
@@ -74,7 +73,7 @@ impl UnderlayQueues {
     }
 
     pub fn fds(&self) -> impl Iterator<Item = i32> + '_ {
-        self.sockets.iter().map(|s| s.as_raw_fd())
+        self.sockets.iter().map(std::os::fd::AsRawFd::as_raw_fd)
     }
 
     /// The engine's view of these sockets' transmit slots for one round: underlay

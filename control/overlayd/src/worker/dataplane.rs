@@ -225,7 +225,7 @@ impl Dataplane for Datapath {
                     .ok_or_else(|| DataplaneError::NoRa(port.clone()))?;
                 let mut v = json(info)?;
                 // The engine's clock is ours: say how long ago, not the raw nanoseconds.
-                if let Some(sent) = v.get("last_sent_ns").and_then(|s| s.as_u64()) {
+                if let Some(sent) = v.get("last_sent_ns").and_then(serde_json::Value::as_u64) {
                     let ago = self.now().saturating_sub(sent) / 1_000_000;
                     v["last_sent_ms_ago"] = ago.into();
                 }

@@ -289,7 +289,7 @@ impl Datapath {
                         } else {
                             let w = Watch::guest(engine, &io.captures, port, frame, &out);
                             Watch::around(w, engine, &mut out, &mut io.captures, st, |e, out| {
-                                e.process_guest(port, vnet, frame, nanos, routes, out)
+                                e.process_guest(port, vnet, frame, nanos, routes, out);
                             });
                         }
                     }
@@ -317,7 +317,7 @@ impl Datapath {
                 } else {
                     let w = Watch::underlay(engine, &io.captures, chain.pieces(), &out);
                     Watch::around(w, engine, &mut out, &mut io.captures, st, |e, out| {
-                        e.process_underlay(f, nanos, routes, out)
+                        e.process_underlay(f, nanos, routes, out);
                     });
                 }
             }
@@ -329,15 +329,15 @@ impl Datapath {
             let f = RxFrame::new(&pieces, input);
             match h.kind {
                 SiblingFrame::Guest { vni, vnet } => {
-                    engine.process_sibling(vni, vnet, f, nanos, &mut out)
+                    engine.process_sibling(vni, vnet, f, nanos, &mut out);
                 }
                 SiblingFrame::Underlay if io.captures.is_empty() => {
-                    engine.process_underlay(f, nanos, routes, &mut out)
+                    engine.process_underlay(f, nanos, routes, &mut out);
                 }
                 SiblingFrame::Underlay => {
                     let w = Watch::underlay(engine, &io.captures, &pieces, &out);
                     Watch::around(w, engine, &mut out, &mut io.captures, st, |e, out| {
-                        e.process_underlay(f, nanos, routes, out)
+                        e.process_underlay(f, nanos, routes, out);
                     });
                 }
             }

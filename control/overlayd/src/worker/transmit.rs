@@ -32,13 +32,13 @@ pub(super) fn drain(
                 if !io.captures.is_empty() {
                     capture_underlay_out(io, index, frame, st);
                 }
-                to_underlay(io, ifindex, frame, st)
+                to_underlay(io, ifindex, frame, st);
             }
             TxDest::UnderlayGso { ifindex, gso } => {
                 if !io.captures.is_empty() {
                     capture_underlay_out(io, index, frame, st);
                 }
-                to_tunnel(io, ifindex, &gso, frame, st)
+                to_tunnel(io, ifindex, &gso, frame, st);
             }
             TxDest::Port { port, vnet } => {
                 let tap = match taps.get(port.0 as usize).and_then(Option::as_ref) {

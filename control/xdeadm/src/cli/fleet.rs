@@ -18,7 +18,7 @@ use fleet::{Op, Store, StoreConfig, StoreError, TlsFiles};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::io::{self, Read};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -234,7 +234,7 @@ pub enum DocumentError {
     Empty,
     #[error("not a load document: {0}")]
     Json(String),
-    #[error("{} invalid {}, nothing written:{}", .0.len(), entries(.0.len()), bad_list(.0))]
+    #[error("{} invalid {}, nothing written:{}", .0.len(), entries(.0.len()), indented(.0))]
     Entries(Vec<BadEntry>),
 }
 
@@ -245,8 +245,12 @@ fn entries(n: usize) -> &'static str {
     }
 }
 
-fn bad_list(bad: &[BadEntry]) -> String {
-    bad.iter().map(|b| format!("\n  {b}")).collect()
+/// Each item on a line of its own, indented: the lists in errors.
+fn indented<T: fmt::Display>(items: &[T]) -> String {
+    items.iter().fold(String::new(), |mut s, item| {
+        let _ = write!(s, "\n  {item}");
+        s
+    })
 }
 
 /// A load document that could not be read or taken; `xdeadm` exits 2 on it.
@@ -435,7 +439,7 @@ pub enum WriteError {
     #[error(
         "{} not applied, the key changed after it was read (the rest was written):{}",
         deletes(.0.len()),
-        skipped_list(.0)
+        indented(.0)
     )]
     Skipped(Vec<SkippedDelete>),
 }
@@ -452,14 +456,13 @@ fn absent(keys: &[String]) -> String {
     match keys {
         [key] => format!("{key} is not in the store: {why}"),
         keys => {
-            let list: String = keys.iter().map(|k| format!("\n  {k}")).collect();
-            format!("{} keys are not in the store, {why}:{list}", keys.len())
+            format!(
+                "{} keys are not in the store, {why}:{}",
+                keys.len(),
+                indented(keys)
+            )
         }
     }
-}
-
-fn skipped_list(skipped: &[SkippedDelete]) -> String {
-    skipped.iter().map(|s| format!("\n  {s}")).collect()
 }
 
 impl WriteError {
@@ -728,7 +731,10 @@ mod tests {
     fn store_args(endpoints: &[&str], tls: [Option<&str>; 3]) -> StoreArgs {
         let path = |p: Option<&str>| p.map(PathBuf::from);
         StoreArgs {
-            endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+            endpoints: endpoints
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect(),
             cert: path(tls[0]),
             key: path(tls[1]),
             ca: path(tls[2]),

@@ -83,7 +83,11 @@ pub fn render(reply: &Reply) -> String {
             let rows = entries
                 .iter()
                 .map(|e| {
-                    let eps: Vec<String> = e.endpoints.iter().map(|a| a.to_string()).collect();
+                    let eps: Vec<String> = e
+                        .endpoints
+                        .iter()
+                        .map(std::string::ToString::to_string)
+                        .collect();
                     vec![e.prefix.to_string(), eps.join(",")]
                 })
                 .collect();

@@ -422,7 +422,7 @@ impl CreateXde {
                     what,
                     values: v
                         .iter()
-                        .map(|x| x.to_string())
+                        .map(std::string::ToString::to_string)
                         .collect::<Vec<_>>()
                         .join(", "),
                 }),

@@ -317,7 +317,7 @@ mod tests {
         l.add(Direction::In, vni(1));
         assert!(l.uses_vni(Direction::In));
         assert_eq!(
-            l.remove_where(Direction::In, |r| r.uses_vni()),
+            l.remove_where(Direction::In, super::super::rule::Rule::uses_vni),
             1,
             "removed by predicate"
         );

@@ -158,7 +158,7 @@ pub enum RuleError {
 fn spaced(predicates: &[Predicate]) -> String {
     predicates
         .iter()
-        .map(|p| p.to_string())
+        .map(std::string::ToString::to_string)
         .collect::<Vec<_>>()
         .join(" ")
 }

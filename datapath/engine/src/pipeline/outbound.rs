@@ -208,7 +208,7 @@ impl Engine {
             Next::Here(here) => {
                 let bufs = FragmentBufs { scratch, csum_buf };
                 let r = fragments(meta, frame, &vnet, path_mtu, bufs, |frag, fm| {
-                    deliver_here(ports, here, VnetHdr::default(), frag, fm, now, out)
+                    deliver_here(ports, here, VnetHdr::default(), frag, fm, now, out);
                 });
                 if let Some(p) = slot_mut(ports, port) {
                     count_fragmenting(r, &mut p.c);

@@ -65,7 +65,7 @@ impl Engine {
             ports, hold, drops, ..
         } = self;
         hold.expire(now, |h| {
-            count_drop(ports, drops, h.port, DropReason::UnderlayHoldTimeout)
+            count_drop(ports, drops, h.port, DropReason::UnderlayHoldTimeout);
         });
     }
 }

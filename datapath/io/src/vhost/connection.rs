@@ -59,7 +59,7 @@ pub(super) fn stop(shared: &Shared) {
     if let Some(c) = shared
         .conn
         .lock()
-        .unwrap_or_else(|p| p.into_inner())
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .as_ref()
     {
         let _ = c.shutdown(std::net::Shutdown::Both);
@@ -87,7 +87,12 @@ pub(super) fn serve(shared: &Arc<Shared>, listener: Option<UnixListener>) {
             }
         };
         match stream.try_clone() {
-            Ok(c) => *shared.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(c),
+            Ok(c) => {
+                *shared
+                    .conn
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(c);
+            }
             Err(e) => {
                 tracing::warn!(port = %name, error = %e, "vhost-user connection not served");
                 continue;
@@ -101,7 +106,11 @@ pub(super) fn serve(shared: &Arc<Shared>, listener: Option<UnixListener>) {
         tracing::info!(port = %name, socket = %shared.cfg.socket.display(), "vhost-user front end connected");
         let ended = serve_one(shared, stream);
         shared.device().reset();
-        shared.conn.lock().unwrap_or_else(|p| p.into_inner()).take();
+        shared
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
         shared.mark_changed();
         tracing::info!(port = %name, why = %ended, "vhost-user front end gone; rings stopped");
     }

@@ -84,11 +84,16 @@ struct Shared {
 
 impl Shared {
     fn device(&self) -> MutexGuard<'_, Device> {
-        self.device.lock().unwrap_or_else(|p| p.into_inner())
+        self.device
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn mark_changed(&self) {
-        *self.changed.lock().unwrap_or_else(|p| p.into_inner()) = SystemTime::now();
+        *self
+            .changed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = SystemTime::now();
     }
 }
 
@@ -141,7 +146,7 @@ impl VhostPort {
             .shared
             .changed
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether a front end is connected and runs both rings.

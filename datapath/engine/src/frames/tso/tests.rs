@@ -715,7 +715,10 @@ fn inconsistent_metadata_is_a_named_drop() {
     assert_eq!(r, Err(TsoDrop::GsoNotTcp));
     assert!(out.is_empty());
     // Names are distinct counter names, each a TSO reason of the one vocabulary.
-    let names: std::collections::BTreeSet<_> = TsoDrop::ALL.iter().map(|d| d.to_string()).collect();
+    let names: std::collections::BTreeSet<_> = TsoDrop::ALL
+        .iter()
+        .map(std::string::ToString::to_string)
+        .collect();
     assert_eq!(names.len(), TsoDrop::ALL.len());
     assert!(names.iter().all(|n| n.starts_with("tso_")), "{names:?}");
 }
@@ -879,14 +882,14 @@ fn what_is_not_merged() {
 
     // Random IPv4 IDs without DF are not merged; fixed IDs with DF are.
     let (mut frames, _) = flow_segments(false, &[1000, 1000, 1000], 1);
-    for f in frames.iter_mut() {
+    for f in &mut frames {
         f[18..20].copy_from_slice(&[0, 9]);
         f[24..26].copy_from_slice(&[0, 0]);
         let c = !naive_sum(&f[14..34]);
         f[24..26].copy_from_slice(&c.to_be_bytes());
     }
     assert_eq!(coalesce(&frames, None).0.len(), 1, "fixed ID with DF");
-    for f in frames.iter_mut() {
+    for f in &mut frames {
         f[20] = 0; // clear DF
         f[24..26].copy_from_slice(&[0, 0]);
         let c = !naive_sum(&f[14..34]);
@@ -977,7 +980,7 @@ fn tiny_mss_options_never_stand_for_more_than_max_segments() {
         for (sizes, psh, frames_out) in cases {
             let (mut frames, all) = flow_segments(false, &sizes, 1);
             if psh {
-                for f in frames.iter_mut() {
+                for f in &mut frames {
                     f[47] |= TCP_PSH;
                     fix_checksum(f);
                 }
@@ -1008,7 +1011,7 @@ fn tiny_mss_options_never_stand_for_more_than_max_segments() {
 fn non_tcp_flushes_the_port_first_and_interleaved_flows_merge() {
     let (a, a_all) = flow_segments(false, &[1000, 1000], 1);
     let (mut b, b_all) = flow_segments(false, &[500, 500], 9);
-    for f in b.iter_mut() {
+    for f in &mut b {
         f[34..36].copy_from_slice(&[0x11, 0x11]); // another source port
         f[50..52].copy_from_slice(&[0, 0]);
         let end = f.len();

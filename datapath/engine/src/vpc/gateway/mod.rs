@@ -296,7 +296,7 @@ pub fn handle_from_guest(
                 Sent::EchoReply => c.echo_replies += 1,
                 Sent::Dhcp4 { nak } => {
                     c.dhcp4_replies += 1;
-                    c.dhcp4_naks += nak as u64;
+                    c.dhcp4_naks += u64::from(nak);
                 }
                 Sent::Dhcp6 => c.dhcp6_replies += 1,
             }

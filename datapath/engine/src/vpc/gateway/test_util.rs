@@ -3,6 +3,7 @@
 
 use crate::ids::PortId;
 pub(crate) use crate::vpc::port::tests::sample;
+use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::meta::{InnerMeta, L3};
 use wire::MacAddr;
@@ -10,7 +11,10 @@ use wire::MacAddr;
 pub(crate) const PORT: PortId = PortId(3);
 
 pub(crate) fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    b.iter().fold(String::new(), |mut s, x| {
+        let _ = write!(s, "{x:02x}");
+        s
+    })
 }
 
 pub(crate) fn unhex(s: &str) -> Vec<u8> {
