@@ -371,6 +371,25 @@ impl EntryError {
 
 impl FleetEntry {
     /// Decodes and checks the value of `key`.
+    /// The entry's value as the schema spells it: what [`FleetEntry::decode`]
+    /// takes back to this entry (a sled saves its layer so, rather than keeping
+    /// every value's text beside the entry).
+    pub fn value(&self) -> serde_json::Value {
+        let value = match self {
+            FleetEntry::V2p(e) => serde_json::to_value(V2pValue {
+                mac: e.vpc_mac,
+                underlay: e.underlay_ip,
+            }),
+            FleetEntry::V2b(e) => serde_json::to_value(V2bValue {
+                endpoints: e.endpoints.clone(),
+            }),
+            FleetEntry::Routes { routes, .. } => serde_json::to_value(routes),
+            FleetEntry::Firewall { rules, .. } => serde_json::to_value(rules),
+        };
+        // Plain structs of addresses, numbers and strings: they always serialize.
+        value.unwrap_or_default()
+    }
+
     pub fn decode(key: &FleetKey, value: &[u8]) -> Result<FleetEntry, EntryError> {
         let max = match key {
             FleetKey::V2p { .. } | FleetKey::V2b { .. } => MAX_MAPPING_VALUE,
@@ -456,11 +475,7 @@ pub struct Encoded {
 /// and the value decoded with [`FleetEntry::decode`], so what this accepts no sled
 /// refuses, and what it refuses is named as a sled would name it.
 pub fn encode_v2p(e: &V2pEntry) -> Result<Encoded, EntryError> {
-    let value = V2pValue {
-        mac: e.vpc_mac,
-        underlay: e.underlay_ip,
-    };
-    encoded(v2p_key(e.vni, e.vpc_ip), &value)
+    encoded(v2p_key(e.vni, e.vpc_ip), &FleetEntry::V2p(*e).value())
 }
 
 /// The key and value of a V2B entry as a writer puts them (endpoints sorted,
@@ -661,6 +676,34 @@ mod tests {
             FleetEntry::decode(&status, b"{}").unwrap_err().reason(),
             "key"
         );
+    }
+
+    /// What a sled saves of an entry decodes back to that entry, for every kind.
+    #[test]
+    fn values_decode_back_to_their_entries() {
+        for (key, value) in [
+            (
+                "/overlay/v1/vpc/1701/v2p/fd00::6",
+                r#"{"mac":"a8:40:25:ff:00:06","underlay":"fd00:99::2"}"#,
+            ),
+            (
+                "/overlay/v1/v2b/0.0.0.0/0",
+                r#"{"endpoints":["fd00:99::b2","fd00:99::b1"]}"#,
+            ),
+            (
+                "/overlay/v1/sled/s1/port/opte0/routes",
+                r#"[{"dest":"0.0.0.0/0","target":"igw"},{"dest":"10.0.0.0/8","target":"drop","class":"custom"}]"#,
+            ),
+            (
+                "/overlay/v1/sled/s1/port/opte0/firewall",
+                r#"[{"direction":"in","priority":100,"action":"allow","filters":{"host":{"subnet":"10.0.0.0/8"},"proto":"tcp","ports":[22,443]}}]"#,
+            ),
+        ] {
+            let key = FleetKey::parse(key).unwrap();
+            let entry = FleetEntry::decode(&key, value.as_bytes()).unwrap();
+            let again = serde_json::to_vec(&entry.value()).unwrap();
+            assert_eq!(FleetEntry::decode(&key, &again), Ok(entry), "{value}");
+        }
     }
 
     #[test]
