@@ -58,14 +58,12 @@ fn batch(changes: Vec<Change>, revision: i64, full_read: bool) -> FleetBatch {
     }
 }
 
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
-    pages * 4096
+#[global_allocator]
+static ALLOC: bench::alloc::CountingAlloc = bench::alloc::CountingAlloc;
+
+/// Heap bytes this thread holds (everything here runs on one thread).
+fn held() -> i64 {
+    bench::alloc::thread_live_bytes()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -73,9 +71,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// A full read of `n` mappings into a fresh controller: seconds, and resident
-/// bytes grown per mapping.
+/// A full read of `n` mappings into a fresh controller: seconds, and the heap
+/// bytes it keeps per mapping (the read's own, freed once applied, not counted).
 fn full_read(n: u32) -> (f64, f64) {
+    let mut c = controller(None);
+    let before = held();
     let changes: Vec<Change> = (0..n)
         .map(|i| {
             let (key, value) = mapping(i, i % 1000);
@@ -86,14 +86,28 @@ fn full_read(n: u32) -> (f64, f64) {
             }
         })
         .collect();
-    let mut c = controller(None);
-    let before = rss_bytes();
     let t = Instant::now();
     c.apply_fleet(batch(changes, 2, true));
     let took = t.elapsed().as_secs_f64();
-    let grown = rss_bytes().saturating_sub(before);
+    let grown = held() - before;
     assert_eq!(c.dataplane().engine().stats().v2p_entries, n as usize);
     (took, grown as f64 / f64::from(n))
+}
+
+/// Heap bytes per mapping of an engine alone: what each further worker of a
+/// daemon holds.
+fn engine_bytes(n: u32) -> f64 {
+    let mut engine = Engine::new(EngineConfig::new("fd00:99::1".parse().unwrap())).unwrap();
+    let vni = Vni::new(VNI).unwrap();
+    let before = held();
+    for i in 0..n {
+        let ip = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i));
+        let mac = wire::MacAddr([0xa8, 0x40, 0x25, 0, (i >> 8) as u8, i as u8]);
+        engine
+            .set_v2p(vni, ip, "fd00:99::2".parse().unwrap(), mac)
+            .unwrap();
+    }
+    (held() - before) as f64 / f64::from(n)
 }
 
 /// `m` single changes (guests moving to another sled), one batch each, on a
@@ -166,7 +180,7 @@ fn main() {
         let secs = median(runs.iter().map(|r| r.0).collect());
         let bytes = median(runs.iter().map(|r| r.1).collect());
         println!(
-            "fleet/full_read/{n}: {:.3} s, {:.2} us per mapping, {:.0} resident bytes per mapping",
+            "fleet/full_read/{n}: {:.3} s, {:.2} us per mapping, {:.0} heap bytes kept per mapping",
             secs,
             secs * 1e6 / f64::from(n),
             bytes
@@ -177,6 +191,8 @@ fn main() {
                 .collect(),
         );
         println!("fleet/churn/{n}: {us:.1} us per single-change batch");
+        let bytes = median((0..RUNS).map(|_| engine_bytes(n)).collect());
+        println!("fleet/engine/{n}: {bytes:.0} heap bytes per mapping in one engine");
         let saves: Vec<(f64, u64)> = (0..RUNS).map(|_| save(n)).collect();
         let secs = median(saves.iter().map(|r| r.0).collect());
         println!(

@@ -21,6 +21,9 @@ thread_local! {
     // registration, so touching it from inside the allocator cannot recurse into it.
     static ALLOCS: Cell<u64> = const { Cell::new(0) };
     static BYTES: Cell<u64> = const { Cell::new(0) };
+    // Bytes allocated minus bytes freed by this thread: what it holds, for code
+    // that allocates and frees on one thread.
+    static LIVE: Cell<i64> = const { Cell::new(0) };
 }
 
 /// The system allocator, counting every `alloc`, `alloc_zeroed` and `realloc` (a
@@ -35,29 +38,41 @@ fn record(bytes: usize) {
     let _ = BYTES.try_with(|c| c.set(c.get() + bytes as u64));
 }
 
+fn hold(delta: i64) {
+    let _ = LIVE.try_with(|c| c.set(c.get() + delta));
+}
+
+fn signed(bytes: usize) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
 // SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
 // `System`'s guarantees (and the caller's obligations) carry over as they are; the
 // counting touches only a thread-local `Cell`, which never allocates.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         record(layout.size());
+        hold(signed(layout.size()));
         // SAFETY: forwarded as is; the caller upholds `GlobalAlloc::alloc`'s contract.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         record(layout.size());
+        hold(signed(layout.size()));
         // SAFETY: as for `alloc`.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        hold(-signed(layout.size()));
         // SAFETY: `ptr` came from this allocator, i.e. from `System`, with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         record(new_size);
+        hold(signed(new_size) - signed(layout.size()));
         // SAFETY: `ptr` came from `System` with `layout`; the caller upholds the rest.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -72,6 +87,13 @@ pub fn thread_allocations() -> u64 {
 /// Bytes requested by those allocations.
 pub fn thread_allocated_bytes() -> u64 {
     BYTES.with(Cell::get)
+}
+
+/// Heap bytes the calling thread allocated and has not freed: a change in it over
+/// some code is what that code keeps (exact, unlike the resident set, which
+/// reused or unreturned memory blurs).
+pub fn thread_live_bytes() -> i64 {
+    LIVE.with(Cell::get)
 }
 
 /// Allocations and bytes made by `f` on this thread.

@@ -44,7 +44,7 @@ const SAVE_ENTRIES_EVERY: Duration = Duration::from_secs(1);
 
 /// Saves are spaced by this many times what the last one took, so that a large
 /// layer under churn costs the main loop a tenth of its time at most (100,000
-/// mappings take ~0.3 s to save here: one save every 3 s).
+/// mappings take 0.16-0.3 s to save here: one save every 2-3 s).
 const SAVE_SPACING: u32 = 10;
 
 /// How long moved positions may go unsaved when no entry changed: a restart then
