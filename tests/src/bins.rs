@@ -61,6 +61,29 @@ fn locate() -> Result<Bins> {
     if release {
         build = build.arg("--release");
     }
+    // What cargo set for the running test (`CARGO_PKG_NAME=e2e`, `CARGO_MANIFEST_DIR`,
+    // ...) is not for this build: build scripts that declare
+    // `rerun-if-env-changed` on such names (ring's does, on `CARGO_PKG_NAME` and
+    // `CARGO_MANIFEST_DIR`) would see them change, and ring, rustls and everything
+    // above them, the daemon included, would be rebuilt in every test process and
+    // again by the next plain `cargo build` (minutes each on a 2-core machine).
+    // The user's own settings (`CARGO_HOME`, `CARGO_BUILD_JOBS`, ...) stay.
+    const SET_FOR_THE_TEST: [&str; 7] = [
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_CRATE_",
+        "CARGO_BIN_",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+    ];
+    for (key, _) in std::env::vars_os() {
+        if let Some(key) = key.to_str() {
+            if SET_FOR_THE_TEST.iter().any(|p| key.starts_with(p)) {
+                build = build.env_remove(key);
+            }
+        }
+    }
     build.run().context("building overlayd and xdeadm")?;
     let bins = Bins {
         overlayd: profile_dir.join("overlayd"),

@@ -19,6 +19,8 @@ pub struct Cmd {
     stdin: Option<Vec<u8>>,
     timeout: Duration,
     envs: Vec<(String, String)>,
+    /// Variables of our environment the command does not inherit.
+    unset: Vec<String>,
     die_with_parent: bool,
 }
 
@@ -37,6 +39,7 @@ impl Cmd {
             stdin: None,
             timeout: DEFAULT_TIMEOUT,
             envs: Vec::new(),
+            unset: Vec::new(),
             die_with_parent: false,
         }
     }
@@ -63,6 +66,12 @@ impl Cmd {
 
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Cmd {
         self.envs.push((key.into(), value.into()));
+        self
+    }
+
+    /// Does not pass variable `key` of our environment on to the command.
+    pub fn env_remove(mut self, key: impl Into<String>) -> Cmd {
+        self.unset.push(key.into());
         self
     }
 
@@ -105,6 +114,9 @@ impl Cmd {
     fn command(&self) -> Command {
         let mut c = Command::new(&self.argv[0]);
         c.args(&self.argv[1..]);
+        for k in &self.unset {
+            c.env_remove(k);
+        }
         for (k, v) in &self.envs {
             c.env(k, v);
         }

@@ -24,7 +24,7 @@ use crate::poll::poll_until;
 use crate::rack::{Rack, Sled, BRIDGE, UNDERLAY_IF, UNDERLAY_MTU};
 use crate::{Context, Error, Result};
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
+    date_time_ymd, BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
     ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use std::fs::File;
@@ -241,7 +241,9 @@ impl Cluster {
 
     /// One CA; per member a certificate for both its client and its peer URL (the
     /// member's address in subjectAltName: clients and peers dial an IP, there is no
-    /// name to check); per user a client certificate whose CN is the user. Made
+    /// name to check); per user a client certificate whose CN is the user, and a
+    /// second one for the same key that expired long ago
+    /// ([`Cluster::expired_credentials`]). Made
     /// in-process with rcgen (ECDSA P-256): no openssl CLI, which a minimal Debian
     /// lacks. The CA's key is never written: nothing signs after the start.
     fn make_certificates(&self) -> Result<()> {
@@ -271,19 +273,21 @@ impl Cluster {
             self.leaf(&ca, &m.name, Some(m.addr), &purposes)?;
         }
         for user in &self.users {
-            self.leaf(&ca, user, None, &[ExtendedKeyUsagePurpose::ClientAuth])?;
+            let params = self.leaf(&ca, user, None, &[ExtendedKeyUsagePurpose::ClientAuth])?;
+            self.expired_leaf(&ca, user, params)?;
         }
         Ok(())
     }
 
-    /// Writes `pki/{cn}.crt` and `pki/{cn}.key` (0600), signed by `ca`.
+    /// Writes `pki/{cn}.crt` and `pki/{cn}.key` (0600), signed by `ca`; returns
+    /// the certificate's parameters and key for [`Cluster::expired_leaf`].
     fn leaf(
         &self,
         ca: &Issuer<'_, KeyPair>,
         cn: &str,
         ip: Option<Ipv6Addr>,
         purposes: &[ExtendedKeyUsagePurpose],
-    ) -> Result<()> {
+    ) -> Result<(CertificateParams, KeyPair)> {
         let key = KeyPair::generate().map_err(tls_error)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = common_name(cn);
@@ -301,7 +305,26 @@ impl Cluster {
             &self.pki().join(format!("{cn}.key")),
             &key.serialize_pem(),
             0o600,
-        )
+        )?;
+        Ok((params, key))
+    }
+
+    /// Writes `pki/{cn}.expired.crt`: the certificate of `params` for the same key,
+    /// valid in the year 2000 only.
+    fn expired_leaf(
+        &self,
+        ca: &Issuer<'_, KeyPair>,
+        cn: &str,
+        (mut params, key): (CertificateParams, KeyPair),
+    ) -> Result<()> {
+        params.not_before = date_time_ymd(2000, 1, 1);
+        params.not_after = date_time_ymd(2000, 12, 31);
+        let cert = params.signed_by(&key, ca).map_err(tls_error)?;
+        write_file(&self.expired_cert(cn), &cert.pem(), 0o644)
+    }
+
+    fn expired_cert(&self, cn: &str) -> PathBuf {
+        self.pki().join(format!("{cn}.expired.crt"))
     }
 
     /// The certificate, key and CA of `user` (a [`sled_user`], [`WRITER`] or
@@ -314,6 +337,16 @@ impl Cluster {
             )));
         }
         Ok(self.tls_files(user))
+    }
+
+    /// [`Cluster::credentials`] of `user` with a certificate that expired in
+    /// 2000 (same CA, same key, same CN): what a sled whose certificate was not
+    /// renewed presents.
+    pub fn expired_credentials(&self, user: &str) -> Result<TlsFiles> {
+        Ok(TlsFiles {
+            cert: self.expired_cert(user),
+            ..self.credentials(user)?
+        })
     }
 
     fn tls_files(&self, cn: &str) -> TlsFiles {
@@ -479,6 +512,39 @@ impl Cluster {
             .stdin(value)
             .run()
             .map(drop)
+    }
+
+    /// Writes every `(key, value)` of `puts` in one transaction as `user` (the
+    /// writer or root): they all get the same revision, which is returned. Values
+    /// are sent quoted (etcdctl's `txn` syntax), so they may hold quotes and
+    /// backslashes, not newlines.
+    pub fn put_txn(&self, user: &str, puts: &[(&str, &str)]) -> Result<i64> {
+        let quote = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
+        // No compares: an empty line.
+        let mut script = String::from("\n");
+        for (key, value) in puts {
+            if key.contains(char::is_whitespace) || value.contains('\n') {
+                return Err(Error::new(format!(
+                    "put_txn: {key:?} has white space or its value a newline"
+                )));
+            }
+            script.push_str(&format!("put {} {}\n", quote(key), quote(value)));
+        }
+        // The end of the success requests, then no failure requests: etcdctl
+        // wants each list ended by an empty line, the last one too.
+        script.push_str("\n\n");
+        let out = self
+            .ctl(user)?
+            .args(["txn", "-w", "json"])
+            .stdin(script)
+            .run()?;
+        let v = json(&out)?;
+        if v["succeeded"] != serde_json::Value::Bool(true) {
+            return Err(Error::new(format!("the transaction failed: {out}")));
+        }
+        v["header"]["revision"]
+            .as_i64()
+            .ok_or_else(|| Error::new(format!("no revision in {out}")))
     }
 
     /// Reads `key` as the writer: its value, or `None` if it does not exist.
@@ -649,6 +715,22 @@ impl Cluster {
         self.spawn(i)?;
         self.wait_healthy(START_TIMEOUT)
             .with_context(|| format!("member {} rejoining", self.members[i].name))
+    }
+
+    /// Starts every member that is not running (all of them after a [`kill`] of
+    /// each: a lone member has no quorum, so [`Cluster::restart`] one by one would
+    /// wait for a leader in vain) and waits until the cluster is healthy. Returns
+    /// the leader.
+    ///
+    /// [`kill`]: Cluster::kill
+    pub fn restart_all(&mut self) -> Result<usize> {
+        for i in 0..self.members.len() {
+            if !self.running(i) {
+                self.spawn(i)?;
+            }
+        }
+        self.wait_healthy(START_TIMEOUT)
+            .context("the members restarting together")
     }
 
     /// Creates root, a role and user per sled, the writer, and enables auth. Done as

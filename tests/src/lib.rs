@@ -29,7 +29,8 @@
 //! under mixed traffic, `soak`).
 //!
 //! The fleet (docs/fleet.md): [`etcd`] (a TLS etcd cluster on the rack, with a
-//! role per sled, and the faults the fleet tests inflict on it).
+//! role per sled, and the faults the fleet tests inflict on it), [`fleet`] (a rack
+//! whose daemons follow that cluster, its writer, and the sleds' view of it).
 //!
 //! Binaries: `overlayd` and `xdeadm` are found through `OVERLAYD_BIN`/`XDEADM_BIN`,
 //! or else built once per test process with `cargo build -p overlayd -p xdeadm` into the same
@@ -47,6 +48,7 @@ pub mod cmd;
 pub mod counters;
 pub mod daemon;
 pub mod etcd;
+pub mod fleet;
 pub mod frames;
 pub mod guest;
 pub mod hostile;
