@@ -430,6 +430,7 @@ impl<D: Dataplane> Controller<D> {
         }
         let mut v2b_changed = false;
         let mut ports_changed = BTreeSet::new();
+        let n_changes = changes.len();
         let unsaved = if changes.is_empty() {
             Unsaved::Positions
         } else {
@@ -445,6 +446,12 @@ impl<D: Dataplane> Controller<D> {
             self.push_port_tables(&port);
         }
         let layer = &mut self.fleet.layer;
+        tracing::debug!(
+            changes = n_changes,
+            full_read = batch.full_read,
+            revision = batch.positions.values().copied().max().unwrap_or(0),
+            "fleet batch applied"
+        );
         for (prefix, revision) in batch.positions {
             let at = layer.positions.entry(prefix).or_default();
             *at = (*at).max(revision);
