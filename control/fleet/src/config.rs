@@ -5,7 +5,8 @@ use std::fmt;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use x509_parser::time::ASN1Time;
 
 /// How to reach the store: the daemon's `--fleet-endpoints`, `--fleet-cert`,
 /// `--fleet-key`, `--fleet-ca`, or `xdeadm fleet`'s `--endpoints`, `--cert`,
@@ -61,9 +62,11 @@ impl fmt::Debug for TlsPem {
 
 impl TlsFiles {
     /// Reads the three files, refusing a key file that its group or others may
-    /// read or write (the mode must be 0600 or stricter): a credential others can
-    /// read is a credential others have. Public so that a daemon can refuse a bad
-    /// setup at start, before it first needs the store.
+    /// read or write (the mode must be 0600 or stricter: a credential others can
+    /// read is a credential others have) and a certificate that is not valid now
+    /// (expired, or not yet valid: a member refuses it with a TLS alert that does
+    /// not say why). Public so that a daemon can refuse a bad setup at start,
+    /// before it first needs the store.
     pub fn load(&self) -> Result<TlsPem, StoreError> {
         let mode = fs::metadata(&self.key)
             .map_err(|source| StoreError::ReadFile {
@@ -78,12 +81,40 @@ impl TlsFiles {
                 mode: mode & 0o7777,
             });
         }
+        let cert = read(&self.cert)?;
+        check_validity(&self.cert, &cert, SystemTime::now())?;
         Ok(TlsPem {
-            cert: read(&self.cert)?,
+            cert,
             key: read(&self.key)?,
             ca: read(&self.ca)?,
         })
     }
+}
+
+/// Refuses the first certificate of PEM file `path` unless it is valid at `now`.
+fn check_validity(path: &Path, pem: &[u8], now: SystemTime) -> Result<(), StoreError> {
+    let unreadable = |why: String| StoreError::Certificate {
+        path: path.to_path_buf(),
+        why,
+    };
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(pem).map_err(|e| unreadable(format!("not PEM: {e}")))?;
+    let cert = pem
+        .parse_x509()
+        .map_err(|e| unreadable(format!("not an X.509 certificate: {e}")))?;
+    let secs = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let now = ASN1Time::from_timestamp(secs).map_err(|e| unreadable(e.to_string()))?;
+    let validity = cert.validity();
+    if validity.is_valid_at(now) {
+        return Ok(());
+    }
+    Err(StoreError::CertificateNotValid {
+        path: path.to_path_buf(),
+        not_before: validity.not_before.to_string(),
+        not_after: validity.not_after.to_string(),
+    })
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, StoreError> {
@@ -97,17 +128,51 @@ fn read(path: &Path) -> Result<Vec<u8>, StoreError> {
 mod tests {
     use super::*;
 
+    /// A self-signed certificate valid from `from` to `to` (years), as PEM.
+    fn cert(from: i32, to: i32) -> String {
+        let mut params = rcgen::CertificateParams::new(vec!["sled7".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(from, 1, 1);
+        params.not_after = rcgen::date_time_ymd(to, 1, 1);
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().pem()
+    }
+
     fn files(dir: &Path, key_mode: u32) -> TlsFiles {
         let tls = TlsFiles {
             cert: dir.join("c.pem"),
             key: dir.join("k.pem"),
             ca: dir.join("ca.pem"),
         };
-        for p in [&tls.cert, &tls.key, &tls.ca] {
+        fs::write(&tls.cert, cert(2020, 4000)).unwrap();
+        for p in [&tls.key, &tls.ca] {
             fs::write(p, b"pem").unwrap();
         }
         fs::set_permissions(&tls.key, fs::Permissions::from_mode(key_mode)).unwrap();
         tls
+    }
+
+    #[test]
+    fn a_certificate_not_valid_now_is_named_with_its_dates() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = files(dir.path(), 0o600);
+        for (from, to) in [(2000, 2001), (3900, 4000)] {
+            fs::write(&tls.cert, cert(from, to)).unwrap();
+            let e = tls.load().unwrap_err();
+            let text = e.to_string();
+            assert!(
+                matches!(e, StoreError::CertificateNotValid { .. }),
+                "{text}"
+            );
+            assert!(
+                text.contains("c.pem")
+                    && text.contains(&from.to_string())
+                    && text.contains(&to.to_string()),
+                "{text}"
+            );
+        }
+        fs::write(&tls.cert, b"not a certificate").unwrap();
+        let e = tls.load().unwrap_err().to_string();
+        assert!(e.contains("c.pem") && e.contains("not PEM"), "{e}");
     }
 
     #[test]

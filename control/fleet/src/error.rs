@@ -79,6 +79,19 @@ pub enum StoreError {
          (0600 or stricter)"
     )]
     KeyFileMode { path: PathBuf, mode: u32 },
+    /// The client certificate file holds no certificate that can be read.
+    #[error("client certificate {}: {why}", path.display())]
+    Certificate { path: PathBuf, why: String },
+    /// The client certificate is not valid now: a member would refuse it.
+    #[error(
+        "client certificate {} is not valid now: valid from {not_before} to {not_after}",
+        path.display()
+    )]
+    CertificateNotValid {
+        path: PathBuf,
+        not_before: String,
+        not_after: String,
+    },
     /// The endpoint or the TLS material could not even be set up (a malformed URL,
     /// unparsable PEM).
     #[error("cannot set up a connection to {endpoint}: {source}")]
@@ -185,6 +198,8 @@ impl StoreError {
             StoreError::NoEndpoints
             | StoreError::ReadFile { .. }
             | StoreError::KeyFileMode { .. }
+            | StoreError::Certificate { .. }
+            | StoreError::CertificateNotValid { .. }
             | StoreError::Setup { .. }
             | StoreError::WatchCanceled { .. }
             | StoreError::ClusterChanged { .. }

@@ -328,15 +328,21 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), DaemonError> {
 
 /// The fleet's store as the watcher reaches it. The TLS files are read once here,
 /// so that a missing file or a key others may read stops the daemon at start
-/// rather than at its first connection.
+/// rather than at its first connection. A certificate that is not valid now does
+/// not: the sled forwards on its saved tables meanwhile, the watcher says why it
+/// cannot connect, and a renewed certificate is read at its next attempt.
 fn store_config(f: &FleetConfig) -> Result<StoreConfig, DaemonError> {
     let tls = f.tls.as_ref().map(|t| TlsFiles {
         cert: t.cert.clone(),
         key: t.key.clone(),
         ca: t.ca.clone(),
     });
-    if let Some(t) = &tls {
-        t.load()?;
+    match tls.as_ref().map(TlsFiles::load) {
+        Some(Err(e @ fleet::StoreError::CertificateNotValid { .. })) => {
+            tracing::error!(error = %e, "the fleet's store will refuse this sled until its certificate is renewed");
+        }
+        Some(Err(e)) => return Err(e.into()),
+        Some(Ok(_)) | None => {}
     }
     Ok(StoreConfig {
         endpoints: f.endpoints.clone(),
