@@ -790,21 +790,28 @@ impl Cluster {
             .map(drop)
     }
 
-    /// Drops every packet from `sled` to a member's client port (an nftables rule in
-    /// the sled's own namespace): its etcd clients time out while its underlay, and
-    /// every other sled, work as before. Idempotent.
+    /// Drops every packet between `sled` and a member's client port, both ways
+    /// (nftables rules in the sled's own namespace): its etcd clients time out
+    /// while its underlay, and every other sled, work as before. Both ways: with
+    /// the sled's packets alone dropped, a watch stream open at the cut still
+    /// brings the sled what the member sends before its TCP window closes (the
+    /// first few changes, seen). Idempotent.
     pub fn cut_client_port(&mut self, sled: &Sled) -> Result<()> {
         let addrs: Vec<String> = self.members.iter().map(|m| m.addr.to_string()).collect();
+        let addrs = addrs.join(", ");
         let script = format!(
             "add table inet {CUT_TABLE}\n\
              flush table inet {CUT_TABLE}\n\
              table inet {CUT_TABLE} {{\n\
              \tchain out {{\n\
              \t\ttype filter hook output priority filter; policy accept;\n\
-             \t\tip6 daddr {{ {} }} tcp dport {CLIENT_PORT} drop\n\
+             \t\tip6 daddr {{ {addrs} }} tcp dport {CLIENT_PORT} drop\n\
              \t}}\n\
-             }}\n",
-            addrs.join(", ")
+             \tchain in {{\n\
+             \t\ttype filter hook input priority filter; policy accept;\n\
+             \t\tip6 saddr {{ {addrs} }} tcp sport {CLIENT_PORT} drop\n\
+             \t}}\n\
+             }}\n"
         );
         sled.ns
             .cmd("nft")

@@ -10,10 +10,22 @@
 //! of them is read back with `xdeadm --json fleet status` and `dump-v2p`, parsed
 //! with the API's own types.
 //!
+//! Every daemon logs each batch of the store's changes it applies
+//! ([`applied::BATCH_APPLIED`], at debug level): [`FleetRack::applied_batches`]
+//! reads them back, so a test measures how long a change took to reach each sled
+//! without polling. [`StoreClient`] is the control plane as one long-lived client
+//! of the store, for tests that write many changes a second.
+//!
 //! Nothing here owns anything the rack and the cluster do not: dropping a
 //! [`FleetRack`] drops the rack first (its daemons stop while the store is still
 //! up, so their status leases are revoked at once), then the cluster. Both carry
 //! unique names, so fleet tests run in parallel.
+
+pub mod applied;
+pub mod client;
+
+pub use applied::{Batch, Distribution};
+pub use client::{Commit, StoreClient};
 
 use crate::bins::bins;
 use crate::etcd::{sled_user, Cluster, TlsFiles, WRITER};
@@ -23,7 +35,7 @@ use crate::rack::{Rack, RackSpec};
 use crate::{Error, Result};
 use api::fleet::{FleetStatus, SledStatus};
 use api::{Reply, Source, V2pEntry};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The members of the fleet's store.
 pub const MEMBERS: usize = 3;
@@ -32,6 +44,25 @@ pub const MEMBERS: usize = 3;
 /// promises a second; the margin is for CPU starvation and a watcher that is
 /// between two reconnects.
 pub const CONVERGE: Duration = Duration::from_secs(30);
+
+/// The daemons' log filter: the default, and each applied batch of the store's
+/// changes ([`applied::BATCH_APPLIED`]).
+pub const LOG_LEVEL: &str = "info,overlayd::controller::fleet=debug";
+
+/// Prints how long a test took when it ends (passed or not): dropped last.
+pub struct Took(pub &'static str, pub Instant);
+
+impl Took {
+    pub fn new(test: &'static str) -> Took {
+        Took(test, Instant::now())
+    }
+}
+
+impl Drop for Took {
+    fn drop(&mut self) {
+        eprintln!("{}: {:.1?} in all", self.0, self.1.elapsed());
+    }
+}
 
 /// A rack of sleds in a fleet, and its store. Fields drop in order: the rack (and
 /// its daemons) first, then the cluster.
@@ -69,6 +100,8 @@ impl FleetRack {
             path(&tls.ca),
             "--sled-id".into(),
             sled_id.into(),
+            "--log-level".into(),
+            LOG_LEVEL.into(),
         ]
     }
 
@@ -92,6 +125,20 @@ impl FleetRack {
     pub fn add_guest(&mut self, spec: GuestSpec) -> Result<usize> {
         self.etcd.grant_vni(spec.sled, spec.vni)?;
         self.rack.add_guest(spec)
+    }
+
+    /// Moves guest `name` to sled `to` (see [`Rack::move_guest`]), granting `to`
+    /// the guest's VPC first. V2P is the caller's to rewrite.
+    pub fn move_guest(&mut self, name: &str, to: usize) -> Result<()> {
+        let vni = self.rack.guest(name)?.spec.vni;
+        self.etcd.grant_vni(to, vni)?;
+        self.rack.move_guest(name, to)
+    }
+
+    /// A long-lived client of the store with the writer's certificate, from the
+    /// control-plane namespace (see [`StoreClient`]).
+    pub fn store_client(&self) -> Result<StoreClient> {
+        StoreClient::connect(&self.etcd)
     }
 
     /// Runs `xdeadm --json fleet ARGS...` as the control plane's writer (its
@@ -262,6 +309,23 @@ impl FleetRack {
     /// Sled `sled`'s daemon log so far.
     pub fn log(&self, sled: usize) -> Result<String> {
         Ok(self.rack.sled(sled)?.daemon()?.log())
+    }
+
+    /// Every batch of the store's changes sled `sled`'s daemon applied, in order
+    /// (from its log; see [`applied`]).
+    pub fn applied_batches(&self, sled: usize) -> Result<Vec<Batch>> {
+        Ok(applied::batches(&self.log(sled)?))
+    }
+
+    /// Sled `sled`'s daemon's resident memory (`VmRSS`), in KiB.
+    pub fn rss_kib(&self, sled: usize) -> Result<u64> {
+        let pid = self
+            .rack
+            .sled(sled)?
+            .daemon()?
+            .pid()
+            .ok_or_else(|| Error::new(format!("sled {sled}'s overlayd has no pid")))?;
+        crate::soak::sample::rss_kib(pid)
     }
 }
 

@@ -5,9 +5,12 @@ use crate::cmd::{Cmd, Outcome};
 use crate::netns::Netns;
 use crate::poll::poll_until;
 use crate::rack::Sled;
-use crate::{Error, Result};
+use crate::{Context, Error, Result};
+use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
 /// The gateway MAC every port shows its guest (the value the reference uses).
 pub const GATEWAY_MAC: &str = "a8:40:25:ff:77:77";
@@ -429,11 +432,175 @@ impl Guest {
         v.parse()
             .map_err(|_| Error::new(format!("{key} is {v:?}, not a number")))
     }
+
+    /// Starts pinging `target` every `interval` (56-byte payloads, each reply
+    /// stamped with the time it came), in the background until [`Pings::stop`];
+    /// the output goes to file `out`.
+    pub fn start_pings(&self, target: IpAddr, interval: Duration, out: &Path) -> Result<Pings> {
+        let file = File::create(out).with_context(|| format!("creating {}", out.display()))?;
+        let cmd = self
+            .cmd("ping")
+            .args(["-D", "-n", "-i", &format!("{:.3}", interval.as_secs_f64())])
+            .arg(target.to_string())
+            .die_with_parent();
+        let child = cmd.spawn_with(Stdio::from(file.try_clone()?), Stdio::from(file))?;
+        Ok(Pings {
+            child: Some(child),
+            out: out.to_path_buf(),
+            what: cmd.display(),
+        })
+    }
+}
+
+/// Pings running in the background ([`Guest::start_pings`]); killed if dropped
+/// unstopped.
+#[derive(Debug)]
+pub struct Pings {
+    child: Option<Child>,
+    out: PathBuf,
+    what: String,
+}
+
+/// What background pings saw.
+#[derive(Clone, Debug)]
+pub struct PingLog {
+    /// Echo requests sent and replies received (ping's own summary).
+    pub sent: u64,
+    pub received: u64,
+    /// Each reply's sequence number and when it came (seconds since the epoch).
+    pub replies: Vec<(u64, f64)>,
+}
+
+impl Pings {
+    /// Stops the pings as a person would (SIGINT: ping prints its summary) and
+    /// reads what they saw.
+    pub fn stop(mut self) -> Result<PingLog> {
+        let mut child = self
+            .child
+            .take()
+            .ok_or_else(|| Error::new("the pings were stopped already"))?;
+        let pid = libc::pid_t::try_from(child.id())
+            .map_err(|_| Error::new(format!("pid {} out of range", child.id())))?;
+        // SAFETY: kill(2) on the pid of our own unreaped child: it cannot have
+        // been recycled for another process while we have not waited for it.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                child.kill()?;
+                child.wait()?;
+                return Err(Error::new(format!("`{}` ignored SIGINT", self.what)));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let text = self.output()?;
+        let (sent, received) = ping_counts(&text).with_context(|| format!("`{}`", self.what))?;
+        Ok(PingLog {
+            sent,
+            received,
+            replies: text.lines().filter_map(ping_reply).collect(),
+        })
+    }
+
+    /// The replies so far (see [`PingLog::replies`]), while the pings go on.
+    pub fn replies(&self) -> Result<Vec<(u64, f64)>> {
+        Ok(self.output()?.lines().filter_map(ping_reply).collect())
+    }
+
+    fn output(&self) -> Result<String> {
+        std::fs::read_to_string(&self.out)
+            .with_context(|| format!("reading {}", self.out.display()))
+    }
+}
+
+impl Drop for Pings {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl PingLog {
+    pub fn lost(&self) -> u64 {
+        self.sent.saturating_sub(self.received)
+    }
+
+    /// The two replies in a row furthest apart in time, among those from the
+    /// last one before `from` (seconds since the epoch; 0 for all) on: each
+    /// reply's sequence number and time. `None` with fewer than two replies.
+    pub fn longest_gap(&self, from: f64) -> Option<((u64, f64), (u64, f64))> {
+        let first = self.replies.iter().rposition(|r| r.1 < from).unwrap_or(0);
+        self.replies[first..]
+            .windows(2)
+            .map(|w| (w[0], w[1]))
+            .max_by(|a, b| (a.1 .1 - a.0 .1).total_cmp(&(b.1 .1 - b.0 .1)))
+    }
+}
+
+/// `N packets transmitted, M received, ...` of ping's summary: (N, M).
+pub fn ping_counts(text: &str) -> Result<(u64, u64)> {
+    let line = text
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .ok_or_else(|| Error::new(format!("no ping summary in {text:?}")))?;
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    match nums[..] {
+        [sent, received, ..] => Ok((sent, received)),
+        _ => Err(Error::new(format!("ping summary {line:?}"))),
+    }
+}
+
+/// `[1764650000.123456] 64 bytes from 10.0.0.13: icmp_seq=5 ttl=64 time=0.4 ms`
+/// (`ping -D`): the sequence number and the time. Duplicates are not replies.
+fn ping_reply(line: &str) -> Option<(u64, f64)> {
+    if line.contains("DUP!") || !line.contains(" bytes from ") {
+        return None;
+    }
+    let at = line.strip_prefix('[')?.split(']').next()?.parse().ok()?;
+    let seq = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("icmp_seq="))?
+        .parse()
+        .ok()?;
+    Some((seq, at))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ping_output_gives_counts_replies_and_gaps() {
+        let text = "PING 10.0.0.13 (10.0.0.13) 56(84) bytes of data.\n\
+            [1764650000.100000] 64 bytes from 10.0.0.13: icmp_seq=1 ttl=64 time=0.4 ms\n\
+            [1764650000.110000] 64 bytes from 10.0.0.13: icmp_seq=2 ttl=64 time=0.4 ms\n\
+            [1764650000.110500] 64 bytes from 10.0.0.13: icmp_seq=2 ttl=64 time=0.9 ms (DUP!)\n\
+            [1764650000.450000] 64 bytes from 10.0.0.13: icmp_seq=36 ttl=64 time=0.4 ms\n\
+            \n--- 10.0.0.13 ping statistics ---\n\
+            36 packets transmitted, 3 received, +1 duplicates, 91.6667% packet loss, time 350ms\n";
+        assert_eq!(ping_counts(text).unwrap(), (36, 3));
+        let replies: Vec<(u64, f64)> = text.lines().filter_map(ping_reply).collect();
+        assert_eq!(replies.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2, 36]);
+        let log = PingLog {
+            sent: 36,
+            received: 3,
+            replies,
+        };
+        assert_eq!(log.lost(), 33);
+        let (from, to) = log.longest_gap(0.0).unwrap();
+        assert_eq!((from.0, to.0), (2, 36));
+        assert!((to.1 - from.1 - 0.34).abs() < 1e-6, "{from:?} {to:?}");
+        let (from, _) = log.longest_gap(1_764_650_000.2).unwrap();
+        assert_eq!(from.0, 2);
+        // Only the last reply is from the last one before the time on.
+        assert_eq!(log.longest_gap(1_764_650_000.5), None);
+        assert!(ping_counts("nothing").is_err());
+    }
 
     #[test]
     fn eui64_of_reference_gateway_mac() {

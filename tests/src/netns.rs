@@ -143,24 +143,51 @@ impl Netns {
     /// what it returns: sockets it creates belong to the namespace for their whole
     /// life, wherever they are used afterwards. The calling thread is not moved.
     pub fn within<T: Send>(&self, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-        use std::os::fd::AsRawFd;
-        let path = format!("/var/run/netns/{}", self.name);
+        let path = self.path();
         std::thread::scope(|s| {
             s.spawn(|| {
-                let ns = std::fs::File::open(&path)
-                    .map_err(|e| crate::Error::new(format!("{path}: {e}")))?;
-                // SAFETY: setns(2) on a valid descriptor of a network namespace
-                // changes only this (scoped, short-lived) thread's namespace.
-                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    let e = std::io::Error::last_os_error();
-                    return Err(crate::Error::new(format!("entering {path}: {e}")));
-                }
+                enter(&path)?;
                 f()
             })
             .join()
             .unwrap_or_else(|_| Err(crate::Error::new(format!("a thread in {path} panicked"))))
         })
     }
+
+    /// Starts a thread named `name` that enters this namespace and runs `f`, for
+    /// a helper that lives as long as a test does (a client holding its
+    /// connection). The thread keeps the namespace alive until it ends.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        name: &str,
+        f: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> Result<std::thread::JoinHandle<Result<T>>> {
+        let path = self.path();
+        std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                enter(&path)?;
+                f()
+            })
+            .map_err(|e| crate::Error::new(format!("starting thread {name}: {e}")))
+    }
+
+    fn path(&self) -> String {
+        format!("/var/run/netns/{}", self.name)
+    }
+}
+
+/// Moves the calling thread into the network namespace mounted at `path`.
+fn enter(path: &str) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let ns = std::fs::File::open(path).map_err(|e| crate::Error::new(format!("{path}: {e}")))?;
+    // SAFETY: setns(2) on a valid descriptor of a network namespace changes only
+    // the calling thread's namespace; the callers run it on a thread of their own.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(crate::Error::new(format!("entering {path}: {e}")));
+    }
+    Ok(())
 }
 
 impl Drop for Netns {

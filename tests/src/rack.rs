@@ -4,7 +4,7 @@
 use crate::bins::{bins, Bins};
 use crate::cmd::Cmd;
 use crate::daemon::{xdeadm, DaemonPaths, Overlayd};
-use crate::guest::{Guest, GuestSpec};
+use crate::guest::{create_port, Guest, GuestSpec};
 use crate::netns::{sweep_stale, unique_id, Netns};
 use crate::poll::poll_until;
 use crate::{Context, Error, Result};
@@ -267,8 +267,9 @@ impl Rack {
     }
 
     /// Starts `overlayd` on sled `index` with `--underlay ul0 --underlay-addr ADDR`,
-    /// its socket and state in the rack's temporary directory, and `extra` flags.
-    /// Returns once the daemon answers `xdeadm list-ports`.
+    /// its socket and state in the rack's temporary directory, `--log-level info`
+    /// unless `extra` gives a level, and `extra` flags. Returns once the daemon
+    /// answers `xdeadm list-ports`.
     pub fn start_daemon(&mut self, index: usize, extra: &[&str]) -> Result<()> {
         self.start_daemon_with_env(index, extra, &[])
     }
@@ -298,12 +299,14 @@ impl Rack {
             &paths.api_socket.display().to_string(),
             "--state-dir",
             &paths.state_dir.display().to_string(),
-            "--log-level",
-            "info",
         ]
         .iter()
         .map(std::string::ToString::to_string)
         .collect();
+        // The flag may be given once only.
+        if !extra.contains(&"--log-level") {
+            args.extend(["--log-level".to_string(), "info".to_string()]);
+        }
         args.extend(extra.iter().map(std::string::ToString::to_string));
         let socket = paths.api_socket.clone();
         let daemon = Overlayd::start_with_env(
@@ -396,6 +399,28 @@ impl Rack {
         let guest = Guest::create(sled, &ns_name, spec)?;
         self.guests.push(guest);
         Ok(self.guests.len() - 1)
+    }
+
+    /// Moves guest `name` to sled `to` as a migration does: its port is deleted
+    /// on its sled and created on `to` with the same MAC and addresses, its tap
+    /// moved into the guest's same namespace, whose OS side is configured again.
+    /// V2P is not touched.
+    pub fn move_guest(&mut self, name: &str, to: usize) -> Result<()> {
+        let i = self
+            .guests
+            .iter()
+            .position(|g| g.spec.name == name)
+            .ok_or_else(|| Error::new(format!("no guest named {name:?}")))?;
+        let from = self.guests[i].spec.sled;
+        self.sled(from)?
+            .admin(&["delete-xde", name])
+            .with_context(|| format!("deleting {name}'s port on sled {from}"))?;
+        let mut spec = self.guests[i].spec.clone();
+        spec.sled = to;
+        create_port(self.sled(to)?, &spec, Some(self.guests[i].ns.name()))
+            .with_context(|| format!("creating {name}'s port on sled {to}"))?;
+        self.guests[i].spec = spec;
+        self.guests[i].configure_os()
     }
 
     /// The guest named `name`.

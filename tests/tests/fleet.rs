@@ -7,7 +7,7 @@
 //! what it holds. Prints its timings (run with `--nocapture`).
 
 use e2e::etcd::{sled_user, KEY_ROOT, WRITER};
-use e2e::fleet::{FleetRack, CONVERGE, MEMBERS};
+use e2e::fleet::{FleetRack, Took, CONVERGE, MEMBERS};
 use e2e::{poll_until, Error, Guest, GuestSpec, Result};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -25,21 +25,6 @@ const COUNTED: Duration = Duration::from_secs(10);
 /// A reconnect after the whole store was down: the watcher's back-off (full
 /// jitter, capped at 30 s) may be anywhere up to its ceiling.
 const RECONNECT: Duration = Duration::from_secs(90);
-
-/// Prints how long the test took when it ends (passed or not).
-struct Took(&'static str, Instant);
-
-impl Took {
-    fn new(test: &'static str) -> Took {
-        Took(test, Instant::now())
-    }
-}
-
-impl Drop for Took {
-    fn drop(&mut self) {
-        eprintln!("{}: {:.1?} in all", self.0, self.1.elapsed());
-    }
-}
 
 fn dual(name: &str, sled: usize, n: u8) -> GuestSpec {
     GuestSpec::dual(name, sled, n)

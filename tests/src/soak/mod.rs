@@ -390,18 +390,8 @@ fn udp(source: &str, sink: &str) -> Result<Traffic> {
 
 /// From `ping -q`: `N packets transmitted, M received, ...`.
 fn ping(summary: &str) -> Result<Traffic> {
-    let line = summary
-        .lines()
-        .find(|l| l.contains("packets transmitted"))
-        .ok_or_else(|| Error::new(format!("no ping summary in {summary:?}")))?;
-    let nums: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    match nums[..] {
-        [sent, received, ..] => Ok(lossy("ping", sent, received)),
-        _ => Err(Error::new(format!("ping summary {line:?}"))),
-    }
+    let (sent, received) = crate::guest::ping_counts(summary)?;
+    Ok(lossy("ping", sent, received))
 }
 
 /// A workload whose loss must stay under [`MAX_LOSS`].

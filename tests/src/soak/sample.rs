@@ -45,7 +45,7 @@ pub fn rss_growth(samples: &[Sample], warmup: Duration) -> Option<f64> {
 }
 
 /// The median resident memory of the last three of `samples`.
-fn level(samples: &[&Sample]) -> Option<u64> {
+pub fn level(samples: &[&Sample]) -> Option<u64> {
     let mut last: Vec<u64> = samples.iter().rev().take(3).map(|s| s.rss_kib).collect();
     last.sort_unstable();
     last.get(last.len() / 2).copied()
