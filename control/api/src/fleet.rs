@@ -190,7 +190,8 @@ impl FleetKey {
             }),
             ["sled", sled, "port", port, table] => Ok(FleetKey::Port {
                 sled: sled.parse().map_err(|e: SledIdError| bad(e.to_string()))?,
-                port: check_port_name(port).map_err(bad)?,
+                port: port_name(port)
+                    .ok_or_else(|| bad(format!("port name {port:?} must be 1 to 15 bytes")))?,
                 table: match *table {
                     "routes" => PortTable::Routes,
                     "firewall" => PortTable::Firewall,
@@ -202,11 +203,9 @@ impl FleetKey {
     }
 }
 
-fn check_port_name(port: &str) -> Result<String, String> {
-    match !port.is_empty() && port.len() <= crate::port::MAX_PORT_NAME {
-        true => Ok(port.to_string()),
-        false => Err(format!("port name {port:?} must be 1 to 15 bytes")),
-    }
+/// The port's name when it is one a port can have (1 to 15 bytes).
+fn port_name(port: &str) -> Option<String> {
+    (!port.is_empty() && port.len() <= crate::port::MAX_PORT_NAME).then(|| port.to_string())
 }
 
 impl fmt::Display for FleetKey {
