@@ -74,7 +74,8 @@ fn flag_name(a: &Arg) -> String {
         (Some(s), Some(l)) => format!("-{s}/{l}"),
         (Some(s), None) => format!("-{s}"),
         (None, Some(l)) => l,
-        (None, None) => unreachable!("options have a short or a long name"),
+        // Not an option clap builds; named by its id so that a difference shows it.
+        (None, None) => a.get_id().to_string(),
     }
 }
 

@@ -224,7 +224,11 @@ impl RaInfo {
             if self.cur_hop_limit == 0 {
                 "unspecified (the host's own)".into()
             } else {
-                self.cur_hop_limit.to_string()
+                format!(
+                    "{} (the guest's own IPv6 packets start with this hop limit: \
+                     ping -6 shows ttl={} for them)",
+                    self.cur_hop_limit, self.cur_hop_limit
+                )
             },
         );
         row("reachable time", ms_or_unspecified(self.reachable_time_ms));
@@ -397,6 +401,7 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("reachable time    unspecified"), "{s}");
+        assert!(s.contains("  cur hop limit     64 (the guest's own IPv6 packets start with this hop limit: ping -6 shows ttl=64 for them)\n"), "{s}");
         assert!(
             !s.contains("123456789012") && !s.contains("987654321000"),
             "{s}"
