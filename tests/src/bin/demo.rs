@@ -157,9 +157,7 @@ fn run() -> Result<()> {
     let cmd = rack.sled(0)?.xdeadm(&["stats", A1])?;
     println!("$ {}   (zero counters omitted)", cmd.display());
     let stats = cmd.run()?;
-    for line in stats.lines().filter(|l| !l.ends_with(": 0")) {
-        println!("{line}");
-    }
+    print!("{}", without_zeros(&stats));
     for note in healthy_drops(&stats) {
         println!("{note}");
     }
@@ -170,6 +168,27 @@ fn run() -> Result<()> {
 
     internet(&prefix)?;
     Ok(())
+}
+
+/// `stats` text (indented `key: value` lines under `key:` headings) without its
+/// zero counters, nor the headings left with nothing under them.
+fn without_zeros(stats: &str) -> String {
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    // From the end, so that a heading is judged by what is kept below it: it stays
+    // when the next line kept is under it.
+    let mut kept: Vec<&str> = Vec::new();
+    for line in stats.lines().rev().filter(|l| !l.ends_with(": 0")) {
+        let heading = line.ends_with(':');
+        if !heading || kept.last().is_some_and(|next| indent(next) > indent(line)) {
+            kept.push(line);
+        }
+    }
+    kept.reverse();
+    let mut out = kept.join("\n");
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out
 }
 
 /// Why IPv6 pings between guests show ttl=255 (IPv4: 64).
@@ -295,6 +314,13 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_counters_go_and_so_do_their_empty_headings() {
+        let stats = "drops:\n  no_v2p: 0\ntap_queues:\n  a1:\n    guest_tx_dropped: 0\n\
+                     uft_in:\n  hits: 3\n  misses: 0\nname: a1\nempty:\n";
+        assert_eq!(without_zeros(stats), "uft_in:\n  hits: 3\nname: a1\n");
+    }
 
     #[test]
     fn healthy_drops_are_explained_when_shown() {
