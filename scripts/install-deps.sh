@@ -13,8 +13,23 @@
 # harness a cluster in namespaces (tests/src/etcd.rs); the package's own service is
 # disabled below so the tests stay in charge of ports and data. nftables cuts a sled
 # off etcd's client port in those tests.
-# Idempotent and quiet: it installs only what is missing.
+# Idempotent and quiet: it installs only what is missing, and shows what apt and pip
+# said only when they fail.
 set -euo pipefail
+
+# Runs a command with its output (progress, debconf and update-alternatives chatter
+# on both streams) kept aside, and shows it only if the command fails.
+quietly() {
+    local log status=0
+    log=$(mktemp)
+    "$@" >"$log" 2>&1 || status=$?
+    if [ "$status" -ne 0 ]; then
+        echo "failed ($status): $*" >&2
+        cat "$log" >&2
+    fi
+    rm -f "$log"
+    return "$status"
+}
 
 need_apt=()
 for pkg in clang llvm libbpf-dev iproute2 iputils-ping procps tshark tcpdump iperf3 \
@@ -25,8 +40,8 @@ done
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "installing: ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    quietly apt-get update
+    quietly apt-get install -y "${need_apt[@]}"
 fi
 
 # Installing etcd-server enables and starts its service (a member on 2379 with data
@@ -47,19 +62,19 @@ fi
 if ! dpkg-query -W -f='${Status}' qemu-system-x86 2>/dev/null | grep -q "install ok installed"; then
     echo "installing: qemu-system-x86"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null
+    quietly apt-get update
+    quietly apt-get install -y --no-install-recommends qemu-system-x86
 fi
 
 # scapy for whichever python3 is first on PATH (the tests run `python3`): pip where
 # that python allows it, else Debian's package (for the system python).
 if ! python3 -c 'import scapy' 2>/dev/null; then
-    python3 -m pip install -q scapy 2>/dev/null ||
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-scapy >/dev/null
+    python3 -m pip install -q scapy >/dev/null 2>&1 ||
+        { export DEBIAN_FRONTEND=noninteractive; quietly apt-get install -y python3-scapy; }
     python3 -c 'import scapy' || { echo "scapy is not importable by $(command -v python3)" >&2; exit 1; }
 fi
 
 if command -v rustup >/dev/null; then
-    rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
-    rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+    rustup component list --installed 2>/dev/null | grep -q '^clippy' || quietly rustup component add clippy
+    rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || quietly rustup component add rustfmt
 fi

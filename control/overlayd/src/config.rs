@@ -367,8 +367,10 @@ pub struct DaemonArgs {
     /// This sled's underlay IPv6 address (outer source, and what the XDP program steers).
     #[arg(long, value_name = "IPV6")]
     pub underlay_addr: Option<Ipv6Addr>,
+    /// The API socket, in a directory of its own (default /run/overlayd/api.sock).
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
+    /// Where the daemon saves its state, state.json (default /var/lib/overlayd).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Cores to run workers on, e.g. 0,1 or 0-1: one pinned worker per core,
@@ -382,22 +384,25 @@ pub struct DaemonArgs {
     /// Underlay address of boundary services (where traffic leaving the rack goes).
     #[arg(long, value_name = "UNDERLAY_ADDR")]
     pub boundary_services: Option<Ipv6Addr>,
+    /// The Geneve VNI of traffic to and from boundary services (default 99).
     #[arg(long, value_name = "N", value_parser = parse_vni)]
     pub boundary_vni: Option<Vni>,
+    /// How the XDP program is attached: in the driver, or generic (default native).
     #[arg(long, value_name = "native|skb")]
     pub xdp_mode: Option<XdpMode>,
-    /// How guest TSO buffers reach the underlay: `auto` (the default) hands each
-    /// to the kernel as one UDP-tunnel GSO super-frame through a tunnel tap when
-    /// the kernel can (Linux 6.17+); `on` requires that; `off` cuts them into
-    /// frames here and sends those by AF_XDP.
+    /// How guest TSO buffers reach the underlay: `auto` hands each to the kernel
+    /// as one UDP-tunnel GSO super-frame through a tunnel tap when the kernel can
+    /// (Linux 6.17+); `on` requires that; `off` cuts them into frames here and
+    /// sends those by AF_XDP (default auto).
     #[arg(long, value_name = "auto|on|off")]
     pub underlay_gso: Option<UnderlayGso>,
-    /// How workers wait for work: `adaptive` (the default) sleeps in epoll as soon
-    /// as there is none, so a worker shares its core with guests; `busy` never
-    /// sleeps (a core dedicated to each worker).
+    /// How workers wait for work: `adaptive` sleeps in epoll as soon as there is
+    /// none, so a worker shares its core with guests; `busy` never sleeps (a core
+    /// dedicated to each worker) (default adaptive).
     #[arg(long, value_name = "adaptive|busy")]
     pub poll: Option<PollMode>,
-    /// tracing filter, e.g. info or overlayd=debug.
+    /// A tracing filter: a level, or targets (module paths of the daemon) with
+    /// levels, e.g. info or info,overlayd::controller=debug (default info).
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
     /// Memory for every port's flow and connection tables together, in MiB
@@ -408,7 +413,7 @@ pub struct DaemonArgs {
     /// (default 256).
     #[arg(long, value_name = "N")]
     pub max_ports: Option<usize>,
-    /// Log lines as plain text (the default) or one JSON object each.
+    /// Log lines as plain text or one JSON object each (default text).
     #[arg(long, value_name = "text|json")]
     pub log_format: Option<LogFormat>,
     /// Probe every underlay peer named in V2P with full-size packets this often
@@ -738,6 +743,33 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("ff02::1"), "{e}");
+    }
+
+    /// Each default a flag's help states ("(default X)", which docs/operating.md's
+    /// command reference repeats) is the one the daemon runs with: giving the flag
+    /// that value changes nothing.
+    #[test]
+    fn the_defaults_help_states_are_the_real_ones() {
+        use clap::CommandFactory;
+        let base = ["--underlay", "eth0", "--underlay-addr", "fd00::1"];
+        let plain = DaemonConfig::resolve(&args(&base).unwrap()).unwrap();
+        let mut checked = Vec::new();
+        for a in DaemonArgs::command().get_arguments() {
+            let Some(help) = a.get_help().map(ToString::to_string) else {
+                continue;
+            };
+            let Some(at) = help.find("(default ") else {
+                continue;
+            };
+            let rest = &help[at + "(default ".len()..];
+            let value = rest[..rest.find([',', ')', ';']).unwrap_or(rest.len())].trim();
+            let flag = format!("--{}", a.get_long().unwrap());
+            let v: Vec<&str> = base.iter().copied().chain([flag.as_str(), value]).collect();
+            let given = DaemonConfig::resolve(&args(&v).unwrap()).unwrap();
+            assert_eq!(given, plain, "{flag} {value} is not the default");
+            checked.push(flag);
+        }
+        assert!(checked.len() >= 10, "{checked:?}");
     }
 
     #[test]

@@ -142,8 +142,11 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Action::CaptureToStdout(args) => {
+            // Connected first: no daemon is "unreachable" (exit 3), whether or not
+            // the socket's directory, where the capture file goes, exists.
+            let client = Client::connect(&cli.socket)?;
             let path = own_capture_file(&cli.socket)?;
-            let result = capture_to_stdout(&cli.socket, &args, &path, json);
+            let result = capture_to_stdout(client, &args, &path, json);
             if let Err(e) = std::fs::remove_file(&path) {
                 eprintln!("xdeadm: capture file {} not removed: {e}", path.display());
             }
@@ -195,13 +198,13 @@ fn own_capture_file(socket: &Path) -> Result<PathBuf, Failure> {
 /// `capture` without `-w`: the daemon writes `path`, which is then copied to
 /// standard output; the summary goes to standard error.
 fn capture_to_stdout(
-    socket: &Path,
+    mut client: Client,
     args: &CaptureArgs,
     path: &Path,
     json: bool,
 ) -> Result<(), Failure> {
     let request = Request::Capture(args.spec(path.to_path_buf()));
-    let reply = Client::connect(socket)?.call(&request)?;
+    let reply = client.call(&request)?;
     let mut file = File::open(path).map_err(|error| Failure::CaptureUnread {
         file: path.to_path_buf(),
         error,

@@ -94,3 +94,24 @@ fn a_closed_pipe_ends_xdeadm_quietly() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(stderr(&o), "", "nothing said about the closed pipe");
 }
+
+/// `capture` to standard output makes its file next to the socket; with no daemon
+/// (and no socket directory) that is still "unreachable", exit 3, as documented,
+/// and no file is left behind.
+#[test]
+fn capture_without_a_daemon_is_unreachable() {
+    let dir = tempfile::tempdir().unwrap();
+    for sock in [dir.path().join("run/api.sock"), dir.path().join("api.sock")] {
+        let o = xdeadm(&sock, &["capture", "a1", "-c", "1"]);
+        assert_eq!(
+            o.status.code(),
+            Some(3),
+            "{}: {}",
+            sock.display(),
+            stderr(&o)
+        );
+        assert!(stderr(&o).contains("cannot connect"), "{}", stderr(&o));
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}

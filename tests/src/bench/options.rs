@@ -53,7 +53,15 @@ pub struct Options {
     /// In run order.
     pub tests: Vec<Test>,
     pub json: PathBuf,
+    /// `--smoke`: a check of the harness, whose figures say nothing about speed.
+    pub smoke: bool,
 }
+
+/// Printed with the figures of a `--smoke` run, which look like a regression next to
+/// a real run's (one round of 2 s runs, many setups on a shared machine).
+pub const SMOKE_CAVEAT: &str = "--smoke checks that the harness works: its figures (1 round \
+     of 2 s runs) are meaningless for comparison with each other or with a full run; measure \
+     with `bash scripts/bench-e2e.sh` (docs/benchmarks.md)";
 
 /// What the command line asked for: either options or the usage text.
 #[derive(Debug, PartialEq, Eq)]
@@ -63,6 +71,11 @@ pub enum Parsed {
 }
 
 impl Options {
+    /// What to say next to the figures about how far they can be trusted.
+    pub fn caveat(&self) -> Option<&'static str> {
+        self.smoke.then_some(SMOKE_CAVEAT)
+    }
+
     /// Parses the arguments after the program name. `--smoke` sets defaults that
     /// explicit options override, wherever they appear.
     pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Parsed> {
@@ -167,6 +180,7 @@ impl Raw {
             json: self
                 .json
                 .unwrap_or_else(|| PathBuf::from("target/bench-e2e/results.json")),
+            smoke: self.smoke,
         })
     }
 }
@@ -308,6 +322,8 @@ mod tests {
         );
         assert_eq!(o.tests, Test::smoke_list());
         assert_eq!(names(&o), ["ours", "vxlan", "veth"]);
+        assert_eq!(o.caveat(), Some(SMOKE_CAVEAT));
+        assert_eq!(parse(&[]).unwrap().caveat(), None);
     }
 
     #[test]

@@ -67,6 +67,9 @@ fn run(opts: &Options) -> Result<ExitCode> {
         dir: work.path(),
         hz: user_hz()?,
     };
+    if let Some(caveat) = opts.caveat() {
+        println!("{caveat}");
+    }
     let outcome = runner.run_rounds(|r: &Run| println!("  {}", r.line()));
     meta["finished"] = json!(utc_now()?);
     meta["elapsed_seconds"] = json!(started.elapsed().as_secs_f64().round());
@@ -85,6 +88,9 @@ fn finish(opts: &Options, meta: Value, outcome: &Outcome, started: Instant) -> R
         started.elapsed().as_secs_f64()
     );
     print!("{}", markdown(&rows));
+    if let Some(caveat) = opts.caveat() {
+        println!("\n{caveat}");
+    }
     if let Some(line) = background_line(&outcome.runs) {
         println!("\n{line}");
     }

@@ -86,13 +86,14 @@ fn run() -> Result<()> {
         );
     }
     for g in &rack.guests {
+        let addresses: Vec<String> = g.spec.addresses().iter().map(ToString::to_string).collect();
         println!(
-            "guest {}: namespace {}, sled {}, MAC {}, {:?}, VNI {}",
+            "guest {}: namespace {}, sled {}, MAC {}, addresses {}, VNI {}",
             g.spec.name,
             g.ns.name(),
             g.spec.sled,
             g.spec.mac,
-            g.spec.addresses(),
+            addresses.join(" "),
             g.spec.vni
         );
     }
@@ -145,6 +146,7 @@ fn run() -> Result<()> {
             &b1.ipv6()?.to_string(),
         ],
     )?;
+    println!("{TTL_255}");
 
     section("TCP throughput across sleds (iperf3, 5 s each)");
     iperf(a1, b1, b1.ipv4()?)?;
@@ -154,8 +156,10 @@ fn run() -> Result<()> {
     section("counters of port a1 on sled 0 (tunneled TSO: buffers in, segments out)");
     let cmd = rack.sled(0)?.xdeadm(&["stats", A1])?;
     println!("$ {}   (zero counters omitted)", cmd.display());
-    for line in cmd.run()?.lines().filter(|l| !l.ends_with(": 0")) {
-        println!("{line}");
+    let stats = cmd.run()?;
+    print!("{}", without_zeros(&stats));
+    for note in healthy_drops(&stats) {
+        println!("{note}");
     }
 
     section("tearing down");
@@ -164,6 +168,62 @@ fn run() -> Result<()> {
 
     internet(&prefix)?;
     Ok(())
+}
+
+/// `stats` text (indented `key: value` lines under `key:` headings) without its
+/// zero counters, nor the headings left with nothing under them.
+fn without_zeros(stats: &str) -> String {
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    // From the end, so that a heading is judged by what is kept below it: it stays
+    // when the next line kept is under it.
+    let mut kept: Vec<&str> = Vec::new();
+    for line in stats.lines().rev().filter(|l| !l.ends_with(": 0")) {
+        let heading = line.ends_with(':');
+        if !heading || kept.last().is_some_and(|next| indent(next) > indent(line)) {
+            kept.push(line);
+        }
+    }
+    kept.reverse();
+    let mut out = kept.join("\n");
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out
+}
+
+/// Why IPv6 pings between guests show ttl=255 (IPv4: 64).
+const TTL_255: &str = "(ttl=255 on the IPv6 replies: the gateway's Router Advertisements carry \
+     cur hop limit 255, as OPTE's do, and the guests' kernels start every IPv6 packet they send \
+     with it; nothing decrements it between guests of one VPC. IPv4 starts at the guest's own 64.)";
+
+/// The drops every healthy run has, with what they are, for those `stats` shows
+/// (a line `name: N` with N > 0).
+fn healthy_drops(stats: &str) -> Vec<String> {
+    const EXPLAINED: [(&str, &str); 2] = [
+        (
+            "link_local_only",
+            "link-scoped frames the gateway does not answer and nothing forwards: the \
+             guest's MLD reports and duplicate address detection at link-up",
+        ),
+        (
+            "rs_rate_limited",
+            "Router Solicitations within 3 s of the last RA (RFC 4861): the guest's \
+             kernel sends up to 3 at link-up and `ra listen` one more; each is answered by \
+             the RA that goes out when the 3 s are over",
+        ),
+    ];
+    EXPLAINED
+        .iter()
+        .filter(|(name, _)| {
+            stats.lines().any(|l| {
+                l.trim()
+                    .strip_prefix(name)
+                    .and_then(|rest| rest.strip_prefix(": "))
+                    .is_some_and(|n| n.trim() != "0")
+            })
+        })
+        .map(|(name, what)| format!("({name} is normal: {what}.)"))
+        .collect()
 }
 
 fn addr(s: &str) -> Result<IpAddr> {
@@ -234,7 +294,7 @@ fn internet(prefix: &str) -> Result<()> {
             stats.get(&format!("engine.ports.g0.drops.{reason}"))
         );
     }
-    println!("the switch's counters: {:?}", internet.counters()?);
+    println!("the switch counted {}", internet.counters()?);
     drop(internet);
     rack.teardown_quietly();
     println!("done: the second rack and the internet removed");
@@ -248,5 +308,29 @@ fn main() -> ExitCode {
             eprintln!("demo failed: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_counters_go_and_so_do_their_empty_headings() {
+        let stats = "drops:\n  no_v2p: 0\ntap_queues:\n  a1:\n    guest_tx_dropped: 0\n\
+                     uft_in:\n  hits: 3\n  misses: 0\nname: a1\nempty:\n";
+        assert_eq!(without_zeros(stats), "uft_in:\n  hits: 3\nname: a1\n");
+    }
+
+    #[test]
+    fn healthy_drops_are_explained_when_shown() {
+        let stats = "drops:\n  link_local_only: 12\n  rs_rate_limited: 0\n  no_v2p: 1\n";
+        let notes = healthy_drops(stats);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with("(link_local_only is normal: "),
+            "{notes:?}"
+        );
+        assert!(healthy_drops("drops:\n  no_v2p: 3\n").is_empty());
     }
 }

@@ -170,7 +170,13 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     // Whatever was in flight has arrived: the final samples are of a quiet rack.
     std::thread::sleep(SAMPLE_EVERY);
     let last = sample_now(&rack, started)?;
-    Ok(check(opts, samples, last, traffic))
+    let outcome = check(opts, samples, last, traffic);
+    // The daemons' logs are there to find out why a run failed: a passing run ends
+    // without them (dropped, the rack prints them, as it does when a step fails).
+    if outcome.failures.is_empty() {
+        rack.teardown_quietly();
+    }
+    Ok(outcome)
 }
 
 /// Samples every sled every [`SAMPLE_EVERY`] until `deadline`; one series per sled.

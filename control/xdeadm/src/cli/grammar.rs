@@ -95,8 +95,11 @@ pub enum Command {
     },
     /// Show the V2B table, `--boundary-services` included.
     DumpV2b,
-    /// Add a router entry: DEST is a prefix, TARGET one of subnet, igw, drop (or
-    /// opteadm's sub4=CIDR, sub6=CIDR, ig, drop, with CLASS system).
+    /// Add a router entry: DEST is a prefix; TARGET is subnet (inside the VPC),
+    /// igw (the internet gateway), drop, or ip4=ADDR / ip6=ADDR (the VPC guest at
+    /// ADDR, of DEST's family: an appliance), and opteadm's sub4=CIDR, sub6=CIDR
+    /// and ig; CLASS is system (the default) or custom. A port has one route per
+    /// prefix and class.
     AddRouterEntry {
         port: String,
         #[arg(value_parser = parse_net)]
@@ -112,8 +115,9 @@ pub enum Command {
         #[arg(long, value_parser = parse_mtu)]
         mtu: Option<u16>,
     },
-    /// Remove the router entry for DEST (opteadm's TARGET and CLASS, when given,
-    /// are checked for syntax only: a port has one route per prefix).
+    /// Remove the router entry of CLASS (system unless given) for DEST: a port has
+    /// one route per prefix and class. opteadm's TARGET, when given, is checked for
+    /// syntax only.
     DelRouterEntry {
         port: String,
         #[arg(value_parser = parse_net)]
@@ -196,7 +200,10 @@ pub enum Command {
         external: ExternalArgs,
     },
     /// Replace a port's rate limits (create-xde's flags; none removes them all).
-    /// Policing: frames over a limit are dropped and counted (`rate_limited`).
+    /// Egress is back-pressure: a guest over its limit is read from later, so its
+    /// frames wait in its own queues and nothing is lost (`egress_throttled`).
+    /// Ingress frames over the limit wait in a 4 MiB queue per port; only a frame
+    /// that finds it full is dropped (`ingress_throttled`, drop `rate_limited`).
     SetPortLimits {
         port: String,
         #[command(flatten)]

@@ -1,5 +1,6 @@
 //! Plain-text layout shared by the renderers: aligned tables under a header row,
-//! and any JSON value as indented `key: value` lines.
+//! and any JSON value as indented `key: value` lines (an empty map or list as
+//! `none`).
 
 use std::fmt::Write as _;
 
@@ -30,7 +31,11 @@ pub(super) fn render_value(out: &mut String, v: &serde_json::Value, depth: usize
     match v {
         serde_json::Value::Object(m) => {
             for (k, v) in m {
-                if v.is_object()
+                if is_empty(v) {
+                    // An empty map or list (`tap_queues` with no tap port) would
+                    // print as a key with nothing after it.
+                    let _ = writeln!(out, "{pad}{k}: none");
+                } else if v.is_object()
                     || v.as_array()
                         .is_some_and(|a| a.iter().any(|x| !x.is_string() && !x.is_number()))
                 {
@@ -54,6 +59,15 @@ pub(super) fn render_value(out: &mut String, v: &serde_json::Value, depth: usize
         other => {
             let _ = writeln!(out, "{pad}{}", scalar(other));
         }
+    }
+}
+
+/// An object or array with nothing in it.
+fn is_empty(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Object(m) => m.is_empty(),
+        serde_json::Value::Array(a) => a.is_empty(),
+        _ => false,
     }
 }
 

@@ -7,6 +7,7 @@
 use super::fleet::{Counts, WriteReport};
 use super::flows;
 use super::layout::{render_value, table};
+use super::mtu;
 use api::{CaptureEnd, Check, CheckStatus, PeerPath, PortLink, PortStatus, Reply, Request};
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -45,9 +46,12 @@ pub enum Show {
 }
 
 /// Renders the reply to `request` for people: the flow and layer verbs as tables
-/// (`flows`), everything else as [`render`] does.
+/// (`flows`), `mtu` and `ra` as `mtu` lays them out, everything else as [`render`]
+/// does.
 pub fn render_for(request: &Request, reply: &Reply) -> String {
-    flows::render(request, reply).unwrap_or_else(|| render(reply))
+    flows::render(request, reply)
+        .or_else(|| mtu::render(request, reply))
+        .unwrap_or_else(|| render(reply))
 }
 
 /// Renders a reply for people: tables for lists, indented key/value lines for the
@@ -530,6 +534,16 @@ mod tests {
             "warnings": ["a", "b"],
         })));
         assert_eq!(s, "drops:\n  bad_vni: 2\nport: opte0\nwarnings: a, b\n");
+        // Empty maps and lists say so rather than print a bare key.
+        let s = render(&Reply::Inspect(serde_json::json!({
+            "tap_queues": {},
+            "warnings": [],
+            "workers": [{"ports": []}],
+        })));
+        assert_eq!(
+            s,
+            "tap_queues: none\nwarnings: none\nworkers:\n  [0]\n    ports: none\n"
+        );
     }
 
     /// `list-ports` shows a port's external addresses; `dump-v2b` the endpoints of
