@@ -235,8 +235,9 @@ pub enum Command {
     /// Counters: datapath-wide, or one port's.
     Stats {
         port: Option<String>,
-        /// `text`, `json` (as --json) or `openmetrics` (the exposition
-        /// `--metrics-listen` serves, for a textfile collector; whole sled only).
+        /// `text`, `json` (as --json), `prometheus` (the classic Prometheus text
+        /// format, what node_exporter's textfile collector reads) or `openmetrics`
+        /// (what `--metrics-listen` serves Prometheus); both whole sled only.
         #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
         format: StatsFormat,
     },
@@ -557,6 +558,7 @@ pub enum StatsFormat {
     Text,
     Json,
     Openmetrics,
+    Prometheus,
 }
 
 /// A command-line value that no type of the API's parses, naming it (clap prints
