@@ -131,7 +131,11 @@ fn prometheus_scrapes_port_worker_and_drop_metrics() -> Result<()> {
         classic.contains("# TYPE overlayd_port_packets_total counter"),
         "{classic}"
     );
-    assert_eq!(promtool_check(&classic), (Some(0), String::new()), "{classic}");
+    assert_eq!(
+        promtool_check(&classic),
+        (Some(0), String::new()),
+        "{classic}"
+    );
     let url = format!("http://{METRICS}/metrics");
     let accept = "Accept: text/plain;version=0.0.4";
     let served = sled0
@@ -141,7 +145,11 @@ fn prometheus_scrapes_port_worker_and_drop_metrics() -> Result<()> {
         served.contains(r#"overlayd_port_packets_total{port="a1",direction="out"} "#),
         "{served}"
     );
-    assert_eq!(promtool_check(&served), (Some(0), String::new()), "{served}");
+    assert_eq!(
+        promtool_check(&served),
+        (Some(0), String::new()),
+        "{served}"
+    );
 
     let prom = Prometheus::start(
         sled0,

@@ -95,6 +95,10 @@ pub enum ServerRefusal {
     ShuttingDown,
     #[error("cannot start a thread for the request: {0}")]
     NoThread(io::Error),
+    /// The server could not keep a second handle on the connection (to close it
+    /// when it is evicted), as when the daemon is out of file descriptors.
+    #[error("cannot take the connection: {0}")]
+    NoHandle(io::Error),
 }
 
 impl ServerRefusal {
@@ -104,7 +108,8 @@ impl ServerRefusal {
             ServerRefusal::TooManyClients(_)
             | ServerRefusal::Evicted { .. }
             | ServerRefusal::ShuttingDown
-            | ServerRefusal::NoThread(_) => ErrorCode::Busy,
+            | ServerRefusal::NoThread(_)
+            | ServerRefusal::NoHandle(_) => ErrorCode::Busy,
             ServerRefusal::Timeout(_) | ServerRefusal::TooLong | ServerRefusal::Unterminated => {
                 ErrorCode::BadRequest
             }
@@ -638,7 +643,7 @@ fn admit(
             );
             ServerRefusal::TooManyClients(limits.max_clients)
         }
-        Err(e) => ServerRefusal::NoThread(e),
+        Err(e) => ServerRefusal::NoHandle(e),
     };
     // A fresh socket's buffer takes one line; the timeout only guards the accept
     // thread against the unexpected. The client reads it even when it finds the
