@@ -237,7 +237,7 @@ pub enum Command {
         port: Option<String>,
         /// `text`, `json` (as --json), `prometheus` (the classic Prometheus text
         /// format, what node_exporter's textfile collector reads) or `openmetrics`
-        /// (what `--metrics-listen` serves Prometheus); both whole sled only.
+        /// (what `--metrics-listen` serves Prometheus); these two: whole sled only.
         #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
         format: StatsFormat,
     },
@@ -557,8 +557,8 @@ pub enum StatsFormat {
     #[default]
     Text,
     Json,
-    Openmetrics,
     Prometheus,
+    Openmetrics,
 }
 
 /// A command-line value that no type of the API's parses, naming it (clap prints
