@@ -380,8 +380,7 @@ impl Place {
     }
 
     /// Marks the connection waiting for a request (`true`: from now on, unless it
-    /// already was, as from its admission) or having one answered (`false`: not
-    /// to be evicted meanwhile).
+    /// already was) or having one answered (`false`: not to be evicted meanwhile).
     fn set_idle(&self, idle: bool) {
         let mut p = lock(&self.places);
         if let Some(c) = p.connections.iter_mut().find(|c| c.id == self.id) {
@@ -688,9 +687,9 @@ fn serve_connection(
         deadline: Instant::now(),
     });
     let mut line = Vec::new();
+    // Idle from its admission, and again from each answer on.
     loop {
         line.clear();
-        place.set_idle(true);
         let since = Instant::now();
         reader.get_mut().deadline = since + timeout;
         // One byte over the limit tells an over-long line from one exactly at it.
@@ -736,6 +735,10 @@ fn serve_connection(
             Ok(request) => submit(requests, request),
             Err(e) => Outcome::Error(e.into()),
         };
+        // Idle before the answer is written: a client that has its answer must
+        // find its connection evictable (an eviction shuts only the reading side,
+        // so the answer is written whole either way).
+        place.set_idle(true);
         out.write_all(&protocol::encode_response(outcome))?;
     }
 }
