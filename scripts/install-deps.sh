@@ -5,8 +5,9 @@
 # scapy are the independent decoders the tests check against; iperf3 measures
 # throughput in the demo and the benchmark, which also runs Open vSwitch's userspace
 # datapath for comparison (openvswitch-switch; its system service is not used).
-# prometheus scrapes the daemon's OpenMetrics endpoint in tests/tests/metrics.rs
-# (run as a child process; its system service is not used), asked with curl.
+# prometheus scrapes the daemon's metrics endpoint in tests/tests/metrics.rs (run as
+# a child process; its system service is not used), asked with curl; its promtool
+# checks both exposition formats in the unit tests.
 # protobuf-compiler (protoc) is run by etcd-client's build script to compile etcd's
 # gRPC API for control/fleet. etcd-server and etcd-client (etcd and etcdctl 3.4) are
 # the fleet's store: control/fleet's tests start members of their own, the e2e
@@ -64,6 +65,16 @@ if ! dpkg-query -W -f='${Status}' qemu-system-x86 2>/dev/null | grep -q "install
     export DEBIAN_FRONTEND=noninteractive
     quietly apt-get update
     quietly apt-get install -y --no-install-recommends qemu-system-x86
+fi
+
+# prometheus_client for the same python3: its parsers of both exposition formats
+# check the metrics (control/api/src/openmetrics.rs, control/overlayd/src/ops/metrics.rs),
+# beside the prometheus package's promtool.
+if ! python3 -c 'import prometheus_client.openmetrics.parser' 2>/dev/null; then
+    python3 -m pip install -q prometheus_client 2>/dev/null ||
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-prometheus-client >/dev/null
+    python3 -c 'import prometheus_client.openmetrics.parser' ||
+        { echo "prometheus_client is not importable by $(command -v python3)" >&2; exit 1; }
 fi
 
 # scapy for whichever python3 is first on PATH (the tests run `python3`): pip where

@@ -1,12 +1,15 @@
 //! A real Prometheus scrapes `overlayd --metrics-listen`: after a ping, PromQL
 //! through Prometheus's HTTP API (`/api/v1/query`) finds the port's packets, its
 //! workers' busy ratio and the drop counters by reason. Also `xdeadm stats --format
-//! openmetrics` (what a textfile collector takes) against the same daemon.
+//! openmetrics|prometheus` (the classic one is what a textfile collector takes) and
+//! the endpoint asked for the classic format by curl, checked with promtool,
+//! against the same daemon.
 //!
 //! The daemon runs in sled 0's network namespace; Prometheus runs there too (a
 //! fresh namespace: any port on its 127.0.0.1 is free), as a child killed at the
 //! end whatever the outcome.
 
+use api::testing::exposition::promtool_check;
 use e2e::cmd::terminate;
 use e2e::standard::{self, A1, A2};
 use e2e::{poll_until, Error, Result, Sled};
@@ -119,6 +122,33 @@ fn prometheus_scrapes_port_worker_and_drop_metrics() -> Result<()> {
     assert!(
         text.contains(r#"overlayd_port_packets_total{port="a1",direction="out"} "#),
         "{text}"
+    );
+
+    // The textfile collector's form, and the endpoint asked for the classic format:
+    // `promtool check metrics` finds nothing wrong with either.
+    let classic = sled0.admin(&["stats", "--format", "prometheus"])?;
+    assert!(
+        classic.contains("# TYPE overlayd_port_packets_total counter"),
+        "{classic}"
+    );
+    assert_eq!(
+        promtool_check(&classic),
+        (Some(0), String::new()),
+        "{classic}"
+    );
+    let url = format!("http://{METRICS}/metrics");
+    let accept = "Accept: text/plain;version=0.0.4";
+    let served = sled0
+        .ns
+        .run("curl", &["-sS", "--max-time", "5", "-H", accept, &url])?;
+    assert!(
+        served.contains(r#"overlayd_port_packets_total{port="a1",direction="out"} "#),
+        "{served}"
+    );
+    assert_eq!(
+        promtool_check(&served),
+        (Some(0), String::new()),
+        "{served}"
     );
 
     let prom = Prometheus::start(

@@ -11,8 +11,9 @@
 //! value before sending it, with the message the daemon would give.
 //! Inspection results (stats, MTU budget, RA, layer and flow dumps) travel as the
 //! daemon renders them, as JSON documents ([`Reply::Inspect`]); the `stats`
-//! document's OpenMetrics rendering is here too ([`openmetrics`]), shared by the
-//! daemon's metrics endpoint and `xdeadm stats --format openmetrics`.
+//! document's rendering for Prometheus is here too ([`openmetrics`], OpenMetrics
+//! and the classic text format), shared by the daemon's metrics endpoint and
+//! `xdeadm stats --format openmetrics|prometheus`.
 
 #![forbid(unsafe_code)]
 

@@ -1,5 +1,5 @@
 //! Fixtures the tests of the API's users share (feature `testing`): a port as the
-//! end-to-end tests create it.
+//! end-to-end tests create it, and the reference tools that check an exposition.
 
 use crate::{PortConfig, Vni};
 use wire::MacAddr;
@@ -25,5 +25,81 @@ pub fn sample_port(name: &str, last: u8) -> PortConfig {
         external: Default::default(),
         limits: Default::default(),
         cidrs: Default::default(),
+    }
+}
+
+/// What the reference tools make of an exposition: `promtool check metrics`
+/// (Debian's `prometheus` package) and the Python `prometheus_client` parsers
+/// (scripts/install-deps.sh installs both). A missing tool fails the test that
+/// asks, naming it: a check skipped is a check that cannot fail.
+pub mod exposition {
+    use crate::openmetrics::Format;
+    use std::io::Write;
+    use std::process::{Command, Output, Stdio};
+
+    fn run(program: &str, args: &[&str], input: &str) -> Output {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run {program}: {e} (bash scripts/install-deps.sh installs it)")
+            });
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin
+            .write_all(input.as_bytes())
+            .expect("write to the tool");
+        drop(stdin);
+        child.wait_with_output().expect("the tool ends")
+    }
+
+    /// `promtool check metrics` on `text`: its exit code and its problems (one a
+    /// line; none when the text passes).
+    pub fn promtool_check(text: &str) -> (Option<i32>, String) {
+        let out = run("promtool", &["check", "metrics"], text);
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), said)
+    }
+
+    /// A family as `prometheus_client`'s parser reads it.
+    #[derive(Debug, PartialEq, Eq)]
+    pub struct ParsedFamily {
+        pub name: String,
+        pub kind: String,
+        pub samples: Vec<String>,
+    }
+
+    /// Parses `text` with `prometheus_client`'s parser for `format`
+    /// (`text_string_to_metric_families` of `prometheus_client.parser` for the
+    /// classic format, of `prometheus_client.openmetrics.parser` for OpenMetrics):
+    /// the families, or the parser's error.
+    pub fn python_parse(text: &str, format: Format) -> Result<Vec<ParsedFamily>, String> {
+        let module = match format {
+            Format::Prometheus => "prometheus_client.parser",
+            Format::OpenMetrics => "prometheus_client.openmetrics.parser",
+        };
+        let script = format!(
+            "import json, sys\n\
+             from {module} import text_string_to_metric_families as parse\n\
+             print(json.dumps([[f.name, f.type, [s.name for s in f.samples]]\n\
+                               for f in parse(sys.stdin.read())]))\n"
+        );
+        let out = run("python3", &["-c", &script], text);
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        let rows: Vec<(String, String, Vec<String>)> =
+            serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, kind, samples)| ParsedFamily {
+                name,
+                kind,
+                samples,
+            })
+            .collect())
     }
 }

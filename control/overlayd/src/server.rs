@@ -8,7 +8,9 @@
 //!
 //! Clients are trusted (the socket is root-only) but not assumed well-behaved: their
 //! number and the time each may take per request are bounded ([`ApiLimits`]), and
-//! every refusal is counted ([`ApiCounters`]).
+//! every refusal is counted ([`ApiCounters`]). Idle or slow clients cannot lock an
+//! operator out: when every place is taken, a new client takes the place of the
+//! connection idle longest ([`ApiLimits::max_clients`] says why this design).
 
 use crate::fleet::channel::FleetBatch;
 use api::protocol::{self, MAX_LINE};
@@ -17,12 +19,13 @@ use serde::Serialize;
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::Shutdown;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -74,8 +77,14 @@ pub enum DirUnfit {
 /// when its answer cannot come).
 #[derive(Debug, thiserror::Error)]
 pub enum ServerRefusal {
-    #[error("too many API clients ({0} connected): try again later")]
+    #[error("too many API clients ({0} connected, each waiting for an answer): try again later")]
     TooManyClients(usize),
+    #[error(
+        "connection closed after {} ms idle: {max} clients were connected and a new one \
+         took the place of the one idle longest; connect again",
+        idle.as_millis()
+    )]
+    Evicted { max: usize, idle: Duration },
     #[error("no whole request within {0:?}: connection closed")]
     Timeout(Duration),
     #[error("request longer than {MAX_LINE} bytes refused")]
@@ -86,6 +95,10 @@ pub enum ServerRefusal {
     ShuttingDown,
     #[error("cannot start a thread for the request: {0}")]
     NoThread(io::Error),
+    /// The server could not keep a second handle on the connection (to close it
+    /// when it is evicted), as when the daemon is out of file descriptors.
+    #[error("cannot take the connection: {0}")]
+    NoHandle(io::Error),
 }
 
 impl ServerRefusal {
@@ -93,8 +106,10 @@ impl ServerRefusal {
     pub fn code(&self) -> ErrorCode {
         match self {
             ServerRefusal::TooManyClients(_)
+            | ServerRefusal::Evicted { .. }
             | ServerRefusal::ShuttingDown
-            | ServerRefusal::NoThread(_) => ErrorCode::Busy,
+            | ServerRefusal::NoThread(_)
+            | ServerRefusal::NoHandle(_) => ErrorCode::Busy,
             ServerRefusal::Timeout(_) | ServerRefusal::TooLong | ServerRefusal::Unterminated => {
                 ErrorCode::BadRequest
             }
@@ -219,8 +234,24 @@ pub fn serve_next<C>(
 /// would pile up threads in the daemon.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ApiLimits {
-    /// Connections served at once; one more is answered with an error and closed
-    /// (counted `clients_refused`).
+    /// Connections served at once. When all are taken, a new client takes the
+    /// place of the connection idle longest: one waiting for a request (silent,
+    /// or trickling one in) since the earliest moment, which is told why and
+    /// closed (counted `clients_evicted`). Only when every connection is waiting
+    /// for the controller's answer (a capture, a path check) is the new client
+    /// refused with an error and closed (counted `clients_refused`).
+    ///
+    /// Why eviction rather than the alternatives: a refusal when full let 16 idle
+    /// clients (a stuck script, a leaking orchestrator, a hostile local process)
+    /// lock every admin action out for as long as the request timeout, renewed
+    /// for ever by a client that sends a cheap request now and then. A shorter
+    /// deadline for the first request only shortens the lock-out and does nothing
+    /// against clients that did send one; a reserved place would be taken by the
+    /// next idle client like any other, since every client is root and looks
+    /// alike. Evicting the longest idle always makes room for a client that has
+    /// something to ask, costs a well-behaved client at most a reconnection (an
+    /// idle connection could already be closed by the timeout), and never
+    /// interrupts a request being answered.
     pub max_clients: usize,
     /// How long a client may take to send one whole request (and to read its
     /// answer) before its connection is closed (counted `read_timeouts`). A
@@ -247,32 +278,133 @@ pub struct ApiCounters {
     pub clients: AtomicUsize,
     /// Connections accepted and served since start.
     pub connections: AtomicU64,
-    /// Connections refused because `max_clients` were being served.
+    /// Connections refused because `max_clients` were being served, every one of
+    /// them waiting for an answer.
     pub clients_refused: AtomicU64,
+    /// Idle connections closed to make room for a new client when `max_clients`
+    /// were connected.
+    pub clients_evicted: AtomicU64,
     /// Connections closed because a request did not arrive whole in time.
     pub read_timeouts: AtomicU64,
     /// Requests longer than the protocol allows (the connection is closed).
     pub requests_too_long: AtomicU64,
 }
 
-/// One of the `max_clients` places, given back when the connection ends.
-struct ClientSlot(Arc<ApiCounters>);
+/// A connection being served, as [`Places`] knows it.
+struct Connection {
+    id: u64,
+    /// The connection itself, to shut its reading side when it is evicted.
+    stream: UnixStream,
+    /// Since when it waits for a request; `None` while one is being answered.
+    idle_since: Option<Instant>,
+    evicted: Arc<AtomicBool>,
+}
 
-impl ClientSlot {
-    fn take(counters: &Arc<ApiCounters>, max: usize) -> Option<ClientSlot> {
+/// The connections being served (at most `max_clients`, a handful), so that a new
+/// client can take the place of the one idle longest.
+#[derive(Default)]
+struct Places {
+    next_id: u64,
+    connections: Vec<Connection>,
+}
+
+type SharedPlaces = Arc<Mutex<Places>>;
+
+fn lock(places: &SharedPlaces) -> std::sync::MutexGuard<'_, Places> {
+    // Nothing panics while holding the lock; if something did, the list is still
+    // consistent (every change is one push, remove or assignment).
+    places.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One connection's place, given back when the connection ends.
+struct Place {
+    id: u64,
+    places: SharedPlaces,
+    counters: Arc<ApiCounters>,
+    evicted: Arc<AtomicBool>,
+}
+
+impl Place {
+    /// A place for `stream`: a free one, or that of the connection idle longest,
+    /// which is shut for reading (its thread finds the end of its input, tells its
+    /// client why and ends). `None` when all are taken by connections waiting for
+    /// an answer.
+    fn take(
+        stream: &UnixStream,
+        max: usize,
+        places: &SharedPlaces,
+        counters: &Arc<ApiCounters>,
+    ) -> io::Result<Option<Place>> {
+        let shut = stream.try_clone()?;
+        let mut p = lock(places);
+        if p.connections.len() >= max {
+            let longest = p
+                .connections
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| Some((c.idle_since?, i)))
+                .min();
+            let Some((since, i)) = longest else {
+                return Ok(None);
+            };
+            let victim = p.connections.swap_remove(i);
+            victim.evicted.store(true, Ordering::Relaxed);
+            // Already gone if this fails: its thread ends by itself.
+            let _ = victim.stream.shutdown(Shutdown::Read);
+            let evicted = counters.clients_evicted.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::info!(
+                idle_ms = since.elapsed().as_millis(),
+                max_clients = max,
+                evicted,
+                "API client idle longest closed to serve a new one"
+            );
+        }
+        let id = p.next_id;
+        p.next_id += 1;
+        let evicted = Arc::new(AtomicBool::new(false));
+        p.connections.push(Connection {
+            id,
+            stream: shut,
+            idle_since: Some(Instant::now()),
+            evicted: evicted.clone(),
+        });
         counters
             .clients
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| ClientSlot(counters.clone()))
+            .store(p.connections.len(), Ordering::Relaxed);
+        Ok(Some(Place {
+            id,
+            places: places.clone(),
+            counters: counters.clone(),
+            evicted,
+        }))
+    }
+
+    /// Marks the connection waiting for a request (`true`: from now on, unless it
+    /// already was) or having one answered (`false`: not to be evicted meanwhile).
+    fn set_idle(&self, idle: bool) {
+        let mut p = lock(&self.places);
+        if let Some(c) = p.connections.iter_mut().find(|c| c.id == self.id) {
+            if !idle {
+                c.idle_since = None;
+            } else if c.idle_since.is_none() {
+                c.idle_since = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Whether the connection was evicted (its reading side is shut).
+    fn evicted(&self) -> bool {
+        self.evicted.load(Ordering::Relaxed)
     }
 }
 
-impl Drop for ClientSlot {
+impl Drop for Place {
     fn drop(&mut self) {
-        self.0.clients.fetch_sub(1, Ordering::Relaxed);
+        let mut p = lock(&self.places);
+        p.connections.retain(|c| c.id != self.id);
+        self.counters
+            .clients
+            .store(p.connections.len(), Ordering::Relaxed);
     }
 }
 
@@ -458,13 +590,14 @@ fn accept_loop(
     limits: ApiLimits,
     counters: Arc<ApiCounters>,
 ) {
+    let places = SharedPlaces::default();
     loop {
         let accepted = listener.accept();
         if stop.load(Ordering::Relaxed) {
             return; // the connection, if any, is the one that wakes us to stop
         }
         match accepted {
-            Ok((stream, _)) => admit(stream, &requests, limits, &counters),
+            Ok((stream, _)) => admit(stream, &requests, limits, &counters, &places),
             Err(e) => {
                 tracing::warn!(error = %e, "API accept failed");
                 thread::sleep(Duration::from_millis(50));
@@ -473,36 +606,49 @@ fn accept_loop(
     }
 }
 
-/// Serves a new connection on a thread of its own, or, when `max_clients` are
-/// being served, tells the client so and closes it.
-fn admit(stream: UnixStream, requests: &WorkTx, limits: ApiLimits, counters: &Arc<ApiCounters>) {
-    let Some(slot) = ClientSlot::take(counters, limits.max_clients) else {
-        let refused = counters.clients_refused.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::warn!(
-            max_clients = limits.max_clients,
-            refused,
-            "API client refused: too many connections"
-        );
-        let too_many = refusal(ServerRefusal::TooManyClients(limits.max_clients));
-        // A fresh socket's buffer takes one line; the timeout only guards the
-        // accept thread against the unexpected.
-        let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-        let _ = (&stream).write_all(&protocol::encode_response(too_many));
-        return;
-    };
-    counters.connections.fetch_add(1, Ordering::Relaxed);
-    let tx = requests.clone();
-    let spawned = thread::Builder::new()
-        .name("api-conn".into())
-        .spawn(move || {
-            if let Err(e) = serve_connection(stream, &tx, limits.request_timeout, &slot.0) {
-                tracing::debug!(error = %e, "API connection ended");
+/// Serves a new connection on a thread of its own, in a free place or that of the
+/// connection idle longest; or, when every connection is waiting for an answer,
+/// tells the client so and closes it.
+fn admit(
+    stream: UnixStream,
+    requests: &WorkTx,
+    limits: ApiLimits,
+    counters: &Arc<ApiCounters>,
+    places: &SharedPlaces,
+) {
+    let refused = match Place::take(&stream, limits.max_clients, places, counters) {
+        Ok(Some(place)) => {
+            counters.connections.fetch_add(1, Ordering::Relaxed);
+            let tx = requests.clone();
+            let spawned = thread::Builder::new()
+                .name("api-conn".into())
+                .spawn(move || {
+                    if let Err(e) = serve_connection(stream, &tx, limits, &place) {
+                        tracing::debug!(error = %e, "API connection ended");
+                    }
+                });
+            // On failure the closure, and the place with it, is dropped.
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start API connection thread");
             }
-        });
-    // On failure the closure, and the slot with it, is dropped.
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start API connection thread");
-    }
+            return;
+        }
+        Ok(None) => {
+            let refused = counters.clients_refused.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::warn!(
+                max_clients = limits.max_clients,
+                refused,
+                "API client refused: every connection is waiting for an answer"
+            );
+            ServerRefusal::TooManyClients(limits.max_clients)
+        }
+        Err(e) => ServerRefusal::NoHandle(e),
+    };
+    // A fresh socket's buffer takes one line; the timeout only guards the accept
+    // thread against the unexpected. The client reads it even when it finds the
+    // connection closed as it writes its request (`api::Client::call`).
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = (&stream).write_all(&protocol::encode_response(refusal(refused)));
 }
 
 /// Reads from a connection until a deadline, whatever the number of reads: a client
@@ -524,13 +670,15 @@ impl Read for DeadlineReader {
 }
 
 /// Serves requests on one connection until the client closes it, sends a request
-/// that is too long or unterminated, or takes longer than `timeout` for one.
+/// that is too long or unterminated, takes longer than the request timeout for
+/// one, or the connection is evicted while idle (then the client is told why).
 fn serve_connection(
     stream: UnixStream,
     requests: &WorkTx,
-    timeout: Duration,
-    counters: &ApiCounters,
+    limits: ApiLimits,
+    place: &Place,
 ) -> io::Result<()> {
+    let (timeout, counters) = (limits.request_timeout, &place.counters);
     stream.set_nonblocking(false)?;
     stream.set_write_timeout(Some(timeout))?;
     let mut out = stream.try_clone()?;
@@ -539,9 +687,11 @@ fn serve_connection(
         deadline: Instant::now(),
     });
     let mut line = Vec::new();
+    // Idle from its admission, and again from each answer on.
     loop {
         line.clear();
-        reader.get_mut().deadline = Instant::now() + timeout;
+        let since = Instant::now();
+        reader.get_mut().deadline = since + timeout;
         // One byte over the limit tells an over-long line from one exactly at it.
         let read = (&mut reader)
             .take(MAX_LINE as u64 + 1)
@@ -561,9 +711,17 @@ fn serve_connection(
             }
             Err(e) => return Err(e),
         };
+        if place.evicted() && line.last() != Some(&b'\n') {
+            let evicted = ServerRefusal::Evicted {
+                max: limits.max_clients,
+                idle: since.elapsed(),
+            };
+            return out.write_all(&protocol::encode_response(refusal(evicted)));
+        }
         if n == 0 {
             return Ok(());
         }
+        place.set_idle(false);
         if line.last() != Some(&b'\n') {
             let why = if line.len() > MAX_LINE {
                 counters.requests_too_long.fetch_add(1, Ordering::Relaxed);
@@ -577,6 +735,10 @@ fn serve_connection(
             Ok(request) => submit(requests, request),
             Err(e) => Outcome::Error(e.into()),
         };
+        // Idle before the answer is written: a client that has its answer must
+        // find its connection evictable (an eviction shuts only the reading side,
+        // so the answer is written whole either way).
+        place.set_idle(true);
         out.write_all(&protocol::encode_response(outcome))?;
     }
 }
@@ -741,10 +903,20 @@ mod tests {
         c.load(Ordering::Relaxed)
     }
 
-    /// Beyond `max_clients` a client gets an error naming the limit and is
-    /// closed; counted; once a client leaves, a new one is served.
+    /// Waits until `max` clients or fewer are being served.
+    fn settle(counters: &ApiCounters, max: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while counters.clients.load(Ordering::Relaxed) > max {
+            assert!(Instant::now() < deadline, "places not given back");
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Beyond `max_clients` a new client takes the place of the one idle
+    /// longest, which is told why and closed; counted; the others are still
+    /// served.
     #[test]
-    fn clients_beyond_the_cap_are_refused_and_counted() {
+    fn the_longest_idle_client_makes_way_for_a_new_one() {
         let (_tmp, server) = answering(ApiLimits {
             max_clients: 2,
             ..ApiLimits::default()
@@ -754,25 +926,135 @@ mod tests {
         assert!(ask(&a).contains("done"));
         assert!(ask(&b).contains("done"));
         let c = UnixStream::connect(server.path()).unwrap();
-        let line = read_line(&c);
+        assert!(ask(&c).contains("done"), "the new client is served");
+        let line = read_line(&a);
+        assert!(line.contains("ms idle: 2 clients were connected"), "{line}");
+        assert!(line.contains(r#""code":"busy""#), "{line}");
+        assert_eq!(read_line(&a), "", "closed after the notice");
+        assert!(ask(&b).contains("done"), "the other client still served");
+        let counters = server.counters();
+        assert_eq!(count(&counters.clients_evicted), 1);
+        assert_eq!(count(&counters.clients_refused), 0);
+        assert_eq!(count(&counters.connections), 3);
+        settle(&counters, 2);
+    }
+
+    /// A server whose requests the test answers, returning the receiving side.
+    fn held(limits: ApiLimits) -> (tempfile::TempDir, ApiServer, WorkRx) {
+        let tmp = tempfile::tempdir().unwrap();
+        let (tx, rx) = work_channel();
+        let server = ApiServer::start(&tmp.path().join("api.sock"), tx, limits).unwrap();
+        (tmp, server, rx)
+    }
+
+    fn next_request(rx: &WorkRx) -> Pending {
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(Work::Request(p)) => p,
+            _ => panic!("no request"),
+        }
+    }
+
+    /// A connection waiting for its answer is never evicted: an idle one is,
+    /// and when there is none the new client is refused with an error naming the
+    /// limit; counted.
+    #[test]
+    fn clients_waiting_for_an_answer_keep_their_place() {
+        let (_tmp, server, rx) = held(ApiLimits {
+            max_clients: 2,
+            ..ApiLimits::default()
+        });
+        let counters = server.counters();
+        let busy = UnixStream::connect(server.path()).unwrap();
+        (&busy)
+            .write_all(b"{\"version\":1,\"op\":\"list-ports\"}\n")
+            .unwrap();
+        let pending = next_request(&rx);
+        let idle = UnixStream::connect(server.path()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while counters.clients.load(Ordering::Relaxed) < 2 {
+            assert!(Instant::now() < deadline, "second client not admitted");
+            thread::sleep(Duration::from_millis(10));
+        }
+        // Full: the idle one makes way, the busy one keeps its place.
+        let newer = UnixStream::connect(server.path()).unwrap();
+        assert!(read_line(&idle).contains("idle"), "the idle one is evicted");
+        pending.reply.send(Outcome::Ok(Reply::Done)).unwrap();
         assert!(
-            line.contains("too many API clients (2 connected)"),
+            read_line(&busy).contains("done"),
+            "the busy one is answered"
+        );
+        assert_eq!(count(&counters.clients_evicted), 1);
+        drop((busy, newer));
+        settle(&counters, 0);
+
+        // Every place waiting for an answer: refused.
+        let (_tmp, server, rx) = held(ApiLimits {
+            max_clients: 1,
+            ..ApiLimits::default()
+        });
+        let busy = UnixStream::connect(server.path()).unwrap();
+        (&busy)
+            .write_all(b"{\"version\":1,\"op\":\"list-ports\"}\n")
+            .unwrap();
+        let pending = next_request(&rx);
+        let late = UnixStream::connect(server.path()).unwrap();
+        let line = read_line(&late);
+        assert!(
+            line.contains("too many API clients (1 connected, each waiting for an answer)"),
             "{line}"
         );
         assert!(line.contains(r#""code":"busy""#), "{line}");
-        assert_eq!(read_line(&c), "", "closed after the refusal");
+        assert_eq!(read_line(&late), "", "closed after the refusal");
+        pending.reply.send(Outcome::Ok(Reply::Done)).unwrap();
+        assert!(read_line(&busy).contains("done"));
         let counters = server.counters();
         assert_eq!(count(&counters.clients_refused), 1);
-        assert_eq!(count(&counters.connections), 2);
-        drop(a);
+        assert_eq!(count(&counters.clients_evicted), 0);
+    }
+
+    /// The issue's lock-out: 20 clients hold the socket open, half silent, half
+    /// trickling a request byte by byte, and an operator's request through the
+    /// client `xdeadm` uses is still answered at once (it was refused for up to
+    /// the 30 s request timeout).
+    #[test]
+    fn idle_and_slow_clients_cannot_lock_the_operator_out() {
+        let (_tmp, server) = answering(ApiLimits::default());
+        let mut crowd = Vec::new();
+        for i in 0..20 {
+            let s = UnixStream::connect(server.path()).unwrap();
+            if i % 2 == 1 {
+                let w = s.try_clone().unwrap();
+                thread::spawn(move || {
+                    for _ in 0..100 {
+                        if (&w).write_all(b" ").is_err() {
+                            break;
+                        }
+                        thread::sleep(Duration::from_millis(50));
+                    }
+                });
+            }
+            crowd.push(s);
+        }
+        let counters = server.counters();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while counters.clients.load(Ordering::Relaxed) > 1 {
-            assert!(Instant::now() < deadline, "slot not given back");
+        while count(&counters.connections) < 20 {
+            assert!(Instant::now() < deadline, "the crowd not admitted");
             thread::sleep(Duration::from_millis(10));
         }
-        let d = UnixStream::connect(server.path()).unwrap();
-        assert!(ask(&d).contains("done"));
-        assert!(ask(&b).contains("done"), "the other client still served");
+        let t0 = Instant::now();
+        let reply =
+            api::Client::connect(server.path()).and_then(|mut c| c.call(&Request::ListPorts));
+        let took = t0.elapsed();
+        assert!(matches!(reply, Ok(Reply::Done)), "{reply:?}");
+        assert!(took < Duration::from_secs(5), "answered after {took:?}");
+        assert_eq!(count(&counters.clients_refused), 0);
+        // 16 places: the 17th to 20th and the operator each evicted one.
+        assert_eq!(count(&counters.clients_evicted), 5);
+        // The five connected first, idle longest, were told.
+        for s in &crowd[..5] {
+            let line = read_line(s);
+            assert!(line.contains("a new one took the place"), "{line}");
+        }
     }
 
     /// A client that sends nothing, or trickles a request byte by byte, is told

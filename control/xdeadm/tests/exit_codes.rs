@@ -1,15 +1,19 @@
 //! `xdeadm`'s exit codes, as scripts see them: 0 ok, 1 refused by the daemon, 2
 //! usage error, 3 daemon unreachable; and a reader that closes the pipe early
 //! (`xdeadm dump-v2p | head -1`) ends it quietly. Run against the headless daemon
-//! on a temporary socket.
+//! on a temporary socket; a refusal written before the daemon closes the
+//! connection against a stand-in daemon; 20 idle clients that must not lock the
+//! operator out.
 
 use api::{Client, Request, V2pEntry, Vni};
 
 use engine::EngineConfig;
 use overlayd::daemon::headless::Headless;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn xdeadm(socket: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_xdeadm"))
@@ -95,6 +99,7 @@ fn a_closed_pipe_ends_xdeadm_quietly() {
     assert_eq!(stderr(&o), "", "nothing said about the closed pipe");
 }
 
+<<<<<<< HEAD
 /// `capture` to standard output makes its file next to the socket; with no daemon
 /// (and no socket directory) that is still "unreachable", exit 3, as documented,
 /// and no file is left behind.
@@ -114,4 +119,52 @@ fn capture_without_a_daemon_is_unreachable() {
     }
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
+=======
+/// A daemon that turns a client away writes why and closes the connection,
+/// perhaps before `xdeadm` has written its request: `xdeadm` says why and exits
+/// 1 (refused), not 3 with "cannot send request: Broken pipe" (unreachable).
+#[test]
+fn a_refusal_before_the_request_is_a_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("api.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let busy = api::protocol::encode_response(api::Outcome::Error(api::Refusal::new(
+        api::ErrorCode::Busy,
+        "too many API clients (16 connected, each waiting for an answer): try again later",
+    )));
+    let daemon = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.write_all(&busy).unwrap();
+    });
+    let o = xdeadm(&sock, &["list-ports"]);
+    daemon.join().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("too many API clients (16 connected"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// The lock-out: with 20 clients connected and silent, `xdeadm
+/// list-ports` is answered at once (it was refused for up to 30 s).
+#[test]
+fn idle_clients_do_not_lock_the_operator_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("run/api.sock");
+    let _d = Headless::start(
+        EngineConfig::new("fd00:99::1".parse().unwrap()),
+        &sock,
+        None,
+    )
+    .unwrap();
+    let _idle: Vec<UnixStream> = (0..20)
+        .map(|_| UnixStream::connect(&sock).unwrap())
+        .collect();
+    let t0 = Instant::now();
+    let o = xdeadm(&sock, &["list-ports"]);
+    let took = t0.elapsed();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
+>>>>>>> i24-metrics-api
 }

@@ -1,10 +1,13 @@
 //! The daemon's metrics endpoint: [`MetricsServer`] serves the `stats` document as
-//! OpenMetrics text ([`api::openmetrics`]) over HTTP for Prometheus
-//! (`overlayd --metrics-listen ADDR:PORT`), each scrape asked of the workers like
-//! `xdeadm stats`, answered between their rounds.
+//! an exposition ([`api::openmetrics`]) over HTTP for Prometheus (`overlayd
+//! --metrics-listen ADDR:PORT`), each scrape asked of the workers like `xdeadm
+//! stats`, answered between their rounds. The format is the one the client's
+//! `Accept` header asks for ([`Format::negotiate`]): OpenMetrics for Prometheus,
+//! the classic text format for a client that asks for it or for nothing in
+//! particular (curl, a script).
 
 use crate::server::{Pending, Work, WorkTx};
-use api::openmetrics::{render, CONTENT_TYPE};
+use api::openmetrics::{render, Format};
 use api::{Outcome, Refusal, Reply, Request};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -42,9 +45,6 @@ pub enum MetricsError {
     Refused(Refusal),
     #[error("no stats within {} s", SCRAPE_TIMEOUT.as_secs())]
     Timeout,
-    /// The API's renderer refused the stats document.
-    #[error("{0}")]
-    Render(#[from] api::openmetrics::RenderError),
 }
 
 /// The HTTP endpoint: one thread, one connection at a time (a scraper asks every
@@ -133,8 +133,8 @@ fn serve(mut s: TcpStream, requests: &WorkTx) -> io::Result<()> {
         }
         head.extend_from_slice(&buf[..n]);
     }
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
+    let head = String::from_utf8_lossy(&head);
+    let line = head.split("\r\n").next().unwrap_or_default();
     let mut parts = line.split(' ');
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     if method != "GET" {
@@ -145,8 +145,9 @@ fn serve(mut s: TcpStream, requests: &WorkTx) -> io::Result<()> {
         let body = format!("no page {path:?}: GET /metrics\n");
         return respond(&mut s, "404 Not Found", "text/plain", &body);
     }
-    match scrape(requests) {
-        Ok(text) => respond(&mut s, "200 OK", CONTENT_TYPE, &text),
+    let format = Format::negotiate(accept(&head).as_deref());
+    match scrape(requests, format) {
+        Ok(text) => respond(&mut s, "200 OK", format.content_type(), &text),
         Err(e) => respond(
             &mut s,
             "503 Service Unavailable",
@@ -156,8 +157,22 @@ fn serve(mut s: TcpStream, requests: &WorkTx) -> io::Result<()> {
     }
 }
 
+/// The request's `Accept` header: its values joined by commas, as HTTP says
+/// several headers of one name combine (`None` without one).
+fn accept(head: &str) -> Option<String> {
+    let values: Vec<&str> = head
+        .split("\r\n")
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(name, _)| name.trim().eq_ignore_ascii_case("accept"))
+        .map(|(_, value)| value.trim())
+        .collect();
+    (!values.is_empty()).then(|| values.join(","))
+}
+
 /// The exposition of the daemon's current stats, or why there is none.
-fn scrape(requests: &WorkTx) -> Result<String, MetricsError> {
+fn scrape(requests: &WorkTx, format: Format) -> Result<String, MetricsError> {
     let (tx, rx) = mpsc::channel();
     let pending = Pending {
         request: Request::Stats { port: None },
@@ -167,7 +182,7 @@ fn scrape(requests: &WorkTx) -> Result<String, MetricsError> {
         .try_send(Work::Request(pending))
         .map_err(|_| MetricsError::Busy)?;
     match rx.recv_timeout(SCRAPE_TIMEOUT) {
-        Ok(Outcome::Ok(Reply::Inspect(v))) => Ok(render(&v)?),
+        Ok(Outcome::Ok(Reply::Inspect(v))) => Ok(render(&v, format)),
         Ok(Outcome::Ok(other)) => Err(MetricsError::Unexpected(Box::new(other))),
         Ok(Outcome::Error(e)) => Err(MetricsError::Refused(e)),
         Err(_) => Err(MetricsError::Timeout),
@@ -176,7 +191,7 @@ fn scrape(requests: &WorkTx) -> Result<String, MetricsError> {
 
 fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str) -> io::Result<()> {
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nVary: Accept\r\nConnection: close\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes())?;
@@ -215,9 +230,12 @@ mod tests {
                 .unwrap();
             rx
         });
-        let r = http(server.addr(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        let r = http(
+            server.addr(),
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text\r\n\r\n",
+        );
         assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
-        assert!(r.contains(CONTENT_TYPE), "{r}");
+        assert!(r.contains(Format::OpenMetrics.content_type()), "{r}");
         let body = r.split_once("\r\n\r\n").unwrap().1;
         assert!(body.ends_with("# EOF\n"), "{body}");
         let _rx = answer.join().unwrap();
@@ -231,5 +249,90 @@ mod tests {
             r.starts_with("HTTP/1.1 404") && r.contains("\"/nope\""),
             "{r}"
         );
+    }
+
+    /// The text and content type of a scrape answered by a real controller
+    /// (without I/O, two ports), asked with `accept` (`None`: no header).
+    fn scrape_with(accept: Option<&str>) -> (String, String) {
+        use crate::controller::Controller;
+        use crate::worker::Datapath;
+        let engine =
+            engine::Engine::new(engine::EngineConfig::new("fd00:99::1".parse().unwrap())).unwrap();
+        let mut ctl = Controller::new(Datapath::without_io(engine), None);
+        for (name, last) in [("opte0", 5), ("opte1", 6)] {
+            let port = api::PortInfo {
+                config: api::testing::sample_port(name, last),
+                netns: None,
+                vhost_user: None,
+                attach: None,
+            };
+            let done = ctl.handle(Request::CreatePort(Box::new(port)));
+            assert!(matches!(done, Outcome::Ok(Reply::Done)), "{done:?}");
+        }
+        let (tx, rx) = work_channel();
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), tx).unwrap();
+        let answer = thread::spawn(move || {
+            let Ok(Work::Request(p)) = rx.recv() else {
+                panic!("expected a request");
+            };
+            p.reply.send(ctl.handle(p.request)).unwrap();
+        });
+        let header = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+        let r = http(
+            server.addr(),
+            &format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{header}\r\n"),
+        );
+        answer.join().unwrap();
+        let (head, body) = r.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        let ctype = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Type: "))
+            .unwrap_or_else(|| panic!("no content type: {head}"));
+        (ctype.to_string(), body.to_string())
+    }
+
+    /// Over HTTP, from a real controller's stats: Prometheus's Accept header gets
+    /// OpenMetrics, which its Python parser reads; a request for the classic
+    /// format, curl's `*/*` and no header at all get the classic text, which
+    /// `promtool check metrics` passes without a problem.
+    #[test]
+    fn the_scraper_gets_the_format_it_asks_for() {
+        use api::testing::exposition::{promtool_check, python_parse};
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        let (ctype, body) = scrape_with(Some(prometheus));
+        assert_eq!(ctype, Format::OpenMetrics.content_type());
+        assert!(
+            body.contains("# TYPE overlayd_port_packets counter\n"),
+            "{body}"
+        );
+        let families = python_parse(&body, Format::OpenMetrics).unwrap_or_else(|e| panic!("{e}"));
+        assert!(families.iter().any(|f| f.name == "overlayd_port_packets"
+            && f.kind == "counter"
+            && f.samples.len() == 4));
+        for accept in [Some("text/plain;version=0.0.4"), Some("*/*"), None] {
+            let (ctype, body) = scrape_with(accept);
+            assert_eq!(ctype, Format::Prometheus.content_type(), "{accept:?}");
+            assert!(
+                body.contains("# TYPE overlayd_port_packets_total counter\n"),
+                "{body}"
+            );
+            assert_eq!(promtool_check(&body), (Some(0), String::new()), "{body}");
+            let families =
+                python_parse(&body, Format::Prometheus).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                families
+                    .iter()
+                    .all(|f| matches!(f.kind.as_str(), "counter" | "gauge")),
+                "{families:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn accept_headers_are_found_by_name_and_joined() {
+        let head = "GET /metrics HTTP/1.1\r\nHost: x\r\naccept: text/plain\r\nACCEPT:  */*;q=0.1 \r\n\r\nAccept: ignored";
+        assert_eq!(accept(head).as_deref(), Some("text/plain,*/*;q=0.1"));
+        assert_eq!(accept("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), None);
     }
 }

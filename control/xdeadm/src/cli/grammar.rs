@@ -242,8 +242,9 @@ pub enum Command {
     /// Counters: datapath-wide, or one port's.
     Stats {
         port: Option<String>,
-        /// `text`, `json` (as --json) or `openmetrics` (the exposition
-        /// `--metrics-listen` serves, for a textfile collector; whole sled only).
+        /// `text`, `json` (as --json), `prometheus` (the classic Prometheus text
+        /// format, what node_exporter's textfile collector reads) or `openmetrics`
+        /// (what `--metrics-listen` serves Prometheus); these two: whole sled only.
         #[arg(long, value_enum, default_value_t = StatsFormat::Text)]
         format: StatsFormat,
     },
@@ -563,6 +564,7 @@ pub enum StatsFormat {
     #[default]
     Text,
     Json,
+    Prometheus,
     Openmetrics,
 }
 

@@ -1,13 +1,14 @@
 //! How answers are printed for people: each reply as a table or as indented
 //! `key: value` lines ([`render`]), the flow and layer dumps as `flows` lays them
 //! out ([`render_for`]), and the forms a command may ask for instead ([`Show`]:
-//! OpenMetrics, the workers table, JSON; [`to_json`] for `--json`). [`reply_fails`]
+//! an exposition for Prometheus, the workers table, JSON; [`to_json`] for `--json`). [`reply_fails`]
 //! says whether a reply reports a failed check.
 
 use super::fleet::{Counts, WriteReport};
 use super::flows;
 use super::layout::{render_value, table};
 use super::mtu;
+use api::openmetrics::Format;
 use api::{CaptureEnd, Check, CheckStatus, PeerPath, PortLink, PortStatus, Reply, Request};
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -15,8 +16,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// Why a reply could not be printed as the command asked.
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
-    #[error(transparent)]
-    OpenMetrics(#[from] api::openmetrics::RenderError),
     #[error(transparent)]
     Json(#[from] JsonError),
     #[error("not a stats reply: {0:?}")]
@@ -37,8 +36,8 @@ pub fn to_json(v: &impl serde::Serialize) -> Result<String, JsonError> {
 /// Answers printed in a form of their own rather than by [`render`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Show {
-    /// A `stats` reply as an OpenMetrics exposition.
-    OpenMetrics,
+    /// A `stats` reply as an exposition in the given format.
+    Exposition(Format),
     /// A `workers` reply as a table (or JSON).
     Workers,
     /// Any reply as JSON (`stats --format json`).
@@ -191,9 +190,7 @@ fn render_paths(out: &mut String, paths: &[PeerPath]) {
 /// Prints a reply as `show` says (`json`: the global `--json`).
 pub fn render_as(show: Show, reply: &Reply, json: bool) -> Result<String, RenderError> {
     match (show, reply) {
-        (Show::OpenMetrics, Reply::Inspect(v)) => {
-            api::openmetrics::render(v).map_err(RenderError::OpenMetrics)
-        }
+        (Show::Exposition(format), Reply::Inspect(v)) => Ok(api::openmetrics::render(v, format)),
         (Show::Workers, Reply::Inspect(v)) if !json => {
             let rows = worker_rows(v, SystemTime::now());
             let mut out = String::new();
@@ -213,7 +210,7 @@ pub fn render_as(show: Show, reply: &Reply, json: bool) -> Result<String, Render
             Ok(out)
         }
         (Show::Workers | Show::Json, r) => Ok(to_json(r)? + "\n"),
-        (Show::OpenMetrics, other) => Err(RenderError::NotStats(Box::new(other.clone()))),
+        (Show::Exposition(_), other) => Err(RenderError::NotStats(Box::new(other.clone()))),
     }
 }
 

@@ -11,6 +11,7 @@ use super::grammar::{
 use super::render::Show;
 use crate::opteadm::{self, RulesError};
 use api::fleet::{EntryError, KeyError};
+use api::openmetrics::Format;
 use api::port::PortConfigError;
 use api::route::RouteSyntaxError;
 use api::vni::ParseVniError;
@@ -63,8 +64,8 @@ pub enum CommandError {
     UnderlayIp(String),
     #[error("clear-v2p takes VPC_IP VNI, or VPC_IP VPC_MAC UNDERLAY_IP VNI; got {0} words")]
     ClearV2pWords(usize),
-    #[error("stats --format openmetrics covers the whole sled: give no port (got {0:?})")]
-    OpenMetricsOfOnePort(String),
+    #[error("stats --format {format} covers the whole sled: give no port (got {port:?})")]
+    ExpositionOfOnePort { format: &'static str, port: String },
     #[error("ra needs a PORT, or `listen IFACE`")]
     RaWithoutPort,
     #[error("capture file {:?}: {error}", file.display())]
@@ -255,14 +256,18 @@ impl Command {
                 dir: CidrDir::Both,
             },
             Command::Stats { port, format } => {
-                let show = match (format, &port) {
-                    (StatsFormat::Text, _) => return Ok(Action::Call(Request::Stats { port })),
-                    (StatsFormat::Json, _) => Show::Json,
-                    (StatsFormat::Openmetrics, None) => Show::OpenMetrics,
-                    (StatsFormat::Openmetrics, Some(p)) => {
-                        return Err(CommandError::OpenMetricsOfOnePort(p.clone()))
+                let (exposition, name) = match format {
+                    StatsFormat::Text => return Ok(Action::Call(Request::Stats { port })),
+                    StatsFormat::Json => {
+                        return Ok(Action::Show(Request::Stats { port }, Show::Json))
                     }
+                    StatsFormat::Openmetrics => (Format::OpenMetrics, "openmetrics"),
+                    StatsFormat::Prometheus => (Format::Prometheus, "prometheus"),
                 };
+                if let Some(port) = port {
+                    return Err(CommandError::ExpositionOfOnePort { format: name, port });
+                }
+                let show = Show::Exposition(exposition);
                 return Ok(Action::Show(Request::Stats { port }, show));
             }
             Command::Workers => return Ok(Action::Show(Request::Workers, Show::Workers)),
@@ -707,10 +712,22 @@ mod tests {
         );
         assert_eq!(
             parse(&["stats", "--format", "openmetrics"]).unwrap(),
-            Action::Show(Request::Stats { port: None }, Show::OpenMetrics)
+            Action::Show(
+                Request::Stats { port: None },
+                Show::Exposition(Format::OpenMetrics)
+            )
         );
-        let e = parse(&["stats", "p1", "--format", "openmetrics"]).unwrap_err();
-        assert!(e.contains("\"p1\""), "{e}");
+        assert_eq!(
+            parse(&["stats", "--format", "prometheus"]).unwrap(),
+            Action::Show(
+                Request::Stats { port: None },
+                Show::Exposition(Format::Prometheus)
+            )
+        );
+        for format in ["openmetrics", "prometheus"] {
+            let e = parse(&["stats", "p1", "--format", format]).unwrap_err();
+            assert!(e.contains("\"p1\"") && e.contains(format), "{e}");
+        }
         assert_eq!(
             parse(&["workers"]).unwrap(),
             Action::Show(Request::Workers, Show::Workers)

@@ -1,0 +1,71 @@
+//! `xdeadm stats --format prometheus|openmetrics` against a headless daemon with a
+//! port: the built tool's output read by the reference tools, as node_exporter's
+//! textfile collector (classic format) and Prometheus (OpenMetrics) would.
+
+use api::openmetrics::Format;
+use api::testing::exposition::{promtool_check, python_parse};
+use api::testing::sample_port;
+use api::{Client, PortInfo, Request};
+use engine::EngineConfig;
+use overlayd::daemon::headless::Headless;
+use std::process::Command;
+
+#[test]
+fn both_stats_formats_pass_the_reference_parsers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("run/api.sock");
+    let _d = Headless::start(
+        EngineConfig::new("fd00:99::1".parse().unwrap()),
+        &sock,
+        None,
+    )
+    .unwrap();
+    let port = PortInfo {
+        config: sample_port("opte0", 5),
+        netns: None,
+        vhost_user: None,
+        attach: None,
+    };
+    Client::connect(&sock)
+        .unwrap()
+        .call(&Request::CreatePort(Box::new(port)))
+        .unwrap();
+    let stats = |format: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_xdeadm"))
+            .arg("--socket")
+            .arg(&sock)
+            .args(["stats", "--format", format])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+
+    let classic = stats("prometheus");
+    assert!(
+        classic.contains("# TYPE overlayd_port_packets_total counter\n"),
+        "{classic}"
+    );
+    assert_eq!(
+        promtool_check(&classic),
+        (Some(0), String::new()),
+        "{classic}"
+    );
+    let open = stats("openmetrics");
+    assert!(open.ends_with("# EOF\n"), "{open}");
+    for (format, text) in [(Format::Prometheus, &classic), (Format::OpenMetrics, &open)] {
+        let families = python_parse(text, format).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let packets = families
+            .iter()
+            .find(|f| f.name == "overlayd_port_packets")
+            .unwrap_or_else(|| panic!("{families:?}"));
+        assert_eq!(packets.kind, "counter", "{format:?}");
+        assert_eq!(packets.samples.len(), 2, "{packets:?}");
+        assert!(
+            families
+                .iter()
+                .all(|f| matches!(f.kind.as_str(), "counter" | "gauge")),
+            "{format:?}: {families:?}"
+        );
+    }
+}
