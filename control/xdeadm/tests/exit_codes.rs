@@ -99,7 +99,6 @@ fn a_closed_pipe_ends_xdeadm_quietly() {
     assert_eq!(stderr(&o), "", "nothing said about the closed pipe");
 }
 
-<<<<<<< HEAD
 /// `capture` to standard output makes its file next to the socket; with no daemon
 /// (and no socket directory) that is still "unreachable", exit 3, as documented,
 /// and no file is left behind.
@@ -119,7 +118,8 @@ fn capture_without_a_daemon_is_unreachable() {
     }
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
-=======
+}
+
 /// A daemon that turns a client away writes why and closes the connection,
 /// perhaps before `xdeadm` has written its request: `xdeadm` says why and exits
 /// 1 (refused), not 3 with "cannot send request: Broken pipe" (unreachable).
@@ -166,5 +166,4 @@ fn idle_clients_do_not_lock_the_operator_out() {
     let took = t0.elapsed();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(took < Duration::from_secs(5), "answered after {took:?}");
->>>>>>> i24-metrics-api
 }
