@@ -162,16 +162,7 @@ impl core::fmt::Display for RaReport {
             opt(self.ra.source_link_layer_addr.map(|m| m.to_string()))
         )?;
         if let Some(p) = &self.ra.prefix_info {
-            writeln!(
-                f,
-                "  prefix              {}/{} L={} A={} valid {} s preferred {} s",
-                p.prefix,
-                p.prefix_len,
-                u8::from(p.on_link),
-                u8::from(p.autonomous),
-                p.valid_lifetime,
-                p.preferred_lifetime
-            )?;
+            writeln!(f, "  prefix              {p}")?;
         }
         writeln!(f, "  received after      {} ms", self.after_ms)?;
         for w in self.warnings() {

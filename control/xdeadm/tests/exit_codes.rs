@@ -5,10 +5,10 @@
 //! connection against a stand-in daemon; 20 idle clients that must not lock the
 //! operator out.
 
+mod common;
+
 use api::{Client, Request, V2pEntry, Vni};
 
-use engine::EngineConfig;
-use overlayd::daemon::headless::Headless;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
@@ -37,12 +37,7 @@ fn exit_codes_say_what_went_wrong() {
     assert_eq!(o.status.code(), Some(3), "no daemon: {}", stderr(&o));
     assert!(stderr(&o).contains("cannot connect"), "{}", stderr(&o));
 
-    let _d = Headless::start(
-        EngineConfig::new("fd00:99::1".parse().unwrap()),
-        &sock,
-        None,
-    )
-    .unwrap();
+    let _d = common::headless(&sock);
     let o = xdeadm(&sock, &["list-ports"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 
@@ -63,12 +58,7 @@ fn exit_codes_say_what_went_wrong() {
 fn a_closed_pipe_ends_xdeadm_quietly() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("run/api.sock");
-    let _d = Headless::start(
-        EngineConfig::new("fd00:99::1".parse().unwrap()),
-        &sock,
-        None,
-    )
-    .unwrap();
+    let _d = common::headless(&sock);
     let mut c = Client::connect(&sock).unwrap();
     for i in 0..4000u32 {
         let [_, _, hi, lo] = i.to_be_bytes();
@@ -152,12 +142,7 @@ fn a_refusal_before_the_request_is_a_refusal() {
 fn idle_clients_do_not_lock_the_operator_out() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("run/api.sock");
-    let _d = Headless::start(
-        EngineConfig::new("fd00:99::1".parse().unwrap()),
-        &sock,
-        None,
-    )
-    .unwrap();
+    let _d = common::headless(&sock);
     let _idle: Vec<UnixStream> = (0..20)
         .map(|_| UnixStream::connect(&sock).unwrap())
         .collect();

@@ -2,24 +2,19 @@
 //! port: the built tool's output read by the reference tools, as node_exporter's
 //! textfile collector (classic format) and Prometheus (OpenMetrics) would.
 
+mod common;
+
 use api::openmetrics::Format;
 use api::testing::exposition::{promtool_check, python_parse};
 use api::testing::sample_port;
 use api::{Client, PortInfo, Request};
-use engine::EngineConfig;
-use overlayd::daemon::headless::Headless;
 use std::process::Command;
 
 #[test]
 fn both_stats_formats_pass_the_reference_parsers() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("run/api.sock");
-    let _d = Headless::start(
-        EngineConfig::new("fd00:99::1".parse().unwrap()),
-        &sock,
-        None,
-    )
-    .unwrap();
+    let _d = common::headless(&sock);
     let port = PortInfo {
         config: sample_port("opte0", 5),
         netns: None,

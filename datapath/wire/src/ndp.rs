@@ -179,7 +179,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 }
 
 /// The Prefix Information option (RFC 4861 §4.6.2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PrefixInfo {
     pub prefix_len: u8,
     /// L: the prefix is on-link.
@@ -189,6 +189,22 @@ pub struct PrefixInfo {
     pub valid_lifetime: u32,
     pub preferred_lifetime: u32,
     pub prefix: Ipv6Addr,
+}
+
+/// As an operator reads it: `fd00::/64 L=1 A=1 valid 86400 s, preferred 14400 s`.
+impl fmt::Display for PrefixInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{} L={} A={} valid {} s, preferred {} s",
+            self.prefix,
+            self.prefix_len,
+            u8::from(self.on_link),
+            u8::from(self.autonomous),
+            self.valid_lifetime,
+            self.preferred_lifetime
+        )
+    }
 }
 
 /// One NDP option, borrowed from the message.

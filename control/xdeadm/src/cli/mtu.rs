@@ -11,6 +11,7 @@ use api::{Reply, Request};
 use serde::Deserialize;
 use std::fmt::Write as _;
 use std::net::Ipv6Addr;
+use wire::ndp::PrefixInfo;
 
 /// The text for `request`'s reply if it is `mtu` or `ra`, else `None`.
 pub(super) fn render(request: &Request, reply: &Reply) -> Option<String> {
@@ -151,16 +152,6 @@ struct RaInfo {
     max_interval_s: u64,
 }
 
-#[derive(Debug, Deserialize)]
-struct PrefixInfo {
-    prefix: Ipv6Addr,
-    prefix_len: u8,
-    on_link: bool,
-    autonomous: bool,
-    valid_lifetime: u32,
-    preferred_lifetime: u32,
-}
-
 /// A time field of an RA, where 0 means the host keeps its own value.
 fn ms_or_unspecified(ms: u32) -> String {
     if ms == 0 {
@@ -206,18 +197,7 @@ impl RaInfo {
             ),
         );
         if let Some(p) = &self.prefix_info {
-            row(
-                "prefix",
-                format!(
-                    "{}/{} L={} A={} valid {} s, preferred {} s",
-                    p.prefix,
-                    p.prefix_len,
-                    u8::from(p.on_link),
-                    u8::from(p.autonomous),
-                    p.valid_lifetime,
-                    p.preferred_lifetime
-                ),
-            );
+            row("prefix", p.to_string());
         }
         row(
             "cur hop limit",
