@@ -29,6 +29,8 @@ impl<D: Dataplane> Controller<D> {
                 } else {
                     self.dp.port_state(&p.config.name).ok()
                 },
+                // Filled in with the link.
+                vhost_negotiated: None,
             })
             .collect()
     }

@@ -4,7 +4,7 @@
 
 use crate::controller::DataplaneError;
 use crate::underlay::queues::UnderlayQueues;
-use api::{PortInfo, PortLink, VhostUserMode};
+use api::{PortInfo, PortLink, VhostNegotiation, VhostUserMode};
 use dpio::guest::GuestPort;
 use dpio::netlink::Netlink;
 use dpio::packet::PacketPort;
@@ -184,10 +184,7 @@ impl TapLink {
         match self {
             TapLink::Up(GuestPort::Vhost(v)) if !v.is_up() => PortLink::Down {
                 since_unix_ms: unix_ms(v.changed()),
-                reason: format!(
-                    "no vhost-user front end on {} has started the rings",
-                    v.socket().display()
-                ),
+                reason: vhost_down_reason(v),
             },
             TapLink::Up(_) => PortLink::Up,
             TapLink::Down { since, reason } => PortLink::Down {
@@ -195,6 +192,37 @@ impl TapLink {
                 reason: reason.clone(),
             },
         }
+    }
+}
+
+impl TapLink {
+    /// What a vhost-user port's front end negotiated; `None` for other ports.
+    pub(super) fn negotiated(&self) -> Option<VhostNegotiation> {
+        let TapLink::Up(GuestPort::Vhost(v)) = self else {
+            return None;
+        };
+        let n = v.negotiation();
+        Some(VhostNegotiation {
+            features: dpio::vhost::feature_names(n.features),
+            refused: n.refusals,
+        })
+    }
+}
+
+/// Why a vhost-user port is down: no front end has started its rings, or the
+/// last one was refused for its features (and disconnected).
+fn vhost_down_reason(v: &VhostPort) -> String {
+    let n = v.negotiation();
+    match n.last_refusal {
+        Some(why) => format!(
+            "vhost-user front end on {} refused and disconnected ({} so far): {why}",
+            v.socket().display(),
+            n.refusals
+        ),
+        None => format!(
+            "no vhost-user front end on {} has started the rings",
+            v.socket().display()
+        ),
     }
 }
 

@@ -420,18 +420,23 @@ impl Datapath {
         }
         out.clear();
         self.batch = out;
-        self.count_attached_drops();
+        self.count_port_events();
         self.ports_down();
         self.taps_back();
     }
 
     /// Adds what the attached ports' sockets dropped since the last tick to
-    /// `attached_rx_dropped`.
-    fn count_attached_drops(&mut self) {
+    /// `attached_rx_dropped`, and the vhost-user ports' refused front ends to
+    /// `vhost_refused`.
+    fn count_port_events(&mut self) {
         for port in self.taps.iter().flatten() {
             let TapLink::Up(dev) = &port.link else {
                 continue;
             };
+            if let GuestPort::Vhost(v) = dev {
+                let c = v.take_counts();
+                self.stats.vhost_refused += c.refused;
+            }
             match dev.take_drops() {
                 Some(Ok(n)) => self.stats.attached_rx_dropped += u64::from(n),
                 Some(Err(e)) => {

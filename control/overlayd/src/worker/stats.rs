@@ -48,6 +48,9 @@ pub struct WorkerStats {
     /// read every tick. A tap's queue counts the same loss on the device instead
     /// (`stats`' `tap_queues`).
     pub attached_rx_dropped: u64,
+    /// vhost-user front ends whose features were refused at `SET_FEATURES`: each
+    /// connection closed, never served; read every tick.
+    pub vhost_refused: u64,
     pub underlay_rx_frames: u64,
     pub underlay_tx_frames: u64,
     /// Underlay frames built outside the sockets' lent slots (none was free) and
@@ -92,6 +95,7 @@ engine::summed_across_workers!(WorkerStats {
     tap_tx_no_port,
     tap_tx_linearized,
     attached_rx_dropped,
+    vhost_refused,
     underlay_rx_frames,
     underlay_tx_frames,
     underlay_tx_copied,

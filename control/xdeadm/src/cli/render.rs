@@ -364,6 +364,19 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
         ],
         rows,
     );
+    for s in ports {
+        if let Some(v) = &s.vhost_negotiated {
+            let _ = write!(out, "{}: vhost-user features ", s.port.config.name);
+            match v.features.is_empty() {
+                true => out.push_str("none acked yet"),
+                false => out.push_str(&v.features.join(",")),
+            }
+            if v.refused > 0 {
+                let _ = write!(out, "; {} front ends refused", v.refused);
+            }
+            out.push('\n');
+        }
+    }
 }
 
 /// A port in the dataplane: whether its tap is served, and since when not.
@@ -556,6 +569,7 @@ mod tests {
             not_applied: None,
             link: None,
             state: None,
+            vhost_negotiated: None,
         }]));
         assert!(
             listed.lines().next().unwrap().contains("EXTERNAL"),
@@ -586,12 +600,20 @@ mod tests {
             attach: Some("vnet7".into()),
             ..port("opte2", 7, None)
         };
+        let vhost = |name: &str, last: u8| api::PortInfo {
+            vhost_user: Some(api::VhostUser {
+                socket: format!("/run/{name}.sock").into(),
+                mode: api::VhostUserMode::Server,
+            }),
+            ..port(name, last, None)
+        };
         let s = render(&Reply::Ports(vec![
             PortStatus {
                 port: port("opte0", 5, None),
                 not_applied: None,
                 link: None,
                 state: Some(api::PortState::Paused),
+                vhost_negotiated: None,
             },
             PortStatus {
                 port: port("opte1", 6, Some("g1")),
@@ -602,12 +624,31 @@ mod tests {
                 }),
                 link: None,
                 state: None,
+                vhost_negotiated: None,
             },
             PortStatus {
                 port: attached,
                 not_applied: None,
                 link: Some(PortLink::Up),
                 state: Some(api::PortState::Running),
+                vhost_negotiated: None,
+            },
+            PortStatus {
+                port: vhost("vm0", 8),
+                not_applied: None,
+                link: Some(PortLink::Up),
+                state: Some(api::PortState::Running),
+                vhost_negotiated: Some(api::VhostNegotiation {
+                    features: vec!["CSUM".into(), "MRG_RXBUF".into(), "VERSION_1".into()],
+                    refused: 2,
+                }),
+            },
+            PortStatus {
+                port: vhost("vm1", 9),
+                not_applied: None,
+                link: Some(PortLink::Up),
+                state: Some(api::PortState::Running),
+                vhost_negotiated: Some(api::VhostNegotiation::default()),
             },
         ]));
         let lines: Vec<&str> = s.lines().collect();
@@ -627,6 +668,12 @@ mod tests {
             lines[3].starts_with("opte2") && lines[3].ends_with("-      vnet7   running  up"),
             "{s}"
         );
+        // vhost-user ports: what their front ends negotiated, below the table.
+        assert_eq!(
+            lines[6], "vm0: vhost-user features CSUM,MRG_RXBUF,VERSION_1; 2 front ends refused",
+            "{s}"
+        );
+        assert_eq!(lines[7], "vm1: vhost-user features none acked yet", "{s}");
     }
 
     /// A port whose tap is gone says so, since when and why; a served one is up.

@@ -16,6 +16,8 @@
 use std::fs::File;
 use std::io::Write as _;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
@@ -54,6 +56,93 @@ fn required_features() -> u64 {
     ]
     .iter()
     .fold(0, |f, &b| f | 1 << b)
+}
+
+/// Why a front end's `SET_FEATURES` was refused: its connection is then closed
+/// (see [`super::connection`]), never served.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FeatureRefusal {
+    #[error("it acked features overlayd did not offer: {}", feature_names(*.0).join(", "))]
+    NotOffered(u64),
+    #[error(
+        "it lacks {}: the datapath hands the guest partial checksums and GSO frames in \
+         12-byte v1 headers",
+        feature_names(*.0).join(", ")
+    )]
+    Missing(u64),
+}
+
+/// The name of each virtio-net feature bit a front end may ack, as the virtio
+/// specification spells it (without `VIRTIO_NET_F_`/`VIRTIO_F_`).
+const FEATURE_NAMES: &[(u32, &str)] = &[
+    (0, "CSUM"),
+    (1, "GUEST_CSUM"),
+    (2, "CTRL_GUEST_OFFLOADS"),
+    (3, "MTU"),
+    (5, "MAC"),
+    (7, "GUEST_TSO4"),
+    (8, "GUEST_TSO6"),
+    (9, "GUEST_ECN"),
+    (10, "GUEST_UFO"),
+    (11, "HOST_TSO4"),
+    (12, "HOST_TSO6"),
+    (13, "HOST_ECN"),
+    (14, "HOST_UFO"),
+    (15, "MRG_RXBUF"),
+    (16, "STATUS"),
+    (17, "CTRL_VQ"),
+    (18, "CTRL_RX"),
+    (19, "CTRL_VLAN"),
+    (21, "GUEST_ANNOUNCE"),
+    (22, "MQ"),
+    (23, "CTRL_MAC_ADDR"),
+    (28, "INDIRECT_DESC"),
+    (29, "EVENT_IDX"),
+    (30, "PROTOCOL_FEATURES"),
+    (32, "VERSION_1"),
+    (33, "ACCESS_PLATFORM"),
+    (34, "RING_PACKED"),
+    (35, "IN_ORDER"),
+];
+
+/// The names of the feature bits set in `bits`, lowest bit first; a bit without a
+/// name shows as `bit N`.
+pub fn feature_names(bits: u64) -> Vec<String> {
+    (0..64u32)
+        .filter(|b| bits & (1u64 << b) != 0)
+        .map(|b| match FEATURE_NAMES.iter().find(|(n, _)| *n == b) {
+            Some((_, name)) => (*name).to_string(),
+            None => format!("bit {b}"),
+        })
+        .collect()
+}
+
+/// What a port's front ends negotiated, readable by the worker and the port's
+/// status without the device's lock.
+#[derive(Debug, Default)]
+pub(super) struct Negotiated {
+    /// The features the current front end acked (0 while none has).
+    pub(super) acked: AtomicU64,
+    /// Front ends refused at `SET_FEATURES` since the port was made.
+    pub(super) refusals: AtomicU64,
+    /// Why the last one was refused; cleared when a front end is accepted.
+    pub(super) last_refusal: Mutex<Option<FeatureRefusal>>,
+}
+
+impl Negotiated {
+    pub(super) fn last_refusal(&self) -> Option<FeatureRefusal> {
+        self.last_refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_last_refusal(&self, why: Option<FeatureRefusal>) {
+        *self
+            .last_refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = why;
+    }
 }
 
 /// The virtio feature bits offered: what a Linux guest needs for jumbo frames,
@@ -164,6 +253,10 @@ struct Mapping {
 pub(super) struct Device {
     name: String,
     acked: u64,
+    /// Set by a refused `SET_FEATURES`, taken by the connection loop, which then
+    /// closes the connection.
+    refused: Option<FeatureRefusal>,
+    negotiated: Arc<Negotiated>,
     pub(super) mem: GuestMemoryMmap,
     maps: Vec<Mapping>,
     pub(super) vrings: [Vring; QUEUES],
@@ -174,16 +267,28 @@ pub(super) struct Device {
 }
 
 impl Device {
-    pub(super) fn new(name: String, epoll: EpollWatch, token: u64) -> std::io::Result<Device> {
+    pub(super) fn new(
+        name: String,
+        negotiated: Arc<Negotiated>,
+        epoll: EpollWatch,
+        token: u64,
+    ) -> std::io::Result<Device> {
         Ok(Device {
             name,
             acked: 0,
+            refused: None,
+            negotiated,
             mem: GuestMemoryMmap::new(),
             maps: Vec::new(),
             vrings: [Vring::new()?, Vring::new()?],
             epoll,
             token,
         })
+    }
+
+    /// Why the front end's features were refused, once: its connection must end.
+    pub(super) fn take_refusal(&mut self) -> Option<FeatureRefusal> {
+        self.refused.take()
     }
 
     /// Whether the guest took mergeable receive buffers.
@@ -240,6 +345,7 @@ impl Device {
             v.broken = false;
         }
         self.acked = 0;
+        self.negotiated.acked.store(0, Ordering::Relaxed);
         self.mem = GuestMemoryMmap::new();
         self.maps.clear();
     }
@@ -249,6 +355,23 @@ impl Drop for Device {
     fn drop(&mut self) {
         self.reset();
     }
+}
+
+/// Whether the datapath can serve a front end that acked `features`: only bits
+/// offered, and what the frame path assumes of every guest: the 12-byte v1
+/// header, and that it takes the partial checksums and GSO frames the datapath
+/// hands over (coalesced TCP). A guest without them is refused (and its
+/// connection closed) rather than sent frames it never agreed to.
+pub(super) fn check_features(features: u64) -> std::result::Result<(), FeatureRefusal> {
+    let extra = features & !offered_features();
+    if extra != 0 {
+        return Err(FeatureRefusal::NotOffered(extra));
+    }
+    let missing = required_features() & !features;
+    if missing != 0 {
+        return Err(FeatureRefusal::Missing(missing));
+    }
+    Ok(())
 }
 
 fn unsupported<T>(what: &'static str) -> Result<T> {
@@ -306,28 +429,32 @@ impl VhostUserBackendReqHandlerMut for Device {
     }
 
     fn set_features(&mut self, features: u64) -> Result<()> {
-        if features & !offered_features() != 0 {
-            return Err(Error::InvalidParam);
-        }
-        // What the frame path assumes of every guest: the 12-byte v1 header, and
-        // that it takes the partial checksums and GSO frames the datapath hands
-        // over (coalesced TCP). A guest without them is refused (QEMU then reports
-        // the failure) rather than sent frames it never agreed to.
-        let missing = required_features() & !features;
-        if missing != 0 {
-            tracing::warn!(
-                port = %self.name,
-                features = format_args!("{features:#x}"),
-                missing = format_args!("{missing:#x}"),
-                "vhost-user front end refused: VERSION_1, GUEST_CSUM and GUEST_TSO4/6 are required"
-            );
-            return Err(Error::InvalidParam);
+        match check_features(features) {
+            Ok(()) => {}
+            Err(why) => {
+                tracing::warn!(
+                    port = %self.name,
+                    features = format_args!("{features:#x}"),
+                    "vhost-user front end refused: {why}; closing its connection"
+                );
+                self.negotiated.refusals.fetch_add(1, Ordering::Relaxed);
+                self.negotiated.set_last_refusal(Some(why.clone()));
+                self.refused = Some(why);
+                return Err(Error::InvalidParam);
+            }
         }
         self.acked = features;
+        self.negotiated.acked.store(features, Ordering::Relaxed);
+        self.negotiated.set_last_refusal(None);
         for v in &mut self.vrings {
             v.queue.set_event_idx(false);
         }
-        tracing::info!(port = %self.name, features = format_args!("{features:#x}"), "vhost-user features acked");
+        tracing::info!(
+            port = %self.name,
+            features = format_args!("{features:#x}"),
+            names = %feature_names(features).join(","),
+            "vhost-user features acked"
+        );
         Ok(())
     }
 

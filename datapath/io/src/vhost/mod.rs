@@ -42,9 +42,9 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use wire::vnet::{VnetHdr, VNET_HDR_LEN};
 
 use crate::poll::EpollWatch;
-use device::{Device, RX, TX};
+use device::{Device, Negotiated, RX, TX};
 
-pub use device::offered_features;
+pub use device::{feature_names, offered_features, FeatureRefusal};
 
 /// `sizeof(struct virtio_net_hdr_v1)`: the legacy header and `num_buffers`.
 pub const VNET_HDR_V1_LEN: usize = VNET_HDR_LEN + 2;
@@ -80,6 +80,8 @@ struct Shared {
     stop: AtomicBool,
     /// When a front end last connected or went away.
     changed: Mutex<SystemTime>,
+    /// What the front ends negotiated, and those refused.
+    negotiated: Arc<Negotiated>,
 }
 
 impl Shared {
@@ -104,6 +106,26 @@ pub struct VhostPort {
     thread: Option<thread::JoinHandle<()>>,
     /// Rings with used buffers not yet signalled to the guest.
     dirty: [std::cell::Cell<bool>; 2],
+    /// Refusals already counted by [`VhostPort::take_counts`].
+    refusals_taken: std::cell::Cell<u64>,
+}
+
+/// A vhost-user port's negotiation as `list-ports` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Negotiation {
+    /// The features the current front end acked (0 while none has).
+    pub features: u64,
+    /// Front ends refused since the port was made (their connections closed).
+    pub refusals: u64,
+    /// Why the last one was refused, until a front end is accepted.
+    pub last_refusal: Option<FeatureRefusal>,
+}
+
+/// What happened on a port since the worker last asked ([`VhostPort::take_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VhostCounts {
+    /// Front ends whose features were refused (their connections closed).
+    pub refused: u64,
 }
 
 impl VhostPort {
@@ -113,13 +135,15 @@ impl VhostPort {
     /// (edge-triggered) under `token`.
     pub fn start(cfg: DeviceConfig, epoll: EpollWatch, token: u64) -> io::Result<Self> {
         let listener = connection::listen(&cfg)?;
-        let device = Device::new(cfg.name.clone(), epoll, token)?;
+        let negotiated = Arc::new(Negotiated::default());
+        let device = Device::new(cfg.name.clone(), negotiated.clone(), epoll, token)?;
         let shared = Arc::new(Shared {
             cfg,
             device: Arc::new(Mutex::new(device)),
             conn: Mutex::new(None),
             stop: AtomicBool::new(false),
             changed: Mutex::new(SystemTime::now()),
+            negotiated,
         });
         let s = shared.clone();
         let thread = thread::Builder::new()
@@ -129,7 +153,26 @@ impl VhostPort {
             shared,
             thread: Some(thread),
             dirty: Default::default(),
+            refusals_taken: std::cell::Cell::new(0),
         })
+    }
+
+    /// What the current front end negotiated, and the refused ones.
+    pub fn negotiation(&self) -> Negotiation {
+        let n = &self.shared.negotiated;
+        Negotiation {
+            features: n.acked.load(Ordering::Relaxed),
+            refusals: n.refusals.load(Ordering::Relaxed),
+            last_refusal: n.last_refusal(),
+        }
+    }
+
+    /// What happened since the last call, for the worker's counters.
+    pub fn take_counts(&self) -> VhostCounts {
+        let refusals = self.shared.negotiated.refusals.load(Ordering::Relaxed);
+        VhostCounts {
+            refused: refusals.saturating_sub(self.refusals_taken.replace(refusals)),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -370,6 +413,9 @@ fn publish_used(q: &mut Queue, mem: &GuestMemoryMmap, used: &[(u16, u32)]) -> io
     mem.store(next.to_le(), GuestAddress(ring.0 + 2), Ordering::Release)
         .map_err(err)
 }
+
+#[cfg(test)]
+mod frontend_tests;
 
 #[cfg(test)]
 mod tests {
