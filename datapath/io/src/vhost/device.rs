@@ -38,6 +38,7 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, Mmap
 
 use crate::poll::EpollWatch;
 use vhost::VhostUserMemoryRegionBase;
+use wire::vnet::{VnetHdr, GSO_ECN, GSO_NONE, GSO_TCPV4, GSO_TCPV6};
 
 /// The receive queue (toward the guest) and the transmit queue (from it).
 pub(super) const RX: usize = 0;
@@ -46,17 +47,19 @@ const QUEUES: usize = 2;
 /// The largest ring the guest may set up (QEMU's own limit for virtio-net).
 const MAX_QUEUE_SIZE: u16 = 1024;
 
-/// The features a front end must take ([`VhostUserBackendReqHandlerMut::set_features`]).
-fn required_features() -> u64 {
-    [
-        VIRTIO_F_VERSION_1,
-        VIRTIO_NET_F_GUEST_CSUM,
-        VIRTIO_NET_F_GUEST_TSO4,
-        VIRTIO_NET_F_GUEST_TSO6,
-    ]
-    .iter()
-    .fold(0, |f, &b| f | 1 << b)
+const fn bit(b: u32) -> u64 {
+    1 << b
 }
+
+/// Features that the virtio specification (5.1.3.1) lets a driver take only
+/// with another: each offload that hands over partial checksums or GSO frames
+/// needs the checksum feature of its direction, ECN needs TSO.
+const DEPENDENCIES: &[(u32, u32)] = &[
+    (VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_CSUM),
+    (VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_GUEST_CSUM),
+    (VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_CSUM),
+    (VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_CSUM),
+];
 
 /// Why a front end's `SET_FEATURES` was refused: its connection is then closed
 /// (see [`super::connection`]), never served.
@@ -64,12 +67,20 @@ fn required_features() -> u64 {
 pub enum FeatureRefusal {
     #[error("it acked features overlayd did not offer: {}", feature_names(*.0).join(", "))]
     NotOffered(u64),
+    /// A legacy (pre-1.0) driver: its header is 10 bytes (12 with MRG_RXBUF) and
+    /// its fields in the guest's byte order; only the 1.0 layout is served.
     #[error(
-        "it lacks {}: the datapath hands the guest partial checksums and GSO frames in \
-         12-byte v1 headers",
-        feature_names(*.0).join(", ")
+        "it did not ack VERSION_1: legacy (pre-virtio-1.0) drivers are not served, their \
+         header layout and byte order differ; use a virtio 1.0 driver (modern or \
+         transitional device, disable-modern=off)"
     )]
-    Missing(u64),
+    Legacy,
+    #[error(
+        "it acked {} without {}, which the virtio specification requires with it",
+        feature_names(bit(*feature)).join(""),
+        feature_names(bit(*needs)).join("")
+    )]
+    Inconsistent { feature: u32, needs: u32 },
 }
 
 /// The name of each virtio-net feature bit a front end may ack, as the virtio
@@ -296,6 +307,11 @@ impl Device {
         self.acked & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0
     }
 
+    /// The features the current front end acked.
+    pub(super) fn acked(&self) -> u64 {
+        self.acked
+    }
+
     fn vring(&mut self, index: u32) -> Result<&mut Vring> {
         self.vrings
             .get_mut(index as usize)
@@ -358,20 +374,41 @@ impl Drop for Device {
 }
 
 /// Whether the datapath can serve a front end that acked `features`: only bits
-/// offered, and what the frame path assumes of every guest: the 12-byte v1
-/// header, and that it takes the partial checksums and GSO frames the datapath
-/// hands over (coalesced TCP). A guest without them is refused (and its
-/// connection closed) rather than sent frames it never agreed to.
+/// offered, in a combination the virtio specification allows, and the 1.0
+/// (`VERSION_1`) header. Any offload may be left out: the worker makes what it
+/// hands such a guest into frames it takes (segments, complete checksums, one
+/// receive buffer each; `worker/fit.rs` in overlayd) and drops what the guest
+/// sends with offloads it did not negotiate ([`super::VhostPort::recv`]).
 pub(super) fn check_features(features: u64) -> std::result::Result<(), FeatureRefusal> {
     let extra = features & !offered_features();
     if extra != 0 {
         return Err(FeatureRefusal::NotOffered(extra));
     }
-    let missing = required_features() & !features;
-    if missing != 0 {
-        return Err(FeatureRefusal::Missing(missing));
+    if features & bit(VIRTIO_F_VERSION_1) == 0 {
+        return Err(FeatureRefusal::Legacy);
+    }
+    for &(feature, needs) in DEPENDENCIES {
+        if features & bit(feature) != 0 && features & bit(needs) == 0 {
+            return Err(FeatureRefusal::Inconsistent { feature, needs });
+        }
     }
     Ok(())
+}
+
+/// Whether a frame the guest sent under `hdr` uses only offloads it negotiated
+/// (`features`): a GSO frame needs HOST_TSO4/6 of its type (and UFO or any other
+/// GSO type is never offered), a partial checksum needs CSUM.
+pub(super) fn sent_as_negotiated(hdr: &VnetHdr, features: u64) -> bool {
+    let gso = match hdr.gso_kind() {
+        GSO_NONE => true,
+        GSO_TCPV4 => features & bit(VIRTIO_NET_F_HOST_TSO4) != 0,
+        GSO_TCPV6 => features & bit(VIRTIO_NET_F_HOST_TSO6) != 0,
+        _ => false,
+    };
+    // HOST_ECN is not offered.
+    let ecn = hdr.gso_type & GSO_ECN == 0;
+    let csum = !hdr.needs_csum() || features & bit(VIRTIO_NET_F_CSUM) != 0;
+    gso && ecn && csum
 }
 
 fn unsupported<T>(what: &'static str) -> Result<T> {
@@ -643,9 +680,8 @@ impl VhostUserBackendReqHandlerMut for Device {
 
 #[cfg(test)]
 mod tests {
-    use super::check_backing;
+    use super::*;
     use std::fs::File;
-    use std::io::Write as _;
     use std::os::fd::FromRawFd as _;
 
     /// A memfd of `len` bytes, sealed against shrinking or not.
@@ -681,5 +717,31 @@ mod tests {
         let f = memfd(0x1000, false);
         check_backing(&f, 0, 0x1000, "p").unwrap();
         assert!(check_backing(&f, 0, 0x1001, "p").is_err());
+    }
+
+    /// VERSION_1 is all a front end must take; what it may not ack is named.
+    #[test]
+    fn features_are_checked_and_named() {
+        let v1 = bit(VIRTIO_F_VERSION_1);
+        assert_eq!(check_features(v1), Ok(()));
+        assert_eq!(check_features(offered_features()), Ok(()));
+        assert_eq!(check_features(0), Err(FeatureRefusal::Legacy));
+        let tso = v1 | bit(VIRTIO_NET_F_HOST_TSO6);
+        let e = check_features(tso).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "it acked HOST_TSO6 without CSUM, which the virtio specification requires with it"
+        );
+        let e = check_features(v1 | bit(22)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "it acked features overlayd did not offer: MQ"
+        );
+        assert_eq!(
+            feature_names(v1 | bit(VIRTIO_NET_F_MRG_RXBUF) | bit(4)),
+            ["bit 4", "MRG_RXBUF", "VERSION_1"]
+        );
+        let e = check_features(bit(VIRTIO_NET_F_MRG_RXBUF)).unwrap_err();
+        assert!(e.to_string().contains("legacy"), "{e}");
     }
 }

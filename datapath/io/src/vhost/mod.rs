@@ -108,6 +108,9 @@ pub struct VhostPort {
     dirty: [std::cell::Cell<bool>; 2],
     /// Refusals already counted by [`VhostPort::take_counts`].
     refusals_taken: std::cell::Cell<u64>,
+    /// Frames dropped for offloads the guest did not negotiate, since the last
+    /// [`VhostPort::take_counts`].
+    rx_not_negotiated: std::cell::Cell<u64>,
 }
 
 /// A vhost-user port's negotiation as `list-ports` shows it.
@@ -121,11 +124,44 @@ pub struct Negotiation {
     pub last_refusal: Option<FeatureRefusal>,
 }
 
+/// What a guest takes of the offloads the datapath hands out
+/// ([`VhostPort::guest_takes`]): the worker makes anything else into frames it
+/// takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestTakes {
+    /// Partial checksums and `DATA_VALID` (`GUEST_CSUM`).
+    pub csum: bool,
+    /// TCP GSO frames (`GUEST_TSO4`, `GUEST_TSO6`).
+    pub tso4: bool,
+    pub tso6: bool,
+    /// GSO frames with the ECN bit (`GUEST_ECN`, not offered).
+    pub ecn: bool,
+}
+
+impl GuestTakes {
+    fn of(features: u64) -> GuestTakes {
+        use virtio_bindings::virtio_net::{
+            VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
+            VIRTIO_NET_F_GUEST_TSO6,
+        };
+        let has = |b: u32| features & (1u64 << b) != 0;
+        GuestTakes {
+            csum: has(VIRTIO_NET_F_GUEST_CSUM),
+            tso4: has(VIRTIO_NET_F_GUEST_TSO4),
+            tso6: has(VIRTIO_NET_F_GUEST_TSO6),
+            ecn: has(VIRTIO_NET_F_GUEST_ECN),
+        }
+    }
+}
+
 /// What happened on a port since the worker last asked ([`VhostPort::take_counts`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VhostCounts {
     /// Front ends whose features were refused (their connections closed).
     pub refused: u64,
+    /// Frames the guest sent with offloads it did not negotiate (a GSO frame
+    /// without HOST_TSO4/6, a partial checksum without CSUM): dropped.
+    pub rx_not_negotiated: u64,
 }
 
 impl VhostPort {
@@ -154,7 +190,14 @@ impl VhostPort {
             thread: Some(thread),
             dirty: Default::default(),
             refusals_taken: std::cell::Cell::new(0),
+            rx_not_negotiated: std::cell::Cell::new(0),
         })
+    }
+
+    /// What the guest takes of the offloads the datapath hands out, from the
+    /// features its front end acked (nothing while none has).
+    pub fn guest_takes(&self) -> GuestTakes {
+        GuestTakes::of(self.shared.negotiated.acked.load(Ordering::Relaxed))
     }
 
     /// What the current front end negotiated, and the refused ones.
@@ -172,6 +215,7 @@ impl VhostPort {
         let refusals = self.shared.negotiated.refusals.load(Ordering::Relaxed);
         VhostCounts {
             refused: refusals.saturating_sub(self.refusals_taken.replace(refusals)),
+            rx_not_negotiated: self.rx_not_negotiated.replace(0),
         }
     }
 
@@ -205,27 +249,41 @@ impl VhostPort {
     /// `buf`; `None` when the transmit ring is empty or not running. A chain
     /// shorter than the header or longer than `buf` is returned to the guest
     /// and refused with `InvalidData` (the worker counts it in `tap_rx_errors`).
+    /// A frame with offloads the guest did not negotiate (a GSO frame without
+    /// HOST_TSO4/6, a partial checksum without CSUM) is returned to it unread
+    /// by the datapath and counted ([`VhostCounts::rx_not_negotiated`]): a
+    /// driver may not send one, and the datapath would otherwise act on it.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(VnetHdr, usize)>> {
         let mut guard = self.shared.device();
         let dev = &mut *guard;
+        let features = dev.acked();
         let (mem, vring) = (&dev.mem, &mut dev.vrings[TX]);
         if !vring.running() || !vring.sane(mem, &self.shared.cfg.name) {
             return Ok(None);
         }
-        let Some(chain) = vring.queue.pop_descriptor_chain(mem) else {
-            return Ok(None);
-        };
-        let head = chain.head_index();
-        let read = chain
-            .reader(mem)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("transmit chain: {e}")))
-            .and_then(|r| read_frame(r, buf));
-        vring
-            .queue
-            .add_used(mem, head, 0)
-            .map_err(|e| io::Error::other(format!("transmit ring: {e}")))?;
-        self.dirty[TX].set(true);
-        read.map(Some)
+        loop {
+            let Some(chain) = vring.queue.pop_descriptor_chain(mem) else {
+                return Ok(None);
+            };
+            let head = chain.head_index();
+            let read = chain
+                .reader(mem)
+                .map_err(|e| {
+                    io::Error::new(io::ErrorKind::InvalidData, format!("transmit chain: {e}"))
+                })
+                .and_then(|r| read_frame(r, buf));
+            vring
+                .queue
+                .add_used(mem, head, 0)
+                .map_err(|e| io::Error::other(format!("transmit ring: {e}")))?;
+            self.dirty[TX].set(true);
+            match read {
+                Ok((hdr, _)) if !device::sent_as_negotiated(&hdr, features) => {
+                    self.rx_not_negotiated.set(self.rx_not_negotiated.get() + 1);
+                }
+                r => return r.map(Some),
+            }
+        }
     }
 
     /// Writes one frame to the guest: `parts[0]` is its legacy vnet header
@@ -416,6 +474,8 @@ fn publish_used(q: &mut Queue, mem: &GuestMemoryMmap, used: &[(u16, u32)]) -> io
 
 #[cfg(test)]
 mod frontend_tests;
+#[cfg(any(test, feature = "test-frontend"))]
+pub mod test_frontend;
 
 #[cfg(test)]
 mod tests {
