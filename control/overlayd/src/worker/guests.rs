@@ -242,3 +242,45 @@ mod tests {
         assert_eq!(m.0[0] & 0x02, 0x02, "locally administered");
     }
 }
+
+#[cfg(test)]
+mod vhost_tests {
+    use super::*;
+    use dpio::vhost::test_frontend::{bits, connect, linux_features, wait_for};
+
+    /// A port whose front end was refused shows down with why, and counts it;
+    /// one that is served shows up with its features by name.
+    #[test]
+    fn a_refused_front_end_shows_the_port_down_with_the_reason() {
+        // VERSION_1 (bit 32) and GUEST_TSO4 (bit 7) without GUEST_CSUM.
+        let (port, _g) = connect("view-refused", bits(&[32, 7]), 2048);
+        assert!(wait_for(|| port.negotiation().refusals == 1));
+        let link = TapLink::Up(GuestPort::Vhost(port));
+        let PortLink::Down { reason, .. } = link.view() else {
+            panic!("the port is up");
+        };
+        assert!(
+            reason.contains("refused and disconnected (1 so far)")
+                && reason.contains("GUEST_TSO4 without GUEST_CSUM"),
+            "{reason}"
+        );
+        let n = link.negotiated().unwrap();
+        assert_eq!((n.features.len(), n.refused), (0, 1));
+
+        let (port, _g) = connect("view-served", linux_features(), 2048);
+        assert!(wait_for(|| port.is_up()));
+        let link = TapLink::Up(GuestPort::Vhost(port));
+        assert_eq!(link.view(), PortLink::Up);
+        let n = link.negotiated().unwrap();
+        assert_eq!(
+            n.features,
+            [
+                "GUEST_CSUM",
+                "GUEST_TSO4",
+                "GUEST_TSO6",
+                "MRG_RXBUF",
+                "VERSION_1"
+            ]
+        );
+    }
+}
