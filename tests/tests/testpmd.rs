@@ -14,6 +14,9 @@
 //! - with offloads on (`--rx-offloads` TCP_LRO and TCP_CKSUM, so it acks
 //!   GUEST_TSO4/6 and GUEST_CSUM), the same GSO buffer arrives whole, as before.
 //!
+//! - a front end (the `vhost` crate's, acking what the test says) that acks an
+//!   impossible feature set is disconnected, and the daemon shows and counts it.
+//!
 //! Each run of testpmd lasts a few seconds. Needs `dpdk-testpmd` (Debian
 //! `dpdk-dev`; scripts/install-deps.sh installs it): without it the test fails
 //! saying so.
@@ -475,6 +478,63 @@ fn testpmd_with_offloads_gets_the_gso_buffer_whole() -> Result<()> {
     );
     assert_eq!(received, Some(2), "the SYN and the whole GSO buffer");
     assert_eq!(segmented, 0, "nothing cut");
+    rack.teardown_quietly();
+    Ok(())
+}
+
+/// A front end that acks an impossible feature set (GUEST_TSO4 without
+/// GUEST_CSUM, which the virtio specification forbids) is disconnected, never
+/// served: its connection is closed, `list-ports` shows the port down naming
+/// why, and the daemon counts it (`vhost_refused`).
+#[test]
+fn a_front_end_acking_an_impossible_feature_set_is_disconnected_and_counted() -> Result<()> {
+    use vhost::vhost_user::Frontend;
+    use vhost::VhostBackend as _;
+    let (rack, _spec, socket) = rack("tpc")?;
+    let frontend =
+        Frontend::connect(&socket, 2).map_err(|e| Error::new(format!("connect: {e}")))?;
+    fn step<T>(r: vhost::Result<T>) -> Result<T> {
+        r.map_err(|e| Error::new(format!("vhost-user: {e}")))
+    }
+    step(frontend.set_owner())?;
+    let offered = step(frontend.get_features())?;
+    // VERSION_1 (bit 32) and GUEST_TSO4 (bit 7), both offered; no GUEST_CSUM.
+    let impossible = (1u64 << 32) | (1 << 7);
+    assert_eq!(offered & impossible, impossible, "offered: {offered:#x}");
+    step(frontend.set_features(impossible))?;
+    poll_until(
+        "the connection to be closed",
+        Duration::from_secs(5),
+        || match frontend.get_features() {
+            Err(_) => Ok(()),
+            Ok(_) => Err(Error::new("still served")),
+        },
+    )?;
+    let sled = rack.sled(0)?;
+    let listed = poll_until(
+        "the port to show the refusal",
+        Duration::from_secs(5),
+        || {
+            let listed = sled.admin(&["list-ports"])?;
+            match listed
+                .lines()
+                .any(|l| l.starts_with(VM) && l.contains("refused and disconnected"))
+            {
+                true => Ok(listed),
+                false => Err(Error::new(listed)),
+            }
+        },
+    )?;
+    eprintln!("{listed}");
+    assert!(listed.contains("GUEST_TSO4 without GUEST_CSUM"), "{listed}");
+    poll_until(
+        "vhost_refused to count it",
+        Duration::from_secs(5),
+        || match sled.counter(None, "vhost_refused")? {
+            1 => Ok(()),
+            n => Err(Error::new(format!("vhost_refused {n}"))),
+        },
+    )?;
     rack.teardown_quietly();
     Ok(())
 }

@@ -345,7 +345,7 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
                 p.attach.clone().unwrap_or_else(|| "-".into()),
                 s.state.map_or("-".into(), |st| st.to_string()),
                 match &s.not_applied {
-                    None => link_status(s.link.as_ref(), SystemTime::now()),
+                    None => link_status(s.link.as_ref(), SystemTime::now(), p.vhost_user.is_some()),
                     Some(n) => format!(
                         "NOT APPLIED (try {}, next in {} s): {}",
                         n.attempts,
@@ -379,8 +379,10 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
     }
 }
 
-/// A port in the dataplane: whether its tap is served, and since when not.
-fn link_status(link: Option<&PortLink>, now: SystemTime) -> String {
+/// A port in the dataplane: whether its tap is served, and since when not. A
+/// vhost-user port (`vhost`) has no tap: it is up again once a front end starts
+/// its rings.
+fn link_status(link: Option<&PortLink>, now: SystemTime, vhost: bool) -> String {
     match link {
         None => "applied".into(),
         Some(PortLink::Up) => "up".into(),
@@ -392,7 +394,11 @@ fn link_status(link: Option<&PortLink>, now: SystemTime) -> String {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
             let secs = now_ms.saturating_sub(*since_unix_ms) / 1000;
-            format!("DOWN for {secs} s (re-attached when the tap is back): {reason}")
+            let back = match vhost {
+                true => "up when a front end starts the rings",
+                false => "re-attached when the tap is back",
+            };
+            format!("DOWN for {secs} s ({back}): {reason}")
         }
     }
 }
@@ -685,11 +691,19 @@ mod tests {
             reason: "read: File descriptor in bad state".into(),
         };
         assert_eq!(
-            link_status(Some(&down), at),
+            link_status(Some(&down), at, false),
             "DOWN for 41 s (re-attached when the tap is back): read: File descriptor in bad state"
         );
-        assert_eq!(link_status(Some(&PortLink::Up), at), "up");
-        assert_eq!(link_status(None, at), "applied", "a daemon without taps");
+        assert_eq!(
+            link_status(Some(&down), at, true),
+            "DOWN for 41 s (up when a front end starts the rings): read: File descriptor in bad state"
+        );
+        assert_eq!(link_status(Some(&PortLink::Up), at, false), "up");
+        assert_eq!(
+            link_status(None, at, false),
+            "applied",
+            "a daemon without taps"
+        );
     }
 
     /// The table shows queues as IFINDEX/QUEUE, the ratio in percent, the age.
