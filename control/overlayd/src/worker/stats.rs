@@ -61,7 +61,8 @@ pub struct WorkerStats {
     /// Partial checksums completed for a guest without GUEST_CSUM.
     pub vhost_tx_csum_completed: u64,
     /// Frames that could not be made into frames their guest takes (their
-    /// header does not match them): dropped.
+    /// header does not match them): dropped. One the ingress shaper held
+    /// (`set-port-limits --ingress-mbps`) counts in `tap_tx_errors` too.
     pub vhost_tx_unfit: u64,
     pub underlay_rx_frames: u64,
     pub underlay_tx_frames: u64,
