@@ -13,7 +13,8 @@
 # the fleet's store: control/fleet's tests start members of their own, the e2e
 # harness a cluster in namespaces (tests/src/etcd.rs); the package's own service is
 # disabled below so the tests stay in charge of ports and data. nftables cuts a sled
-# off etcd's client port in those tests.
+# off etcd's client port in those tests. dpdk-dev provides dpdk-testpmd, the DPDK
+# guest of tests/tests/testpmd.rs (a virtio-user device on a vhost-user port).
 # Idempotent and quiet: it installs only what is missing, and shows what apt and pip
 # said only when they fail.
 set -euo pipefail
@@ -35,7 +36,7 @@ quietly() {
 need_apt=()
 for pkg in clang llvm libbpf-dev iproute2 iputils-ping procps tshark tcpdump iperf3 \
     ethtool ndisc6 python3 openvswitch-switch prometheus curl protobuf-compiler \
-    etcd-server etcd-client nftables; do
+    etcd-server etcd-client nftables dpdk-dev; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -43,7 +43,7 @@ pub use port::{
 pub use protocol::{ErrorCode, Outcome, Refusal};
 pub use reply::{
     CaptureEnd, CaptureReport, Check, CheckStatus, NotApplied, PeerPath, PortLink, PortStatus,
-    Reply,
+    Reply, VhostNegotiation,
 };
 pub use request::{CaptureSpec, Request};
 pub use route::{RouteClass, RouteEntry, RouteTarget};

@@ -503,6 +503,10 @@ mod tests {
                         reason: "read: File descriptor in bad state".into(),
                     }),
                     state: Some(PortState::Running),
+                    vhost_negotiated: Some(crate::VhostNegotiation {
+                        features: vec!["VERSION_1".into(), "MRG_RXBUF".into()],
+                        refused: 2,
+                    }),
                 },
                 PortStatus {
                     port: PortInfo {
@@ -518,6 +522,7 @@ mod tests {
                     }),
                     link: None,
                     state: None,
+                    vhost_negotiated: None,
                 },
             ])),
             Outcome::Ok(Reply::Inspect(serde_json::json!({"drops": {"bad_vni": 3}}))),

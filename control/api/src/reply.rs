@@ -24,6 +24,22 @@ pub struct PortStatus {
     /// absent for a port not applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<PortState>,
+    /// What a vhost-user port's front end negotiated (absent for other ports, and
+    /// for a port not applied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_negotiated: Option<VhostNegotiation>,
+}
+
+/// A vhost-user port's negotiation with its front end.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VhostNegotiation {
+    /// The virtio features the connected front end acked, by their names in the
+    /// virtio specification (`VERSION_1`, `GUEST_CSUM`, `MRG_RXBUF`, ...); empty
+    /// while no front end has acked any.
+    pub features: Vec<String>,
+    /// Front ends refused for their features (and disconnected) since the port
+    /// was made.
+    pub refused: u64,
 }
 
 /// Whether a port's tap is served.

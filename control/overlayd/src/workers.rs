@@ -392,7 +392,10 @@ impl Workers<Datapath> {
             }
         }
         for p in &mut ports {
-            p.link = links.remove(&p.port.config.name);
+            if let Some((link, vhost)) = links.remove(&p.port.config.name) {
+                p.link = Some(link);
+                p.vhost_negotiated = vhost;
+            }
         }
         Outcome::Ok(Reply::Ports(ports))
     }

@@ -29,6 +29,8 @@ impl<D: Dataplane> Controller<D> {
                 } else {
                     self.dp.port_state(&p.config.name).ok()
                 },
+                // Filled in with the link.
+                vhost_negotiated: None,
             })
             .collect()
     }
@@ -57,7 +59,8 @@ impl<D: Dataplane> Controller<D> {
         Ok(Reply::Inspect(v))
     }
 
-    /// Per applied port with a tap (or the one asked for): what its tap's queue
+    /// Per applied port with a tap (or the one asked for; a vhost-user port has
+    /// none): what its tap's queue
     /// dropped of what the guest sent (`guest_tx_dropped`), or why that cannot be
     /// read. An attached port's loss is its packet socket's, counted by the worker
     /// (`attached_rx_dropped`).
@@ -68,7 +71,7 @@ impl<D: Dataplane> Controller<D> {
             .iter()
             .filter(|p| only.is_none_or(|o| o == p.config.name))
             .filter(|p| !self.unapplied_ports.contains_key(&p.config.name))
-            .filter(|p| p.attach.is_none())
+            .filter(|p| p.attach.is_none() && p.vhost_user.is_none())
             .map(|p| {
                 let name = &p.config.name;
                 let read =

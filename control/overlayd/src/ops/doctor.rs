@@ -832,6 +832,7 @@ LOC:     123456      65432      11111   Local timer interrupts
                 not_applied: None,
                 link: Some(PortLink::Up),
                 state: Some(api::PortState::Running),
+                vhost_negotiated: None,
             },
             guest_mtu: Some(Ok(u32::from(mtu))),
             ra_ms_ago: Some(3_000),

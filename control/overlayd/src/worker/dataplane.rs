@@ -13,7 +13,7 @@ use crate::controller::{Dataplane, DataplaneError, Inspect, PortTables};
 use crate::convert::{ToApi, ToEngine};
 use api::{
     Direction, ExternalIps, FwAction, FwHost, FwRule, PortCidrs, PortInfo, PortLimits, PortLink,
-    PortState, RouteEntry, V2pEntry, Vni,
+    PortState, RouteEntry, V2pEntry, VhostNegotiation, Vni,
 };
 use engine::V2b;
 use engine::{Finalized, PortRange, Predicate, Rule};
@@ -238,7 +238,17 @@ impl Dataplane for Datapath {
                     .into_iter()
                     .find(|p| &p.name == port)
                     .ok_or_else(|| DataplaneError::NoSuchPort(port.clone()))?;
-                json(p)
+                let mut v = json(p)?;
+                let vhost = self
+                    .taps
+                    .iter()
+                    .flatten()
+                    .find(|t| &t.info.config.name == port)
+                    .and_then(|t| t.link.negotiated());
+                if let (Some(n), serde_json::Value::Object(m)) = (vhost, &mut v) {
+                    m.insert("vhost_user".into(), json(n)?);
+                }
+                Ok(v)
             }
             Inspect::Stats { port: None } => json(self.report()),
             // A daemon without workers (headless): this datapath is the one worker.
@@ -253,12 +263,16 @@ impl Dataplane for Datapath {
 }
 
 impl Datapath {
-    /// The link state of each of this worker's ports.
-    pub(crate) fn port_links(&self) -> Vec<(String, PortLink)> {
+    /// The link state of each of this worker's ports, and what a vhost-user
+    /// port's front end negotiated.
+    pub(crate) fn port_links(&self) -> Vec<(String, (PortLink, Option<VhostNegotiation>))> {
         self.taps
             .iter()
             .flatten()
-            .map(|p| (p.info.config.name.clone(), p.link.view()))
+            .map(|p| {
+                let name = p.info.config.name.clone();
+                (name, (p.link.view(), p.link.negotiated()))
+            })
             .collect()
     }
 

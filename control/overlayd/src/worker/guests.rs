@@ -4,7 +4,7 @@
 
 use crate::controller::DataplaneError;
 use crate::underlay::queues::UnderlayQueues;
-use api::{PortInfo, PortLink, VhostUserMode};
+use api::{PortInfo, PortLink, VhostNegotiation, VhostUserMode};
 use dpio::guest::GuestPort;
 use dpio::netlink::Netlink;
 use dpio::packet::PacketPort;
@@ -184,10 +184,7 @@ impl TapLink {
         match self {
             TapLink::Up(GuestPort::Vhost(v)) if !v.is_up() => PortLink::Down {
                 since_unix_ms: unix_ms(v.changed()),
-                reason: format!(
-                    "no vhost-user front end on {} has started the rings",
-                    v.socket().display()
-                ),
+                reason: vhost_down_reason(v),
             },
             TapLink::Up(_) => PortLink::Up,
             TapLink::Down { since, reason } => PortLink::Down {
@@ -195,6 +192,37 @@ impl TapLink {
                 reason: reason.clone(),
             },
         }
+    }
+}
+
+impl TapLink {
+    /// What a vhost-user port's front end negotiated; `None` for other ports.
+    pub(super) fn negotiated(&self) -> Option<VhostNegotiation> {
+        let TapLink::Up(GuestPort::Vhost(v)) = self else {
+            return None;
+        };
+        let n = v.negotiation();
+        Some(VhostNegotiation {
+            features: dpio::vhost::feature_names(n.features),
+            refused: n.refusals,
+        })
+    }
+}
+
+/// Why a vhost-user port is down: no front end has started its rings, or the
+/// last one was refused for its features (and disconnected).
+fn vhost_down_reason(v: &VhostPort) -> String {
+    let n = v.negotiation();
+    match n.last_refusal {
+        Some(why) => format!(
+            "vhost-user front end on {} refused and disconnected ({} so far): {why}",
+            v.socket().display(),
+            n.refusals
+        ),
+        None => format!(
+            "no vhost-user front end on {} has started the rings",
+            v.socket().display()
+        ),
     }
 }
 
@@ -212,5 +240,47 @@ mod tests {
         assert_ne!(m, guest);
         assert!(m.is_unicast());
         assert_eq!(m.0[0] & 0x02, 0x02, "locally administered");
+    }
+}
+
+#[cfg(test)]
+mod vhost_tests {
+    use super::*;
+    use dpio::vhost::test_frontend::{bits, connect, linux_features, wait_for};
+
+    /// A port whose front end was refused shows down with why, and counts it;
+    /// one that is served shows up with its features by name.
+    #[test]
+    fn a_refused_front_end_shows_the_port_down_with_the_reason() {
+        // VERSION_1 (bit 32) and GUEST_TSO4 (bit 7) without GUEST_CSUM.
+        let (port, _g) = connect("view-refused", bits(&[32, 7]), 2048);
+        assert!(wait_for(|| port.negotiation().refusals == 1));
+        let link = TapLink::Up(GuestPort::Vhost(port));
+        let PortLink::Down { reason, .. } = link.view() else {
+            panic!("the port is up");
+        };
+        assert!(
+            reason.contains("refused and disconnected (1 so far)")
+                && reason.contains("GUEST_TSO4 without GUEST_CSUM"),
+            "{reason}"
+        );
+        let n = link.negotiated().unwrap();
+        assert_eq!((n.features.len(), n.refused), (0, 1));
+
+        let (port, _g) = connect("view-served", linux_features(), 2048);
+        assert!(wait_for(|| port.is_up()));
+        let link = TapLink::Up(GuestPort::Vhost(port));
+        assert_eq!(link.view(), PortLink::Up);
+        let n = link.negotiated().unwrap();
+        assert_eq!(
+            n.features,
+            [
+                "GUEST_CSUM",
+                "GUEST_TSO4",
+                "GUEST_TSO6",
+                "MRG_RXBUF",
+                "VERSION_1"
+            ]
+        );
     }
 }

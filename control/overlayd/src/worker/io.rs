@@ -149,6 +149,9 @@ pub struct WorkerIo {
     pub(super) buf: Vec<u8>,
     /// For frames of more pieces than one `writev` takes.
     pub(super) linear: Vec<u8>,
+    /// Frames made for a guest that does not take the offloads of the frame
+    /// they were made of (`fit.rs`).
+    pub(super) remade: engine::TxBatch<'static>,
     /// The captures of this worker's ports (`xdeadm capture`).
     pub(crate) captures: Captures,
 }
@@ -196,6 +199,7 @@ impl WorkerIo {
             shaper: IngressShaper::default(),
             buf: vec![0u8; MAX_TAP_FRAME],
             linear: Vec::new(),
+            remade: engine::TxBatch::new(),
             captures: Captures::default(),
         })
     }
@@ -374,14 +378,6 @@ pub(super) fn flush_guests(taps: &[Option<PortTap>]) {
         if let TapLink::Up(g) = &p.link {
             g.flush();
         }
-    }
-}
-
-/// The tap of port `token` if it is up.
-pub(super) fn up_tap(taps: &[Option<PortTap>], port: engine::PortId) -> Option<&GuestPort> {
-    match &taps.get(port.0 as usize)?.as_ref()?.link {
-        TapLink::Up(tap) => Some(tap),
-        TapLink::Down { .. } => None,
     }
 }
 

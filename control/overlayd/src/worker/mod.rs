@@ -46,6 +46,7 @@
 
 pub mod capture;
 pub mod dataplane;
+pub mod fit;
 pub mod guests;
 pub mod handoff;
 pub mod io;
@@ -62,7 +63,7 @@ use capture::Watch;
 use dpio::guest::{GuestFault, GuestPort};
 use engine::{Engine, RxFrame, SiblingFrame, TxBatch};
 use guests::{PortTap, TapLink};
-use io::{flush_guests, unwatch, up_tap, up_tap_mut, Input, WorkerIo};
+use io::{flush_guests, unwatch, up_tap_mut, Input, WorkerIo};
 use jobs::{serve_jobs, JobRx};
 use reattach::Reattached;
 use stats::WorkerStats;
@@ -247,9 +248,21 @@ impl Datapath {
         st.rounds += 1;
         io.resume_taps(now, &self.taps);
         let taps_now = &self.taps;
-        let (written, failed) =
-            io.shaper
-                .release(&mut self.engine, |p| up_tap(taps_now, p), (now, nanos));
+        let remade = &mut io.remade;
+        let write = |port: engine::PortId, vnet: &engine::VnetHdr, frame: &[u8]| {
+            let pt = taps_now.get(port.0 as usize)?.as_ref()?;
+            let TapLink::Up(tap) = &pt.link else {
+                return None;
+            };
+            let mtu = pt.info.config.mtu;
+            let guest = fit::Guest { tap, port, mtu };
+            let r = guest.write(vnet, frame, remade, st);
+            if r.as_ref().is_err_and(fit::Unfit::is) {
+                st.vhost_tx_unfit += 1;
+            }
+            Some(r)
+        };
+        let (written, failed) = io.shaper.release(&mut self.engine, write, (now, nanos));
         st.tap_tx_frames += written;
         st.tap_tx_errors += failed;
         if taps {
@@ -420,18 +433,24 @@ impl Datapath {
         }
         out.clear();
         self.batch = out;
-        self.count_attached_drops();
+        self.count_port_events();
         self.ports_down();
         self.taps_back();
     }
 
     /// Adds what the attached ports' sockets dropped since the last tick to
-    /// `attached_rx_dropped`.
-    fn count_attached_drops(&mut self) {
+    /// `attached_rx_dropped`, and the vhost-user ports' refused front ends to
+    /// `vhost_refused`.
+    fn count_port_events(&mut self) {
         for port in self.taps.iter().flatten() {
             let TapLink::Up(dev) = &port.link else {
                 continue;
             };
+            if let GuestPort::Vhost(v) = dev {
+                let c = v.take_counts();
+                self.stats.vhost_refused += c.refused;
+                self.stats.vhost_rx_not_negotiated += c.rx_not_negotiated;
+            }
             match dev.take_drops() {
                 Some(Ok(n)) => self.stats.attached_rx_dropped += u64::from(n),
                 Some(Err(e)) => {

@@ -10,7 +10,6 @@
 //! (`rate_limited`). Held frames are copies: the buffers they arrived in go back
 //! to the underlay at the end of the round.
 
-use dpio::guest::GuestPort;
 use engine::{Engine, PortId, VnetHdr};
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -87,13 +86,14 @@ impl IngressShaper {
         Offer::Held
     }
 
-    /// Delivers the held frames whose tokens are back, through `tap_of(port)` (a
-    /// port without a tap, deleted or down, loses its held frames). Returns how
-    /// many were written and how many writes failed.
-    pub fn release<'t>(
+    /// Delivers the held frames whose tokens are back, through `write(port,
+    /// header, frame)`, which is `None` for a port without a tap (deleted or
+    /// down: it loses its held frames). Returns how many were written and how
+    /// many writes failed.
+    pub fn release(
         &mut self,
         engine: &mut Engine,
-        mut tap_of: impl FnMut(PortId) -> Option<&'t GuestPort>,
+        mut write: impl FnMut(PortId, &VnetHdr, &[u8]) -> Option<std::io::Result<()>>,
         clock: (Instant, u64),
     ) -> (u64, u64) {
         let (now, nanos) = clock;
@@ -102,17 +102,15 @@ impl IngressShaper {
             if q.due.is_some_and(|d| d > now) {
                 return true;
             }
-            let Some(tap) = tap_of(port) else {
-                return false;
-            };
             while let Some((vnet, frame)) = q.frames.front() {
                 match engine.ingress_take(port, frame.len(), nanos) {
                     Ok(()) => {
-                        match tap.write(vnet, frame) {
-                            Ok(()) => written += 1,
-                            Err(e) => {
+                        match write(port, vnet, frame) {
+                            None => return false,
+                            Some(Ok(())) => written += 1,
+                            Some(Err(e)) => {
                                 failed += 1;
-                                tracing::debug!(tap = tap.name(), error = %e, "tap write failed");
+                                tracing::debug!(port = port.0, error = %e, "tap write failed");
                             }
                         }
                         q.bytes -= frame.len();

@@ -48,6 +48,22 @@ pub struct WorkerStats {
     /// read every tick. A tap's queue counts the same loss on the device instead
     /// (`stats`' `tap_queues`).
     pub attached_rx_dropped: u64,
+    /// vhost-user front ends whose features were refused at `SET_FEATURES`: each
+    /// connection closed, never served; read every tick.
+    pub vhost_refused: u64,
+    /// Frames a vhost-user guest sent with offloads it did not negotiate (a GSO
+    /// frame without HOST_TSO4/6, a partial checksum without CSUM): dropped.
+    pub vhost_rx_not_negotiated: u64,
+    /// GSO frames for a guest without GUEST_TSO4/6 (or GUEST_ECN for an ECN
+    /// one), cut into `vhost_tx_segments` segments of at most its MTU.
+    pub vhost_tx_segmented: u64,
+    pub vhost_tx_segments: u64,
+    /// Partial checksums completed for a guest without GUEST_CSUM.
+    pub vhost_tx_csum_completed: u64,
+    /// Frames that could not be made into frames their guest takes (their
+    /// header does not match them): dropped. One the ingress shaper held
+    /// (`set-port-limits --ingress-mbps`) counts in `tap_tx_errors` too.
+    pub vhost_tx_unfit: u64,
     pub underlay_rx_frames: u64,
     pub underlay_tx_frames: u64,
     /// Underlay frames built outside the sockets' lent slots (none was free) and
@@ -92,6 +108,12 @@ engine::summed_across_workers!(WorkerStats {
     tap_tx_no_port,
     tap_tx_linearized,
     attached_rx_dropped,
+    vhost_refused,
+    vhost_rx_not_negotiated,
+    vhost_tx_segmented,
+    vhost_tx_segments,
+    vhost_tx_csum_completed,
+    vhost_tx_unfit,
     underlay_rx_frames,
     underlay_tx_frames,
     underlay_tx_copied,

@@ -3,6 +3,7 @@
 //! outcome counted.
 
 use super::capture::{self, Dir, Point};
+use super::fit::{Guest, Unfit};
 use super::guests::{PortTap, TapLink};
 use super::io::{Held, WorkerIo};
 use super::shaper::Offer;
@@ -11,7 +12,8 @@ use crate::underlay::queues::{SendError, SuperError};
 use dpio::guest::{GuestFault, GuestPort};
 use dpio::tap::MAX_GATHER;
 use dpio::xsk::TxError;
-use engine::{Engine, FrameBytes, TunnelGso, TxBatch, TxDest};
+use engine::frames::tso::GuestFit;
+use engine::{Engine, FrameBytes, TunnelGso, TxBatch, TxDest, VnetHdr};
 use std::io::IoSlice;
 use std::time::Instant;
 
@@ -41,11 +43,12 @@ pub(super) fn drain(
                 to_tunnel(io, ifindex, &gso, frame, st);
             }
             TxDest::Port { port, vnet } => {
-                let tap = match taps.get(port.0 as usize).and_then(Option::as_ref) {
+                let (tap, mtu) = match taps.get(port.0 as usize).and_then(Option::as_ref) {
                     Some(PortTap {
                         link: TapLink::Up(tap),
+                        info,
                         ..
-                    }) => tap,
+                    }) => (tap, info.config.mtu),
                     Some(_) => {
                         st.tap_tx_port_down += 1;
                         continue;
@@ -67,11 +70,17 @@ pub(super) fn drain(
                     Offer::Held => None,
                     Offer::Full => Some("rate_limited"),
                     Offer::Now => {
-                        match to_tap(tap, &vnet.to_bytes(), frame, &io.held, &mut io.linear) {
+                        let guest = Guest { tap, port, mtu };
+                        match to_guest(&guest, &vnet, frame, io, st) {
                             Ok(linearized) => {
                                 st.tap_tx_frames += 1;
                                 st.tap_tx_linearized += u64::from(linearized);
                                 None
+                            }
+                            Err(e) if Unfit::is(&e) => {
+                                st.vhost_tx_unfit += 1;
+                                tracing::debug!(tap = tap.name(), error = %e, "frame dropped");
+                                Some("vhost_tx_unfit")
                             }
                             Err(e) => match GuestFault::of(&e) {
                                 GuestFault::LinkDown => {
@@ -209,6 +218,45 @@ fn to_tunnel(
             tracing::debug!(ifindex, error = %e, "tunnel tap write failed");
         }
     }
+}
+
+/// One frame to a guest: as it is ([`to_tap`]), under a header the guest takes,
+/// or made into frames it takes ([`Guest::write`]) from one copy of its pieces.
+/// Returns whether the frame was copied into one buffer to be written whole.
+fn to_guest(
+    guest: &Guest<'_>,
+    vnet: &VnetHdr,
+    frame: FrameBytes<'_>,
+    io: &mut WorkerIo,
+    st: &mut WorkerStats,
+) -> std::io::Result<bool> {
+    let header = match guest.fit(vnet) {
+        GuestFit::AsIs => *vnet,
+        GuestFit::Header(h) => h,
+        GuestFit::Remake => {
+            let bytes = match frame {
+                FrameBytes::Own(b) => b,
+                _ => {
+                    io.linear.clear();
+                    if !io
+                        .held
+                        .for_each_part(frame, |p| io.linear.extend_from_slice(p))
+                    {
+                        return Err(unresolved());
+                    }
+                    &io.linear
+                }
+            };
+            return guest.write(vnet, bytes, &mut io.remade, st).map(|()| false);
+        }
+    };
+    to_tap(
+        guest.tap,
+        &header.to_bytes(),
+        frame,
+        &io.held,
+        &mut io.linear,
+    )
 }
 
 /// Parts one gathered tap write starts with room for; a frame of more pieces (a

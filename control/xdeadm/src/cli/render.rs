@@ -346,7 +346,7 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
                 p.attach.clone().unwrap_or_else(|| "-".into()),
                 s.state.map_or("-".into(), |st| st.to_string()),
                 match &s.not_applied {
-                    None => link_status(s.link.as_ref(), SystemTime::now()),
+                    None => link_status(s.link.as_ref(), SystemTime::now(), p.vhost_user.is_some()),
                     Some(n) => format!(
                         "NOT APPLIED (try {}, next in {} s): {}",
                         n.attempts,
@@ -365,10 +365,25 @@ fn render_ports(out: &mut String, ports: &[PortStatus]) {
         ],
         rows,
     );
+    for s in ports {
+        if let Some(v) = &s.vhost_negotiated {
+            let _ = write!(out, "{}: vhost-user features ", s.port.config.name);
+            match v.features.is_empty() {
+                true => out.push_str("none acked yet"),
+                false => out.push_str(&v.features.join(",")),
+            }
+            if v.refused > 0 {
+                let _ = write!(out, "; {} front ends refused", v.refused);
+            }
+            out.push('\n');
+        }
+    }
 }
 
-/// A port in the dataplane: whether its tap is served, and since when not.
-fn link_status(link: Option<&PortLink>, now: SystemTime) -> String {
+/// A port in the dataplane: whether its tap is served, and since when not. A
+/// vhost-user port (`vhost`) has no tap: it is up again once a front end starts
+/// its rings.
+fn link_status(link: Option<&PortLink>, now: SystemTime, vhost: bool) -> String {
     match link {
         None => "applied".into(),
         Some(PortLink::Up) => "up".into(),
@@ -380,7 +395,11 @@ fn link_status(link: Option<&PortLink>, now: SystemTime) -> String {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
             let secs = now_ms.saturating_sub(*since_unix_ms) / 1000;
-            format!("DOWN for {secs} s (re-attached when the tap is back): {reason}")
+            let back = match vhost {
+                true => "up when a front end starts the rings",
+                false => "re-attached when the tap is back",
+            };
+            format!("DOWN for {secs} s ({back}): {reason}")
         }
     }
 }
@@ -567,6 +586,7 @@ mod tests {
             not_applied: None,
             link: None,
             state: None,
+            vhost_negotiated: None,
         }]));
         assert!(
             listed.lines().next().unwrap().contains("EXTERNAL"),
@@ -597,12 +617,20 @@ mod tests {
             attach: Some("vnet7".into()),
             ..port("opte2", 7, None)
         };
+        let vhost = |name: &str, last: u8| api::PortInfo {
+            vhost_user: Some(api::VhostUser {
+                socket: format!("/run/{name}.sock").into(),
+                mode: api::VhostUserMode::Server,
+            }),
+            ..port(name, last, None)
+        };
         let s = render(&Reply::Ports(vec![
             PortStatus {
                 port: port("opte0", 5, None),
                 not_applied: None,
                 link: None,
                 state: Some(api::PortState::Paused),
+                vhost_negotiated: None,
             },
             PortStatus {
                 port: port("opte1", 6, Some("g1")),
@@ -613,12 +641,31 @@ mod tests {
                 }),
                 link: None,
                 state: None,
+                vhost_negotiated: None,
             },
             PortStatus {
                 port: attached,
                 not_applied: None,
                 link: Some(PortLink::Up),
                 state: Some(api::PortState::Running),
+                vhost_negotiated: None,
+            },
+            PortStatus {
+                port: vhost("vm0", 8),
+                not_applied: None,
+                link: Some(PortLink::Up),
+                state: Some(api::PortState::Running),
+                vhost_negotiated: Some(api::VhostNegotiation {
+                    features: vec!["CSUM".into(), "MRG_RXBUF".into(), "VERSION_1".into()],
+                    refused: 2,
+                }),
+            },
+            PortStatus {
+                port: vhost("vm1", 9),
+                not_applied: None,
+                link: Some(PortLink::Up),
+                state: Some(api::PortState::Running),
+                vhost_negotiated: Some(api::VhostNegotiation::default()),
             },
         ]));
         let lines: Vec<&str> = s.lines().collect();
@@ -638,6 +685,12 @@ mod tests {
             lines[3].starts_with("opte2") && lines[3].ends_with("-      vnet7   running  up"),
             "{s}"
         );
+        // vhost-user ports: what their front ends negotiated, below the table.
+        assert_eq!(
+            lines[6], "vm0: vhost-user features CSUM,MRG_RXBUF,VERSION_1; 2 front ends refused",
+            "{s}"
+        );
+        assert_eq!(lines[7], "vm1: vhost-user features none acked yet", "{s}");
     }
 
     /// A port whose tap is gone says so, since when and why; a served one is up.
@@ -649,11 +702,19 @@ mod tests {
             reason: "read: File descriptor in bad state".into(),
         };
         assert_eq!(
-            link_status(Some(&down), at),
+            link_status(Some(&down), at, false),
             "DOWN for 41 s (re-attached when the tap is back): read: File descriptor in bad state"
         );
-        assert_eq!(link_status(Some(&PortLink::Up), at), "up");
-        assert_eq!(link_status(None, at), "applied", "a daemon without taps");
+        assert_eq!(
+            link_status(Some(&down), at, true),
+            "DOWN for 41 s (up when a front end starts the rings): read: File descriptor in bad state"
+        );
+        assert_eq!(link_status(Some(&PortLink::Up), at, false), "up");
+        assert_eq!(
+            link_status(None, at, false),
+            "applied",
+            "a daemon without taps"
+        );
     }
 
     /// The table shows queues as IFINDEX/QUEUE, the ratio in percent, the age.

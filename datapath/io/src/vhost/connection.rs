@@ -13,11 +13,28 @@ use std::time::Duration;
 
 use vhost::vhost_user::{BackendReqHandler, Error};
 
+use super::device::FeatureRefusal;
 use super::{Mode, Shared};
 
 /// How long a client waits between tries to reach QEMU's socket, and how often
 /// a server looks whether the port was deleted while it waits for QEMU.
 const RETRY: Duration = Duration::from_millis(200);
+
+/// How long a port waits after refusing a front end before it takes another: a
+/// client would otherwise reconnect to a QEMU that replays the same refused
+/// set-up as fast as it can.
+const AFTER_REFUSAL: Duration = Duration::from_secs(1);
+
+/// Why a connection ended.
+#[derive(Debug, thiserror::Error)]
+enum Ended {
+    /// The front end went away, or a request failed in a way that ends it.
+    #[error("{0}")]
+    Gone(Error),
+    /// Its features were refused: the connection is closed, never served.
+    #[error("features refused: {0}")]
+    Refused(FeatureRefusal),
+}
 
 /// The listening socket of a server-mode port (an old socket file is replaced).
 pub(super) fn listen(cfg: &super::DeviceConfig) -> io::Result<Option<UnixListener>> {
@@ -113,14 +130,33 @@ pub(super) fn serve(shared: &Arc<Shared>, listener: Option<UnixListener>) {
             .take();
         shared.mark_changed();
         tracing::info!(port = %name, why = %ended, "vhost-user front end gone; rings stopped");
+        if matches!(ended, Ended::Refused(_)) {
+            pause(shared, AFTER_REFUSAL);
+        }
     }
 }
 
-/// Serves one connection's requests; returns why it ended.
-fn serve_one(shared: &Shared, stream: UnixStream) -> Error {
+/// Sleeps for `d`, or less if the port is deleted meanwhile.
+fn pause(shared: &Shared, d: Duration) {
+    let mut left = d;
+    while !left.is_zero() && !shared.stop.load(Ordering::SeqCst) {
+        let step = left.min(RETRY);
+        thread::sleep(step);
+        left -= step;
+    }
+}
+
+/// Serves one connection's requests; returns why it ended. A front end whose
+/// features are refused is not served any further: the connection is closed
+/// (the handler, and with it the socket, is dropped) before any ring can start.
+fn serve_one(shared: &Shared, stream: UnixStream) -> Ended {
     let mut handler = BackendReqHandler::from_stream(stream, shared.device.clone());
     loop {
-        match handler.handle_request() {
+        let r = handler.handle_request();
+        if let Some(why) = shared.device().take_refusal() {
+            return Ended::Refused(why);
+        }
+        match r {
             Ok(()) => {}
             // A request the parser refuses for a feature not (yet) negotiated has
             // been read whole and needs no reply: QEMU sends SET_VRING_ENABLE
@@ -131,7 +167,7 @@ fn serve_one(shared: &Shared, stream: UnixStream) -> Error {
             Err(e @ (Error::InvalidOperation(_) | Error::InvalidParam)) => {
                 tracing::warn!(port = %shared.cfg.name, error = %e, "vhost-user request refused");
             }
-            Err(e) => return e,
+            Err(e) => return Ended::Gone(e),
         }
     }
 }

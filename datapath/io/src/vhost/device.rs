@@ -16,6 +16,8 @@
 use std::fs::File;
 use std::io::Write as _;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
@@ -36,6 +38,7 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, Mmap
 
 use crate::poll::EpollWatch;
 use vhost::VhostUserMemoryRegionBase;
+use wire::vnet::{VnetHdr, GSO_ECN, GSO_NONE, GSO_TCPV4, GSO_TCPV6};
 
 /// The receive queue (toward the guest) and the transmit queue (from it).
 pub(super) const RX: usize = 0;
@@ -44,16 +47,113 @@ const QUEUES: usize = 2;
 /// The largest ring the guest may set up (QEMU's own limit for virtio-net).
 const MAX_QUEUE_SIZE: u16 = 1024;
 
-/// The features a front end must take ([`VhostUserBackendReqHandlerMut::set_features`]).
-fn required_features() -> u64 {
-    [
-        VIRTIO_F_VERSION_1,
-        VIRTIO_NET_F_GUEST_CSUM,
-        VIRTIO_NET_F_GUEST_TSO4,
-        VIRTIO_NET_F_GUEST_TSO6,
-    ]
-    .iter()
-    .fold(0, |f, &b| f | 1 << b)
+const fn bit(b: u32) -> u64 {
+    1 << b
+}
+
+/// Features that the virtio specification (5.1.3.1) lets a driver take only
+/// with another: each offload that hands over partial checksums or GSO frames
+/// needs the checksum feature of its direction, ECN needs TSO.
+const DEPENDENCIES: &[(u32, u32)] = &[
+    (VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_CSUM),
+    (VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_GUEST_CSUM),
+    (VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_CSUM),
+    (VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_CSUM),
+];
+
+/// Why a front end's `SET_FEATURES` was refused: its connection is then closed
+/// (see [`super::connection`]), never served.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FeatureRefusal {
+    #[error("it acked features overlayd did not offer: {}", feature_names(*.0).join(", "))]
+    NotOffered(u64),
+    /// A legacy (pre-1.0) driver: its header is 10 bytes (12 with MRG_RXBUF) and
+    /// its fields in the guest's byte order; only the 1.0 layout is served.
+    #[error(
+        "it did not ack VERSION_1: legacy (pre-virtio-1.0) drivers are not served, their \
+         header layout and byte order differ; use a virtio 1.0 driver (modern or \
+         transitional device, disable-modern=off)"
+    )]
+    Legacy,
+    #[error(
+        "it acked {} without {}, which the virtio specification requires with it",
+        feature_names(bit(*feature)).join(""),
+        feature_names(bit(*needs)).join("")
+    )]
+    Inconsistent { feature: u32, needs: u32 },
+}
+
+/// The name of each virtio-net feature bit a front end may ack, as the virtio
+/// specification spells it (without `VIRTIO_NET_F_`/`VIRTIO_F_`).
+const FEATURE_NAMES: &[(u32, &str)] = &[
+    (0, "CSUM"),
+    (1, "GUEST_CSUM"),
+    (2, "CTRL_GUEST_OFFLOADS"),
+    (3, "MTU"),
+    (5, "MAC"),
+    (7, "GUEST_TSO4"),
+    (8, "GUEST_TSO6"),
+    (9, "GUEST_ECN"),
+    (10, "GUEST_UFO"),
+    (11, "HOST_TSO4"),
+    (12, "HOST_TSO6"),
+    (13, "HOST_ECN"),
+    (14, "HOST_UFO"),
+    (15, "MRG_RXBUF"),
+    (16, "STATUS"),
+    (17, "CTRL_VQ"),
+    (18, "CTRL_RX"),
+    (19, "CTRL_VLAN"),
+    (21, "GUEST_ANNOUNCE"),
+    (22, "MQ"),
+    (23, "CTRL_MAC_ADDR"),
+    (28, "INDIRECT_DESC"),
+    (29, "EVENT_IDX"),
+    (30, "PROTOCOL_FEATURES"),
+    (32, "VERSION_1"),
+    (33, "ACCESS_PLATFORM"),
+    (34, "RING_PACKED"),
+    (35, "IN_ORDER"),
+];
+
+/// The names of the feature bits set in `bits`, lowest bit first; a bit without a
+/// name shows as `bit N`.
+pub fn feature_names(bits: u64) -> Vec<String> {
+    (0..64u32)
+        .filter(|b| bits & (1u64 << b) != 0)
+        .map(|b| match FEATURE_NAMES.iter().find(|(n, _)| *n == b) {
+            Some((_, name)) => (*name).to_string(),
+            None => format!("bit {b}"),
+        })
+        .collect()
+}
+
+/// What a port's front ends negotiated, readable by the worker and the port's
+/// status without the device's lock.
+#[derive(Debug, Default)]
+pub(super) struct Negotiated {
+    /// The features the current front end acked (0 while none has).
+    pub(super) acked: AtomicU64,
+    /// Front ends refused at `SET_FEATURES` since the port was made.
+    pub(super) refusals: AtomicU64,
+    /// Why the last one was refused; cleared when a front end is accepted.
+    pub(super) last_refusal: Mutex<Option<FeatureRefusal>>,
+}
+
+impl Negotiated {
+    pub(super) fn last_refusal(&self) -> Option<FeatureRefusal> {
+        self.last_refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_last_refusal(&self, why: Option<FeatureRefusal>) {
+        *self
+            .last_refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = why;
+    }
 }
 
 /// The virtio feature bits offered: what a Linux guest needs for jumbo frames,
@@ -164,6 +264,10 @@ struct Mapping {
 pub(super) struct Device {
     name: String,
     acked: u64,
+    /// Set by a refused `SET_FEATURES`, taken by the connection loop, which then
+    /// closes the connection.
+    refused: Option<FeatureRefusal>,
+    negotiated: Arc<Negotiated>,
     pub(super) mem: GuestMemoryMmap,
     maps: Vec<Mapping>,
     pub(super) vrings: [Vring; QUEUES],
@@ -174,10 +278,17 @@ pub(super) struct Device {
 }
 
 impl Device {
-    pub(super) fn new(name: String, epoll: EpollWatch, token: u64) -> std::io::Result<Device> {
+    pub(super) fn new(
+        name: String,
+        negotiated: Arc<Negotiated>,
+        epoll: EpollWatch,
+        token: u64,
+    ) -> std::io::Result<Device> {
         Ok(Device {
             name,
             acked: 0,
+            refused: None,
+            negotiated,
             mem: GuestMemoryMmap::new(),
             maps: Vec::new(),
             vrings: [Vring::new()?, Vring::new()?],
@@ -186,9 +297,19 @@ impl Device {
         })
     }
 
+    /// Why the front end's features were refused, once: its connection must end.
+    pub(super) fn take_refusal(&mut self) -> Option<FeatureRefusal> {
+        self.refused.take()
+    }
+
     /// Whether the guest took mergeable receive buffers.
     pub(super) fn mergeable(&self) -> bool {
         self.acked & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0
+    }
+
+    /// The features the current front end acked.
+    pub(super) fn acked(&self) -> u64 {
+        self.acked
     }
 
     fn vring(&mut self, index: u32) -> Result<&mut Vring> {
@@ -240,6 +361,7 @@ impl Device {
             v.broken = false;
         }
         self.acked = 0;
+        self.negotiated.acked.store(0, Ordering::Relaxed);
         self.mem = GuestMemoryMmap::new();
         self.maps.clear();
     }
@@ -249,6 +371,44 @@ impl Drop for Device {
     fn drop(&mut self) {
         self.reset();
     }
+}
+
+/// Whether the datapath can serve a front end that acked `features`: only bits
+/// offered, in a combination the virtio specification allows, and the 1.0
+/// (`VERSION_1`) header. Any offload may be left out: the worker makes what it
+/// hands such a guest into frames it takes (segments, complete checksums, one
+/// receive buffer each; `worker/fit.rs` in overlayd) and drops what the guest
+/// sends with offloads it did not negotiate ([`super::VhostPort::recv`]).
+pub(super) fn check_features(features: u64) -> std::result::Result<(), FeatureRefusal> {
+    let extra = features & !offered_features();
+    if extra != 0 {
+        return Err(FeatureRefusal::NotOffered(extra));
+    }
+    if features & bit(VIRTIO_F_VERSION_1) == 0 {
+        return Err(FeatureRefusal::Legacy);
+    }
+    for &(feature, needs) in DEPENDENCIES {
+        if features & bit(feature) != 0 && features & bit(needs) == 0 {
+            return Err(FeatureRefusal::Inconsistent { feature, needs });
+        }
+    }
+    Ok(())
+}
+
+/// Whether a frame the guest sent under `hdr` uses only offloads it negotiated
+/// (`features`): a GSO frame needs HOST_TSO4/6 of its type (and UFO or any other
+/// GSO type is never offered), a partial checksum needs CSUM.
+pub(super) fn sent_as_negotiated(hdr: &VnetHdr, features: u64) -> bool {
+    let gso = match hdr.gso_kind() {
+        GSO_NONE => true,
+        GSO_TCPV4 => features & bit(VIRTIO_NET_F_HOST_TSO4) != 0,
+        GSO_TCPV6 => features & bit(VIRTIO_NET_F_HOST_TSO6) != 0,
+        _ => false,
+    };
+    // HOST_ECN is not offered.
+    let ecn = hdr.gso_type & GSO_ECN == 0;
+    let csum = !hdr.needs_csum() || features & bit(VIRTIO_NET_F_CSUM) != 0;
+    gso && ecn && csum
 }
 
 fn unsupported<T>(what: &'static str) -> Result<T> {
@@ -306,28 +466,32 @@ impl VhostUserBackendReqHandlerMut for Device {
     }
 
     fn set_features(&mut self, features: u64) -> Result<()> {
-        if features & !offered_features() != 0 {
-            return Err(Error::InvalidParam);
-        }
-        // What the frame path assumes of every guest: the 12-byte v1 header, and
-        // that it takes the partial checksums and GSO frames the datapath hands
-        // over (coalesced TCP). A guest without them is refused (QEMU then reports
-        // the failure) rather than sent frames it never agreed to.
-        let missing = required_features() & !features;
-        if missing != 0 {
-            tracing::warn!(
-                port = %self.name,
-                features = format_args!("{features:#x}"),
-                missing = format_args!("{missing:#x}"),
-                "vhost-user front end refused: VERSION_1, GUEST_CSUM and GUEST_TSO4/6 are required"
-            );
-            return Err(Error::InvalidParam);
+        match check_features(features) {
+            Ok(()) => {}
+            Err(why) => {
+                tracing::warn!(
+                    port = %self.name,
+                    features = format_args!("{features:#x}"),
+                    "vhost-user front end refused: {why}; closing its connection"
+                );
+                self.negotiated.refusals.fetch_add(1, Ordering::Relaxed);
+                self.negotiated.set_last_refusal(Some(why.clone()));
+                self.refused = Some(why);
+                return Err(Error::InvalidParam);
+            }
         }
         self.acked = features;
+        self.negotiated.acked.store(features, Ordering::Relaxed);
+        self.negotiated.set_last_refusal(None);
         for v in &mut self.vrings {
             v.queue.set_event_idx(false);
         }
-        tracing::info!(port = %self.name, features = format_args!("{features:#x}"), "vhost-user features acked");
+        tracing::info!(
+            port = %self.name,
+            features = format_args!("{features:#x}"),
+            names = %feature_names(features).join(","),
+            "vhost-user features acked"
+        );
         Ok(())
     }
 
@@ -516,9 +680,8 @@ impl VhostUserBackendReqHandlerMut for Device {
 
 #[cfg(test)]
 mod tests {
-    use super::check_backing;
+    use super::*;
     use std::fs::File;
-    use std::io::Write as _;
     use std::os::fd::FromRawFd as _;
 
     /// A memfd of `len` bytes, sealed against shrinking or not.
@@ -554,5 +717,31 @@ mod tests {
         let f = memfd(0x1000, false);
         check_backing(&f, 0, 0x1000, "p").unwrap();
         assert!(check_backing(&f, 0, 0x1001, "p").is_err());
+    }
+
+    /// VERSION_1 is all a front end must take; what it may not ack is named.
+    #[test]
+    fn features_are_checked_and_named() {
+        let v1 = bit(VIRTIO_F_VERSION_1);
+        assert_eq!(check_features(v1), Ok(()));
+        assert_eq!(check_features(offered_features()), Ok(()));
+        assert_eq!(check_features(0), Err(FeatureRefusal::Legacy));
+        let tso = v1 | bit(VIRTIO_NET_F_HOST_TSO6);
+        let e = check_features(tso).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "it acked HOST_TSO6 without CSUM, which the virtio specification requires with it"
+        );
+        let e = check_features(v1 | bit(22)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "it acked features overlayd did not offer: MQ"
+        );
+        assert_eq!(
+            feature_names(v1 | bit(VIRTIO_NET_F_MRG_RXBUF) | bit(4)),
+            ["bit 4", "MRG_RXBUF", "VERSION_1"]
+        );
+        let e = check_features(bit(VIRTIO_NET_F_MRG_RXBUF)).unwrap_err();
+        assert!(e.to_string().contains("legacy"), "{e}");
     }
 }

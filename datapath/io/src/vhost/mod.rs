@@ -42,9 +42,9 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use wire::vnet::{VnetHdr, VNET_HDR_LEN};
 
 use crate::poll::EpollWatch;
-use device::{Device, RX, TX};
+use device::{Device, Negotiated, RX, TX};
 
-pub use device::offered_features;
+pub use device::{feature_names, offered_features, FeatureRefusal};
 
 /// `sizeof(struct virtio_net_hdr_v1)`: the legacy header and `num_buffers`.
 pub const VNET_HDR_V1_LEN: usize = VNET_HDR_LEN + 2;
@@ -80,6 +80,8 @@ struct Shared {
     stop: AtomicBool,
     /// When a front end last connected or went away.
     changed: Mutex<SystemTime>,
+    /// What the front ends negotiated, and those refused.
+    negotiated: Arc<Negotiated>,
 }
 
 impl Shared {
@@ -104,6 +106,62 @@ pub struct VhostPort {
     thread: Option<thread::JoinHandle<()>>,
     /// Rings with used buffers not yet signalled to the guest.
     dirty: [std::cell::Cell<bool>; 2],
+    /// Refusals already counted by [`VhostPort::take_counts`].
+    refusals_taken: std::cell::Cell<u64>,
+    /// Frames dropped for offloads the guest did not negotiate, since the last
+    /// [`VhostPort::take_counts`].
+    rx_not_negotiated: std::cell::Cell<u64>,
+}
+
+/// A vhost-user port's negotiation as `list-ports` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Negotiation {
+    /// The features the current front end acked (0 while none has).
+    pub features: u64,
+    /// Front ends refused since the port was made (their connections closed).
+    pub refusals: u64,
+    /// Why the last one was refused, until a front end is accepted.
+    pub last_refusal: Option<FeatureRefusal>,
+}
+
+/// What a guest takes of the offloads the datapath hands out
+/// ([`VhostPort::guest_takes`]): the worker makes anything else into frames it
+/// takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestTakes {
+    /// Partial checksums and `DATA_VALID` (`GUEST_CSUM`).
+    pub csum: bool,
+    /// TCP GSO frames (`GUEST_TSO4`, `GUEST_TSO6`).
+    pub tso4: bool,
+    pub tso6: bool,
+    /// GSO frames with the ECN bit (`GUEST_ECN`, not offered).
+    pub ecn: bool,
+}
+
+impl GuestTakes {
+    fn of(features: u64) -> GuestTakes {
+        use virtio_bindings::virtio_net::{
+            VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
+            VIRTIO_NET_F_GUEST_TSO6,
+        };
+        let has = |b: u32| features & (1u64 << b) != 0;
+        GuestTakes {
+            csum: has(VIRTIO_NET_F_GUEST_CSUM),
+            tso4: has(VIRTIO_NET_F_GUEST_TSO4),
+            tso6: has(VIRTIO_NET_F_GUEST_TSO6),
+            ecn: has(VIRTIO_NET_F_GUEST_ECN),
+        }
+    }
+}
+
+/// What happened on a port since the worker last asked ([`VhostPort::take_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VhostCounts {
+    /// Front ends whose features were refused (their connections closed).
+    pub refused: u64,
+    /// Frames the guest sent with offloads it did not negotiate (a GSO frame
+    /// without HOST_TSO4/6, a partial checksum without CSUM): dropped.
+    pub rx_not_negotiated: u64,
 }
 
 impl VhostPort {
@@ -113,13 +171,15 @@ impl VhostPort {
     /// (edge-triggered) under `token`.
     pub fn start(cfg: DeviceConfig, epoll: EpollWatch, token: u64) -> io::Result<Self> {
         let listener = connection::listen(&cfg)?;
-        let device = Device::new(cfg.name.clone(), epoll, token)?;
+        let negotiated = Arc::new(Negotiated::default());
+        let device = Device::new(cfg.name.clone(), negotiated.clone(), epoll, token)?;
         let shared = Arc::new(Shared {
             cfg,
             device: Arc::new(Mutex::new(device)),
             conn: Mutex::new(None),
             stop: AtomicBool::new(false),
             changed: Mutex::new(SystemTime::now()),
+            negotiated,
         });
         let s = shared.clone();
         let thread = thread::Builder::new()
@@ -129,7 +189,34 @@ impl VhostPort {
             shared,
             thread: Some(thread),
             dirty: Default::default(),
+            refusals_taken: std::cell::Cell::new(0),
+            rx_not_negotiated: std::cell::Cell::new(0),
         })
+    }
+
+    /// What the guest takes of the offloads the datapath hands out, from the
+    /// features its front end acked (nothing while none has).
+    pub fn guest_takes(&self) -> GuestTakes {
+        GuestTakes::of(self.shared.negotiated.acked.load(Ordering::Relaxed))
+    }
+
+    /// What the current front end negotiated, and the refused ones.
+    pub fn negotiation(&self) -> Negotiation {
+        let n = &self.shared.negotiated;
+        Negotiation {
+            features: n.acked.load(Ordering::Relaxed),
+            refusals: n.refusals.load(Ordering::Relaxed),
+            last_refusal: n.last_refusal(),
+        }
+    }
+
+    /// What happened since the last call, for the worker's counters.
+    pub fn take_counts(&self) -> VhostCounts {
+        let refusals = self.shared.negotiated.refusals.load(Ordering::Relaxed);
+        VhostCounts {
+            refused: refusals.saturating_sub(self.refusals_taken.replace(refusals)),
+            rx_not_negotiated: self.rx_not_negotiated.replace(0),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -162,27 +249,41 @@ impl VhostPort {
     /// `buf`; `None` when the transmit ring is empty or not running. A chain
     /// shorter than the header or longer than `buf` is returned to the guest
     /// and refused with `InvalidData` (the worker counts it in `tap_rx_errors`).
+    /// A frame with offloads the guest did not negotiate (a GSO frame without
+    /// HOST_TSO4/6, a partial checksum without CSUM) is returned to it unread
+    /// by the datapath and counted ([`VhostCounts::rx_not_negotiated`]): a
+    /// driver may not send one, and the datapath would otherwise act on it.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(VnetHdr, usize)>> {
         let mut guard = self.shared.device();
         let dev = &mut *guard;
+        let features = dev.acked();
         let (mem, vring) = (&dev.mem, &mut dev.vrings[TX]);
         if !vring.running() || !vring.sane(mem, &self.shared.cfg.name) {
             return Ok(None);
         }
-        let Some(chain) = vring.queue.pop_descriptor_chain(mem) else {
-            return Ok(None);
-        };
-        let head = chain.head_index();
-        let read = chain
-            .reader(mem)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("transmit chain: {e}")))
-            .and_then(|r| read_frame(r, buf));
-        vring
-            .queue
-            .add_used(mem, head, 0)
-            .map_err(|e| io::Error::other(format!("transmit ring: {e}")))?;
-        self.dirty[TX].set(true);
-        read.map(Some)
+        loop {
+            let Some(chain) = vring.queue.pop_descriptor_chain(mem) else {
+                return Ok(None);
+            };
+            let head = chain.head_index();
+            let read = chain
+                .reader(mem)
+                .map_err(|e| {
+                    io::Error::new(io::ErrorKind::InvalidData, format!("transmit chain: {e}"))
+                })
+                .and_then(|r| read_frame(r, buf));
+            vring
+                .queue
+                .add_used(mem, head, 0)
+                .map_err(|e| io::Error::other(format!("transmit ring: {e}")))?;
+            self.dirty[TX].set(true);
+            match read {
+                Ok((hdr, _)) if !device::sent_as_negotiated(&hdr, features) => {
+                    self.rx_not_negotiated.set(self.rx_not_negotiated.get() + 1);
+                }
+                r => return r.map(Some),
+            }
+        }
     }
 
     /// Writes one frame to the guest: `parts[0]` is its legacy vnet header
@@ -370,6 +471,11 @@ fn publish_used(q: &mut Queue, mem: &GuestMemoryMmap, used: &[(u16, u32)]) -> io
     mem.store(next.to_le(), GuestAddress(ring.0 + 2), Ordering::Release)
         .map_err(err)
 }
+
+#[cfg(test)]
+mod frontend_tests;
+#[cfg(any(test, feature = "test-frontend"))]
+pub mod test_frontend;
 
 #[cfg(test)]
 mod tests {

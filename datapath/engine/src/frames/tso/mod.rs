@@ -13,9 +13,11 @@
 //! ([`wire::checksum::copy_and_sum`]). See docs/mtu-and-tso.md for the MTU budget and worked examples.
 
 mod coalesce;
+mod guest;
 mod tunnel;
 
 pub use coalesce::{CoalesceStats, Coalescer};
+pub use guest::{fit_guest, GuestFit, GuestOffloads};
 pub use tunnel::{super_frames, SuperFrames};
 
 use crate::drop::DropReason;
@@ -400,14 +402,48 @@ pub fn segment_with(
     if !vnet.is_gso() {
         return encapsulate_one(frame, vnet, meta, outer, edit, dest, out);
     }
+    let hlen = outer.header_len(true);
+    cut(
+        frame,
+        vnet,
+        meta,
+        seg_payload,
+        (hlen, outer.max_inner_len(true)),
+        dest,
+        out,
+        |buf, inner_len| {
+            buf[hlen..hlen + 6].copy_from_slice(edit.dst_mac.as_bytes());
+            edit.apply_nat(&mut buf[hlen..], meta);
+            outer.write_header(buf, inner_len, Some(guest_mss));
+        },
+    )
+}
+
+/// Cuts GSO buffer `frame` into segments of at most `seg_payload` payload bytes,
+/// each pushed to `out` behind `room.0` bytes left for the caller's header (an
+/// inner frame may be at most `room.1` bytes), its IP and TCP headers and TCP
+/// checksum complete; `done(buf, inner_len)` then finishes each (the outer header,
+/// MAC, NAT). Returns the number of segments.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn cut(
+    frame: &[u8],
+    vnet: &VnetHdr,
+    meta: &InnerMeta,
+    seg_payload: usize,
+    room: (usize, usize),
+    dest: TxDest,
+    out: &mut TxBatch,
+    mut done: impl FnMut(&mut [u8], usize),
+) -> Result<usize, TsoDrop> {
+    let (hlen, max_inner) = room;
     let (payload, nseg) = gso_payload(frame, vnet, meta, seg_payload)?;
     let seg_max = seg_payload.min(payload.len());
     let hdrs = meta.payload_off;
     // The inner IPv4 total length / IPv6 payload length and the outer IPv6 payload
     // length are 16 bits.
     let fixed_v6 = if meta.l3 == L3::Ipv6 { 40 } else { 0 };
-    if hdrs - meta.l3_off - fixed_v6 + seg_max > usize::from(u16::MAX)
-        || hdrs + seg_max > outer.max_inner_len(true)
+    if hdrs - meta.l3_off - fixed_v6 + seg_max > usize::from(u16::MAX) || hdrs + seg_max > max_inner
     {
         return Err(TsoDrop::TooBig);
     }
@@ -417,7 +453,6 @@ pub fn segment_with(
     let base_id = u16::from_be_bytes([frame[l3 + 4], frame[l3 + 5]]);
     let base_seq = u32::from_be_bytes([frame[l4 + 4], frame[l4 + 5], frame[l4 + 6], frame[l4 + 7]]);
     let base_flags = frame[l4 + 13];
-    let hlen = outer.header_len(true);
     // The header sums are taken once per buffer from the guest's frame, leaving out
     // the fields that change per segment (added back from their values below).
     // Summing the headers after writing them would re-read bytes just stored in
@@ -454,7 +489,6 @@ pub fn segment_with(
         let buf = out.push_unzeroed(dest, hlen + inner_len);
         let inner = &mut buf[hlen..];
         inner[..hdrs].copy_from_slice(&frame[..hdrs]);
-        inner[0..6].copy_from_slice(edit.dst_mac.as_bytes());
 
         // Checked against the 16-bit fields above.
         let ip_len = inner_len - l3;
@@ -483,8 +517,7 @@ pub fn segment_with(
         let c = finish(acc);
         inner[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
 
-        edit.apply_nat(&mut buf[hlen..], meta);
-        outer.write_header(buf, inner_len, Some(guest_mss));
+        done(buf, inner_len);
         start = end;
     }
     Ok(nseg)

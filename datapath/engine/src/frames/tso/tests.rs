@@ -1539,3 +1539,135 @@ proptest! {
         }
     }
 }
+
+/// A guest without GUEST_TSO gets a GSO buffer as segments of at most its MTU,
+/// each a plain frame with complete checksums, the stream intact; with
+/// GUEST_CSUM they say DATA_VALID.
+#[test]
+fn a_gso_frame_for_a_guest_without_tso_is_cut_to_its_mtu() {
+    let no_tso = GuestOffloads {
+        csum: false,
+        tso4: false,
+        tso6: false,
+        ecn: false,
+    };
+    for v6 in [false, true] {
+        let mut spec = Spec::new(v6, pattern(11, 20_000));
+        spec.flags = 0x10 | TCP_PSH | TCP_CWR;
+        let f = spec.build();
+        let v = spec.vnet(1448);
+        assert_eq!(no_tso.fit(&v), GuestFit::Remake);
+        assert_eq!(GuestOffloads::ALL.fit(&v), GuestFit::AsIs);
+        let port = PortId(3);
+        for (guest, mtu, flags) in [
+            (no_tso, 1500, 0),
+            (
+                GuestOffloads {
+                    csum: true,
+                    ..no_tso
+                },
+                1280,
+                F_DATA_VALID,
+            ),
+        ] {
+            let mut out = TxBatch::new();
+            let n = fit_guest(&f, &v, guest, mtu, port, &mut out).unwrap();
+            let (l3, l4, hdrs) = (14, 14 + spec.ip_hdr(), spec.hdrs());
+            let seg = (usize::from(mtu) - (hdrs - l3)).min(1448);
+            assert_eq!(n, 20_000usize.div_ceil(seg));
+            assert_eq!(out.len(), n);
+            let mut stream = Vec::new();
+            for (i, (dest, g)) in own_frames(&out).into_iter().enumerate() {
+                let TxDest::Port { port: p, vnet } = dest else {
+                    panic!("{dest:?}");
+                };
+                assert_eq!(p, port);
+                assert_eq!(
+                    vnet,
+                    VnetHdr {
+                        flags,
+                        ..VnetHdr::default()
+                    }
+                );
+                assert!(g.len() - l3 <= usize::from(mtu), "within the MTU");
+                assert!(tcp_verifies(&g, l3, l4, g.len()), "segment {i}");
+                if !v6 {
+                    assert_eq!(!naive_sum(&g[l3..l4]), 0, "IPv4 header checksum");
+                    assert_eq!(usize::from(be16(&g, l3 + 2)), g.len() - l3);
+                }
+                assert_eq!(be32(&g, l4 + 4), spec.seq.wrapping_add(stream.len() as u32));
+                let fl = g[l4 + 13];
+                assert_eq!(fl & TCP_CWR != 0, i == 0, "CWR only first");
+                assert_eq!(fl & TCP_PSH != 0, i + 1 == n, "PSH only last");
+                assert_eq!(&g[..l3], &f[..l3], "MACs and EtherType");
+                assert_eq!(&g[l4..l4 + 4], &f[l4..l4 + 4], "ports");
+                if !v6 {
+                    assert_eq!(be16(&g, l3 + 4), spec.ip_id.wrapping_add(i as u16));
+                }
+                stream.extend_from_slice(&g[hdrs..]);
+            }
+            assert_eq!(stream, spec.payload);
+        }
+    }
+}
+
+/// A partial checksum is completed for a guest without GUEST_CSUM; DATA_VALID
+/// is only cleared; a guest that takes them gets the frame as it is.
+#[test]
+fn a_partial_checksum_for_a_guest_without_guest_csum_is_completed() {
+    let none = GuestOffloads {
+        csum: false,
+        tso4: false,
+        tso6: false,
+        ecn: false,
+    };
+    let spec = Spec::new(false, pattern(5, 700));
+    let mut f = spec.build();
+    f.extend_from_slice(&[0xee; 6]); // Ethernet padding, not summed
+    let v = VnetHdr {
+        flags: F_NEEDS_CSUM,
+        csum_start: 34,
+        csum_offset: 16,
+        ..VnetHdr::default()
+    };
+    assert_eq!(none.fit(&v), GuestFit::Remake);
+    assert_eq!(GuestOffloads { csum: true, ..none }.fit(&v), GuestFit::AsIs);
+    let valid = VnetHdr {
+        flags: F_DATA_VALID,
+        ..VnetHdr::default()
+    };
+    assert_eq!(none.fit(&valid), GuestFit::Header(VnetHdr::default()));
+    assert_eq!(none.fit(&VnetHdr::default()), GuestFit::AsIs);
+
+    let mut out = TxBatch::new();
+    assert_eq!(fit_guest(&f, &v, none, 1500, PortId(1), &mut out), Ok(1));
+    let (dest, g) = own_frames(&out).remove(0);
+    assert_eq!(
+        dest,
+        TxDest::Port {
+            port: PortId(1),
+            vnet: VnetHdr::default()
+        }
+    );
+    let end = f.len() - 6;
+    assert!(tcp_verifies(&g, 14, 34, end));
+    assert_eq!(&g[..50], &f[..50]);
+    assert_eq!(&g[52..], &f[52..]);
+    // A header that does not match the frame is refused, nothing pushed.
+    let lying = VnetHdr {
+        csum_offset: 6,
+        ..v
+    };
+    let mut out = TxBatch::new();
+    assert_eq!(
+        fit_guest(&f, &lying, none, 1500, PortId(1), &mut out),
+        Err(TsoDrop::CsumOffsetOutOfRange)
+    );
+    assert!(out.is_empty());
+    // A GSO buffer whose headers leave no room in the MTU is refused too.
+    let gso = spec.vnet(1448);
+    assert_eq!(
+        fit_guest(&f[..end], &gso, none, 40, PortId(1), &mut out),
+        Err(TsoDrop::SegmentSizeZero)
+    );
+}

@@ -1,0 +1,154 @@
+//! A port driven by a front end written in the test ([`super::test_frontend`]).
+
+use vhost::VhostBackend as _;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_HOST_TSO4,
+};
+use wire::vnet::VnetHdr;
+
+use super::test_frontend::{bits, connect, frame, linux_features, wait_for, write, Guest};
+
+#[test]
+fn a_front_end_with_accepted_features_is_served() {
+    let (port, g) = connect("ok", linux_features(), 2048);
+    assert!(wait_for(|| port.is_up()), "the rings started");
+    write(&port, &frame()).unwrap();
+    assert_eq!(g.rx_used(), 1, "the frame reached the guest");
+    let n = port.negotiation();
+    assert_eq!(n.features, linux_features());
+    assert_eq!((n.refusals, n.last_refusal), (0, None));
+    let all = super::GuestTakes {
+        csum: true,
+        tso4: true,
+        tso6: true,
+        ecn: false,
+    };
+    assert_eq!(port.guest_takes(), all);
+    assert!(g.frontend.get_features().is_ok(), "the connection is open");
+}
+
+/// The front end is disconnected: no ring starts, no frame reaches it, and the
+/// refusal is counted and kept for `list-ports`.
+fn assert_refused(port: &super::VhostPort, g: &Guest, why: &str) {
+    assert!(
+        wait_for(|| g.frontend.get_features().is_err()),
+        "the connection was closed"
+    );
+    assert!(!port.is_up(), "no ring runs");
+    let e = write(port, &frame()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "the link is down");
+    assert_eq!(g.rx_used(), 0, "no frame reached the guest");
+    let n = port.negotiation();
+    assert_eq!(n.features, 0);
+    assert_eq!(n.refusals, 1);
+    let last = n.last_refusal.map(|r| r.to_string()).unwrap_or_default();
+    assert!(last.contains(why), "{last:?} names {why:?}");
+    let counts = port.take_counts();
+    assert_eq!(counts.refused, 1);
+    assert_eq!(port.take_counts().refused, 0, "counted once");
+}
+
+#[test]
+fn a_legacy_front_end_is_disconnected_and_never_served() {
+    let legacy = linux_features() & !bits(&[VIRTIO_F_VERSION_1]);
+    let (port, g) = connect("legacy", legacy, 2048);
+    assert_refused(&port, &g, "VERSION_1");
+}
+
+#[test]
+fn a_front_end_with_guest_tso_but_no_guest_csum_is_disconnected() {
+    let impossible = bits(&[VIRTIO_F_VERSION_1, VIRTIO_NET_F_GUEST_TSO4]);
+    let (port, g) = connect("nocsum", impossible, 2048);
+    assert_refused(&port, &g, "GUEST_CSUM");
+}
+
+/// A guest that took no offload (a DPDK guest by default) is served: each frame
+/// in one receive buffer behind a header without offloads; a frame larger than
+/// its buffers is dropped (`ENOBUFS`), the ring left as it was.
+#[test]
+fn a_front_end_without_offloads_is_served_one_buffer_per_frame() {
+    let (port, g) = connect("plain", bits(&[VIRTIO_F_VERSION_1]), 1526);
+    assert!(wait_for(|| port.is_up()), "the rings started");
+    let none = super::GuestTakes {
+        csum: false,
+        tso4: false,
+        tso6: false,
+        ecn: false,
+    };
+    assert_eq!(port.guest_takes(), none, "the worker remakes frames for it");
+    let mut big = frame();
+    big.resize(1514, 0x5a);
+    write(&port, &big).unwrap();
+    assert_eq!(g.rx_used(), 1);
+    let got = g.received(0);
+    assert_eq!(got.len(), 12 + 1514);
+    assert_eq!(&got[..10], &[0u8; 10], "no offload in the header");
+    assert_eq!(u16::from_le_bytes([got[10], got[11]]), 1, "num_buffers");
+    assert_eq!(&got[12..], &big[..]);
+    big.resize(1515, 0);
+    let e = write(&port, &big).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOBUFS));
+    assert_eq!(g.rx_used(), 1, "nothing more published");
+    assert_eq!(port.negotiation().refusals, 0);
+}
+
+/// What a guest sends is held to what it negotiated: a GSO frame without
+/// HOST_TSO4 and a partial checksum without CSUM are dropped and counted; the
+/// frame after them is read.
+#[test]
+fn a_gso_frame_from_a_guest_without_host_tso_is_dropped_and_counted() {
+    let tcp4 = VnetHdr {
+        flags: 1,
+        gso_type: 1,
+        hdr_len: 54,
+        gso_size: 1448,
+        csum_start: 34,
+        csum_offset: 16,
+    };
+    let csum = VnetHdr {
+        gso_type: 0,
+        gso_size: 0,
+        ..tcp4
+    };
+    let mut buf = vec![0u8; 65536];
+    // CSUM but no HOST_TSO4: the GSO frame goes, the partial checksum is fine.
+    let (port, g) = connect(
+        "notso",
+        bits(&[VIRTIO_F_VERSION_1, VIRTIO_NET_F_CSUM]),
+        2048,
+    );
+    assert!(wait_for(|| port.is_up()), "the rings started");
+    g.send(&tcp4, &frame());
+    g.send(&csum, &frame());
+    g.send(&VnetHdr::default(), &frame());
+    let (hdr, len) = port.recv(&mut buf).unwrap().unwrap();
+    assert_eq!((hdr, len), (csum, 60), "the GSO frame was skipped");
+    let (hdr, _) = port.recv(&mut buf).unwrap().unwrap();
+    assert_eq!(hdr, VnetHdr::default());
+    assert!(port.recv(&mut buf).unwrap().is_none());
+    assert_eq!(port.take_counts().rx_not_negotiated, 1);
+    assert_eq!(port.take_counts().rx_not_negotiated, 0, "counted once");
+    drop((port, g));
+
+    // No CSUM either: the partial checksum is dropped too.
+    let (port, g) = connect("nocsum-tx", bits(&[VIRTIO_F_VERSION_1]), 2048);
+    assert!(wait_for(|| port.is_up()), "the rings started");
+    g.send(&csum, &frame());
+    assert!(port.recv(&mut buf).unwrap().is_none());
+    assert_eq!(port.take_counts().rx_not_negotiated, 1);
+    drop((port, g));
+
+    // With HOST_TSO4 the GSO frame is the guest's to send.
+    let tso = bits(&[
+        VIRTIO_F_VERSION_1,
+        VIRTIO_NET_F_CSUM,
+        VIRTIO_NET_F_HOST_TSO4,
+    ]);
+    let (port, g) = connect("tso", tso, 2048);
+    assert!(wait_for(|| port.is_up()), "the rings started");
+    g.send(&tcp4, &frame());
+    let (hdr, _) = port.recv(&mut buf).unwrap().unwrap();
+    assert_eq!(hdr, tcp4);
+    assert_eq!(port.take_counts().rx_not_negotiated, 0);
+}
