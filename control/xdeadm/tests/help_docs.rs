@@ -337,7 +337,10 @@ const OTHER_TOOLS: &[(&str, &str)] = &[
         "--bsvc-vni",
         "opteadm create-xde, which xdeadm does not take",
     ),
-    ("--no-huge", "dpdk-testpmd's, the DPDK guest of the vhost-user section"),
+    (
+        "--no-huge",
+        "dpdk-testpmd's, the DPDK guest of the vhost-user section",
+    ),
     ("--help", "clap's, every verb has it"),
     ("--flag", "the command reference's convention"),
     ("--long", "the command reference's convention"),
