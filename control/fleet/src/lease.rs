@@ -1,7 +1,7 @@
 //! A key that lives as long as its writer: the sled's status key on a lease.
 
+use crate::call::rpc;
 use crate::error::{Operation, StoreError};
-use crate::store::rpc;
 use etcd_client::{KvClient, LeaseClient, LeaseKeepAliveStream, LeaseKeeper, PutOptions};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

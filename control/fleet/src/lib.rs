@@ -11,6 +11,8 @@
 //!   of its own and resumed from its own [`Positions`];
 //! - [`lease`]: a key that lives as long as its writer ([`LeasedKey`], the sled's
 //!   status key);
+//! - `call`: one request with its deadline and its cluster check, as every
+//!   room above makes it;
 //! - [`backoff`]: waits between reconnects, with full jitter;
 //! - [`error`]: what failed, where, and whether another try may help;
 //! - `testing` (feature `testing`): an etcd of a test's own and a test PKI.
@@ -21,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+mod call;
 pub mod config;
 pub mod error;
 pub mod lease;

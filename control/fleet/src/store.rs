@@ -2,6 +2,7 @@
 //! pinned paged snapshots, bounded transactions with guarded deletes.
 
 use crate::backoff::random_u64;
+use crate::call::{check_cluster, rpc};
 use crate::config::{StoreConfig, TlsPem};
 use crate::error::{Operation, StoreError};
 use crate::lease::LeasedKey;
@@ -12,7 +13,6 @@ use etcd_client::{
     TxnOpResponse, WatchClient,
 };
 use std::collections::HashSet;
-use std::future::Future;
 use std::time::Duration;
 
 /// etcd's default `--max-txn-ops`: a transaction with more operations is refused
@@ -610,46 +610,6 @@ impl From<KeyValue> for Kv {
             value,
             mod_revision,
         }
-    }
-}
-
-/// Runs one request with the connection's deadline. tonic's own timeout does
-/// not cover waiting for a connection that cannot be made; this one does.
-pub(crate) async fn rpc<T>(
-    endpoint: &str,
-    timeout: Duration,
-    operation: Operation,
-    request: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(timeout, request).await {
-        Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(source)) => Err(StoreError::Rpc {
-            endpoint: endpoint.to_string(),
-            operation,
-            source,
-        }),
-        Err(_) => Err(StoreError::Timeout {
-            endpoint: endpoint.to_string(),
-            operation,
-            timeout,
-        }),
-    }
-}
-
-/// Refuses an answer from another cluster than the connection's: the endpoint's
-/// address now leads to a different store (tonic reconnects underneath us).
-pub(crate) fn check_cluster(
-    endpoint: &str,
-    expected: u64,
-    header: Option<&ResponseHeader>,
-) -> Result<(), StoreError> {
-    match header.map(ResponseHeader::cluster_id) {
-        Some(got) if got != 0 && got != expected => Err(StoreError::ClusterChanged {
-            endpoint: endpoint.to_string(),
-            expected,
-            got,
-        }),
-        _ => Ok(()),
     }
 }
 

@@ -40,8 +40,8 @@
 //! would restart every other prefix's watcher, on 1,000 sleds, each time a port
 //! lands in a new VPC.
 
+use crate::call::{check_cluster, rpc};
 use crate::error::{Operation, StoreError};
-use crate::store::{check_cluster, rpc};
 use etcd_client::{
     Event, EventType, ResponseHeader, WatchClient, WatchOptions, WatchRequestSender, WatchResponse,
     WatchResponseStream,
