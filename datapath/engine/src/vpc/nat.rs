@@ -27,7 +27,6 @@ use crate::machinery::conntrack::{ConnHandle, ConnTable};
 use crate::machinery::flow::{
     is_echo, FlowHashBuilder, FlowKey, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
 };
-use core::fmt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -79,30 +78,6 @@ impl ExternalIps {
     /// Whether `ip` is a 1:1 (floating or ephemeral) address of the port.
     fn is_one_to_one(&self, ip: IpAddr) -> bool {
         self.ephemeral == Some(ip) || self.floating.contains(&ip)
-    }
-}
-
-/// `snat 198.51.100.1:1024-2047, ephemeral 198.51.100.7, floating 192.0.2.5` (what
-/// `list-ports` shows), or `-` for none.
-impl fmt::Display for ExternalIps {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_empty() {
-            return f.write_str("-");
-        }
-        let mut sep = "";
-        if let Some(s) = &self.snat {
-            write!(f, "snat {}:{}-{}", s.ip, s.start, s.end)?;
-            sep = ", ";
-        }
-        if let Some(ip) = &self.ephemeral {
-            write!(f, "{sep}ephemeral {ip}")?;
-            sep = ", ";
-        }
-        for ip in &self.floating {
-            write!(f, "{sep}floating {ip}")?;
-            sep = ", ";
-        }
-        Ok(())
     }
 }
 
