@@ -23,6 +23,7 @@ pub mod cpu;
 pub mod iperf;
 pub mod options;
 pub mod ovs;
+pub mod pmd;
 pub mod process;
 pub mod report;
 pub mod runner;
