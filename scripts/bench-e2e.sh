@@ -2,9 +2,11 @@
 # The side-by-side benchmark: on a Debian machine (as root), installs what is
 # missing (the test dependencies, iperf3, Open vSwitch), builds the workspace in
 # release mode, then runs the `bench-e2e` binary of the e2e crate, which builds the
-# same two-sled job four ways in network namespaces -- this datapath, kernel VXLAN
-# over IPv6, OVS's userspace datapath with Geneve over IPv6, a plain veth pair --
-# and measures each with iperf3 in alternation. Options go to the binary:
+# same two-sled job several ways in network namespaces -- this datapath, kernel
+# VXLAN over IPv6 (also cut to the underlay MTU at the sled's edge), OVS's userspace
+# datapath with Geneve over IPv6, a plain veth pair, measured with iperf3; this
+# datapath and OVS with DPDK with DPDK's testpmd as the guests on vhost-user ports
+# -- and measures each in alternation. Options go to the binary:
 #
 #   bash scripts/bench-e2e.sh                     # 3 rounds of 5 s runs, all tests
 #   bash scripts/bench-e2e.sh --smoke             # about a minute: is the harness fine?
@@ -15,6 +17,8 @@
 # See docs/benchmarks.md ("Side by side"). The binary removes everything it built
 # when it exits, also on Ctrl-C; the EXIT trap below also covers a killed run. No
 # system-wide OVS service is used or touched: each sled runs its own OVS daemons.
+# DPDK runs without hugepages (testpmd and OVS get --no-huge), so none are reserved;
+# its runtime directories (/var/run/dpdk/PREFIX) carry the run's prefix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,7 +47,7 @@ cleanup() {
         done
     fi
     remove_namespaces "^${BENCH_E2E_PREFIX}"
-    rm -rf "${TMPDIR:-/tmp}/${BENCH_E2E_PREFIX}"*
+    rm -rf "${TMPDIR:-/tmp}/${BENCH_E2E_PREFIX}"* /var/run/dpdk/"${BENCH_E2E_PREFIX}"*
 }
 trap cleanup EXIT
 
@@ -55,7 +59,7 @@ for prefix in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -oE '^bx[0-9
     if ! kill -0 "$pid" 2>/dev/null; then
         echo "removing namespaces of an earlier run: ${prefix}*"
         remove_namespaces "^${prefix}"
-        rm -rf "${TMPDIR:-/tmp}/${prefix}"*
+        rm -rf "${TMPDIR:-/tmp}/${prefix}"* /var/run/dpdk/"${prefix}"*
     fi
 done
 

@@ -140,8 +140,14 @@ impl Cmd {
     /// Starts the command with its output going to `stdout`/`stderr` as given (for
     /// long-running helpers such as daemons and captures).
     pub fn spawn_with(&self, stdout: Stdio, stderr: Stdio) -> Result<Child> {
+        self.spawn_with_stdin(Stdio::null(), stdout, stderr)
+    }
+
+    /// [`Cmd::spawn_with`] with `stdin` as given too (a pipe for a program driven by
+    /// commands, such as an interactive testpmd).
+    pub fn spawn_with_stdin(&self, stdin: Stdio, stdout: Stdio, stderr: Stdio) -> Result<Child> {
         self.command()
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(stdout)
             .stderr(stderr)
             .spawn()
@@ -230,6 +236,12 @@ fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> thread::JoinHandle<String
         }
         String::from_utf8_lossy(&buf).into_owned()
     })
+}
+
+/// Whether `program` is a file in one of `PATH`'s directories.
+pub fn on_path(program: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|d| d.join(program).is_file())
 }
 
 /// How long [`terminate`] waits after SIGTERM before it kills.

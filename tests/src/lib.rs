@@ -18,7 +18,7 @@
 //! transfers), [`stats`] (reading `xdeadm --json` output), [`cmd`], [`netns`],
 //! [`poll`], [`daemon`], [`bins`], [`boundary`] (the boundary-services switch and the
 //! internet behind it), [`vm`] (QEMU virtual machines as guests, with a real guest
-//! kernel); [`bench`] is the side-by-side benchmark against
+//! kernel), [`testpmd`] (DPDK's testpmd as a vhost-user guest without a VM); [`bench`] is the side-by-side benchmark against
 //! kernel VXLAN, OVS and plain veth built on the same topology (`bench-e2e`).
 //!
 //! Hostile input and reliability (docs/reliability.md): [`inject`] (raw frames
@@ -60,6 +60,7 @@ pub mod rack;
 pub mod soak;
 pub mod standard;
 pub mod stats;
+pub mod testpmd;
 pub mod vm;
 pub mod watch;
 pub mod xfer;

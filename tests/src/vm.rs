@@ -392,6 +392,25 @@ impl Attachment {
     }
 }
 
+/// Makes a vhost-user port for `spec` on `sled` (the daemon the socket's server)
+/// with its firewall rules, for a front end that is not a VM of [`Vm::boot`]
+/// (testpmd), and returns its socket.
+pub fn vhost_user_port(sled: &Sled, spec: &GuestSpec) -> Result<PathBuf> {
+    let Attachment::VhostUser {
+        create,
+        then,
+        socket,
+        ..
+    } = Attachment::vhost_user(sled, spec, false)?
+    else {
+        return Err(Error::new("not a vhost-user attachment"));
+    };
+    for cmd in std::iter::once(create).chain(then) {
+        cmd.run()?;
+    }
+    Ok(socket)
+}
+
 /// The `xdeadm` commands that make `spec`'s port on `sled` in the daemon's
 /// namespace (`create-xde` with `extra`) and then let in its allowed sources.
 fn port_commands(sled: &Sled, spec: &GuestSpec, extra: &[&str]) -> Result<(Cmd, Vec<Cmd>)> {

@@ -23,11 +23,11 @@
 
 use e2e::guest::GATEWAY_MAC;
 use e2e::inject::{parse_mac, RawSocket};
-use e2e::vm::Attachment;
+use e2e::testpmd::{self, accumulated, Testpmd};
+use e2e::vm::vhost_user_port;
 use e2e::{pcap, poll_until, Error, GuestSpec, Rack, RackSpec, Result};
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const A: &str = "pa";
@@ -40,109 +40,26 @@ const TCP_PORT: u16 = 7001;
 const UDP_PORT: u16 = 7002;
 const TXONLY_PORT: u16 = 7003;
 
-/// One run of `dpdk-testpmd` on the port's socket.
-struct Testpmd {
-    child: Child,
-    out: PathBuf,
-}
-
-impl Testpmd {
-    /// Starts testpmd with the port's socket as `net_virtio_user0` (MAC `mac`),
-    /// `pcap` (if any) as a second port that writes what it is sent, and the
-    /// application arguments `app`.
-    fn start(
-        dir: &Path,
-        run: &str,
-        socket: &Path,
-        mac: &str,
-        pcap: Option<&Path>,
-        app: &[&str],
-    ) -> Result<Testpmd> {
-        let out = dir.join(format!("testpmd-{run}.log"));
-        let log = std::fs::File::create(&out)?;
-        let mut cmd = Command::new("dpdk-testpmd");
-        cmd.args([
-            "--no-huge",
-            "-m",
-            "256",
-            "--no-pci",
-            "-l",
-            "0,1",
-            "--log-level",
-            "lib.eal:error",
-        ])
-        .arg("--file-prefix")
-        .arg(format!("e2e-{run}-{}", std::process::id()))
-        .arg("--vdev")
-        .arg(format!(
-            "net_virtio_user0,path={},queues=1,mac={mac}",
-            socket.display()
-        ));
-        if let Some(p) = pcap {
-            cmd.arg("--vdev")
-                .arg(format!("net_pcap0,tx_pcap={}", p.display()));
-        }
-        cmd.args(["--", "--total-num-mbufs=8192", "--stats-period=1"])
-            .args(app);
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| {
-                Error::new(format!(
-                    "dpdk-testpmd (Debian package dpdk-dev, scripts/install-deps.sh): {e}"
-                ))
-            })?;
-        let pmd = Testpmd { child, out };
-        pmd.wait_forwarding()?;
-        Ok(pmd)
-    }
-
-    /// Waits until testpmd forwards (its receive buffers are posted once its
-    /// ports started) and has printed its statistics once.
-    fn wait_forwarding(&self) -> Result<()> {
-        poll_until("testpmd to forward", Duration::from_secs(20), || {
-            let out = std::fs::read_to_string(&self.out)?;
-            match out.contains("packet forwarding - ports=") && out.contains("Port statistics") {
-                true => Ok(()),
-                false => Err(Error::new(out)),
-            }
-        })
-    }
-
-    /// Stops it (SIGINT: it prints its totals and closes its ports) and returns
-    /// its output.
-    fn stop(mut self) -> Result<String> {
-        e2e::Cmd::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .run()?;
-        let end = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > end {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return Err(Error::new("testpmd did not stop on SIGINT"));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(std::fs::read_to_string(&self.out)?)
-    }
-}
-
-impl Drop for Testpmd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The total of `field` (`TX-packets`, `RX-packets`) in testpmd's last
-/// "Accumulated forward statistics" block.
-fn accumulated(out: &str, field: &str) -> Option<u64> {
-    let block = &out[out.rfind("Accumulated forward statistics")?..];
-    let at = block.find(&format!("{field}:"))? + field.len() + 1;
-    block[at..].split_whitespace().next()?.parse().ok()
+/// Starts testpmd on the port's socket as `net_virtio_user0` (MAC `mac`), its
+/// forwarding lcore on core 1, `pcap` (if any) as a second port that writes what
+/// it is sent, and the application arguments `app`.
+fn testpmd(
+    dir: &Path,
+    run: &str,
+    socket: &Path,
+    mac: &str,
+    pcap: Option<&Path>,
+    app: &[&str],
+) -> Result<Testpmd> {
+    let spec = testpmd::Spec {
+        file_prefix: format!("e2e-{run}-{}", std::process::id()),
+        socket,
+        mac,
+        cores: &["-l", "0,1"],
+        pcap,
+        interactive: false,
+    };
+    Testpmd::start(dir, &spec, app)
 }
 
 /// The one's-complement sum of `data` folded to 16 bits.
@@ -262,18 +179,7 @@ fn rack(prefix: &str) -> Result<(Rack, GuestSpec, PathBuf)> {
     rack.start_daemons(&[])?;
     rack.add_guest(GuestSpec::v4(A, 0, 3))?;
     let spec = GuestSpec::v4(VM, 0, 9).mtu(Some(VM_MTU));
-    let Attachment::VhostUser {
-        create,
-        then,
-        socket,
-        ..
-    } = Attachment::vhost_user(rack.sled(0)?, &spec, false)?
-    else {
-        return Err(Error::new("not a vhost-user attachment"));
-    };
-    for cmd in std::iter::once(create).chain(then) {
-        cmd.run()?;
-    }
+    let socket = vhost_user_port(rack.sled(0)?, &spec)?;
     rack.publish_v2p()?;
     rack.publish_v2p_of(&spec)?;
     Ok((rack, spec, socket))
@@ -313,7 +219,7 @@ fn testpmd_without_offloads_gets_valid_segments_and_traffic_flows_both_ways() ->
         .ipv4
         .ok_or_else(|| Error::new("the VM has no IPv4 address"))?;
     let capture = rack.dir().join("testpmd-rx.pcap");
-    let pmd = Testpmd::start(
+    let pmd = testpmd(
         rack.dir(),
         "rx",
         &socket,
@@ -407,7 +313,7 @@ fn testpmd_without_offloads_gets_valid_segments_and_traffic_flows_both_ways() ->
         let peer = format!("--eth-peer=0,{GATEWAY_MAC}");
         let ips = format!("--tx-ip={vm_ip},{a_ip}");
         let udp = format!("--tx-udp={TXONLY_PORT},{TXONLY_PORT}");
-        let pmd = Testpmd::start(
+        let pmd = testpmd(
             rack.dir(),
             &format!("tx{len}"),
             &socket,
@@ -454,7 +360,7 @@ fn testpmd_with_offloads_gets_the_gso_buffer_whole() -> Result<()> {
         .ipv4
         .ok_or_else(|| Error::new("the VM has no IPv4 address"))?;
     // TCP_CKSUM | TCP_LRO; one port, as a pcap port takes no offload.
-    let pmd = Testpmd::start(
+    let pmd = testpmd(
         rack.dir(),
         "lro",
         &socket,

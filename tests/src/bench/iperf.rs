@@ -43,7 +43,26 @@ pub enum Traffic {
     Tcp { streams: u8 },
     /// UDP datagrams of [`UDP_PAYLOAD`] bytes, unlimited rate (`-u -l 64 -b 0`).
     Udp64,
+    /// UDP/IPv4 frames of `frame` bytes (no FCS) from one testpmd guest to another,
+    /// as fast as the sender can (`txonly` to `rxonly`, [`crate::bench::pmd`]);
+    /// `offloads`: both guests ack checksum and TSO offloads (id suffix `tso`).
+    Pmd { frame: u16, offloads: bool },
 }
+
+/// What plays the guests of a test, and so which setups run it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestKind {
+    /// Namespaces with a kernel stack: iperf3.
+    Netns,
+    /// A QEMU VM as the client ([`crate::bench::vm`]).
+    Vm,
+    /// testpmd on vhost-user ports ([`crate::bench::pmd`]).
+    Testpmd,
+}
+
+/// The frame sizes testpmd sends: one mbuf (2048 bytes) holds the frame, and its
+/// UDP/IPv4 headers need 42 bytes.
+const PMD_FRAMES: std::ops::RangeInclusive<u16> = 64..=1514;
 
 /// What one run measures; the guest MTU decides which topology it runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -86,7 +105,32 @@ impl Test {
                 from_vm: false,
             });
         }
+        for offloads in [false, true] {
+            for frame in [64, 1500] {
+                tests.push(Test::pmd(frame, offloads));
+            }
+        }
         tests
+    }
+
+    /// A testpmd test: IPv4 (testpmd's `txonly` sends nothing else) between ports
+    /// at MTU 1500, a DPDK guest's default.
+    fn pmd(frame: u16, offloads: bool) -> Test {
+        Test {
+            mtu: GUEST_MTUS[1],
+            traffic: Traffic::Pmd { frame, offloads },
+            family: Family::V4,
+            from_vm: false,
+        }
+    }
+
+    /// Which guests run this test.
+    pub fn guest_kind(&self) -> GuestKind {
+        match self.traffic {
+            _ if self.from_vm => GuestKind::Vm,
+            Traffic::Pmd { .. } => GuestKind::Testpmd,
+            _ => GuestKind::Netns,
+        }
     }
 
     /// The VM setups' tests: one TCP stream from the VM over each family at the
@@ -102,7 +146,8 @@ impl Test {
             .to_vec()
     }
 
-    /// The smoke test's: one TCP stream over IPv6 and small UDP over IPv6, MTU 8500.
+    /// The smoke test's: one TCP stream over IPv6 and small UDP over IPv6, MTU
+    /// 8500; testpmd's 64-byte frames without offloads and 1500-byte frames with.
     pub fn smoke_list() -> Vec<Test> {
         let test = |traffic| Test {
             mtu: GUEST_MTUS[0],
@@ -110,16 +155,21 @@ impl Test {
             family: Family::V6,
             from_vm: false,
         };
-        vec![test(Traffic::Tcp { streams: 1 }), test(Traffic::Udp64)]
+        vec![
+            test(Traffic::Tcp { streams: 1 }),
+            test(Traffic::Udp64),
+            Test::pmd(64, false),
+            Test::pmd(1500, true),
+        ]
     }
 
     /// Parses an id as printed by `Display`: `tcp1-v6-8500`, `udp64-v4-1500`,
-    /// `vm-tcp1-v4-8500`.
+    /// `vm-tcp1-v4-8500`, `pmd64-v4-1500`, `pmd1500tso-v4-1500`.
     pub fn parse(id: &str) -> Result<Test> {
         let bad = |why: &str| {
             Error::new(format!(
-                "invalid test {id:?}: {why} (expected e.g. tcp1-v6-8500, udp64-v4-8500 \
-                 or vm-tcp1-v4-8500)"
+                "invalid test {id:?}: {why} (expected e.g. tcp1-v6-8500, udp64-v4-8500, \
+                 vm-tcp1-v4-8500 or pmd64-v4-1500)"
             ))
         };
         let (from_vm, rest) = match id.strip_prefix("vm-") {
@@ -131,6 +181,13 @@ impl Test {
         };
         let traffic = match traffic {
             "udp64" => Traffic::Udp64,
+            t if t.starts_with("pmd") => pmd_traffic(t).ok_or_else(|| {
+                bad(&format!(
+                    "{t:?} is not pmdN or pmdNtso with a frame size N in {}..={}",
+                    PMD_FRAMES.start(),
+                    PMD_FRAMES.end()
+                ))
+            })?,
             t => match t.strip_prefix("tcp").map(str::parse::<u8>) {
                 Some(Ok(streams)) if streams > 0 => Traffic::Tcp { streams },
                 _ => return Err(bad(&format!("unknown traffic {t:?}"))),
@@ -149,6 +206,16 @@ impl Test {
         if from_vm && traffic != (Traffic::Tcp { streams: 1 }) {
             return Err(bad("a VM sends one TCP stream only (busybox nc): vm-tcp1"));
         }
+        if let Traffic::Pmd { frame, .. } = traffic {
+            if family != Family::V4 {
+                return Err(bad("testpmd sends UDP over IPv4 only: -v4-"));
+            }
+            if usize::from(frame) > usize::from(mtu) + 14 {
+                return Err(bad(&format!(
+                    "a {frame}-byte frame exceeds guest MTU {mtu}"
+                )));
+            }
+        }
         Ok(Test {
             mtu,
             traffic,
@@ -162,15 +229,29 @@ impl Test {
     }
 
     /// iperf3 client flags of this test (besides address, port and timing).
-    fn client_flags(&self) -> Vec<String> {
-        match self.traffic {
+    fn client_flags(&self) -> Result<Vec<String>> {
+        Ok(match self.traffic {
             Traffic::Tcp { streams: 1 } => Vec::new(),
             Traffic::Tcp { streams } => vec!["-P".into(), streams.to_string()],
             Traffic::Udp64 => ["-u", "-l", &UDP_PAYLOAD.to_string(), "-b", "0"]
                 .map(String::from)
                 .to_vec(),
-        }
+            Traffic::Pmd { .. } => {
+                return Err(Error::new(format!("{self} is testpmd's, not iperf3's")))
+            }
+        })
     }
+}
+
+/// `pmdN` or `pmdNtso` of a test id.
+fn pmd_traffic(t: &str) -> Option<Traffic> {
+    let rest = t.strip_prefix("pmd")?;
+    let (digits, offloads) = match rest.strip_suffix("tso") {
+        Some(d) => (d, true),
+        None => (rest, false),
+    };
+    let frame = digits.parse().ok().filter(|f| PMD_FRAMES.contains(f))?;
+    Some(Traffic::Pmd { frame, offloads })
 }
 
 impl fmt::Display for Test {
@@ -181,6 +262,9 @@ impl fmt::Display for Test {
         match self.traffic {
             Traffic::Tcp { streams } => write!(f, "tcp{streams}")?,
             Traffic::Udp64 => write!(f, "udp{UDP_PAYLOAD}")?,
+            Traffic::Pmd { frame, offloads } => {
+                write!(f, "pmd{frame}{}", if offloads { "tso" } else { "" })?;
+            }
         }
         let family = match self.family {
             Family::V4 => "v4",
@@ -226,11 +310,11 @@ pub struct Measurement {
     pub cpu: Usage,
 }
 
-/// Runs `test` on `topo` whose client guest is the namespace `client`: starts the
-/// server, runs the client, samples CPU of the machine and of the topology's
-/// daemons during the measured seconds.
+/// Runs `test` on `topo` whose guests are the namespaces `client` and `server`:
+/// starts the server, runs the client, samples CPU of the machine and of the
+/// topology's daemons during the measured seconds.
 pub fn measure(
-    client: &Netns,
+    (client, server): (&Netns, &Netns),
     topo: &dyn Topology,
     test: Test,
     timing: Timing,
@@ -238,13 +322,14 @@ pub fn measure(
     hz: f64,
 ) -> Result<Measurement> {
     let addr = server_addr(test.family).to_string();
-    let mut server = start_server(topo, &addr, dir)?;
+    let flags = test.client_flags()?;
+    let mut server = start_server(server, &addr, dir)?;
     let client = client
         .cmd("iperf3")
         .args(["-c", &addr, "-p", PORT, "-J", "--connect-timeout", "5000"])
         .args(["-t".to_string(), timing.seconds.to_string()])
         .args(["-O".to_string(), timing.omit.to_string()])
-        .args(test.client_flags())
+        .args(flags)
         .timeout(Duration::from_secs(
             u64::from(timing.seconds + timing.omit) + 30,
         ));
@@ -266,14 +351,10 @@ pub fn measure(
     Ok(Measurement { figures, cpu })
 }
 
-/// Starts `iperf3 -s -1` bound to `addr` and waits until it listens.
-fn start_server(topo: &dyn Topology, addr: &str, dir: &Path) -> Result<Background> {
-    let cmd = topo
-        .server()
-        .cmd("iperf3")
-        .args(["-s", "-1", "-B", addr, "-p", PORT]);
+/// Starts `iperf3 -s -1` in `ns` bound to `addr` and waits until it listens.
+fn start_server(ns: &Netns, addr: &str, dir: &Path) -> Result<Background> {
+    let cmd = ns.cmd("iperf3").args(["-s", "-1", "-B", addr, "-p", PORT]);
     let mut server = Background::start(cmd, &dir.join("iperf3-server.log"), "iperf3 server")?;
-    let ns = topo.server();
     poll_until(
         &format!(
             "iperf3 server to listen on [{addr}]:{PORT} in {}",
@@ -398,6 +479,7 @@ mod tests {
     #[test]
     fn ids_round_trip() {
         let all = [Test::default_list(), Test::smoke_list(), Test::vm_list()].concat();
+        assert!(all.iter().any(|t| t.guest_kind() == GuestKind::Testpmd));
         for t in all {
             assert_eq!(Test::parse(&t.to_string()).unwrap(), t);
         }
@@ -416,7 +498,11 @@ mod tests {
                 "tcp4-v4-1500",
                 "tcp4-v6-1500",
                 "udp64-v4-8500",
-                "udp64-v6-8500"
+                "udp64-v6-8500",
+                "pmd64-v4-1500",
+                "pmd1500-v4-1500",
+                "pmd64tso-v4-1500",
+                "pmd1500tso-v4-1500"
             ]
         );
         for bad in [
@@ -428,6 +514,13 @@ mod tests {
             "vm-tcp4-v4-8500",
             "vm-udp64-v6-8500",
             "vm-tcp1-v4",
+            "pmd64-v6-1500",
+            "pmd-v4-1500",
+            "pmd32-v4-1500",
+            "pmd1515-v4-8500",
+            "pmd1500-v4-1280",
+            "pmd64offload-v4-1500",
+            "vm-pmd64-v4-1500",
         ] {
             assert!(Test::parse(bad).is_err(), "{bad}");
         }
@@ -453,11 +546,38 @@ mod tests {
     #[test]
     fn client_flags_per_traffic() {
         let mut t = Test::parse("tcp4-v4-1500").unwrap();
-        assert_eq!(t.client_flags(), ["-P", "4"]);
+        assert_eq!(t.client_flags().unwrap(), ["-P", "4"]);
         t.traffic = Traffic::Tcp { streams: 1 };
-        assert!(t.client_flags().is_empty());
+        assert!(t.client_flags().unwrap().is_empty());
         t.traffic = Traffic::Udp64;
-        assert_eq!(t.client_flags(), ["-u", "-l", "64", "-b", "0"]);
+        assert_eq!(t.client_flags().unwrap(), ["-u", "-l", "64", "-b", "0"]);
+        assert!(Test::pmd(64, false).client_flags().is_err());
+    }
+
+    #[test]
+    fn testpmd_tests_parse_frame_and_offloads() {
+        let t = Test::parse("pmd1500tso-v4-1500").unwrap();
+        assert_eq!(
+            t.traffic,
+            Traffic::Pmd {
+                frame: 1500,
+                offloads: true
+            }
+        );
+        assert_eq!(t.guest_kind(), GuestKind::Testpmd);
+        assert_eq!(Test::parse("pmd64-v4-8500").unwrap().mtu, 8500);
+        assert_eq!(
+            Test::parse("vm-tcp1-v4-8500").unwrap().guest_kind(),
+            GuestKind::Vm
+        );
+        assert_eq!(
+            Test::parse("udp64-v4-8500").unwrap().guest_kind(),
+            GuestKind::Netns
+        );
+        let e = Test::parse("pmd64-v6-1500").unwrap_err();
+        assert!(e.0.contains("IPv4 only"), "{e}");
+        let e = Test::parse("pmd1514-v4-1400").unwrap_err();
+        assert!(e.0.contains("exceeds guest MTU 1400"), "{e}");
     }
 
     #[test]

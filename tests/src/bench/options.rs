@@ -1,16 +1,21 @@
 //! `bench-e2e`'s command line (parsed with std only: a handful of flags).
 
-use super::iperf::{Test, Timing};
-use super::setup::{Kind, Setup, KERNEL_AND_OVS};
+use super::iperf::{GuestKind, Test, Timing};
+use super::setup::{Kind, Setup, FIXED, GROUPS};
 use crate::{Error, Result};
 use std::path::PathBuf;
 
 pub const USAGE: &str = "\
 usage: bench-e2e [OPTIONS]
 
-Builds the same two-sled job four ways (this datapath, kernel VXLAN over IPv6, a
-plain veth pair, OVS userspace with Geneve over IPv6) in network namespaces and
-measures each with iperf3, in alternation, round after round.
+Builds the same two-sled job several ways in network namespaces and measures
+each in alternation, round after round. With iperf3 between namespace guests:
+this datapath (ours), kernel VXLAN over IPv6 (vxlan), the same with the sleds'
+underlay unable to take tunnel GSO so TSO buffers are cut at the sled's edge
+(vxlan-wire), a plain veth pair (veth), OVS userspace with Geneve over IPv6
+(ovs). With DPDK's testpmd as both guests on vhost-user ports (txonly to
+rxonly): this datapath (ours-vhost) and OVS with DPDK, Geneve over IPv6
+(ovs-dpdk).
 
 options:
   --rounds N          rounds (default 3; 1 with --smoke)
@@ -26,15 +31,19 @@ options:
                       one setup per attachment way (vm-bridge), measured with
                       the vm-tcp1-v4-8500 and vm-tcp1-v6-8500 tests; not in the
                       default run nor in --smoke
-  --skip SETUP[,..]   leave setups out: vxlan, veth, ovs, a variant's name, a VM
-                      setup's name, `ours` for every variant or `vm` for every
-                      VM setup; repeatable
+  --skip SETUP[,..]   leave setups out: vxlan, vxlan-wire, veth, ovs, ours-vhost,
+                      ovs-dpdk, a variant's name, a VM setup's name, `ours` for
+                      every variant, `vm` for every VM setup or `testpmd` for
+                      ours-vhost and ovs-dpdk; repeatable
   --tests ID[,..]     tests to run, e.g. tcp1-v6-8500,udp64-v4-8500 (default: all of
-                      tcp1/tcp4 x v4/v6 x 8500/1500, and udp64 x v4/v6 at 8500;
-                      with --vm also vm-tcp1 x v4/v6 at 8500); naming a vm-
-                      test implies --vm
+                      tcp1/tcp4 x v4/v6 x 8500/1500, udp64 x v4/v6 at 8500, and
+                      testpmd's pmd64, pmd1500 (frame bytes; guests without
+                      offloads) and pmd64tso, pmd1500tso (guests acking checksum
+                      and TSO offloads), v4 at 1500; with --vm also vm-tcp1 x
+                      v4/v6 at 8500); naming a vm- test implies --vm
   --smoke             a quick check of the harness: 1 round of 2 s runs of
-                      tcp1-v6-8500 and udp64-v6-8500
+                      tcp1-v6-8500, udp64-v6-8500, pmd64-v4-1500 and
+                      pmd1500tso-v4-1500
   --json PATH         where to write every run and the medians
                       (default target/bench-e2e/results.json)
   -h, --help          this text
@@ -141,17 +150,14 @@ impl Raw {
         let tests = match self.tests {
             Some(tests) => tests,
             None => {
-                let mut tests = Vec::new();
-                if setups.iter().any(|s| !s.is_vm()) {
-                    tests = if self.smoke {
-                        Test::smoke_list()
-                    } else {
-                        Test::default_list()
-                    };
-                }
-                if setups.iter().any(Setup::is_vm) {
-                    tests.extend(Test::vm_list());
-                }
+                let mut tests = if self.smoke {
+                    Test::smoke_list()
+                } else {
+                    Test::default_list()
+                };
+                tests.extend(Test::vm_list());
+                // The tests some kept setup runs.
+                tests.retain(|t| setups.iter().any(|s| s.runs(t)));
                 tests
             }
         };
@@ -159,10 +165,10 @@ impl Raw {
             return Err(Error::new("--tests names no test"));
         }
         if let Some(t) = tests.iter().find(|t| !setups.iter().any(|s| s.runs(t))) {
-            let which = if t.from_vm {
-                "a VM setup"
-            } else {
-                "a setup other than the VM ones"
+            let which = match t.guest_kind() {
+                GuestKind::Vm => "a VM setup",
+                GuestKind::Testpmd => "a testpmd setup (ours-vhost, ovs-dpdk)",
+                GuestKind::Netns => "a setup with namespace guests",
             };
             return Err(Error::new(format!(
                 "test {t} needs {which}, and --skip leaves none"
@@ -187,7 +193,7 @@ impl Raw {
 
 /// This datapath's variants (or the default one), then the fixed setups, then the
 /// VM setups if `vm`, less the skipped ones. Names must be unique and skips must
-/// name something.
+/// name a setup or a group ([`GROUPS`]).
 fn setups(variants: Vec<(String, Vec<String>)>, vm: bool, skip: &[String]) -> Result<Vec<Setup>> {
     let variants = if variants.is_empty() {
         vec![("ours".to_string(), Vec::new())]
@@ -204,27 +210,26 @@ fn setups(variants: Vec<(String, Vec<String>)>, vm: bool, skip: &[String]) -> Re
             kind: Kind::Ours { flags },
         });
     }
-    all.extend(KERNEL_AND_OVS.iter().filter_map(|n| Setup::fixed(n)));
+    all.extend(FIXED.iter().filter_map(|n| Setup::fixed(n)));
     if vm {
         all.extend(Setup::vms());
     }
-    let is_ours = |s: &Setup| matches!(s.kind, Kind::Ours { .. });
     for name in skip {
-        if !(name == "ours" || name == "vm" || all.iter().any(|s| &s.name == name)) {
-            let known: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+        if !(GROUPS.contains(&name.as_str()) || all.iter().any(|s| &s.name == name)) {
+            let known: Vec<&str> = GROUPS
+                .iter()
+                .copied()
+                .chain(all.iter().map(|s| s.name.as_str()))
+                .collect();
             return Err(Error::new(format!(
-                "--skip {name:?}: no such setup (known: ours, vm, {})",
+                "--skip {name:?}: no such setup (known: {})",
                 known.join(", ")
             )));
         }
     }
     let kept: Vec<Setup> = all
         .into_iter()
-        .filter(|s| {
-            !skip
-                .iter()
-                .any(|k| *k == s.name || (k == "ours" && is_ours(s)) || (k == "vm" && s.is_vm()))
-        })
+        .filter(|s| !skip.iter().any(|k| *k == s.name || s.in_group(k)))
         .collect();
     if kept.is_empty() {
         return Err(Error::new("--skip leaves no setup to run"));
@@ -241,11 +246,12 @@ fn variant(v: &str) -> Result<(String, Vec<String>)> {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    if !valid || Setup::fixed(name).is_some() || name == "vm" || name.starts_with("vm-") {
+    if !valid || Setup::fixed(name).is_some() || GROUPS.contains(&name) || name.starts_with("vm-") {
         return Err(Error::new(format!(
             "--variant {v:?}: the name must be letters, digits, '-' or '_' and not one of \
-             vm, vm-*, {}",
-            KERNEL_AND_OVS.join(", ")
+             {}, vm-*, {}",
+            GROUPS.join(", "),
+            FIXED.join(", ")
         )));
     }
     Ok((name.to_string(), split_flags(flags)))
@@ -290,6 +296,17 @@ mod tests {
         o.setups.iter().map(|s| s.name.as_str()).collect()
     }
 
+    /// The default setups, in run order.
+    const ALL_FIXED: [&str; 7] = [
+        "ours",
+        "vxlan",
+        "vxlan-wire",
+        "veth",
+        "ovs",
+        "ours-vhost",
+        "ovs-dpdk",
+    ];
+
     #[test]
     fn defaults() {
         let o = parse(&[]).unwrap();
@@ -301,7 +318,7 @@ mod tests {
                 omit: 1
             }
         );
-        assert_eq!(names(&o), ["ours", "vxlan", "veth", "ovs"]);
+        assert_eq!(names(&o), ALL_FIXED);
         assert_eq!(o.setups[0].kind, Kind::Ours { flags: vec![] });
         assert_eq!(o.tests, Test::default_list());
         assert_eq!(o.json, PathBuf::from("target/bench-e2e/results.json"));
@@ -309,7 +326,7 @@ mod tests {
 
     #[test]
     fn smoke_sets_defaults_that_explicit_options_override() {
-        let o = parse(&["--seconds", "3", "--smoke", "--skip", "ovs"]).unwrap();
+        let o = parse(&["--seconds", "3", "--smoke", "--skip", "ovs,testpmd"]).unwrap();
         assert_eq!(
             (o.rounds, o.timing),
             (
@@ -320,8 +337,15 @@ mod tests {
                 }
             )
         );
+        let netns: Vec<Test> = Test::smoke_list()
+            .into_iter()
+            .filter(|t| t.guest_kind() == GuestKind::Netns)
+            .collect();
+        assert_eq!(o.tests, netns);
+        assert_eq!(names(&o), ["ours", "vxlan", "vxlan-wire", "veth"]);
+        let o = parse(&["--smoke"]).unwrap();
         assert_eq!(o.tests, Test::smoke_list());
-        assert_eq!(names(&o), ["ours", "vxlan", "veth"]);
+        assert_eq!(names(&o), ALL_FIXED);
         assert_eq!(o.caveat(), Some(SMOKE_CAVEAT));
         assert_eq!(parse(&[]).unwrap().caveat(), None);
     }
@@ -332,7 +356,7 @@ mod tests {
             "--variant",
             "ours1w=",
             "--variant=ours2w=--cores 0,1  --poll busy",
-            "--skip=veth,ovs",
+            "--skip=veth,ovs,vxlan-wire,testpmd",
         ])
         .unwrap();
         assert_eq!(names(&o), ["ours1w", "ours2w", "vxlan"]);
@@ -345,7 +369,30 @@ mod tests {
             }
         );
         let o = parse(&["--ours-flags", "--cores 0", "--skip", "ours"]).unwrap();
-        assert_eq!(names(&o), ["vxlan", "veth", "ovs"]);
+        assert_eq!(names(&o), &ALL_FIXED[1..]);
+    }
+
+    #[test]
+    fn testpmd_setups_run_testpmd_tests_only() {
+        // Only the testpmd setups left: only their tests by default.
+        let o = parse(&["--skip", "ours,vxlan,vxlan-wire,veth,ovs"]).unwrap();
+        assert_eq!(names(&o), ["ours-vhost", "ovs-dpdk"]);
+        assert!(o.tests.iter().all(|t| t.guest_kind() == GuestKind::Testpmd));
+        assert_eq!(o.tests.len(), 4);
+
+        let o = parse(&["--skip", "testpmd"]).unwrap();
+        assert_eq!(names(&o), ["ours", "vxlan", "vxlan-wire", "veth", "ovs"]);
+        assert!(o.tests.iter().all(|t| t.guest_kind() == GuestKind::Netns));
+
+        let o = parse(&["--skip", "ovs-dpdk", "--tests", "pmd64-v4-1500"]).unwrap();
+        assert!(names(&o).contains(&"ours-vhost"));
+
+        let e = parse(&["--skip", "testpmd", "--tests", "pmd64-v4-1500"]).unwrap_err();
+        assert!(e.0.contains("needs a testpmd setup"), "{e}");
+        let e = parse(&["--variant", "testpmd=--cores 0"]).unwrap_err();
+        assert!(e.0.contains("not one of"), "{e}");
+        let e = parse(&["--variant", "ovs-dpdk=--cores 0"]).unwrap_err();
+        assert!(e.0.contains("not one of"), "{e}");
     }
 
     #[test]
@@ -353,15 +400,19 @@ mod tests {
         assert!(!parse(&[]).unwrap().setups.iter().any(Setup::is_vm));
         assert!(!parse(&["--smoke"]).unwrap().setups.iter().any(Setup::is_vm));
 
-        let o = parse(&["--vm", "--skip", "vxlan,veth,ovs"]).unwrap();
+        let o = parse(&["--vm", "--skip", "vxlan,vxlan-wire,veth,ovs,testpmd"]).unwrap();
         assert_eq!(
             names(&o),
             ["ours", "vm-bridge", "vm-attach", "vm-vhost-user"]
         );
-        assert_eq!(o.tests, [Test::default_list(), Test::vm_list()].concat());
+        let netns: Vec<Test> = Test::default_list()
+            .into_iter()
+            .filter(|t| t.guest_kind() == GuestKind::Netns)
+            .collect();
+        assert_eq!(o.tests, [netns, Test::vm_list()].concat());
 
         // Only VM setups left: only VM tests by default.
-        let o = parse(&["--vm", "--skip", "ours,vxlan,veth,ovs"]).unwrap();
+        let o = parse(&["--vm", "--skip", "ours,vxlan,vxlan-wire,veth,ovs,testpmd"]).unwrap();
         assert_eq!(names(&o), ["vm-bridge", "vm-attach", "vm-vhost-user"]);
         assert_eq!(o.tests, Test::vm_list());
 
@@ -369,20 +420,12 @@ mod tests {
         let o = parse(&["--tests", "vm-tcp1-v6-8500,tcp1-v4-8500"]).unwrap();
         assert_eq!(
             names(&o),
-            [
-                "ours",
-                "vxlan",
-                "veth",
-                "ovs",
-                "vm-bridge",
-                "vm-attach",
-                "vm-vhost-user"
-            ]
+            [&ALL_FIXED[..], &["vm-bridge", "vm-attach", "vm-vhost-user"]].concat()
         );
         assert!(o.tests[0].from_vm && !o.tests[1].from_vm);
 
         let o = parse(&["--vm", "--skip", "vm"]).unwrap();
-        assert_eq!(names(&o), ["ours", "vxlan", "veth", "ovs"]);
+        assert_eq!(names(&o), ALL_FIXED);
         assert_eq!(o.tests, Test::default_list());
     }
 
@@ -397,7 +440,10 @@ mod tests {
             (&["--seconds"][..], "needs a value"),
             (&["--tests", "tcp9-v7-1"][..], "invalid test"),
             (&["--frobnicate"][..], "unknown option"),
-            (&["--skip", "ours,vxlan,veth,ovs"][..], "no setup"),
+            (
+                &["--skip", "ours,vxlan,vxlan-wire,veth,ovs,testpmd"][..],
+                "no setup",
+            ),
             (&["--skip", "vm-bridge"][..], "no such setup"),
             (&["--variant", "vm-x=--cores 0"][..], "vm-*"),
             (
@@ -410,9 +456,9 @@ mod tests {
                     "--tests",
                     "tcp1-v4-8500",
                     "--skip",
-                    "ours,vxlan,veth,ovs",
+                    "ours,vxlan,vxlan-wire,veth,ovs,testpmd",
                 ][..],
-                "needs a setup other than the VM ones",
+                "needs a setup with namespace guests",
             ),
         ] {
             let e = parse(args).unwrap_err();

@@ -1,5 +1,8 @@
 //! Open vSwitch's userspace datapath (`datapath_type=netdev`) with a Geneve/IPv6
-//! tunnel, one private OVS per sled namespace.
+//! tunnel, one private OVS per sled namespace: the `ovs` setup (Debian's
+//! `ovs-vswitchd`, guests on veths) and the `ovs-dpdk` setup (Debian's
+//! `ovs-vswitchd-dpdk` with DPDK initialized, guests testpmd on `dpdkvhostuser`
+//! ports). Everything but the guest ports is the same for both.
 //!
 //! Each sled runs its own `ovsdb-server` and `ovs-vswitchd`, started by hand inside
 //! the sled's namespace with their database, sockets, logs and pid files in the
@@ -18,17 +21,36 @@
 //! - the guest's veth end has tx checksum, TSO and GSO offloads off: OVS 3.1's
 //!   userspace datapath has no tunnelled TSO, and with the offloads on, pings pass
 //!   but TCP connections never establish.
+//!
+//! With DPDK (`ovs-dpdk`), per sled in addition:
+//! - `other_config:dpdk-init=true` before `ovs-vswitchd-dpdk` starts, DPDK's memory
+//!   without hugepages (`dpdk-extra`: `--no-huge --legacy-mem`, the latter because
+//!   OVS otherwise adds `--in-memory`, which DPDK refuses with `--no-huge`), a
+//!   `--file-prefix` of the rack's and its runtime directory removed after the
+//!   switch stops; one PMD thread, on core `sled index mod cores`
+//!   (`pmd-cpu-mask`), so the two sleds' PMDs do not share a core; and
+//!   `userspace-tso-enable=true`, without which OVS offers a guest no checksum or
+//!   TSO offload and a testpmd asking for them cannot start;
+//! - the guest port is a `dpdkvhostuser` port (OVS the socket's server, testpmd
+//!   connects as it does to this datapath's ports), polled by the PMD thread; the
+//!   underlay port stays the kernel veth `ul0`, read and written by OVS through a
+//!   packet socket by the main thread (no DPDK driver exists for a veth);
+//! - `br-int` forwards with two flows between the guest port and the tunnel
+//!   instead of `NORMAL`: the receiving testpmd never sends, so a learning switch
+//!   would flood every frame.
 
 use super::cpu::Watched;
+use super::pmd::{pair, PmdPort, PmdPorts};
 use super::process::Background;
 use super::setup::{
-    address_guest, client_spec, guest_ns, server_spec, veth, Client, Topology, GUEST_IF,
+    address_guest, client_spec, guest_ns, server_spec, veth, Guests, Topology, GUEST_IF,
     SLED_GUEST_IF, VNI,
 };
 use crate::cmd::Cmd;
 use crate::netns::Netns;
 use crate::poll::poll_until;
 use crate::rack::{Rack, RackSpec, Sled, UNDERLAY_MTU};
+use crate::testpmd::RuntimeDir;
 use crate::{Context, Error, Result};
 use std::net::Ipv6Addr;
 use std::path::{Path, PathBuf};
@@ -42,40 +64,90 @@ const TUNNEL_PORT: &str = "gnv0";
 /// How long `ovs-vsctl` waits for `ovs-vswitchd` to apply a change.
 const VSCTL_TIMEOUT_SECS: u32 = 30;
 
-/// The OVS setup: one private OVS per sled, guests on veths.
+/// Debian's `openvswitch-switch-dpdk` installs its `ovs-vswitchd` here (and offers
+/// it as an alternative of `/usr/sbin/ovs-vswitchd`, which is left as it is).
+pub const DPDK_VSWITCHD: &str = "/usr/lib/openvswitch-switch-dpdk/ovs-vswitchd-dpdk";
+
+/// DPDK's memory per switch (no hugepages: anonymous memory), in MiB: OVS sizes
+/// its packet buffer pool down until it fits.
+const DPDK_MEMORY_MIB: u32 = 1024;
+
+/// The guest port of each sled with DPDK.
+const VHOST_PORT: &str = "vhu0";
+
+/// Fails unless Debian's OVS with DPDK is installed.
+pub fn require_dpdk_vswitchd() -> Result<()> {
+    if Path::new(DPDK_VSWITCHD).is_file() {
+        Ok(())
+    } else {
+        Err(Error::new(format!(
+            "{DPDK_VSWITCHD} is missing: install Debian's openvswitch-switch-dpdk \
+             (scripts/install-deps.sh)"
+        )))
+    }
+}
+
+/// The guests of an OVS setup.
+enum OvsGuests {
+    /// Namespaces on veths whose sled ends are `type=system` ports (`ovs`).
+    Netns { client: Netns, server: Netns },
+    /// testpmd on `dpdkvhostuser` ports (`ovs-dpdk`).
+    Testpmd(PmdPorts),
+}
+
+/// An OVS setup: one private OVS per sled.
 pub struct Ovs {
     /// Dropped first: the daemons hold the sleds' interfaces.
     switches: Vec<SledOvs>,
-    client: Netns,
-    server: Netns,
+    guests: OvsGuests,
     rack: Rack,
 }
 
 impl Ovs {
-    pub fn build(prefix: &str, mtu: u16) -> Result<Ovs> {
+    /// `dpdk`: the `ovs-dpdk` setup, else `ovs` (see the module docs).
+    pub fn build(prefix: &str, mtu: u16, dpdk: bool) -> Result<Ovs> {
         let rack = Rack::build(&RackSpec::new(prefix, 2))?;
-        let client = guest_ns(&rack.id, "g0")?;
-        let server = guest_ns(&rack.id, "g1")?;
         let mut switches = Vec::new();
-        let guests = [(&client, client_spec(mtu)), (&server, server_spec(mtu))];
-        for (i, (guest, spec)) in guests.iter().enumerate() {
+        for i in 0..2 {
             let sled = rack.sled(i)?;
             let dir = rack.dir().join(format!("ovs{i}"));
-            let ovs = SledOvs::start(sled, &dir)?;
+            let with_dpdk = dpdk.then(|| Dpdk {
+                file_prefix: format!("{}-ovs{i}", rack.id),
+                pmd_core: i % std::thread::available_parallelism().map_or(1, usize::from),
+            });
+            let ovs = SledOvs::start(sled, &dir, with_dpdk)?;
             ovs.attach_underlay(sled)?;
-            veth((&sled.ns, SLED_GUEST_IF), (guest, GUEST_IF), mtu)?;
-            ovs.add_overlay(rack.sled(1 - i)?.addr)?;
-            guest.run(
-                "ethtool",
-                &["-K", GUEST_IF, "tx", "off", "tso", "off", "gso", "off"],
-            )?;
-            address_guest(guest, spec)?;
             switches.push(ovs);
         }
+        let specs = [client_spec(mtu), server_spec(mtu)];
+        let guests = if dpdk {
+            let mut ports = Vec::new();
+            for (i, (ovs, spec)) in switches.iter().zip(&specs).enumerate() {
+                ovs.add_overlay(rack.sled(1 - i)?.addr, VHOST_PORT, "dpdkvhostuser", mtu)?;
+                ovs.connect_directly(VHOST_PORT)?;
+                ports.push(PmdPort::of(spec, ovs.dir.join("run").join(VHOST_PORT))?);
+            }
+            let [tx, rx] = pair(ports)?;
+            let next_hop = rx.mac.clone();
+            OvsGuests::Testpmd(PmdPorts::new(&rack, tx, rx, next_hop))
+        } else {
+            let client = guest_ns(&rack.id, "g0")?;
+            let server = guest_ns(&rack.id, "g1")?;
+            for (i, (guest, spec)) in [&client, &server].into_iter().zip(&specs).enumerate() {
+                let sled = rack.sled(i)?;
+                veth((&sled.ns, SLED_GUEST_IF), (guest, GUEST_IF), mtu)?;
+                switches[i].add_overlay(rack.sled(1 - i)?.addr, SLED_GUEST_IF, "system", mtu)?;
+                guest.run(
+                    "ethtool",
+                    &["-K", GUEST_IF, "tx", "off", "tso", "off", "gso", "off"],
+                )?;
+                address_guest(guest, spec)?;
+            }
+            OvsGuests::Netns { client, server }
+        };
         let ovs = Ovs {
             switches,
-            client,
-            server,
+            guests,
             rack,
         };
         // The sleds now reach each other through OVS's br-phy.
@@ -87,12 +159,11 @@ impl Ovs {
 }
 
 impl Topology for Ovs {
-    fn client(&self) -> Client<'_> {
-        Client::Netns(&self.client)
-    }
-
-    fn server(&self) -> &Netns {
-        &self.server
+    fn guests(&self) -> Guests<'_> {
+        match &self.guests {
+            OvsGuests::Netns { client, server } => Guests::Netns { client, server },
+            OvsGuests::Testpmd(ports) => Guests::Testpmd(ports),
+        }
     }
 
     fn daemons(&self) -> Vec<Watched> {
@@ -123,18 +194,47 @@ impl Topology for Ovs {
     }
 }
 
-/// One sled's OVS: its two daemons (stopped on drop, switch first) and its files.
+/// How a sled's switch runs DPDK.
+struct Dpdk {
+    /// DPDK's `--file-prefix`: unique among the DPDK processes running at once.
+    file_prefix: String,
+    /// The core of its one PMD thread.
+    pmd_core: usize,
+}
+
+impl Dpdk {
+    /// The `Open_vSwitch` table's `other_config` settings, set before the switch
+    /// starts (see the module docs).
+    fn other_config(&self) -> [String; 4] {
+        [
+            "other_config:dpdk-init=true".to_string(),
+            format!(
+                "other_config:dpdk-extra=--no-huge --legacy-mem -m {DPDK_MEMORY_MIB} --no-pci \
+                 --file-prefix={}",
+                self.file_prefix
+            ),
+            format!("other_config:pmd-cpu-mask={:#x}", 1u64 << self.pmd_core),
+            "other_config:userspace-tso-enable=true".to_string(),
+        ]
+    }
+}
+
+/// One sled's OVS: its two daemons (stopped on drop, switch first), DPDK's
+/// runtime directory if it runs DPDK (removed after the switch stopped), and its
+/// files.
 struct SledOvs {
     sled: usize,
     vswitchd: Background,
     _ovsdb: Background,
+    _dpdk_runtime: Option<RuntimeDir>,
     dir: PathBuf,
 }
 
 impl SledOvs {
-    /// Creates the database and starts `ovsdb-server` and `ovs-vswitchd` in the
-    /// sled's namespace, all files under `dir`.
-    fn start(sled: &Sled, dir: &Path) -> Result<SledOvs> {
+    /// Creates the database and starts `ovsdb-server` and `ovs-vswitchd` (with
+    /// `dpdk`, Debian's DPDK build, DPDK initialized) in the sled's namespace, all
+    /// files under `dir`.
+    fn start(sled: &Sled, dir: &Path, dpdk: Option<Dpdk>) -> Result<SledOvs> {
         for sub in ["run", "db", "log", "etc"] {
             let d = dir.join(sub);
             std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
@@ -165,8 +265,18 @@ impl SledOvs {
                 vsctl(dir, &["--no-wait", "init"]).map(drop)
             },
         )?;
+        let mut program = "ovs-vswitchd";
+        if let Some(dpdk) = &dpdk {
+            require_dpdk_vswitchd()?;
+            let mut args = vec!["--no-wait".to_string(), "set".into(), "Open_vSwitch".into()];
+            args.push(".".into());
+            args.extend(dpdk.other_config());
+            vsctl(dir, &args.iter().map(String::as_str).collect::<Vec<_>>())?;
+            program = DPDK_VSWITCHD;
+        }
+        let dpdk_runtime = dpdk.as_ref().map(|d| RuntimeDir::new(&d.file_prefix));
         let vswitchd = Background::start(
-            ovs_cmd(dir, sled.ns.cmd("ovs-vswitchd")).args([
+            ovs_cmd(dir, sled.ns.cmd(program)).args([
                 format!("unix:{}", socket(dir)),
                 format!("--pidfile={}", dir.join("run/ovs-vswitchd.pid").display()),
                 format!("--log-file={}", dir.join("log/ovs-vswitchd.log").display()),
@@ -174,12 +284,27 @@ impl SledOvs {
             &dir.join("log/ovs-vswitchd.out"),
             &label("ovs-vswitchd"),
         )?;
-        Ok(SledOvs {
+        let ovs = SledOvs {
             sled: sled.index,
             vswitchd,
             _ovsdb: ovsdb,
+            _dpdk_runtime: dpdk_runtime,
             dir: dir.to_path_buf(),
-        })
+        };
+        if dpdk.is_some() {
+            poll_until(
+                &format!("DPDK to initialize in {}", label("ovs-vswitchd")),
+                Duration::from_secs(30),
+                || match ovs
+                    .vsctl(&["get", "Open_vSwitch", ".", "dpdk_initialized"])?
+                    .trim()
+                {
+                    "true" => Ok(()),
+                    other => Err(Error::new(format!("dpdk_initialized is {other}"))),
+                },
+            )?;
+        }
+        Ok(ovs)
     }
 
     /// `ovs-vsctl` against this sled's database, waiting for `ovs-vswitchd` to apply.
@@ -224,10 +349,14 @@ impl SledOvs {
         Ok(())
     }
 
-    /// `br-int` with the Geneve port toward `peer` and the guest veth's sled end.
-    fn add_overlay(&self, peer: Ipv6Addr) -> Result<()> {
+    /// `br-int` with the Geneve port toward `peer` and the guest's port `port` of
+    /// interface type `kind` (`system`: the guest veth's sled end;
+    /// `dpdkvhostuser`) at MTU `mtu`.
+    fn add_overlay(&self, peer: Ipv6Addr, port: &str, kind: &str, mtu: u16) -> Result<()> {
         let remote = format!("options:remote_ip={peer}");
         let key = format!("options:key={VNI}");
+        let kind = format!("type={kind}");
+        let mtu = format!("mtu_request={mtu}");
         self.vsctl(&[
             "add-br",
             INT_BRIDGE,
@@ -250,14 +379,33 @@ impl SledOvs {
             "--",
             "add-port",
             INT_BRIDGE,
-            SLED_GUEST_IF,
+            port,
             "--",
             "set",
             "interface",
-            SLED_GUEST_IF,
-            "type=system",
+            port,
+            &kind,
+            &mtu,
         ])
         .map(drop)
+    }
+
+    /// Replaces `br-int`'s `NORMAL` flow by two: `port` to the tunnel and back.
+    fn connect_directly(&self, port: &str) -> Result<()> {
+        let ofctl = |args: &[&str]| {
+            ovs_cmd(&self.dir, Cmd::new("ovs-ofctl"))
+                .args(args.iter().copied())
+                .run()
+        };
+        ofctl(&["del-flows", INT_BRIDGE])?;
+        for (from, to) in [(port, TUNNEL_PORT), (TUNNEL_PORT, port)] {
+            ofctl(&[
+                "add-flow",
+                INT_BRIDGE,
+                &format!("in_port={from},actions=output:{to}"),
+            ])?;
+        }
+        Ok(())
     }
 }
 

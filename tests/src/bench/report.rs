@@ -1,13 +1,14 @@
 //! Results: medians per (test, setup) over the rounds, ratios to the baseline
-//! (kernel VXLAN; for the VM tests the first VM setup, see [`baseline_name`]),
-//! Markdown tables, and the JSON file with every run.
+//! (kernel VXLAN; for the VM tests the first VM setup, for testpmd's OVS with
+//! DPDK, see [`baseline_name`]), Markdown tables, and the JSON file with every
+//! run.
 //!
 //! Every figure's median is taken over the successful runs separately (so "per
 //! busy core" is the median of each run's ratio, not a ratio of medians).
 
 use super::cpu::Usage;
-use super::iperf::{Measurement, Test};
-use super::setup::BASELINE;
+use super::iperf::{GuestKind, Measurement, Test};
+use super::setup::{BASELINE, PMD_BASELINE};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -36,6 +37,12 @@ impl Run {
             Err(e) => format!("{head} FAILED: {}", e.lines().next().unwrap_or("")),
             Ok(m) => {
                 let figure = match m.figures.udp {
+                    Some(u) if self.test.guest_kind() == GuestKind::Testpmd => format!(
+                        "{:8.0} kpps delivered ({:.2} Gbit/s), loss {:5.1}%",
+                        u.delivered_pps / 1e3,
+                        m.figures.gbps,
+                        u.loss_percent
+                    ),
                     Some(u) => format!(
                         "{:8.0} kpps delivered, loss {:5.1}%",
                         u.delivered_pps / 1e3,
@@ -208,17 +215,19 @@ fn thread_medians<'a>(
         .collect()
 }
 
-/// The setup `test`'s rows are compared with: kernel VXLAN, or for a VM test the
+/// The setup `test`'s rows are compared with: kernel VXLAN; for a VM test the
 /// first VM setup that has a row (the first attachment way run): a VM's figures
 /// depend on how its CPU is run (emulated under TCG), so they are compared only
-/// among VM setups of the same run.
+/// among VM setups of the same run; for a testpmd test OVS with DPDK, the
+/// datapath built for such guests.
 pub fn baseline_name<'a>(rows: &'a [Summary], test: &Test) -> Option<&'a str> {
-    if test.from_vm {
-        rows.iter()
+    match test.guest_kind() {
+        GuestKind::Vm => rows
+            .iter()
             .find(|r| r.test.from_vm)
-            .map(|r| r.setup.as_str())
-    } else {
-        Some(BASELINE)
+            .map(|r| r.setup.as_str()),
+        GuestKind::Testpmd => Some(PMD_BASELINE),
+        GuestKind::Netns => Some(BASELINE),
     }
 }
 
@@ -241,12 +250,13 @@ fn fmt_ratio(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
 }
 
-/// The Markdown tables: TCP, small UDP, VM, and the daemons' (and QEMU's) threads.
+/// The Markdown tables: TCP, small UDP, testpmd, VM, and the daemons' (and
+/// QEMU's) threads.
 pub fn markdown(rows: &[Summary]) -> String {
     let mut out = String::new();
     let tcp: Vec<&Summary> = rows
         .iter()
-        .filter(|r| !r.test.is_udp() && !r.test.from_vm)
+        .filter(|r| !r.test.is_udp() && r.test.guest_kind() == GuestKind::Netns)
         .collect();
     if !tcp.is_empty() {
         out.push_str(&throughput_table(rows, &tcp, &TCP));
@@ -254,7 +264,15 @@ pub fn markdown(rows: &[Summary]) -> String {
     let udp: Vec<&Summary> = rows.iter().filter(|r| r.test.is_udp()).collect();
     if !udp.is_empty() {
         separate(&mut out);
-        out.push_str(&udp_table(rows, &udp));
+        out.push_str(&packet_table(rows, &udp, BASELINE, false));
+    }
+    let pmd: Vec<&Summary> = rows
+        .iter()
+        .filter(|r| r.test.guest_kind() == GuestKind::Testpmd)
+        .collect();
+    if !pmd.is_empty() {
+        separate(&mut out);
+        out.push_str(&packet_table(rows, &pmd, PMD_BASELINE, true));
     }
     let vm: Vec<&Summary> = rows.iter().filter(|r| r.test.from_vm).collect();
     if let Some(first) = vm.first() {
@@ -287,17 +305,29 @@ pub fn background_line(runs: &[Run]) -> Option<String> {
     ))
 }
 
-fn udp_table(all: &[Summary], rows: &[&Summary]) -> String {
+/// Packet rates: the small-UDP tests against `baseline`, or (`gbps`) testpmd's,
+/// whose frames' bytes are shown as Gbit/s too.
+fn packet_table(all: &[Summary], rows: &[&Summary], baseline: &str, gbps: bool) -> String {
+    let (gbps_head, gbps_rule) = if gbps {
+        (" Gbit/s |", "---:|")
+    } else {
+        ("", "")
+    };
     let mut t = format!(
-        "| test | setup | delivered kpps | vs {BASELINE} | loss % | busy cores | vs {BASELINE} | kpps per busy core | vs {BASELINE} | daemon cores | runs |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| test | setup | delivered kpps |{gbps_head} vs {baseline} | loss % | busy cores | vs {baseline} | kpps per busy core | vs {baseline} | daemon cores | runs |\n\
+         |---|---|---:|{gbps_rule}---:|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for r in rows {
         let m = r.medians.as_ref();
         let u = m.and_then(|m| m.udp);
+        let gbps_cell = if gbps {
+            format!(" {} |", fmt_opt(m.map(|m| m.gbps), 2))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} |",
+            "| {} | {} | {} |{gbps_cell} {} | {} | {} | {} | {} | {} | {} | {}/{} |",
             r.test,
             r.setup,
             fmt_opt(u.map(|u| u.delivered_kpps), 0),
@@ -686,6 +716,44 @@ mod tests {
         assert_eq!(v["medians"][2]["vs_vm-a"]["gbps"], 600.0 / 450.0);
         assert_eq!(v["medians"][2]["vm_cores"], 0.9);
         assert!(v["medians"][0].get("vs_vm-a").is_none());
+    }
+
+    #[test]
+    fn testpmd_rows_are_compared_with_ovs_dpdk_and_show_gbps() {
+        let pmd = |kpps: f64| {
+            let mut m = measurement(kpps * 1e3 * 1500.0 * 8.0 / 1e9, 2.0, 0.5);
+            m.figures.udp = Some(UdpFigures {
+                sent_pps: kpps * 2e3,
+                delivered_pps: kpps * 1e3,
+                loss_percent: 50.0,
+            });
+            Ok(m)
+        };
+        let runs = vec![
+            run(1, "ours-vhost", "pmd1500-v4-1500", pmd(300.0)),
+            run(1, PMD_BASELINE, "pmd1500-v4-1500", pmd(200.0)),
+        ];
+        let setups = ["ours-vhost", PMD_BASELINE].map(String::from);
+        let test = Test::parse("pmd1500-v4-1500").unwrap();
+        let rows = summarize(&runs, &setups, &[test]);
+        assert_eq!(baseline_name(&rows, &test), Some(PMD_BASELINE));
+        let md = markdown(&rows);
+        assert!(
+            md.contains("| test | setup | delivered kpps | Gbit/s | vs ovs-dpdk | loss % |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| pmd1500-v4-1500 | ours-vhost | 300 | 3.60 | 1.50x | 50.0 | 2.00 | 1.00x | 150 | 1.50x |"),
+            "{md}"
+        );
+        assert!(!md.contains("| test | setup | Gbit/s |"), "{md}");
+        assert!(
+            runs[0].line().contains("300 kpps delivered (3.60 Gbit/s)"),
+            "{}",
+            runs[0].line()
+        );
+        let v = to_json(json!({}), &runs, &rows);
+        assert_eq!(v["medians"][0]["vs_ovs-dpdk"]["delivered_kpps"], 1.5);
     }
 
     #[test]

@@ -6,12 +6,14 @@
 //! run.
 
 use super::cpu::background_busy_cores;
+use super::iperf::GuestKind;
 use super::iperf::{self, Measurement, Test};
 use super::options::Options;
 use super::report::Run;
-use super::setup::{with_diagnostics, Client, Kind, Setup, Topology};
+use super::setup::{with_diagnostics, Guests, Kind, Setup, Topology};
 use super::signals;
-use super::vm;
+use super::{pmd, vm};
+use crate::cmd::on_path;
 use crate::{Error, Result};
 use std::path::Path;
 use std::time::Duration;
@@ -127,12 +129,15 @@ impl Runner<'_> {
         }
     }
 
-    /// iperf3 from a guest namespace, or a stream from a VM.
+    /// iperf3 between guest namespaces, a stream from a VM, or testpmd's frames.
     fn measure(&self, topo: &dyn Topology, test: Test) -> Result<Measurement> {
-        let timing = self.opts.timing;
-        match topo.client() {
-            Client::Netns(client) => iperf::measure(client, topo, test, timing, self.dir, self.hz),
-            Client::Vm(client) => vm::measure(client, topo, test, timing, self.hz),
+        let (timing, hz) = (self.opts.timing, self.hz);
+        match topo.guests() {
+            Guests::Netns { client, server } => {
+                iperf::measure((client, server), topo, test, timing, self.dir, hz)
+            }
+            Guests::Vm { client, server } => vm::measure((client, server), topo, test, timing, hz),
+            Guests::Testpmd(ports) => pmd::measure(ports, topo, test, timing, hz),
         }
         .map_err(|e| with_diagnostics(e, topo))
     }
@@ -153,25 +158,41 @@ fn mtus(tests: &[Test]) -> Vec<u16> {
 /// before anything is built.
 pub fn preflight(opts: &Options) -> Result<()> {
     let mut needed = vec!["ip", "ping", "ss", "iperf3"];
+    let has = |kind: Kind| opts.setups.iter().any(|s| s.kind == kind);
     if opts.setups.iter().any(Setup::is_vm) {
         needed.push(crate::vm::QEMU);
     }
-    if opts.setups.iter().any(|s| s.kind == Kind::Ovs) {
+    if has(Kind::Ovs) || has(Kind::OvsDpdk) {
         needed.extend([
             "ethtool",
             "ovsdb-tool",
             "ovsdb-server",
-            "ovs-vswitchd",
             "ovs-vsctl",
+            "ovs-ofctl",
         ]);
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
+    if has(Kind::Ovs) {
+        needed.push("ovs-vswitchd");
+    }
+    if has(Kind::VxlanWire) {
+        needed.push("ethtool");
+    }
+    if opts
+        .setups
+        .iter()
+        .any(|s| s.guest_kind() == GuestKind::Testpmd)
+    {
+        needed.extend(["stdbuf", crate::testpmd::TESTPMD]);
+    }
     for program in needed {
-        if !std::env::split_paths(&path).any(|d| d.join(program).is_file()) {
+        if !on_path(program) {
             return Err(Error::new(format!(
                 "{program} is not on PATH (scripts/bench-e2e.sh installs what is missing)"
             )));
         }
+    }
+    if has(Kind::OvsDpdk) {
+        super::ovs::require_dpdk_vswitchd()?;
     }
     Ok(())
 }

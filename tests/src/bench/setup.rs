@@ -2,13 +2,14 @@
 //!
 //! Every topology has a client guest (on sled 0, or one end of the plain veth) and
 //! a server guest (sled 1), addressed alike in every setup, so the same iperf3
-//! command runs on all of them. Setups with an underlay start from the harness's
+//! command (or testpmd's frames) runs on all of them. Setups with an underlay start from the harness's
 //! [`Rack`]: a switch namespace with a bridge at MTU 9000 and two sled namespaces
 //! (`fd00:99::1`, `fd00:99::2` on `ul0`) whose full-size path is checked.
 
 use super::cpu::Watched;
-use super::iperf::{Family, Test};
+use super::iperf::{Family, GuestKind, Test};
 use super::ovs::Ovs;
+use super::pmd::{OursVhost, PmdPorts};
 use super::process::tail;
 use super::vm::VmPair;
 use crate::guest::GuestSpec;
@@ -52,8 +53,16 @@ pub enum Kind {
         flags: Vec<String>,
     },
     Vxlan,
+    /// Kernel VXLAN with the sleds' underlay devices unable to take UDP-tunnel
+    /// GSO: TSO buffers are cut into underlay-sized frames at the sled's edge, as
+    /// a NIC without tunnel offloads would need.
+    VxlanWire,
     Veth,
     Ovs,
+    /// This datapath (default flags) with testpmd guests on vhost-user ports.
+    OursVhost,
+    /// OVS with DPDK (`netdev` datapath, `dpdkvhostuser` ports) and testpmd guests.
+    OvsDpdk,
     /// This datapath (default flags) with a VM as the client guest, attached to
     /// its port this way.
     Vm {
@@ -71,8 +80,22 @@ pub struct Setup {
 /// The setup every other is compared with.
 pub const BASELINE: &str = "vxlan";
 
+/// The setup the testpmd rows are compared with.
+pub const PMD_BASELINE: &str = "ovs-dpdk";
+
 /// Names of the fixed setups, in run order after this datapath's variants.
-pub const KERNEL_AND_OVS: [&str; 3] = ["vxlan", "veth", "ovs"];
+pub const FIXED: [&str; 6] = [
+    "vxlan",
+    "vxlan-wire",
+    "veth",
+    "ovs",
+    "ours-vhost",
+    "ovs-dpdk",
+];
+
+/// `--skip` names of groups of setups: every variant of this datapath, every VM
+/// setup, both testpmd setups.
+pub const GROUPS: [&str; 3] = ["ours", "vm", "testpmd"];
 
 impl Setup {
     /// The VM setups, one per attachment way, in run order.
@@ -90,24 +113,50 @@ impl Setup {
         matches!(self.kind, Kind::Vm { .. })
     }
 
-    /// Whether the setup runs this datapath's `overlayd` (its variants and the VM
-    /// setups).
+    /// What plays its guests.
+    pub fn guest_kind(&self) -> GuestKind {
+        match self.kind {
+            Kind::Vm { .. } => GuestKind::Vm,
+            Kind::OursVhost | Kind::OvsDpdk => GuestKind::Testpmd,
+            _ => GuestKind::Netns,
+        }
+    }
+
+    /// Whether `--skip group` names this setup (see [`GROUPS`]).
+    pub fn in_group(&self, group: &str) -> bool {
+        match group {
+            "ours" => matches!(self.kind, Kind::Ours { .. }),
+            "vm" => self.is_vm(),
+            "testpmd" => self.guest_kind() == GuestKind::Testpmd,
+            _ => false,
+        }
+    }
+
+    /// Whether the setup runs this datapath's `overlayd` (its variants, the VM
+    /// setups and `ours-vhost`).
     pub fn runs_overlayd(&self) -> bool {
-        matches!(self.kind, Kind::Ours { .. } | Kind::Vm { .. })
+        matches!(
+            self.kind,
+            Kind::Ours { .. } | Kind::Vm { .. } | Kind::OursVhost
+        )
     }
 
-    /// Whether `test` runs on this setup: VM tests on the VM setups, the others
-    /// everywhere else.
+    /// Whether `test` runs on this setup: each test on the setups whose guests
+    /// can run it (VM tests on the VM setups, testpmd's on the testpmd setups,
+    /// iperf3's everywhere else).
     pub fn runs(&self, test: &Test) -> bool {
-        test.from_vm == self.is_vm()
+        test.guest_kind() == self.guest_kind()
     }
 
-    /// A fixed setup by name (`vxlan`, `veth`, `ovs`).
+    /// A fixed setup by name (one of [`FIXED`]).
     pub fn fixed(name: &str) -> Option<Setup> {
         let kind = match name {
             "vxlan" => Kind::Vxlan,
+            "vxlan-wire" => Kind::VxlanWire,
             "veth" => Kind::Veth,
             "ovs" => Kind::Ovs,
+            "ours-vhost" => Kind::OursVhost,
+            "ovs-dpdk" => Kind::OvsDpdk,
             _ => return None,
         };
         Some(Setup {
@@ -118,13 +167,16 @@ impl Setup {
 
     /// Builds the topology for guest MTU `mtu` (namespace names start with
     /// `prefix`), and checks that the client reaches the server over both families
-    /// with full-size unfragmented packets.
+    /// with full-size unfragmented packets (where the guests can ping).
     pub fn build(&self, prefix: &str, mtu: u16) -> Result<Box<dyn Topology>> {
         let topo: Box<dyn Topology> = match &self.kind {
             Kind::Ours { flags } => Box::new(Ours::build(prefix, mtu, flags)?),
-            Kind::Vxlan => Box::new(Vxlan::build(prefix, mtu)?),
+            Kind::Vxlan => Box::new(Vxlan::build(prefix, mtu, false)?),
+            Kind::VxlanWire => Box::new(Vxlan::build(prefix, mtu, true)?),
             Kind::Veth => Box::new(Veth::build(prefix, mtu)?),
-            Kind::Ovs => Box::new(Ovs::build(prefix, mtu)?),
+            Kind::Ovs => Box::new(Ovs::build(prefix, mtu, false)?),
+            Kind::OursVhost => Box::new(OursVhost::build(prefix, mtu)?),
+            Kind::OvsDpdk => Box::new(Ovs::build(prefix, mtu, true)?),
             Kind::Vm { way } => Box::new(VmPair::build(prefix, mtu, *way)?),
         };
         check_path(topo.as_ref(), mtu).map_err(|e| with_diagnostics(e, topo.as_ref()))?;
@@ -132,28 +184,39 @@ impl Setup {
     }
 }
 
-/// Where the client side of a test runs.
-pub enum Client<'a> {
-    /// A guest namespace: iperf3 and the host's tools.
-    Netns(&'a Netns),
-    /// A VM: busybox over its command channel.
-    Vm(&'a RefCell<Vm>),
+/// The guests a test runs between.
+pub enum Guests<'a> {
+    /// Guest namespaces: iperf3 and the host's tools.
+    Netns {
+        client: &'a Netns,
+        server: &'a Netns,
+    },
+    /// A VM client (busybox over its command channel) and a namespace server.
+    Vm {
+        client: &'a RefCell<Vm>,
+        server: &'a Netns,
+    },
+    /// vhost-user ports that testpmd guests connect to, one per run.
+    Testpmd(&'a PmdPorts),
 }
 
-impl Client<'_> {
-    /// One ping of `size` payload bytes to `target`; fragmentation forbidden in a
-    /// namespace (a VM's kernel sets DF itself: see [`check_path`]).
+impl Guests<'_> {
+    /// One ping of `size` payload bytes from the client to `target`;
+    /// fragmentation forbidden in a namespace (a VM's kernel sets DF itself: see
+    /// [`check_path`]). testpmd guests cannot ping: their runs fail when nothing
+    /// arrives instead.
     fn ping(&self, target: IpAddr, size: usize) -> Result<()> {
         let family = if target.is_ipv4() { "-4" } else { "-6" };
         match self {
-            Client::Netns(ns) => {
+            Guests::Testpmd(_) => Ok(()),
+            Guests::Netns { client: ns, .. } => {
                 let (size, target) = (size.to_string(), target.to_string());
                 let args = [
                     family, "-c", "1", "-W", "1", "-M", "do", "-s", &size, &target,
                 ];
                 ns.run("ping", &args).map(drop)
             }
-            Client::Vm(vm) => vm
+            Guests::Vm { client: vm, .. } => vm
                 .borrow_mut()
                 .run(
                     &format!("ping {family} -c 1 -W 2 -s {size} {target}"),
@@ -166,10 +229,8 @@ impl Client<'_> {
 
 /// A built topology. Dropping it removes everything it created.
 pub trait Topology {
-    /// The client guest.
-    fn client(&self) -> Client<'_>;
-    /// The server guest's namespace.
-    fn server(&self) -> &Netns;
+    /// The client and server guests.
+    fn guests(&self) -> Guests<'_>;
     /// The processes doing this setup's packet work in user space, whose CPU is
     /// reported per thread.
     fn daemons(&self) -> Vec<Watched> {
@@ -224,7 +285,10 @@ pub fn server_spec(mtu: u16) -> GuestSpec {
 /// on the path fails here, not as a mysteriously slow run. A VM's busybox ping
 /// cannot forbid fragmentation, so its kernel's counters must show none instead.
 fn check_path(topo: &dyn Topology, mtu: u16) -> Result<()> {
-    let client = topo.client();
+    let client = topo.guests();
+    if let Guests::Testpmd(_) = client {
+        return Ok(());
+    }
     for family in [Family::V4, Family::V6] {
         let target = server_addr(family);
         poll_until(&format!("a ping reply from {target}"), FIRST_REPLY, || {
@@ -238,7 +302,7 @@ fn check_path(topo: &dyn Topology, mtu: u16) -> Result<()> {
             .ping(target, usize::from(mtu) - headers)
             .map_err(|e| e.context(format!("full-size ping at guest MTU {mtu}")))?;
     }
-    if let Client::Vm(vm) = client {
+    if let Guests::Vm { client: vm, .. } = client {
         super::vm::require_unfragmented(&mut vm.borrow_mut())?;
     }
     Ok(())
@@ -300,12 +364,11 @@ impl Ours {
 }
 
 impl Topology for Ours {
-    fn client(&self) -> Client<'_> {
-        Client::Netns(&self.rack.guests[0].ns)
-    }
-
-    fn server(&self) -> &Netns {
-        &self.rack.guests[1].ns
+    fn guests(&self) -> Guests<'_> {
+        Guests::Netns {
+            client: &self.rack.guests[0].ns,
+            server: &self.rack.guests[1].ns,
+        }
     }
 
     fn daemons(&self) -> Vec<Watched> {
@@ -366,6 +429,15 @@ pub fn diagnostics(rack: &Rack) -> String {
 
 /// Kernel VXLAN over IPv6: per sled a VXLAN device toward the other sled and a
 /// bridge joining it to a veth whose other end is the guest.
+///
+/// `wire` (the `vxlan-wire` setup): the sled's underlay veth loses its UDP-tunnel
+/// segmentation offloads, so the kernel cuts each guest TSO buffer into frames of
+/// the underlay MTU (computing their checksums) before they reach the veth, as it
+/// must for a NIC without tunnel offloads; with them on (`vxlan`), super-frames
+/// of up to 64 KiB (47 KB on average, measured on the switch's port) cross the
+/// veths and the switch's bridge whole, which no wire carries. The veth also gets
+/// GRO (its NAPI receive path), so the receiving sled coalesces the frames again
+/// as a NIC driver's receive path does.
 struct Vxlan {
     client: Netns,
     server: Netns,
@@ -374,13 +446,28 @@ struct Vxlan {
 }
 
 impl Vxlan {
-    fn build(prefix: &str, mtu: u16) -> Result<Vxlan> {
+    fn build(prefix: &str, mtu: u16, wire: bool) -> Result<Vxlan> {
         let rack = Rack::build(&RackSpec::new(prefix, 2))?;
         let client = guest_ns(&rack.id, "g0")?;
         let server = guest_ns(&rack.id, "g1")?;
         let guests = [(&client, client_spec(mtu)), (&server, server_spec(mtu))];
         for (i, (guest, spec)) in guests.iter().enumerate() {
             let sled = rack.sled(i)?;
+            if wire {
+                sled.ns.run(
+                    "ethtool",
+                    &[
+                        "-K",
+                        &sled.underlay_if,
+                        "tx-udp_tnl-segmentation",
+                        "off",
+                        "tx-udp_tnl-csum-segmentation",
+                        "off",
+                        "gro",
+                        "on",
+                    ],
+                )?;
+            }
             vxlan_bridge(sled, rack.sled(1 - i)?.addr)?;
             veth((&sled.ns, SLED_GUEST_IF), (guest, GUEST_IF), mtu)?;
             sled.ns
@@ -428,11 +515,11 @@ fn vxlan_bridge(sled: &Sled, peer: Ipv6Addr) -> Result<()> {
 }
 
 impl Topology for Vxlan {
-    fn client(&self) -> Client<'_> {
-        Client::Netns(&self.client)
-    }
-    fn server(&self) -> &Netns {
-        &self.server
+    fn guests(&self) -> Guests<'_> {
+        Guests::Netns {
+            client: &self.client,
+            server: &self.server,
+        }
     }
 }
 
@@ -455,11 +542,11 @@ impl Veth {
 }
 
 impl Topology for Veth {
-    fn client(&self) -> Client<'_> {
-        Client::Netns(&self.client)
-    }
-    fn server(&self) -> &Netns {
-        &self.server
+    fn guests(&self) -> Guests<'_> {
+        Guests::Netns {
+            client: &self.client,
+            server: &self.server,
+        }
     }
 }
 
@@ -491,17 +578,33 @@ mod tests {
             assert!(vm.runs(&test) && !ours.runs(&test), "{test}");
         }
         for test in Test::default_list() {
-            assert!(!vm.runs(&test) && ours.runs(&test), "{test}");
+            let netns = test.guest_kind() == GuestKind::Netns;
+            assert!(!vm.runs(&test) && ours.runs(&test) == netns, "{test}");
         }
         assert_eq!(vm.name, "vm-bridge");
     }
 
     #[test]
     fn fixed_setups_by_name() {
-        for name in KERNEL_AND_OVS {
+        for name in FIXED {
             assert_eq!(Setup::fixed(name).unwrap().name, name);
         }
         assert!(Setup::fixed("ours").is_none());
-        assert!(KERNEL_AND_OVS.contains(&BASELINE));
+        assert!(FIXED.contains(&BASELINE) && FIXED.contains(&PMD_BASELINE));
+        assert!(GROUPS.iter().all(|g| Setup::fixed(g).is_none()));
+    }
+
+    #[test]
+    fn testpmd_tests_run_on_testpmd_setups_only() {
+        let pmd = Test::parse("pmd64-v4-1500").unwrap();
+        let tcp = Test::parse("tcp1-v4-1500").unwrap();
+        for name in FIXED {
+            let s = Setup::fixed(name).unwrap();
+            let testpmd = matches!(name, "ours-vhost" | "ovs-dpdk");
+            assert_eq!((s.runs(&pmd), s.runs(&tcp)), (testpmd, !testpmd), "{name}");
+            assert_eq!(s.in_group("testpmd"), testpmd, "{name}");
+            assert!(!s.in_group("ours") && !s.in_group("vm"), "{name}");
+        }
+        assert!(Setup::fixed("ours-vhost").unwrap().runs_overlayd());
     }
 }

@@ -14,7 +14,7 @@ use super::cpu::{Snapshot, Usage, Watched, VM_LABEL};
 use super::iperf::{Figures, Measurement, Test, Timing};
 use super::setup::{
     client_spec, daemons, diagnostics, quiet_logs, rack_with_daemons, server_addr, server_spec,
-    Client, Topology,
+    Guests, Topology,
 };
 use crate::netns::Netns;
 use crate::poll::poll_until;
@@ -92,12 +92,11 @@ impl VmPair {
 }
 
 impl Topology for VmPair {
-    fn client(&self) -> Client<'_> {
-        Client::Vm(&self.vm)
-    }
-
-    fn server(&self) -> &Netns {
-        &self.rack.guests[0].ns
+    fn guests(&self) -> Guests<'_> {
+        Guests::Vm {
+            client: &self.vm,
+            server: &self.rack.guests[0].ns,
+        }
     }
 
     /// The daemons and QEMU: under TCG, QEMU is where the VM's own sending costs.
@@ -141,19 +140,18 @@ pub fn require_unfragmented(vm: &mut Vm) -> Result<()> {
 }
 
 /// Runs VM test `test` on `topo` (whose client is `vm`): the receiver listens in
-/// the server guest, the VM streams to it until the receiver has its window and
-/// closes the connection (the VM's `nc` then fails on its next write, as meant).
+/// the server guest `server`, the VM streams to it until the receiver has its
+/// window and closes the connection (the VM's `nc` then fails on its next write,
+/// as meant).
 pub fn measure(
-    vm: &RefCell<Vm>,
+    (vm, server): (&RefCell<Vm>, &Netns),
     topo: &dyn Topology,
     test: Test,
     timing: Timing,
     hz: f64,
 ) -> Result<Measurement> {
     let target = server_addr(test.family);
-    let listener = topo
-        .server()
-        .within(|| Ok(TcpListener::bind(any_addr(target, PORT))?))?;
+    let listener = server.within(|| Ok(TcpListener::bind(any_addr(target, PORT))?))?;
     let watched = topo.daemons();
     let command = stream_command(target);
     let whole = Duration::from_secs(u64::from(timing.omit + timing.seconds));

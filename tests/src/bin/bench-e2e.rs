@@ -1,11 +1,13 @@
 //! bench-e2e: this datapath side by side with kernel VXLAN over IPv6, OVS's
 //! userspace datapath with Geneve over IPv6 and a plain veth pair, on the same
-//! two-sled topology, measured with iperf3 in alternation (see `e2e::bench`).
+//! two-sled topology, measured with iperf3 in alternation; and with OVS with
+//! DPDK, DPDK's testpmd as the guests on both (see `e2e::bench`).
 //!
 //! Run through `scripts/bench-e2e.sh`, which installs the tools and builds in
 //! release mode; `bench-e2e --help` lists the options. Prints a progress line per
 //! run, then Markdown tables of the medians with ratios to VXLAN (the VM rows of
-//! `--vm`: to the first VM setup), and writes every run and the medians as JSON.
+//! `--vm`: to the first VM setup; testpmd's: to OVS with DPDK), and writes every
+//! run and the medians as JSON.
 //!
 //! Exit status: 0 when every run succeeded, 1 when any failed (the others are still
 //! reported), 2 for a bad command line, 130 when interrupted.
