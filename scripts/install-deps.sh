@@ -70,23 +70,23 @@ if ! dpkg-query -W -f='${Status}' qemu-system-x86 2>/dev/null | grep -q "install
     quietly apt-get install -y --no-install-recommends qemu-system-x86
 fi
 
-# prometheus_client for the same python3: its parsers of both exposition formats
-# check the metrics (control/api/src/openmetrics.rs, control/overlayd/src/ops/metrics.rs),
-# beside the prometheus package's promtool.
-if ! python3 -c 'import prometheus_client.openmetrics.parser' 2>/dev/null; then
-    python3 -m pip install -q prometheus_client 2>/dev/null ||
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-prometheus-client >/dev/null
-    python3 -c 'import prometheus_client.openmetrics.parser' ||
-        { echo "prometheus_client is not importable by $(command -v python3)" >&2; exit 1; }
-fi
+# A python module for whichever python3 is first on PATH (the tests run `python3`):
+# pip where that python allows it, else Debian's package (for the system python).
+# ensure_py MODULE PIP_NAME DEBIAN_PACKAGE
+ensure_py() {
+    if ! python3 -c "import $1" 2>/dev/null; then
+        python3 -m pip install -q "$2" >/dev/null 2>&1 ||
+            { export DEBIAN_FRONTEND=noninteractive; quietly apt-get install -y "$3"; }
+        python3 -c "import $1" || { echo "$2 is not importable by $(command -v python3)" >&2; exit 1; }
+    fi
+}
 
-# scapy for whichever python3 is first on PATH (the tests run `python3`): pip where
-# that python allows it, else Debian's package (for the system python).
-if ! python3 -c 'import scapy' 2>/dev/null; then
-    python3 -m pip install -q scapy >/dev/null 2>&1 ||
-        { export DEBIAN_FRONTEND=noninteractive; quietly apt-get install -y python3-scapy; }
-    python3 -c 'import scapy' || { echo "scapy is not importable by $(command -v python3)" >&2; exit 1; }
-fi
+# prometheus_client: its parsers of both exposition formats check the metrics
+# (control/api/src/openmetrics.rs, control/overlayd/src/ops/metrics.rs), beside the
+# prometheus package's promtool.
+ensure_py prometheus_client.openmetrics.parser prometheus_client python3-prometheus-client
+# scapy: an independent decoder of captured frames.
+ensure_py scapy scapy python3-scapy
 
 if command -v rustup >/dev/null; then
     rustup component list --installed 2>/dev/null | grep -q '^clippy' || quietly rustup component add clippy

@@ -20,6 +20,9 @@ pub struct RawSocket {
     ifindex: i32,
     /// `IFACE in NAMESPACE`, for errors.
     what: String,
+    /// Whether `PACKET_VNET_HDR` is on ([`RawSocket::with_vnet_hdr`]): every frame
+    /// sent is then read behind a `virtio_net_hdr`.
+    vnet_hdr: bool,
 }
 
 impl RawSocket {
@@ -50,19 +53,29 @@ impl RawSocket {
         .join()
         .map_err(|_| Error::new(format!("AF_PACKET socket for {what}: the thread panicked")))?
         .with_context(|| format!("AF_PACKET socket for {what}"))?;
-        Ok(RawSocket { fd, ifindex, what })
+        Ok(RawSocket {
+            fd,
+            ifindex,
+            what,
+            vnet_hdr: false,
+        })
     }
 
     /// Sends one frame as it is.
     pub fn send(&self, frame: &[u8]) -> Result<()> {
+        if self.vnet_hdr {
+            return Err(Error::new(format!(
+                "{} has PACKET_VNET_HDR on: send with send_with_vnet_hdr",
+                self.what
+            )));
+        }
         self.send_raw(frame, frame)
     }
 
-    /// Sends one frame behind the 10-byte `virtio_net_hdr` `vnet` (with
-    /// `PACKET_VNET_HDR`): the kernel takes its offloads, so a GSO frame larger
-    /// than the link's MTU goes out whole to a device with TSO (a tap) as a guest's
-    /// TCP stack sends one.
-    pub fn send_with_vnet_hdr(&self, vnet: &[u8; 10], frame: &[u8]) -> Result<()> {
+    /// The socket with `PACKET_VNET_HDR` on (it stays on for the socket's life):
+    /// each frame then goes behind a 10-byte `virtio_net_hdr`
+    /// ([`Self::send_with_vnet_hdr`]) and the kernel takes its offloads.
+    pub fn with_vnet_hdr(mut self) -> Result<RawSocket> {
         let on: libc::c_int = 1;
         // SAFETY: setsockopt reads one c_int of the length passed.
         let r = unsafe {
@@ -79,6 +92,20 @@ impl RawSocket {
                 "PACKET_VNET_HDR on {}: {}",
                 self.what,
                 std::io::Error::last_os_error()
+            )));
+        }
+        self.vnet_hdr = true;
+        Ok(self)
+    }
+
+    /// Sends one frame behind the `virtio_net_hdr` `vnet` on a socket
+    /// [`Self::with_vnet_hdr`]: a GSO frame larger than the link's MTU goes out
+    /// whole to a device with TSO (a tap) as a guest's TCP stack sends one.
+    pub fn send_with_vnet_hdr(&self, vnet: &[u8; 10], frame: &[u8]) -> Result<()> {
+        if !self.vnet_hdr {
+            return Err(Error::new(format!(
+                "{} has no PACKET_VNET_HDR: open it with_vnet_hdr",
+                self.what
             )));
         }
         let mut bytes = vnet.to_vec();

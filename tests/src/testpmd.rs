@@ -9,9 +9,29 @@ use crate::cmd::on_path;
 use crate::{Cmd, Error, Result};
 use std::fs::File;
 use std::io::Write;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Stdio};
 use std::time::{Duration, Instant};
+
+/// The application arguments of a sending testpmd: one UDP/IPv4 flow of
+/// `frame_len`-byte frames from `src` to `dst`, both ports `udp_port`, to the
+/// Ethernet address `next_hop` (`--forward-mode=txonly`).
+pub fn txonly_args(
+    frame_len: u16,
+    next_hop: &dyn std::fmt::Display,
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    udp_port: u16,
+) -> Vec<String> {
+    vec![
+        "--forward-mode=txonly".into(),
+        format!("--txpkts={frame_len}"),
+        format!("--eth-peer=0,{next_hop}"),
+        format!("--tx-ip={src},{dst}"),
+        format!("--tx-udp={udp_port},{udp_port}"),
+    ]
+}
 
 /// The program (Debian package `dpdk-dev`).
 pub const TESTPMD: &str = "dpdk-testpmd";

@@ -9,7 +9,7 @@
 //! fresh namespace: any port on its 127.0.0.1 is free), as a child killed at the
 //! end whatever the outcome.
 
-use api::testing::exposition::promtool_check;
+use api::testing::exposition::assert_promtool_passes;
 use e2e::cmd::terminate;
 use e2e::standard::{self, A1, A2};
 use e2e::{poll_until, Error, Result, Sled};
@@ -131,11 +131,7 @@ fn prometheus_scrapes_port_worker_and_drop_metrics() -> Result<()> {
         classic.contains("# TYPE overlayd_port_packets_total counter"),
         "{classic}"
     );
-    assert_eq!(
-        promtool_check(&classic),
-        (Some(0), String::new()),
-        "{classic}"
-    );
+    assert_promtool_passes(&classic);
     let url = format!("http://{METRICS}/metrics");
     let accept = "Accept: text/plain;version=0.0.4";
     let served = sled0
@@ -145,11 +141,7 @@ fn prometheus_scrapes_port_worker_and_drop_metrics() -> Result<()> {
         served.contains(r#"overlayd_port_packets_total{port="a1",direction="out"} "#),
         "{served}"
     );
-    assert_eq!(
-        promtool_check(&served),
-        (Some(0), String::new()),
-        "{served}"
-    );
+    assert_promtool_passes(&served);
 
     let prom = Prometheus::start(
         sled0,

@@ -145,7 +145,7 @@ fn csum_hdr() -> [u8; 10] {
 /// admits no flow picked up mid-stream) and then one GSO buffer of
 /// [`GSO_PAYLOAD`] bytes, as its TCP stack hands its tap one.
 fn send_gso(a: &e2e::Guest, a_ip: Ipv4Addr, vm_ip: Ipv4Addr) -> Result<()> {
-    let raw = RawSocket::open(&a.ns, a.ifname())?;
+    let raw = RawSocket::open(&a.ns, a.ifname())?.with_vnet_hdr()?;
     let a_mac = parse_mac(&a.spec.mac)?;
     raw.send_with_vnet_hdr(&csum_hdr(), &tcp_frame(a_mac, a_ip, vm_ip, 999_999, 0))?;
     std::thread::sleep(Duration::from_millis(100));
@@ -309,17 +309,15 @@ fn testpmd_without_offloads_gets_valid_segments_and_traffic_flows_both_ways() ->
             s.set_read_timeout(Some(Duration::from_millis(200)))?;
             Ok(s)
         })?;
-        let txpkts = format!("--txpkts={len}");
-        let peer = format!("--eth-peer=0,{GATEWAY_MAC}");
-        let ips = format!("--tx-ip={vm_ip},{a_ip}");
-        let udp = format!("--tx-udp={TXONLY_PORT},{TXONLY_PORT}");
+        let txonly = testpmd::txonly_args(len, &GATEWAY_MAC, vm_ip, a_ip, TXONLY_PORT);
+        let txonly: Vec<&str> = txonly.iter().map(String::as_str).collect();
         let pmd = testpmd(
             rack.dir(),
             &format!("tx{len}"),
             &socket,
             &spec.mac,
             None,
-            &["--forward-mode=txonly", &txpkts, &peer, &ips, &udp],
+            &txonly,
         )?;
         wait_served(&rack, |f| f.contains("VERSION_1"))?;
         let (mut got, mut sizes) = (0u64, std::collections::BTreeSet::new());

@@ -1,8 +1,19 @@
 //! Fixtures the tests of the API's users share (feature `testing`): a port as the
-//! end-to-end tests create it, and the reference tools that check an exposition.
+//! end-to-end tests create it, the default a help text states, and the reference
+//! tools that check an exposition.
 
 use crate::{PortConfig, Vni};
 use wire::MacAddr;
+
+/// The default a help text states, as both programs' help texts state one and
+/// docs/operating.md repeats it: "(default 16384)", "(default 10, at most 3600)"
+/// give `16384` and `10`.
+pub fn stated_default(help: &str) -> Option<&str> {
+    let at = help.find("(default ")? + "(default ".len();
+    let rest = &help[at..];
+    let end = rest.find([',', ')', ';']).unwrap_or(rest.len());
+    Some(rest[..end].trim())
+}
 
 /// A dual-stack port in VNI 1701, its addresses ending in `last`.
 pub fn sample_port(name: &str, last: u8) -> PortConfig {
@@ -64,8 +75,14 @@ pub mod exposition {
         (out.status.code(), said)
     }
 
-    /// A family as `prometheus_client`'s parser reads it.
-    #[derive(Debug, PartialEq, Eq)]
+    /// Asserts that `promtool check metrics` passes `text` without a word.
+    pub fn assert_promtool_passes(text: &str) {
+        assert_eq!(promtool_check(text), (Some(0), String::new()), "{text}");
+    }
+
+    /// A family as `prometheus_client`'s parser reads it (from the script's
+    /// `[name, type, [sample names]]`).
+    #[derive(Debug, PartialEq, Eq, serde::Deserialize)]
     pub struct ParsedFamily {
         pub name: String,
         pub kind: String,
@@ -91,15 +108,6 @@ pub mod exposition {
         if !out.status.success() {
             return Err(String::from_utf8_lossy(&out.stderr).into_owned());
         }
-        let rows: Vec<(String, String, Vec<String>)> =
-            serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
-        Ok(rows
-            .into_iter()
-            .map(|(name, kind, samples)| ParsedFamily {
-                name,
-                kind,
-                samples,
-            })
-            .collect())
+        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
     }
 }

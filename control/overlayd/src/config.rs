@@ -758,11 +758,9 @@ mod tests {
             let Some(help) = a.get_help().map(ToString::to_string) else {
                 continue;
             };
-            let Some(at) = help.find("(default ") else {
+            let Some(value) = api::testing::stated_default(&help) else {
                 continue;
             };
-            let rest = &help[at + "(default ".len()..];
-            let value = rest[..rest.find([',', ')', ';']).unwrap_or(rest.len())].trim();
             let flag = format!("--{}", a.get_long().unwrap());
             let v: Vec<&str> = base.iter().copied().chain([flag.as_str(), value]).collect();
             let given = DaemonConfig::resolve(&args(&v).unwrap()).unwrap();

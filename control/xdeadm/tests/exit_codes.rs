@@ -7,26 +7,14 @@
 
 mod common;
 
+use common::{stderr, xdeadm};
+
 use api::{Client, Request, V2pEntry, Vni};
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn xdeadm(socket: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xdeadm"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .expect("xdeadm runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 #[test]
 fn exit_codes_say_what_went_wrong() {

@@ -5,10 +5,9 @@
 mod common;
 
 use api::openmetrics::Format;
-use api::testing::exposition::{promtool_check, python_parse};
+use api::testing::exposition::{assert_promtool_passes, python_parse};
 use api::testing::sample_port;
 use api::{Client, PortInfo, Request};
-use std::process::Command;
 
 #[test]
 fn both_stats_formats_pass_the_reference_parsers() {
@@ -26,13 +25,8 @@ fn both_stats_formats_pass_the_reference_parsers() {
         .call(&Request::CreatePort(Box::new(port)))
         .unwrap();
     let stats = |format: &str| {
-        let o = Command::new(env!("CARGO_BIN_EXE_xdeadm"))
-            .arg("--socket")
-            .arg(&sock)
-            .args(["stats", "--format", format])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = common::xdeadm(&sock, &["stats", "--format", format]);
+        assert!(o.status.success(), "{}", common::stderr(&o));
         String::from_utf8(o.stdout).unwrap()
     };
 
@@ -41,11 +35,7 @@ fn both_stats_formats_pass_the_reference_parsers() {
         classic.contains("# TYPE overlayd_port_packets_total counter\n"),
         "{classic}"
     );
-    assert_eq!(
-        promtool_check(&classic),
-        (Some(0), String::new()),
-        "{classic}"
-    );
+    assert_promtool_passes(&classic);
     let open = stats("openmetrics");
     assert!(open.ends_with("# EOF\n"), "{open}");
     for (format, text) in [(Format::Prometheus, &classic), (Format::OpenMetrics, &open)] {

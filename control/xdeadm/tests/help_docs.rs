@@ -8,6 +8,7 @@
 //! (unless it is another tool's), and a log filter example whose target is no
 //! module of the daemon.
 
+use api::testing::stated_default;
 use clap::{Arg, ArgAction, Command, CommandFactory};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -79,7 +80,7 @@ fn flag_name(a: &Arg) -> String {
     }
 }
 
-/// A default stated in a help text: "(default 16384)", "(default 10, at most 3600)".
+/// The default an option's help text states ([`stated_default`]).
 fn help_default(a: &Arg) -> Option<String> {
     let help = [a.get_help(), a.get_long_help()]
         .into_iter()
@@ -87,10 +88,7 @@ fn help_default(a: &Arg) -> Option<String> {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(" ");
-    let at = help.find("(default ")? + "(default ".len();
-    let rest = &help[at..];
-    let end = rest.find([',', ')', ';']).unwrap_or(rest.len());
-    Some(rest[..end].trim().to_string())
+    stated_default(&help).map(str::to_string)
 }
 
 /// An option's default: clap's own (not the `false` of a switch), else the one its

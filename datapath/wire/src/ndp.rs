@@ -544,7 +544,7 @@ impl Repr {
 /// reports an RA: the gateway's `ra` inspection (the RA a port sends, decoded from
 /// its own bytes) and the admin tool's `ra listen` (the RA a guest receives). Field
 /// names carry their units because this is what both print as JSON.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RaSummary {
     /// Hop limit the router tells hosts to use (0 = unspecified).
     pub cur_hop_limit: u8,

@@ -293,6 +293,18 @@ pub struct UdpFigures {
     pub loss_percent: f64,
 }
 
+impl UdpFigures {
+    /// Datagrams sent but not delivered, in percent of `sent` (0 when none were
+    /// sent; never negative, should more arrive than were counted as sent).
+    pub fn loss_percent(sent: f64, delivered: f64) -> f64 {
+        if sent > 0.0 {
+            ((sent - delivered) / sent * 100.0).max(0.0)
+        } else {
+            0.0
+        }
+    }
+}
+
 /// iperf3's figures for one run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Figures {
@@ -456,11 +468,7 @@ pub fn parse_report(v: &Value) -> Result<Figures> {
         udp: Some(UdpFigures {
             sent_pps: sent / sent_seconds.max(1e-9),
             delivered_pps: delivered / seconds.max(1e-9),
-            loss_percent: if sent > 0.0 {
-                ((sent - delivered) / sent * 100.0).max(0.0)
-            } else {
-                0.0
-            },
+            loss_percent: UdpFigures::loss_percent(sent, delivered),
         }),
     })
 }

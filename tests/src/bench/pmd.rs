@@ -24,7 +24,7 @@ use super::setup::{
 };
 use crate::guest::{GuestSpec, GATEWAY_MAC};
 use crate::rack::Rack;
-use crate::testpmd::{port_stat, Spec, Testpmd};
+use crate::testpmd::{port_stat, txonly_args, Spec, Testpmd};
 use crate::vm::vhost_user_port;
 use crate::{Error, Result};
 use std::net::Ipv4Addr;
@@ -177,29 +177,19 @@ pub fn measure(
             .map_err(|e| e.context(format!("starting the {role} testpmd")))
     };
     let mut rx = start("rx", &ports.rx, vec!["--forward-mode=rxonly".into()])?;
-    let mut tx = start(
-        "tx",
-        &ports.tx,
-        vec![
-            "--forward-mode=txonly".into(),
-            format!("--txpkts={frame}"),
-            format!("--eth-peer=0,{}", ports.next_hop),
-            format!("--tx-ip={},{}", ports.tx.ipv4, ports.rx.ipv4),
-            format!("--tx-udp={UDP_PORT},{UDP_PORT}"),
-        ],
-    )?;
+    let (src, dst) = (ports.tx.ipv4, ports.rx.ipv4);
+    let txonly = txonly_args(frame, &ports.next_hop, src, dst, UDP_PORT);
+    let mut tx = start("tx", &ports.tx, txonly)?;
     wait_delivering(&mut rx)?;
     let watched = topo.daemons();
     thread::sleep(Duration::from_secs(u64::from(timing.omit)));
-    let (before, after) = {
-        tx.command("clear port stats all")?;
-        rx.command("clear port stats all")?;
-        let before = Snapshot::take(&watched)?;
-        thread::sleep(Duration::from_secs(u64::from(timing.seconds)));
-        rx.command("show port stats all")?;
-        tx.command("show port stats all")?;
-        (before, Snapshot::take(&watched)?)
-    };
+    tx.command("clear port stats all")?;
+    rx.command("clear port stats all")?;
+    let before = Snapshot::take(&watched)?;
+    thread::sleep(Duration::from_secs(u64::from(timing.seconds)));
+    rx.command("show port stats all")?;
+    tx.command("show port stats all")?;
+    let after = Snapshot::take(&watched)?;
     let (rx_out, tx_out) = (rx.stop()?, tx.stop()?);
     let count = |out: &str, field: &str, role: &str| {
         port_stat(out, field).ok_or_else(|| {
@@ -248,11 +238,7 @@ fn figures(frame: u16, sent: u64, received: u64, seconds: f64) -> Figures {
         udp: Some(UdpFigures {
             sent_pps: sent as f64 / seconds,
             delivered_pps,
-            loss_percent: if sent > 0 {
-                (sent.saturating_sub(received) as f64 / sent as f64 * 100.0).max(0.0)
-            } else {
-                0.0
-            },
+            loss_percent: UdpFigures::loss_percent(sent as f64, received as f64),
         }),
     }
 }

@@ -298,7 +298,7 @@ mod tests {
     /// `promtool check metrics` passes without a problem.
     #[test]
     fn the_scraper_gets_the_format_it_asks_for() {
-        use api::testing::exposition::{promtool_check, python_parse};
+        use api::testing::exposition::{assert_promtool_passes, python_parse};
         let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
         let (ctype, body) = scrape_with(Some(prometheus));
         assert_eq!(ctype, Format::OpenMetrics.content_type());
@@ -317,7 +317,7 @@ mod tests {
                 body.contains("# TYPE overlayd_port_packets_total counter\n"),
                 "{body}"
             );
-            assert_eq!(promtool_check(&body), (Some(0), String::new()), "{body}");
+            assert_promtool_passes(&body);
             let families =
                 python_parse(&body, Format::Prometheus).unwrap_or_else(|e| panic!("{e}"));
             assert!(

@@ -11,7 +11,7 @@ use api::{Reply, Request};
 use serde::Deserialize;
 use std::fmt::Write as _;
 use std::net::Ipv6Addr;
-use wire::ndp::PrefixInfo;
+use wire::ndp::RaSummary;
 
 /// The text for `request`'s reply if it is `mtu` or `ra`, else `None`.
 pub(super) fn render(request: &Request, reply: &Reply) -> Option<String> {
@@ -135,14 +135,8 @@ struct RaInfo {
     source_mac: String,
     unsolicited_destination: Ipv6Addr,
     ip_hop_limit: u8,
-    cur_hop_limit: u8,
-    managed: bool,
-    other: bool,
-    router_lifetime_s: u16,
-    reachable_time_ms: u32,
-    retrans_time_ms: u32,
-    mtu: Option<u32>,
-    prefix_info: Option<PrefixInfo>,
+    #[serde(flatten)]
+    ra: RaSummary,
     last_sent_mtu: Option<u16>,
     last_sent_ms_ago: Option<u64>,
     solicited_sent: u64,
@@ -163,56 +157,56 @@ fn ms_or_unspecified(ms: u32) -> String {
 
 impl RaInfo {
     fn render(&self, port: &str) -> String {
-        let mut out = String::new();
+        let ra = &self.ra;
+        let mut out = format!(
+            "Router Advertisement of {port}, from {} ({})\n",
+            self.source, self.source_mac
+        );
         let mut row = |name: &str, value: String| {
             let _ = writeln!(out, "  {name:<18}{value}");
         };
-        let header = format!(
-            "Router Advertisement of {port}, from {} ({})",
-            self.source, self.source_mac
-        );
         row(
             "MTU",
-            self.mtu.map_or_else(
+            ra.mtu.map_or_else(
                 || "none (the guest keeps its link's MTU)".into(),
                 |m| format!("{m} (the port MTU)"),
             ),
         );
         row(
             "router lifetime",
-            if self.router_lifetime_s == 0 {
+            if ra.router_lifetime_s == 0 {
                 "0 s (not a default router)".into()
             } else {
-                format!("{} s", self.router_lifetime_s)
+                format!("{} s", ra.router_lifetime_s)
             },
         );
         row(
             "flags",
             format!(
                 "M={} O={} (addresses by DHCPv6: {}; other configuration by DHCPv6: {})",
-                u8::from(self.managed),
-                u8::from(self.other),
-                if self.managed { "yes" } else { "no" },
-                if self.other { "yes" } else { "no" }
+                u8::from(ra.managed),
+                u8::from(ra.other),
+                if ra.managed { "yes" } else { "no" },
+                if ra.other { "yes" } else { "no" }
             ),
         );
-        if let Some(p) = &self.prefix_info {
+        if let Some(p) = &ra.prefix_info {
             row("prefix", p.to_string());
         }
         row(
             "cur hop limit",
-            if self.cur_hop_limit == 0 {
+            if ra.cur_hop_limit == 0 {
                 "unspecified (the host's own)".into()
             } else {
                 format!(
                     "{} (the guest's own IPv6 packets start with this hop limit: \
                      ping -6 shows ttl={} for them)",
-                    self.cur_hop_limit, self.cur_hop_limit
+                    ra.cur_hop_limit, ra.cur_hop_limit
                 )
             },
         );
-        row("reachable time", ms_or_unspecified(self.reachable_time_ms));
-        row("retrans timer", ms_or_unspecified(self.retrans_time_ms));
+        row("reachable time", ms_or_unspecified(ra.reachable_time_ms));
+        row("retrans timer", ms_or_unspecified(ra.retrans_time_ms));
         row(
             "IPv6 hop limit",
             format!(
@@ -242,7 +236,7 @@ impl RaInfo {
                 self.solicited_sent, self.unsolicited_sent, self.mtu_change_sent
             ),
         );
-        format!("{header}\n{out}")
+        out
     }
 }
 
