@@ -150,6 +150,7 @@ fn workloads() -> Vec<Work> {
                         PortId(1),
                         RxFrame::new(black_box(&pieces), i as u32),
                         m,
+                        None,
                         Some(GUEST_MSS.into()),
                         gw,
                         &mut out,

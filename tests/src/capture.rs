@@ -48,6 +48,10 @@ pub struct Frame {
     pub vni: Option<u32>,
     /// Geneve options as (class, type), in order.
     pub options: Vec<(u16, u8)>,
+    /// Every IPv6 traffic class in the frame, outermost first (DSCP × 4 + ECN).
+    pub ipv6_tclass: Vec<u8>,
+    /// Every IPv4 DS field (TOS) in the frame, outermost first.
+    pub ipv4_tos: Vec<u8>,
 }
 
 impl Frame {
@@ -69,7 +73,7 @@ impl Frame {
 }
 
 /// The tshark fields [`parse_fields_line`] expects, in order.
-pub const FIELDS: [&str; 8] = [
+pub const FIELDS: [&str; 10] = [
     "frame.len",
     "ipv6.src",
     "ipv6.dst",
@@ -78,6 +82,8 @@ pub const FIELDS: [&str; 8] = [
     "geneve.vni",
     "geneve.option.class",
     "geneve.option.type",
+    "ipv6.tclass",
+    "ip.dsfield",
 ];
 
 impl Capture {
@@ -227,7 +233,7 @@ pub fn decode(file: &Path) -> Result<Vec<Frame>> {
 /// Parses one line of `tshark -T fields` output for [`FIELDS`].
 pub fn parse_fields_line(line: &str) -> Result<Frame> {
     let cols: Vec<&str> = line.split('\t').collect();
-    let [len, src, dst, src4, dst4, vni, classes, types] = cols[..] else {
+    let [len, src, dst, src4, dst4, vni, classes, types, tclass, tos] = cols[..] else {
         return Err(Error::new(format!(
             "tshark line {line:?} has {} fields, expected {}",
             cols.len(),
@@ -280,7 +286,15 @@ pub fn parse_fields_line(line: &str) -> Result<Frame> {
         }
         None => None,
     };
+    let bytes = |s: &str| -> Result<Vec<u8>> {
+        list(s)
+            .iter()
+            .map(|b| u8::try_from(num(b)?).map_err(|_| Error::new(format!("class {b}"))))
+            .collect()
+    };
     Ok(Frame {
+        ipv6_tclass: bytes(tclass)?,
+        ipv4_tos: bytes(tos)?,
         len: u32::try_from(num(len)?).map_err(|_| Error::new(format!("length {len}")))?,
         ipv6_src: addrs(src, line)?,
         ipv6_dst: addrs(dst, line)?,
@@ -298,7 +312,7 @@ mod tests {
     #[test]
     fn parses_geneve_line_with_oxide_mss_option() {
         let f = parse_fields_line(
-            "9014\tfd00:99::1\tfd00:99::2\t10.0.0.11\t10.0.0.12\t10\t0x0129\t0x02",
+            "9014\tfd00:99::1\tfd00:99::2\t10.0.0.11\t10.0.0.12\t10\t0x0129\t0x02\t0x000000ba\t0xba",
         )
         .unwrap();
         assert_eq!(f.len, 9014);
@@ -308,15 +322,17 @@ mod tests {
         assert!(f.has_src("10.0.0.11".parse().unwrap()));
         assert!(!f.has_src("10.0.0.12".parse().unwrap()));
         assert!(f.has_option(OXIDE_OPTION_CLASS, OXIDE_OPTION_MSS));
+        assert_eq!((f.ipv6_tclass, f.ipv4_tos), (vec![0xba], vec![0xba]));
     }
 
     #[test]
     fn parses_plain_frame_and_rejects_garbage() {
-        let f = parse_fields_line("86\tfe80::1\tff02::1\t\t\t\t\t").unwrap();
+        let f = parse_fields_line("86\tfe80::1\tff02::1\t\t\t\t\t\t0x00000000\t").unwrap();
         assert!(!f.is_geneve());
         assert!(f.options.is_empty());
         assert!(parse_fields_line("86\tfe80::1").is_err());
-        assert!(parse_fields_line("x\t\t\t\t\t\t\t").is_err());
-        assert!(parse_fields_line("60\t\t\t\t\t10\t0x0129,0x0129\t0x02").is_err());
+        assert!(parse_fields_line("x\t\t\t\t\t\t\t\t\t").is_err());
+        assert!(parse_fields_line("60\t\t\t\t\t10\t0x0129,0x0129\t0x02\t\t").is_err());
+        assert!(parse_fields_line("60\t\t\t\t\t\t\t\t0x100\t").is_err());
     }
 }

@@ -401,6 +401,13 @@ fn port_metrics(e: &mut Exposition, port: &str, p: &Value) {
         &l,
         &p["local_delivered"],
     );
+    e.counter(
+        "overlayd_port_ecn_ce_marked",
+        "Frames from the underlay whose congestion mark (CE) on the outer header was \
+         carried into the inner packet (RFC 6040).",
+        &l,
+        &p["ecn_ce_marked"],
+    );
     for (dir, key) in [("out", "egress_throttled"), ("in", "ingress_throttled")] {
         e.counter(
             "overlayd_port_rate_limit_waits",
@@ -701,6 +708,7 @@ mod tests {
                     "name": "a\"1", "in_packets": 3, "out_packets": 4, "in_bytes": 300,
                     "out_bytes": 400, "tso_buffers_in": 0, "tso_segments_out": 0,
                     "local_delivered": 0,
+                    "ecn_ce_marked": 0,
                     "uft_in": {"entries": 1, "hits": 2, "misses": 1, "stale": 0, "expired": 0, "evicted": 0},
                     "uft_out": {"entries": 1, "hits": 2, "misses": 1, "stale": 0, "expired": 0, "evicted": 0},
                     "firewall": {"flows": 1, "flows_created": 1, "flows_reopened": 0, "flows_expired": 0, "flows_evicted": 0},

@@ -19,6 +19,10 @@ pub enum ConfigError {
     XdpMode(String),
     #[error("invalid underlay GSO mode {0:?}: expected auto, on or off")]
     UnderlayGso(String),
+    #[error(
+        "invalid outer DSCP {0:?}: expected copy, a DSCP 0-63, or a class name (ef, af11-af43, cs0-cs7)"
+    )]
+    OuterDscp(String),
     #[error("invalid poll mode {0:?}: expected adaptive or busy")]
     PollMode(String),
     #[error("invalid log format {0:?}: expected text or json")]
@@ -147,6 +151,65 @@ impl FromStr for UnderlayGso {
             "on" => Ok(UnderlayGso::On),
             "off" => Ok(UnderlayGso::Off),
             _ => Err(ConfigError::UnderlayGso(s.to_string())),
+        }
+    }
+}
+
+/// The outer DSCP of encapsulated frames (`--outer-dscp`): `copy` (the guest's,
+/// the default) or one class for all the sled's tunnel traffic, by number or by
+/// its name (RFC 2474 class selectors, RFC 2597 assured forwarding, RFC 3246
+/// expedited forwarding). The ECN field is always carried (RFC 6040).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct OuterDscp(pub engine::OuterDscp);
+
+impl FromStr for OuterDscp {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let bad = || ConfigError::OuterDscp(s.to_string());
+        let lower = s.to_ascii_lowercase();
+        let dscp = match lower.as_str() {
+            "copy" => return Ok(OuterDscp(engine::OuterDscp::Copy)),
+            "ef" => 46,
+            "default" | "be" => 0,
+            name => match (name.strip_prefix("cs"), name.strip_prefix("af")) {
+                (Some(n), _) => match n.parse::<u8>() {
+                    Ok(n @ 0..=7) => n << 3,
+                    _ => return Err(bad()),
+                },
+                // AFxy: class x (1-4), drop precedence y (1-3): 8x + 2y.
+                (_, Some(xy)) => match xy.as_bytes() {
+                    &[x @ b'1'..=b'4', y @ b'1'..=b'3'] => 8 * (x - b'0') + 2 * (y - b'0'),
+                    _ => return Err(bad()),
+                },
+                _ => name.parse::<u8>().map_err(|_| bad())?,
+            },
+        };
+        if dscp > engine::OuterDscp::MAX {
+            return Err(bad());
+        }
+        Ok(OuterDscp(engine::OuterDscp::Fixed(dscp)))
+    }
+}
+
+impl TryFrom<String> for OuterDscp {
+    type Error = ConfigError;
+    fn try_from(s: String) -> Result<Self, ConfigError> {
+        s.parse()
+    }
+}
+
+impl From<OuterDscp> for String {
+    fn from(d: OuterDscp) -> String {
+        d.to_string()
+    }
+}
+
+impl fmt::Display for OuterDscp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            engine::OuterDscp::Copy => f.write_str("copy"),
+            engine::OuterDscp::Fixed(d) => write!(f, "{d}"),
         }
     }
 }
@@ -313,6 +376,7 @@ pub struct FileConfig {
     pub boundary_vni: Option<Vni>,
     pub xdp_mode: Option<XdpMode>,
     pub underlay_gso: Option<UnderlayGso>,
+    pub outer_dscp: Option<OuterDscp>,
     pub poll: Option<PollMode>,
     pub log_level: Option<String>,
     pub table_budget_mib: Option<usize>,
@@ -396,6 +460,12 @@ pub struct DaemonArgs {
     /// sends those by AF_XDP (default auto).
     #[arg(long, value_name = "auto|on|off")]
     pub underlay_gso: Option<UnderlayGso>,
+    /// The outer DSCP of encapsulated frames: `copy` takes the guest's (RFC 2983
+    /// uniform model), or one class for every frame of this sled, as a number
+    /// (0-63) or a name (`ef`, `af41`, `cs1`) (default copy). The guest's ECN field
+    /// is always carried across the tunnel (RFC 6040).
+    #[arg(long, value_name = "copy|DSCP")]
+    pub outer_dscp: Option<OuterDscp>,
     /// How workers wait for work: `adaptive` sleeps in epoll as soon as there is
     /// none, so a worker shares its core with guests; `busy` never sleeps (a core
     /// dedicated to each worker) (default adaptive).
@@ -546,6 +616,7 @@ pub struct DaemonConfig {
     pub boundary_vni: Vni,
     pub xdp_mode: XdpMode,
     pub underlay_gso: UnderlayGso,
+    pub outer_dscp: OuterDscp,
     pub poll: PollMode,
     pub log_level: String,
     /// The sled's flow and connection table budget (docs/engine.md, "Table budget").
@@ -644,6 +715,7 @@ impl DaemonConfig {
             boundary_vni,
             xdp_mode: args.xdp_mode.or(file.xdp_mode).unwrap_or_default(),
             underlay_gso: args.underlay_gso.or(file.underlay_gso).unwrap_or_default(),
+            outer_dscp: args.outer_dscp.or(file.outer_dscp).unwrap_or_default(),
             poll: args.poll.or(file.poll).unwrap_or_default(),
             log_level: args
                 .log_level
@@ -698,10 +770,13 @@ mod tests {
             "1234",
             "--underlay-gso",
             "off",
+            "--outer-dscp",
+            "AF41",
         ])
         .unwrap();
         let c = DaemonConfig::resolve(&a).unwrap();
         assert_eq!(c.underlay_gso, UnderlayGso::Off);
+        assert_eq!(c.outer_dscp.0, engine::OuterDscp::Fixed(34));
         assert_eq!(c.underlay, ["eth0", "eth1"]);
         assert_eq!(c.underlay_addr, "fd00:99::1".parse::<Ipv6Addr>().unwrap());
         assert_eq!(c.cores, [0, 1]);
@@ -722,6 +797,7 @@ mod tests {
         assert_eq!(c.boundary_vni, DEFAULT_BOUNDARY_VNI);
         assert_eq!(c.xdp_mode, XdpMode::Native);
         assert_eq!(c.underlay_gso, UnderlayGso::Auto);
+        assert_eq!(c.outer_dscp.0, engine::OuterDscp::Copy);
         assert!(args(&["--underlay", "eth0", "--underlay-gso", "yes"]).is_err());
         assert_eq!(c.poll, PollMode::Adaptive);
         assert_eq!(c.log_level, "info");

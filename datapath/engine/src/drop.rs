@@ -88,6 +88,9 @@ drop_reasons! {
     InboundDstNotGuest = "inbound_dst_not_guest",
     /// Inbound inner frame that is neither IPv4 nor IPv6.
     InboundNotIp = "inbound_not_ip",
+    /// A congestion mark (CE) on the outer header over an inner packet that is not
+    /// ECN-capable: RFC 6040 §4.2 drops it, as the switch would have.
+    EcnCeNotEct = "ecn_ce_not_ect",
 
     // Overlay layer.
     /// A VPC-internal destination with no V2P mapping (and no local port).

@@ -28,6 +28,7 @@ pub mod pipeline;
 pub mod vpc;
 
 pub use drop::DropReason;
+pub use frames::ecn::OuterDscp;
 pub use frames::encap::OuterTemplate;
 pub use frames::input::{InputRef, RxFrame};
 pub use frames::output::{

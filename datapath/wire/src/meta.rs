@@ -103,6 +103,10 @@ pub struct UnderlayMeta {
     pub outer_src: Ipv6Addr,
     pub outer_dst: Ipv6Addr,
     pub udp_src_port: u16,
+    /// The outer IPv6 traffic class: DSCP in the top six bits, ECN in the bottom
+    /// two (a switch's congestion mark, carried into the inner packet on
+    /// decapsulation: RFC 6040).
+    pub outer_tclass: u8,
     /// 24-bit VNI.
     pub vni: u32,
     /// Oxide External option present.
@@ -651,6 +655,7 @@ fn outer_headers(frame: &[u8; OUTER_MIN_LEN], total: usize) -> Result<UnderlayMe
         outer_src: ipv6::addr_at(ip, 8),
         outer_dst: ipv6::addr_at(ip, 24),
         udp_src_port: be16(udp, 0),
+        outer_tclass: (ip[0] << 4) | (ip[1] >> 4),
         vni: u32::from_be_bytes([0, g[4], g[5], g[6]]),
         external: false,
         multicast: None,

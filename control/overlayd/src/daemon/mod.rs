@@ -428,6 +428,7 @@ pub fn engine_config(cfg: &DaemonConfig, underlay_mtu: u32) -> Result<EngineConf
     e.external_jumbo = cfg.external_jumbo;
     e.boundary_services = cfg.boundary_services;
     e.boundary_vni = cfg.boundary_vni;
+    e.outer_dscp = cfg.outer_dscp.0;
     // One engine per worker (one worker per configured core, or one): together
     // they keep to the sled's table budget.
     e.tables = cfg.tables.split(cfg.cores.len().max(1));
@@ -461,6 +462,7 @@ mod tests {
             boundary_vni: Vni::new(99).unwrap(),
             xdp_mode: crate::config::XdpMode::Native,
             underlay_gso: crate::config::UnderlayGso::Auto,
+            outer_dscp: Default::default(),
             poll: crate::config::PollMode::Adaptive,
             log_level: "info".into(),
             tables: engine::TableBudget {

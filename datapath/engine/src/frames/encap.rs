@@ -2,12 +2,14 @@
 //! guest frame.
 //!
 //! Outer stack (opte-facts "Geneve on the underlay"): Ethernet / IPv6 (traffic class
-//! 0, hop limit 128, next header UDP) / UDP (destination 6081) / Geneve (version 0,
-//! protocol 0x6558, 24-bit VNI) / Oxide options. Everything that does not depend on
-//! the inner frame is built once per flow ([`OuterTemplate::new`]); per packet only the
-//! three length fields, the option length and the optional Mss option are patched, so
+//! from the inner packet's, `frames::ecn`; hop limit 128, next header UDP) / UDP
+//! (destination 6081) / Geneve (version 0, protocol 0x6558, 24-bit VNI) / Oxide
+//! options. Everything that does not depend on the inner frame is built once per flow
+//! ([`OuterTemplate::new`]); per packet only the traffic class, the three length
+//! fields, the option length and the optional Mss option are patched, so
 //! encapsulating costs one 70-82-byte copy plus the inner frame's copy.
 
+use crate::frames::ecn::{frame_tclass, OuterDscp};
 use crate::frames::output::{TxBatch, TxDest};
 use crate::ids::Vni;
 use std::net::Ipv6Addr;
@@ -54,6 +56,8 @@ pub struct OuterTemplate {
     /// Whether to compute the outer UDP checksum. Off by default: RFC 6935/6936 allow
     /// a zero checksum for tunnels over IPv6, and the inner checksums protect the data.
     udp_checksum: bool,
+    /// Where the outer DSCP comes from (the ECN field is always the inner one's).
+    dscp: OuterDscp,
 }
 
 impl OuterTemplate {
@@ -76,7 +80,7 @@ impl OuterTemplate {
         b[6..12].copy_from_slice(src_mac.as_bytes());
         b[field::ETH_TYPE].copy_from_slice(&ethertype::IPV6.to_be_bytes());
         let fl = flow_label & 0x000f_ffff;
-        // Version 6, traffic class 0, 20-bit flow label.
+        // Version 6, traffic class 0 (set per packet), 20-bit flow label.
         let vtcfl: u32 = (6 << 28) | fl;
         b[field::IPV6..field::IPV6 + 4].copy_from_slice(&vtcfl.to_be_bytes());
         b[field::IPV6 + 6] = 17; // next header: UDP
@@ -101,7 +105,15 @@ impl OuterTemplate {
             bytes: b,
             base_len,
             udp_checksum,
+            dscp: OuterDscp::Copy,
         }
+    }
+
+    /// The template with its outer DSCP taken as `dscp` says (the default copies
+    /// the inner packet's).
+    pub fn with_dscp(mut self, dscp: OuterDscp) -> OuterTemplate {
+        self.dscp = dscp;
+        self
     }
 
     /// Bytes of outer header in front of the inner frame: 70, +4 with the External
@@ -129,10 +141,10 @@ impl OuterTemplate {
             "buffer shorter than the frame"
         );
         debug_assert!(inner_len <= self.max_inner_len(mss_option.is_some()));
-        let Some(h) = buf.get_mut(..hlen) else {
+        let Some((h, inner)) = buf.split_at_mut_checked(hlen) else {
             return;
         };
-        let udp_len = self.write_fields(h, inner_len, mss_option);
+        let udp_len = self.write_fields(h, frame_tclass(inner), inner_len, mss_option);
         if self.udp_checksum {
             let Some(datagram) = buf.get(field::UDP..hlen + inner_len) else {
                 return;
@@ -152,15 +164,15 @@ impl OuterTemplate {
     }
 
     /// Writes the outer header of a UDP-tunnel GSO super-frame into `h` (exactly
-    /// [`Self::header_len`] bytes) for an inner frame of `inner_len` bytes. With
+    /// [`Self::header_len`] bytes) for inner frame `inner`. With
     /// [`Self::udp_checksum`] the UDP checksum field holds the IPv6 pseudo-header
     /// seed, folded and not complemented, which the kernel's
     /// `__skb_udp_tunnel_segment` completes per segment (`F_UDP_TUNNEL_CSUM`);
     /// otherwise it is zero and copied into every segment as it is.
-    pub fn write_gso_header(&self, h: &mut [u8], inner_len: usize, mss_option: Option<u32>) {
+    pub fn write_gso_header(&self, h: &mut [u8], inner: &[u8], mss_option: Option<u32>) {
         debug_assert_eq!(h.len(), self.header_len(mss_option.is_some()));
-        debug_assert!(inner_len <= self.max_inner_len(mss_option.is_some()));
-        let udp_len = self.write_fields(h, inner_len, mss_option);
+        debug_assert!(inner.len() <= self.max_inner_len(mss_option.is_some()));
+        let udp_len = self.write_fields(h, frame_tclass(inner), inner.len(), mss_option);
         if self.udp_checksum {
             let seed = checksum::fold(self.pseudo_header(udp_len));
             h[field::UDP_CHECKSUM].copy_from_slice(&seed.to_be_bytes());
@@ -168,12 +180,24 @@ impl OuterTemplate {
     }
 
     /// Copies the template into `h` (the whole outer header) and fills in the
-    /// option and length fields; returns the UDP length. Inlined: as a call it cost
-    /// every encapsulated frame 16 instructions.
+    /// traffic class (for an inner packet of class `inner_tclass`), option and
+    /// length fields; returns the UDP length. Inlined: as a call it cost every
+    /// encapsulated frame 16 instructions.
     #[inline(always)]
-    fn write_fields(&self, h: &mut [u8], inner_len: usize, mss_option: Option<u32>) -> u16 {
+    fn write_fields(
+        &self,
+        h: &mut [u8],
+        inner_tclass: u8,
+        inner_len: usize,
+        mss_option: Option<u32>,
+    ) -> u16 {
         let hlen = h.len();
         h[..self.base_len].copy_from_slice(&self.bytes[..self.base_len]);
+        // The traffic class straddles the first two bytes; the template's are
+        // version 6 with class 0 and the flow label's top nibble.
+        let tc = self.dscp.outer_tclass(inner_tclass);
+        h[field::IPV6] |= tc >> 4;
+        h[field::IPV6 + 1] |= tc << 4;
         if let Some(mss) = mss_option {
             // `h` is exactly long enough for the option, so this cannot fail.
             let _ = OxideOption::Mss(mss).emit(&mut h[self.base_len..]);

@@ -8,6 +8,7 @@
 //! imports neither `vpc` nor `pipeline` (of the machinery, only the flow key's
 //! protocol helpers and `summed_across_workers!`).
 
+pub mod ecn;
 pub mod encap;
 pub mod input;
 pub mod output;

@@ -2,6 +2,7 @@
 //! ([`EngineConfig`]), and the underlay next hops ([`UnderlayRoutes`]) it consults
 //! when a flow is compiled.
 
+use crate::frames::ecn::OuterDscp;
 use crate::ids::Vni;
 use crate::machinery::conntrack::FlowLimits;
 use crate::pipeline::budget::TableBudget;
@@ -28,6 +29,9 @@ pub struct EngineConfig {
     pub boundary_vni: Vni,
     /// Compute the outer UDP checksum (off: zero is allowed for tunnels over IPv6).
     pub outer_udp_checksum: bool,
+    /// The outer DSCP of encapsulated frames: the inner packet's, or one class for
+    /// all (the outer ECN field is always the inner one's: `frames::ecn`).
+    pub outer_dscp: OuterDscp,
     /// The underlay transmit path takes UDP-tunnel GSO super-frames (a tunnel tap,
     /// Linux 6.17+; the daemon probes it): guest TSO buffers then leave as one
     /// super-frame each ([`crate::frames::tso::super_frames`], [`crate::TxDest::UnderlayGso`])
@@ -51,7 +55,7 @@ pub struct EngineConfig {
 
 impl EngineConfig {
     /// A 9000-byte underlay, no boundary services, no external jumbo, zero outer UDP
-    /// checksum, the reference's flow limits, and a fixed hash seed (deterministic
+    /// checksum, the inner DSCP copied to the outer header, the reference's flow limits, and a fixed hash seed (deterministic
     /// for tests; a daemon sets [`EngineConfig::hash_seed`] to a random value).
     pub fn new(underlay_addr: Ipv6Addr) -> Self {
         EngineConfig {
@@ -61,6 +65,7 @@ impl EngineConfig {
             boundary_services: None,
             boundary_vni: Vni::DEFAULT_BOUNDARY,
             outer_udp_checksum: false,
+            outer_dscp: OuterDscp::Copy,
             underlay_tunnel_gso: false,
             flow: FlowLimits::default(),
             tables: TableBudget::default(),

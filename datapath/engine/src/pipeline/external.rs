@@ -7,6 +7,7 @@
 use super::inbound::{compile_inbound, inbound_verdict, verdict, Delivery, Via};
 use super::ports::Port;
 use crate::drop::DropReason;
+use crate::frames::ecn;
 use crate::frames::input::RxFrame;
 use crate::frames::output::{TxBatch, TxDest};
 use crate::frames::rewrite::{rewritten_meta, End, Rewrite};
@@ -55,11 +56,12 @@ pub(super) fn from_outside(
     // and a coalesced frame is translated once.
     let n = meta.payload_off;
     if (wire::ethernet::HEADER_LEN..=frame.head().len()).contains(&n) {
-        coalescer.push_translated(to.port, frame, meta, &r, to.mss, gateway_mac, out);
+        let (ecn, mss) = (to.ecn, to.mss);
+        coalescer.push_translated(to.port, frame, meta, &r, ecn, mss, gateway_mac, out);
         return;
     }
     // Headers across the frame's pieces: the whole frame is translated in a copy.
-    let buf = whole_copy(coalescer, to, frame, out);
+    let buf = whole_copy(coalescer, to, frame, meta, out);
     r.apply(buf, meta, End::Dst);
     // The parser saw a whole Ethernet header: the MACs are there.
     buf[6..12].copy_from_slice(gateway_mac.as_bytes());
@@ -188,7 +190,7 @@ fn icmp_error(
         p.c.drops.inc(r);
         return;
     }
-    let buf = whole_copy(coalescer, to, frame, out);
+    let buf = whole_copy(coalescer, to, frame, meta, out);
     let (cfg, snat) = (&p.cfg, &p.snat);
     let verdict = match nat::inbound_icmp_error(&cfg.external, cfg.ipv4, cfg.ipv6, snat, meta, buf)
     {
@@ -213,14 +215,16 @@ fn icmp_error(
     }
 }
 
-/// A copy of all of `frame` pushed for port `to.port`, with no offload claims, to
-/// be translated in place: after the port's held segments, to keep their order.
-/// Cold: only ICMP errors and frames whose headers span their pieces take it.
+/// A copy of all of `frame` (`meta` parsed from it) pushed for port `to.port`, with
+/// no offload claims and its ECN field as decapsulation sets it, to be translated
+/// in place: after the port's held segments, to keep their order. Cold: only ICMP
+/// errors and frames whose headers span their pieces take it.
 #[cold]
 fn whole_copy<'b>(
     coalescer: &mut Coalescer,
     to: Delivery,
     frame: &RxFrame<'_>,
+    meta: &InnerMeta,
     out: &'b mut TxBatch,
 ) -> &'b mut [u8] {
     coalescer.flush_for(to.port, out);
@@ -230,5 +234,8 @@ fn whole_copy<'b>(
     };
     let buf = out.push_unzeroed(dest, frame.len());
     frame.copy_into(buf);
+    if let Some(e) = to.ecn {
+        ecn::set_inner_ecn(buf, meta, e);
+    }
     buf
 }

@@ -69,6 +69,8 @@ pub(super) struct Delivery {
     pub port: PortId,
     pub vni: u32,
     pub mss: Option<u32>,
+    /// The inner ECN field to set (RFC 6040 decapsulation), if it changes.
+    pub ecn: Option<u8>,
 }
 
 /// Inbound checks for a frame bound to port `p`, arrived `via` the underlay or from

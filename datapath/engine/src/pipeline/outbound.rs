@@ -310,7 +310,8 @@ fn encap_through(plan: &EncapPlan, hop: NextHop, ecfg: &EngineConfig) -> EncapAc
         plan.vni,
         false,
         ecfg.outer_udp_checksum,
-    );
+    )
+    .with_dscp(ecfg.outer_dscp);
     EncapAction {
         outer,
         ifindex: hop.ifindex,

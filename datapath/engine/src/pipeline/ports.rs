@@ -63,6 +63,9 @@ pub(super) struct PortCounters {
     pub(super) tso_segments_out: u64,
     pub(super) tso_super_frames_out: u64,
     pub(super) local_delivered: u64,
+    /// Frames from the underlay whose outer CE mark was carried into the inner
+    /// packet (RFC 6040).
+    pub(super) ecn_ce_marked: u64,
     /// Times the guest had to wait for its egress limit's tokens.
     pub(super) egress_throttled: u64,
     /// Times a frame for the guest had to wait for its ingress limit's tokens.

@@ -33,6 +33,9 @@ pub struct PortStats {
     pub tso_super_frames_out: u64,
     /// Frames delivered to another port of this sled without encapsulation.
     pub local_delivered: u64,
+    /// Frames from the underlay that arrived with a congestion mark (CE) on the
+    /// outer header, carried into the ECN-capable inner packet (RFC 6040).
+    pub ecn_ce_marked: u64,
     /// Times the guest had to wait before its next frame was taken: its egress
     /// limit's tokens were spent (`set-port-limits`).
     pub egress_throttled: u64,
@@ -138,6 +141,7 @@ impl PortStats {
             tso_segments_out: p.c.tso_segments_out,
             tso_super_frames_out: p.c.tso_super_frames_out,
             local_delivered: p.c.local_delivered,
+            ecn_ce_marked: p.c.ecn_ce_marked,
             egress_throttled: p.c.egress_throttled,
             ingress_throttled: p.c.ingress_throttled,
             epoch: p.epoch,

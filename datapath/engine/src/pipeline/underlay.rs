@@ -1,5 +1,6 @@
 //! Underlay to guest: [`Engine::process_underlay`] (outer validation, our underlay
-//! address, the port by (VNI, inner destination MAC), its inbound checks, coalescing),
+//! address, the port by (VNI, inner destination MAC), the outer ECN field combined
+//! into the inner one, its inbound checks, coalescing),
 //! frames other workers hand over ([`Engine::process_sibling`]), and the end of a
 //! receive batch ([`Engine::end_of_batch`]).
 
@@ -10,6 +11,7 @@ use super::inbound::{deliver_local, inbound_verdict, Delivery, Via};
 use super::ports::slot_mut;
 use super::Engine;
 use crate::drop::DropReason;
+use crate::frames::ecn::{self, Decap};
 use crate::frames::input::RxFrame;
 use crate::frames::output::{SiblingFrame, TxBatch, TxDest};
 use crate::ids::Vni;
@@ -90,6 +92,19 @@ impl Engine {
         };
         // Ethernet padding after the IP packet stays behind.
         let inner = inner.sub(0..meta.ip_end);
+        // A congestion mark a switch set on the outer header goes into the inner
+        // packet (RFC 6040), decided before the firewall sees the packet so a drop
+        // leaves no state behind.
+        let ecn = match ecn::decapsulate(um.outer_tclass, ecn::inner_ecn(inner.head(), meta)) {
+            Decap::Keep => None,
+            Decap::Set(e) => {
+                if e == ecn::CE {
+                    p.c.ecn_ce_marked += 1;
+                }
+                Some(e)
+            }
+            Decap::Drop => return p.c.drops.inc(DropReason::EcnCeNotEct),
+        };
         if um.external {
             // From outside the VPC: only from boundary services (checked with the
             // flow, `external.rs`), and only to an external address, through NAT.
@@ -97,6 +112,7 @@ impl Engine {
                 port,
                 vni: um.vni,
                 mss: um.mss,
+                ecn,
             };
             let coalescer = &mut self.coalescer;
             external::from_outside(p, coalescer, &via, to, &inner, meta, now, out);
@@ -110,7 +126,7 @@ impl Engine {
         p.c.in_packets += 1;
         p.c.in_bytes += inner.len() as u64;
         self.coalescer
-            .push(port, inner, meta, um.mss, p.cfg.gateway_mac, out);
+            .push(port, inner, meta, ecn, um.mss, p.cfg.gateway_mac, out);
     }
 
     /// [`Engine::process_underlay`] of a frame whose headers span its pieces: never

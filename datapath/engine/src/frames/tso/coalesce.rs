@@ -26,6 +26,7 @@ use super::{
     check_offsets, pseudo_header, MAX_SEGMENTS, PROTO_TCP, TCP_CSUM_OFFSET, TCP_CWR, TCP_FIN,
     TCP_MIN_HEADER, TCP_PSH,
 };
+use crate::frames::ecn;
 use crate::frames::input::{InputRef, RxFrame};
 use crate::frames::output::{TxBatch, TxDest};
 use crate::frames::rewrite::{End, Rewrite};
@@ -185,9 +186,9 @@ impl Pending {
     }
 
     /// Takes a first segment (checksum verified) as a new frame: `head` holds its
-    /// headers, `start.payload` refers to the rest; `nat` rewrites the destination
-    /// in the headers the guest gets.
-    fn begin(&mut self, start: Start, head: &[u8], m: &InnerMeta, nat: Option<&Rewrite>) {
+    /// headers, `start.payload` refers to the rest; `edit` changes the headers the
+    /// guest gets.
+    fn begin(&mut self, start: Start, head: &[u8], m: &InnerMeta, edit: Edit<'_>) {
         let (hdrs, end) = (m.payload_off, m.ip_end);
         self.in_use = true;
         self.port = start.port;
@@ -196,13 +197,7 @@ impl Pending {
         // them in `head`.
         self.hdr[..hdrs].copy_from_slice(&head[..hdrs]);
         self.hdr[6..12].copy_from_slice(start.gateway_mac.as_bytes());
-        self.out_pseudo = match nat {
-            Some(r) => {
-                r.apply(&mut self.hdr[..hdrs], m, End::Dst);
-                start.pseudo + r.pseudo_delta()
-            }
-            None => start.pseudo,
-        };
+        self.out_pseudo = edit.apply(&mut self.hdr[..hdrs], m, start.pseudo);
         self.refs.clear();
         self.refs.push(start.payload);
         self.len = end;
@@ -429,24 +424,28 @@ impl Coalescer {
         self.stats
     }
 
-    /// Takes one decapsulated guest-bound frame (`meta` parsed from it, `mss` from its
-    /// Geneve Mss option). TCP data is held for merging until [`Self::flush`] or until a
+    /// Takes one decapsulated guest-bound frame (`meta` parsed from it, `ecn` the
+    /// inner ECN field to set if decapsulation changes it, `mss` from its Geneve Mss
+    /// option). TCP data is held for merging until [`Self::flush`] or until a
     /// segment that cannot follow it arrives; everything else goes to `out` at once,
     /// after this port's held frames. Every frame's source MAC becomes `gateway_mac`.
     ///
     /// Held frames refer to `frame`'s input: the caller keeps its inputs until the
     /// batch they end up in is drained, and flushes before that.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     pub fn push(
         &mut self,
         port: PortId,
         frame: RxFrame<'_>,
         meta: &InnerMeta,
+        ecn: Option<u8>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
-        self.push_with(port, &frame, meta, None, mss, gateway_mac, out);
+        let edit = Edit { nat: None, ecn };
+        self.push_with(port, &frame, meta, edit, mss, gateway_mac, out);
     }
 
     /// [`Self::push`] for a frame the NAT layer translates (`dst`, the rewrite of
@@ -461,15 +460,20 @@ impl Coalescer {
         frame: &RxFrame<'_>,
         meta: &InnerMeta,
         dst: &Rewrite,
+        ecn: Option<u8>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
-        self.push_with(port, frame, meta, Some(dst), mss, gateway_mac, out);
+        let edit = Edit {
+            nat: Some(dst),
+            ecn,
+        };
+        self.push_with(port, frame, meta, edit, mss, gateway_mac, out);
     }
 
-    /// [`Self::push`] and [`Self::push_translated`] (`nat`: the rewrite of the
-    /// destination). The frame by reference: the callers' copy is used where it
+    /// [`Self::push`] and [`Self::push_translated`] (`edit`: what changes in the
+    /// headers). The frame by reference: the callers' copy is used where it
     /// is, not copied again for the call.
     #[allow(clippy::too_many_arguments)]
     fn push_with(
@@ -477,7 +481,7 @@ impl Coalescer {
         port: PortId,
         frame: &RxFrame<'_>,
         meta: &InnerMeta,
-        nat: Option<&Rewrite>,
+        edit: Edit<'_>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
@@ -488,17 +492,19 @@ impl Coalescer {
         let head = frame.head();
         if !is_tcp_segment(head, frame.len(), meta) {
             self.flush_port(port, out);
-            self.emit_raw(port, frame, meta, nat, gateway_mac, out);
+            self.emit_raw(port, frame, meta, edit, gateway_mac, out);
             return;
         }
         if let Some(i) = self.slots.iter().position(|p| p.same_flow(port, meta)) {
-            if self.can_merge(i, head, meta, mss) {
+            // A frame whose ECN field changes starts a frame of its own, as GRO
+            // keeps a CE-marked segment apart.
+            if edit.ecn.is_none() && self.can_merge(i, head, meta, mss) {
                 if self.append(i, frame, head, meta) {
                     return;
                 }
                 // Bad checksum: keep order, let the guest drop it.
                 self.flush_slot(i, out);
-                self.emit_raw(port, frame, meta, nat, gateway_mac, out);
+                self.emit_raw(port, frame, meta, edit, gateway_mac, out);
                 return;
             }
             self.flush_slot(i, out);
@@ -506,7 +512,7 @@ impl Coalescer {
         if can_start(head, meta, mss) {
             let pseudo = tcp_pseudo(meta);
             if !tcp_segment_ok(frame, head, meta, pseudo) {
-                self.emit_raw(port, frame, meta, nat, gateway_mac, out);
+                self.emit_raw(port, frame, meta, edit, gateway_mac, out);
                 return;
             }
             let i = self.free_slot(out);
@@ -521,10 +527,10 @@ impl Coalescer {
                 age,
                 pseudo,
             };
-            self.slots[i].begin(start, head, meta, nat);
+            self.slots[i].begin(start, head, meta, edit);
             return;
         }
-        self.emit_single(port, frame, meta, nat, mss, gateway_mac, out);
+        self.emit_single(port, frame, meta, edit, mss, gateway_mac, out);
     }
 
     /// Writes port `port`'s held frames to `out`: the caller is about to write a
@@ -665,7 +671,7 @@ impl Coalescer {
         port: PortId,
         frame: &RxFrame<'_>,
         m: &InnerMeta,
-        nat: Option<&Rewrite>,
+        edit: Edit<'_>,
         mss: Option<u32>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
@@ -676,7 +682,7 @@ impl Coalescer {
         let flags = head[l4 + 13];
         let pseudo = tcp_pseudo(m);
         let gso = if !tcp_segment_ok(frame, head, m, pseudo) {
-            self.emit_raw(port, frame, m, nat, gateway_mac, out);
+            self.emit_raw(port, frame, m, edit, gateway_mac, out);
             return;
         } else {
             mss.filter(|&gso| {
@@ -694,27 +700,21 @@ impl Coalescer {
         };
         let h = out.push_received(TxDest::Port { port, vnet }, frame, hdrs);
         h[6..12].copy_from_slice(gateway_mac.as_bytes());
-        let pseudo = match nat {
-            Some(r) => {
-                r.apply(h, m, End::Dst);
-                pseudo + r.pseudo_delta()
-            }
-            None => pseudo,
-        };
+        let pseudo = edit.apply(h, m, pseudo);
         if gso.is_some() {
             partial_checksum(h, l4, pseudo, end - l4);
         }
         self.count_out(&vnet);
     }
 
-    /// A frame passed on as is (its destination rewritten by `nat`), bar the source
-    /// MAC, with no offload claims.
+    /// A frame passed on as is (its headers changed by `edit`), bar the source MAC,
+    /// with no offload claims.
     fn emit_raw(
         &mut self,
         port: PortId,
         frame: &RxFrame<'_>,
         m: &InnerMeta,
-        nat: Option<&Rewrite>,
+        edit: Edit<'_>,
         gateway_mac: MacAddr,
         out: &mut TxBatch<'_>,
     ) {
@@ -723,18 +723,48 @@ impl Coalescer {
             vnet: VnetHdr::default(),
         };
         // The parser saw a whole Ethernet header (14 bytes), so the MACs are there,
-        // and the headers a translation changes, in the frame's head.
-        let h = match nat {
-            None => out.push_received(dest, frame, 12),
-            Some(r) => {
-                let h = out.push_received(dest, frame, m.payload_off);
-                r.apply(h, m, End::Dst);
-                h
-            }
+        // and the headers an edit changes, in the frame's head.
+        let h = if edit.is_none() {
+            out.push_received(dest, frame, 12)
+        } else {
+            let h = out.push_received(dest, frame, m.payload_off);
+            edit.apply(h, m, 0);
+            h
         };
         h[..6].copy_from_slice(m.dst_mac.as_bytes());
         h[6..12].copy_from_slice(gateway_mac.as_bytes());
         self.stats.frames_out += 1;
+    }
+}
+
+/// What changes in the headers of a frame on its way to the guest.
+#[derive(Clone, Copy, Debug, Default)]
+struct Edit<'a> {
+    /// The NAT rewrite of its destination.
+    nat: Option<&'a Rewrite>,
+    /// The inner ECN field to set (RFC 6040 decapsulation: `frames::ecn`).
+    ecn: Option<u8>,
+}
+
+impl Edit<'_> {
+    fn is_none(&self) -> bool {
+        self.nat.is_none() && self.ecn.is_none()
+    }
+
+    /// Applies the edit to `h` (the headers of the packet `m` describes) and
+    /// returns `pseudo`, the packet's pseudo-header sum, as it is after the edit.
+    #[inline]
+    fn apply(&self, h: &mut [u8], m: &InnerMeta, pseudo: u64) -> u64 {
+        if let Some(e) = self.ecn {
+            ecn::set_inner_ecn(h, m, e);
+        }
+        match self.nat {
+            Some(r) => {
+                r.apply(h, m, End::Dst);
+                pseudo + r.pseudo_delta()
+            }
+            None => pseudo,
+        }
     }
 }
 

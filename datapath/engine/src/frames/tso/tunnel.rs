@@ -163,7 +163,7 @@ pub fn super_frames(
         }
         let seed = tcp_seed(inner, meta, inner_len - l4);
         inner[l4 + 16..l4 + 18].copy_from_slice(&seed.to_be_bytes());
-        outer.write_gso_header(head, inner_len, Some(guest_mss));
+        outer.write_gso_header(head, inner, Some(guest_mss));
         start = end;
     }
     Ok(Some(SuperFrames {
