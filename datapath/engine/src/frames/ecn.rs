@@ -43,11 +43,17 @@ impl OuterDscp {
 
     /// The outer traffic class for an inner packet of traffic class `inner`:
     /// the DSCP as configured, the ECN field copied (normal mode).
-    #[inline(always)]
     pub fn outer_tclass(self, inner: u8) -> u8 {
+        let (keep, set) = self.keep_and_set();
+        (inner & keep) | set
+    }
+
+    /// [`Self::outer_tclass`] as the bits of the inner class kept and the bits
+    /// set: what a flow's outer header template holds.
+    pub fn keep_and_set(self) -> (u8, u8) {
         match self {
-            OuterDscp::Copy => inner,
-            OuterDscp::Fixed(d) => (d << 2) | (inner & ECN_MASK),
+            OuterDscp::Copy => (u8::MAX, 0),
+            OuterDscp::Fixed(d) => (ECN_MASK, d << 2),
         }
     }
 }
@@ -91,6 +97,17 @@ pub fn decapsulate(outer_tclass: u8, inner_ecn: u8) -> Decap {
         (ECT1, ECT0) => Decap::Set(ECT1),
         _ => Decap::Keep,
     }
+}
+
+/// [`decapsulate`] for the IP packet `m` describes in `head` (which holds its IP
+/// header): an outer Not-ECT field, most traffic's, decides without reading the
+/// inner packet.
+#[inline(always)]
+pub fn decapsulate_packet(outer_tclass: u8, head: &[u8], m: &InnerMeta) -> Decap {
+    if outer_tclass & ECN_MASK == NOT_ECT {
+        return Decap::Keep;
+    }
+    decapsulate(outer_tclass, inner_ecn(head, m))
 }
 
 /// The ECN field of the IP packet `m` describes in `head` (which holds its IP

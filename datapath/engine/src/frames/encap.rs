@@ -56,8 +56,10 @@ pub struct OuterTemplate {
     /// Whether to compute the outer UDP checksum. Off by default: RFC 6935/6936 allow
     /// a zero checksum for tunnels over IPv6, and the inner checksums protect the data.
     udp_checksum: bool,
-    /// Where the outer DSCP comes from (the ECN field is always the inner one's).
-    dscp: OuterDscp,
+    /// The outer traffic class is the inner one's bits `tclass_keep` with
+    /// `tclass_set` added ([`OuterDscp::keep_and_set`]): no branch per packet.
+    tclass_keep: u8,
+    tclass_set: u8,
 }
 
 impl OuterTemplate {
@@ -105,14 +107,15 @@ impl OuterTemplate {
             bytes: b,
             base_len,
             udp_checksum,
-            dscp: OuterDscp::Copy,
+            tclass_keep: u8::MAX,
+            tclass_set: 0,
         }
     }
 
     /// The template with its outer DSCP taken as `dscp` says (the default copies
     /// the inner packet's).
     pub fn with_dscp(mut self, dscp: OuterDscp) -> OuterTemplate {
-        self.dscp = dscp;
+        (self.tclass_keep, self.tclass_set) = dscp.keep_and_set();
         self
     }
 
@@ -195,7 +198,7 @@ impl OuterTemplate {
         h[..self.base_len].copy_from_slice(&self.bytes[..self.base_len]);
         // The traffic class straddles the first two bytes; the template's are
         // version 6 with class 0 and the flow label's top nibble.
-        let tc = self.dscp.outer_tclass(inner_tclass);
+        let tc = (inner_tclass & self.tclass_keep) | self.tclass_set;
         h[field::IPV6] |= tc >> 4;
         h[field::IPV6 + 1] |= tc << 4;
         if let Some(mss) = mss_option {

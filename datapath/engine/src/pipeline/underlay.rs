@@ -95,7 +95,7 @@ impl Engine {
         // A congestion mark a switch set on the outer header goes into the inner
         // packet (RFC 6040), decided before the firewall sees the packet so a drop
         // leaves no state behind.
-        let ecn = match ecn::decapsulate(um.outer_tclass, ecn::inner_ecn(inner.head(), meta)) {
+        let ecn = match ecn::decapsulate_packet(um.outer_tclass, inner.head(), meta) {
             Decap::Keep => None,
             Decap::Set(e) => {
                 if e == ecn::CE {
