@@ -532,7 +532,10 @@ impl Resolver {
         }
         if !due.is_empty() {
             let r = self.cache.update(&due);
-            // An incomplete one stays wanted until its missing paths resolve.
+            // An incomplete one is asked for again at each try: its missing
+            // paths are retried on the back-off until a wait exceeds
+            // FORGET_AFTER (about 3 s of tries), then at the next notification
+            // or refresh.
             for &dst in &r.incomplete {
                 self.pending.ask(dst, now);
             }
@@ -543,8 +546,8 @@ impl Resolver {
     }
 
     /// Merges a pass over cached destinations; the ones that lost their next hop
-    /// become pending, and so do those short of a path (retried until it
-    /// resolves: a neighbour that fails to answer at first is announced no more).
+    /// become pending, and so do those short of a path (retried for a few
+    /// seconds: a neighbour that fails to answer at first is announced no more).
     fn absorb(&mut self, r: Refresh, now: Instant, changes: &mut Refresh) {
         for &dst in &r.unresolved {
             tracing::debug!(%dst, "underlay next hop lost; resolving");
