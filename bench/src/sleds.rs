@@ -1,7 +1,9 @@
 //! Two sleds on one underlay link, one dual-stack guest each, with V2P mappings both
 //! ways: the smallest setup in which a packet takes the whole encap/decap path.
 
-use engine::{Engine, EngineConfig, MacAddr, NextHop, PortConfig, PortId, UnderlayRoutes, Vni};
+use engine::{
+    Engine, EngineConfig, MacAddr, NextHop, NextHopSet, PortConfig, PortId, UnderlayRoutes, Vni,
+};
 use std::net::{IpAddr, Ipv6Addr};
 
 /// The clock the fixtures run at (monotonic ns; the engine reads no clock). Fixed, so
@@ -22,8 +24,8 @@ pub struct PeerRoute {
 }
 
 impl UnderlayRoutes for PeerRoute {
-    fn next_hop(&self, dst: Ipv6Addr) -> Option<NextHop> {
-        (dst == self.peer).then_some(self.hop)
+    fn next_hops(&self, dst: Ipv6Addr) -> NextHopSet {
+        (dst == self.peer).then_some(self.hop).into_iter().collect()
     }
 }
 

@@ -8,8 +8,8 @@
 #![no_main]
 
 use engine::{
-    Direction, Engine, EngineConfig, FwAction, MacAddr, NextHop, PortConfig, PortId, Predicate,
-    Rule, RxFrame, TxBatch, TxDest, UnderlayRoutes, VnetHdr, Vni,
+    Direction, Engine, EngineConfig, FwAction, MacAddr, NextHop, NextHopSet, PortConfig, PortId,
+    Predicate, Rule, RxFrame, TxBatch, TxDest, UnderlayRoutes, VnetHdr, Vni,
 };
 use libfuzzer_sys::fuzz_target;
 use std::net::Ipv6Addr;
@@ -21,8 +21,8 @@ const UNDERLAY_MTU: usize = 9000;
 struct Routes;
 
 impl UnderlayRoutes for Routes {
-    fn next_hop(&self, _dst: Ipv6Addr) -> Option<NextHop> {
-        Some(NextHop {
+    fn next_hops(&self, _dst: Ipv6Addr) -> NextHopSet {
+        NextHopSet::from(NextHop {
             ifindex: 2,
             src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
             dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),

@@ -605,6 +605,25 @@ fn underlay_metrics(e: &mut Exposition, stats: &Value) {
         );
         let help = "XDP program verdicts on an underlay link, by counter.";
         e.counters_by("overlayd_xdp_events", help, &l, "counter", &link["xdp"]);
+        let help = "Frames the workers sent through an underlay link, by transmit path \
+                    (af-xdp frames, tunnel-gso super-frames).";
+        for (path, key) in [("af-xdp", "tx_frames"), ("tunnel-gso", "tx_super_frames")] {
+            let l = [("link", name), ("path", path)];
+            e.counter("overlayd_underlay_tx_frames", help, &l, &link[key]);
+        }
+        let in_use = link["in_use"].as_bool().map(u8::from).map(Value::from);
+        e.gauge(
+            "overlayd_underlay_in_use",
+            "1 when an underlay link is up with carrier and its next hops are in use.",
+            &l,
+            in_use.as_ref().unwrap_or(&Value::Null),
+        );
+        e.counter(
+            "overlayd_underlay_in_use_changes",
+            "Times an underlay link went out of use or came back.",
+            &l,
+            &link["in_use_changes"],
+        );
     }
 }
 
@@ -728,7 +747,8 @@ mod tests {
                          "busy_ratio": 0.5, "idle_sleeps": 1, "handoff_in": 0, "handoff_out": 0,
                          "started_unix_ms": 1500}],
             "next_hops": {"entries": 1, "snapshots": 2, "invalidations": 0, "requests_deferred": 0},
-            "underlay": [{"name": "eth1", "mtu": 9000, "queues": 2, "xdp": {"redirected": 9}}],
+            "underlay": [{"name": "eth1", "mtu": 9000, "queues": 2, "xdp": {"redirected": 9},
+                          "tx_frames": 7, "tx_super_frames": 2, "in_use": true, "in_use_changes": 1}],
             "control": {
                 "not_applied": {"ports": [{"name": "x"}], "v2p_count": 3, "v2p": []},
                 "state": {"file": "/s", "save_error": "read-only"},
@@ -858,6 +878,19 @@ mod tests {
             assert_eq!(
                 s[r#"overlayd_xdp_events_total{link="eth1",counter="redirected"}"#],
                 9.0
+            );
+            assert_eq!(
+                s[r#"overlayd_underlay_tx_frames_total{link="eth1",path="af-xdp"}"#],
+                7.0
+            );
+            assert_eq!(
+                s[r#"overlayd_underlay_tx_frames_total{link="eth1",path="tunnel-gso"}"#],
+                2.0
+            );
+            assert_eq!(s[r#"overlayd_underlay_in_use{link="eth1"}"#], 1.0);
+            assert_eq!(
+                s[r#"overlayd_underlay_in_use_changes_total{link="eth1"}"#],
+                1.0
             );
             assert!(!s.contains_key(r#"overlayd_worker_io_events_total{counter="rounds"}"#));
             assert_eq!(s[r#"overlayd_not_applied{kind="port"}"#], 1.0);

@@ -19,7 +19,7 @@
 use crate::controller::{Dataplane, DataplaneError, Inspect, PortTables};
 use crate::util::Doorbell;
 use crate::worker::jobs::{JobTx, PortKey, WorkerPlane};
-use crate::worker::stats::{WorkerReport, WorkerView};
+use crate::worker::stats::{UnderlayTx, WorkerReport, WorkerView};
 use crate::worker::Datapath;
 use api::{
     ExternalIps, FwRule, Outcome, PortCidrs, PortInfo, PortLimits, PortState, Reply, RouteEntry,
@@ -196,18 +196,37 @@ impl<D: WorkerPlane + 'static> Workers<D> {
     }
 
     /// Every worker's `stats`, merged, plus each worker's view and the underlay
-    /// links' counters.
+    /// links' counters (with the frames the workers sent through each).
     fn merged_stats(&mut self) -> Result<Value, DataplaneError> {
         let (merged, views) = self.gather()?;
+        let tx = merged
+            .as_ref()
+            .map(|m| m.underlay_tx.clone())
+            .unwrap_or_default();
         let mut v = json(merged)?;
         if let Value::Object(m) = &mut v {
             let views = json(views)?;
             m.insert("workers".into(), views);
             if let Some(f) = self.shared_stats.as_mut() {
-                m.insert("underlay".into(), f());
+                let mut links = f();
+                add_link_tx(&mut links, &tx);
+                m.insert("underlay".into(), links);
             }
         }
         Ok(v)
+    }
+}
+
+/// Adds to each underlay link of `links` (`stats`' `underlay`) the frames the
+/// workers sent through it (0 for a link none went through).
+fn add_link_tx(links: &mut Value, tx: &UnderlayTx) {
+    for link in links.as_array_mut().into_iter().flatten() {
+        let ifindex = link["ifindex"].as_u64().and_then(|i| u32::try_from(i).ok());
+        let counts = ifindex.and_then(|i| tx.get(i).copied()).unwrap_or_default();
+        if let Value::Object(l) = link {
+            l.insert("tx_frames".into(), counts.tx_frames.into());
+            l.insert("tx_super_frames".into(), counts.tx_super_frames.into());
+        }
     }
 }
 
@@ -531,7 +550,7 @@ mod tests {
                 rounds: self.stats,
                 ..Default::default()
             };
-            WorkerReport::new(e, w, None, None)
+            WorkerReport::new(e, w, None, None, Default::default())
         }
 
         fn info(&self) -> WorkerInfo {

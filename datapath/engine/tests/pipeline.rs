@@ -431,8 +431,8 @@ proptest! {
 struct MovableFabric(std::cell::Cell<[u8; 6]>);
 
 impl engine::UnderlayRoutes for MovableFabric {
-    fn next_hop(&self, _dst: Ipv6Addr) -> Option<engine::NextHop> {
-        Some(engine::NextHop {
+    fn next_hops(&self, _dst: Ipv6Addr) -> engine::NextHopSet {
+        engine::NextHopSet::from(engine::NextHop {
             ifindex: IFINDEX,
             src_mac: "02:00:00:00:99:01".parse().unwrap(),
             dst_mac: engine::MacAddr(self.0.get()),

@@ -35,6 +35,8 @@ pub struct LinkInfo {
     pub mac: Option<MacAddr>,
     /// `IFF_UP` (administratively up).
     pub up: bool,
+    /// `IFF_LOWER_UP` (the link has carrier).
+    pub carrier: bool,
     /// Packets the link dropped on transmit (`tx_dropped` of `IFLA_STATS64`). For a
     /// tap, transmit is the guest's side: frames the guest sent that the tap's queue
     /// dropped because the datapath did not read them in time.
@@ -65,21 +67,33 @@ impl Neighbour {
     }
 }
 
-/// The kernel's answer to "how do I reach this IPv6 address".
+/// One path of the route the kernel would use for an IPv6 address: the route's
+/// only one, or one of its multipath next hops (`RTA_MULTIPATH`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Route {
+pub struct RoutePath {
     pub oif: u32,
     /// `None` when the destination is on-link.
     pub gateway: Option<Ipv6Addr>,
-    pub prefsrc: Option<Ipv6Addr>,
+    /// Neither dead (`RTNH_F_DEAD`: its link went down) nor without carrier
+    /// (`RTNH_F_LINKDOWN`).
+    pub usable: bool,
 }
 
-impl Route {
+impl RoutePath {
     /// The address whose neighbour entry gives the next hop's MAC.
-    pub fn next_hop(&self, dst: Ipv6Addr) -> Ipv6Addr {
+    pub fn neighbour(&self, dst: Ipv6Addr) -> Ipv6Addr {
         self.gateway.unwrap_or(dst)
     }
 }
+
+/// `rtnh_flags` / `rtm_flags` of a next hop whose link is down or has lost carrier.
+const RTNH_F_DEAD: u32 = 1;
+const RTNH_F_LINKDOWN: u32 = 16;
+/// `rtm_flags` of a route lookup that asks for the matching route itself (every
+/// multipath next hop) rather than the one path the kernel would pick.
+const RTM_F_FIB_MATCH: u32 = 0x2000;
+/// `struct rtnexthop`: length, flags, hops, ifindex; its attributes follow.
+const RTNEXTHOP_LEN: usize = 8;
 
 /// A `NETLINK_ROUTE` socket.
 pub struct Netlink {
@@ -157,6 +171,7 @@ fn parse_link(body: &[u8]) -> Option<LinkInfo> {
         mtu: 0,
         mac: None,
         up: flags & libc::IFF_UP as u32 != 0,
+        carrier: flags & libc::IFF_LOWER_UP as u32 != 0,
         tx_dropped: 0,
     };
     for (kind, p) in attrs(body.get(IFINFOMSG_LEN..)?) {
@@ -197,23 +212,56 @@ fn parse_neigh(body: &[u8]) -> Option<Neighbour> {
     })
 }
 
-fn parse_route(body: &[u8]) -> Option<Route> {
+fn usable(flags: u32) -> bool {
+    flags & (RTNH_F_DEAD | RTNH_F_LINKDOWN) == 0
+}
+
+/// The paths of a route (`RTM_NEWROUTE` body): each multipath next hop, or the
+/// route's own output interface and gateway. `None` for a malformed body or a
+/// route without any output interface.
+fn parse_route(body: &[u8]) -> Option<Vec<RoutePath>> {
+    let flags = read_u32(body, 8)?;
     let mut oif = None;
     let mut gateway = None;
-    let mut prefsrc = None;
+    let mut paths = Vec::new();
     for (kind, p) in attrs(body.get(RTMSG_LEN..)?) {
         match kind {
             libc::RTA_OIF => oif = read_u32(p, 0),
             libc::RTA_GATEWAY => gateway = ipv6_from(p),
-            libc::RTA_PREFSRC => prefsrc = ipv6_from(p),
+            libc::RTA_MULTIPATH => paths = parse_multipath(p)?,
             _ => {}
         }
     }
-    Some(Route {
-        oif: oif?,
-        gateway,
-        prefsrc,
-    })
+    if paths.is_empty() {
+        paths.push(RoutePath {
+            oif: oif?,
+            gateway,
+            usable: usable(flags),
+        });
+    }
+    Some(paths)
+}
+
+/// The next hops of an `RTA_MULTIPATH` attribute: a run of `struct rtnexthop`,
+/// each followed by its own attributes (`RTA_GATEWAY`).
+fn parse_multipath(mut b: &[u8]) -> Option<Vec<RoutePath>> {
+    let mut paths = Vec::new();
+    while !b.is_empty() {
+        let len = usize::from(read_u16(b, 0)?);
+        let flags = u32::from(*b.get(2)?);
+        let oif = read_u32(b, 4)?;
+        let nh_attrs = b.get(RTNEXTHOP_LEN..len)?;
+        let gateway = attrs(nh_attrs)
+            .find(|(k, _)| *k == libc::RTA_GATEWAY)
+            .and_then(|(_, p)| ipv6_from(p));
+        paths.push(RoutePath {
+            oif,
+            gateway,
+            usable: usable(flags),
+        });
+        b = b.get(align4(len)..).unwrap_or(&[]);
+    }
+    Some(paths)
 }
 
 /// Opens a `NETLINK_ROUTE` socket bound to the multicast groups in `groups` (a
@@ -453,12 +501,15 @@ impl Netlink {
             .find(|n| n.ifindex == ifindex && n.addr == addr))
     }
 
-    /// Asks the kernel which route it would use for `dst` (`ip -6 route get`).
-    pub fn route_get(&mut self, dst: Ipv6Addr) -> io::Result<Route> {
+    /// Asks the kernel which route it would use for `dst` and returns all its
+    /// paths (`ip -6 route get fibmatch`): a multipath route's every next hop,
+    /// dead or alive, not only the one the kernel would pick for one packet.
+    pub fn route_paths(&mut self, dst: Ipv6Addr) -> io::Result<Vec<RoutePath>> {
         let mut m = self.header(libc::RTM_GETROUTE, 0);
         m.push(libc::AF_INET6 as u8);
         m.push(128); // dst_len
-        m.extend_from_slice(&[0; RTMSG_LEN - 2]);
+        m.extend_from_slice(&[0; 6]); // src_len, tos, table, protocol, scope, type
+        m.extend_from_slice(&RTM_F_FIB_MATCH.to_ne_bytes());
         push_attr(&mut m, libc::RTA_DST, &dst.octets());
         let replies = self
             .transact(m, false)
@@ -618,8 +669,8 @@ pub fn request_resolution(addr: Ipv6Addr, ifindex: u32) -> io::Result<()> {
     }
 }
 
-/// How the datapath reaches one underlay destination.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the datapath reaches one underlay destination over one path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct NextHop {
     pub ifindex: u32,
     pub src_mac: MacAddr,
@@ -627,21 +678,28 @@ pub struct NextHop {
 }
 
 /// The kernel's view of underlay next hops, cached: route + neighbour lookups
-/// per destination, kept in a HashMap.
+/// per destination, kept in a HashMap. A destination reached by a multipath
+/// route has one next hop per usable path (sorted, so that equal sets compare
+/// equal); the datapath spreads its flows over them.
 ///
-/// Every method that refreshes does netlink round trips (three per destination),
-/// so this belongs to a slow-path thread, never to the datapath worker: the
-/// daemon runs it on a resolver thread and publishes [`NeighbourCache::entries`]
-/// to the worker as an immutable snapshot. What [`NeighbourCache::update`] and
+/// Every method that refreshes does netlink round trips (three per path), so
+/// this belongs to a slow-path thread, never to the datapath worker: the daemon
+/// runs it on a resolver thread and publishes [`NeighbourCache::entries`] to the
+/// worker as an immutable snapshot. What [`NeighbourCache::update`] and
 /// [`NeighbourCache::refresh`] report tells the daemon whether flows compiled
 /// with an older next hop must be recompiled.
 pub struct NeighbourCache {
     nl: Netlink,
-    entries: HashMap<Ipv6Addr, NextHop>,
-    /// The neighbour each destination was last found to go through (its gateway,
-    /// or itself when on-link), resolved or not: what neighbour notifications are
-    /// matched against ([`NeighbourCache::through`]).
-    via: HashMap<Ipv6Addr, Ipv6Addr>,
+    entries: HashMap<Ipv6Addr, Vec<NextHop>>,
+    /// The neighbours (each with its link) each destination was last found to go
+    /// through (gateways, or itself when on-link), resolved or not: what neighbour
+    /// notifications are matched against ([`NeighbourCache::through`]).
+    via: HashMap<Ipv6Addr, Vec<(u32, Ipv6Addr)>>,
+    /// Whether each link a route went through was up with carrier when last
+    /// seen: a link event that changes it makes every destination be resolved
+    /// again (the kernel marks the paths through it dead or back without a
+    /// route notification).
+    links: HashMap<u32, bool>,
     last_refresh: Option<Instant>,
     /// Entries older than this are re-read from the kernel (MAC changes, route changes).
     max_age: Duration,
@@ -650,13 +708,18 @@ pub struct NeighbourCache {
 /// What one pass over some destinations did to the cache.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Refresh {
-    /// Destinations without a usable neighbour (resolution was requested); they
-    /// are not in the cache.
+    /// Destinations without a usable neighbour on any path (resolution was
+    /// requested); they are not in the cache.
     pub unresolved: Vec<Ipv6Addr>,
-    /// A cached next hop changed (interface or MAC) or disappeared: anything
-    /// compiled with the old one sends to the wrong place and must be redone.
+    /// Cached destinations with a path whose neighbour is not usable yet
+    /// (resolution was requested): to be tried again, as their next hops are
+    /// fewer than their paths.
+    pub incomplete: Vec<Ipv6Addr>,
+    /// A cached next hop changed (interface or MAC), disappeared, or a
+    /// destination gained a path: anything compiled with the old set sends to the
+    /// wrong place (or does not spread) and must be redone.
     pub next_hops_changed: bool,
-    /// A destination got its first next hop: nothing was compiled with it yet,
+    /// A destination got its first next hops: nothing was compiled with them yet,
     /// but the new entries must reach whoever looks them up.
     pub next_hops_added: bool,
 }
@@ -667,11 +730,13 @@ pub struct Affected {
     /// Destinations without a next hop whose neighbour just became usable:
     /// worth resolving now rather than at their next retry.
     pub resolvable: Vec<Ipv6Addr>,
-    /// Cached destinations whose next hop may have changed or vanished (their
-    /// neighbour's MAC changed, it failed or was deleted; their link's MAC
-    /// changed or the link was deleted): resolve them again now.
+    /// Cached destinations whose next hops may have changed, vanished or grown
+    /// (a neighbour's MAC changed, it failed, was deleted or became usable on a
+    /// path the destination lacks; a link's MAC changed or the link was
+    /// deleted): resolve them again now.
     pub stale: Vec<Ipv6Addr>,
-    /// Routes changed, or notifications were lost: resolve everything again.
+    /// Routes changed, a link went down or came back, or notifications were
+    /// lost: resolve everything again.
     pub all: bool,
 }
 
@@ -684,25 +749,42 @@ enum Stored {
     Changed,
 }
 
-/// Stores `hop` (a fresh kernel answer; `None` = unresolved) for `dst` and says
-/// what that did. Kept apart from the netlink calls so the change detection is
-/// testable without a kernel.
-fn store(entries: &mut HashMap<Ipv6Addr, NextHop>, dst: Ipv6Addr, hop: Option<NextHop>) -> Stored {
-    match (hop, entries.get(&dst).copied()) {
-        (Some(new), Some(old)) if new == old => Stored::Unchanged,
-        (Some(new), old) => {
-            entries.insert(dst, new);
-            if old.is_some() {
+/// Stores `hops` (a fresh kernel answer, sorted; empty = unresolved) for `dst`
+/// and says what that did. Kept apart from the netlink calls so the change
+/// detection is testable without a kernel.
+fn store(
+    entries: &mut HashMap<Ipv6Addr, Vec<NextHop>>,
+    dst: Ipv6Addr,
+    hops: Vec<NextHop>,
+) -> Stored {
+    match (hops.is_empty(), entries.get(&dst)) {
+        (false, Some(old)) if *old == hops => Stored::Unchanged,
+        (false, old) => {
+            let existed = old.is_some();
+            entries.insert(dst, hops);
+            if existed {
                 Stored::Changed
             } else {
                 Stored::Added
             }
         }
-        (None, Some(_)) => {
+        (true, Some(_)) => {
             entries.remove(&dst);
             Stored::Changed
         }
-        (None, None) => Stored::Unchanged,
+        (true, None) => Stored::Unchanged,
+    }
+}
+
+/// The paths a next hop may be taken from: those the kernel has neither dead
+/// nor without carrier. When none is, all of them: a single-path route whose
+/// link lost carrier keeps its next hop as before (the frames go nowhere
+/// either way, and it is back the moment the carrier is).
+fn paths_in_use<L>(paths: Vec<(RoutePath, L)>) -> Vec<(RoutePath, L)> {
+    if paths.iter().any(|(p, _)| p.usable) {
+        paths.into_iter().filter(|(p, _)| p.usable).collect()
+    } else {
+        paths
     }
 }
 
@@ -712,13 +794,14 @@ impl NeighbourCache {
             nl: Netlink::open()?,
             entries: HashMap::new(),
             via: HashMap::new(),
+            links: HashMap::new(),
             last_refresh: None,
             max_age,
         })
     }
 
     /// The resolved next hops, for publishing to the fast path.
-    pub fn entries(&self) -> &HashMap<Ipv6Addr, NextHop> {
+    pub fn entries(&self) -> &HashMap<Ipv6Addr, Vec<NextHop>> {
         &self.entries
     }
 
@@ -727,7 +810,7 @@ impl NeighbourCache {
     pub fn through(&self, neighbour: Ipv6Addr) -> impl Iterator<Item = Ipv6Addr> + '_ {
         self.via
             .iter()
-            .filter(move |(_, n)| **n == neighbour)
+            .filter(move |(_, n)| n.iter().any(|(_, a)| *a == neighbour))
             .map(|(d, _)| *d)
     }
 
@@ -735,23 +818,42 @@ impl NeighbourCache {
     pub fn affected_by(&self, ev: &Event, out: &mut Affected) {
         match ev {
             Event::Route | Event::Lost => out.all = true,
-            Event::Link { info, deleted } => out.stale.extend(
-                self.entries
-                    .iter()
-                    .filter(|(_, h)| {
-                        h.ifindex == info.ifindex && (*deleted || info.mac != Some(h.src_mac))
-                    })
-                    .map(|(d, _)| *d),
-            ),
+            Event::Link { info, deleted } => {
+                let in_use = !deleted && info.up && info.carrier;
+                if self
+                    .links
+                    .get(&info.ifindex)
+                    .is_some_and(|&was| was != in_use)
+                {
+                    out.all = true;
+                }
+                out.stale.extend(
+                    self.entries
+                        .iter()
+                        .filter(|(_, hs)| {
+                            hs.iter().any(|h| {
+                                h.ifindex == info.ifindex
+                                    && (*deleted || info.mac != Some(h.src_mac))
+                            })
+                        })
+                        .map(|(d, _)| *d),
+                );
+            }
             Event::Neighbour { neigh, deleted } => {
                 let usable = !deleted && neigh.is_usable();
                 for dst in self.through(neigh.addr) {
-                    match self.entries.get(&dst) {
+                    let hop = self
+                        .entries
+                        .get(&dst)
+                        .map(|hs| hs.iter().find(|h| h.ifindex == neigh.ifindex));
+                    match hop {
                         None if usable => out.resolvable.push(dst),
                         None => {}
-                        Some(h) if h.ifindex != neigh.ifindex => {}
-                        Some(h) if usable && neigh.mac == Some(h.dst_mac) => {}
-                        Some(_) => out.stale.push(dst),
+                        // A path the destination lacks may now resolve.
+                        Some(None) if usable => out.stale.push(dst),
+                        Some(None) => {}
+                        Some(Some(h)) if usable && neigh.mac == Some(h.dst_mac) => {}
+                        Some(Some(_)) => out.stale.push(dst),
                     }
                 }
             }
@@ -774,13 +876,48 @@ impl NeighbourCache {
         })
     }
 
-    /// Asks the kernel how `dst` is reached right now, without touching the
-    /// cache. Unresolved neighbours get a resolution request and yield `Ok(None)`.
-    pub fn resolve(&mut self, dst: Ipv6Addr) -> io::Result<Option<NextHop>> {
-        let route = self.nl.route_get(dst)?;
-        let hop = route.next_hop(dst);
-        self.via.insert(dst, hop);
-        let link = self.nl.link_by_index(route.oif)?;
+    /// Asks the kernel how `dst` is reached right now: one next hop per path
+    /// in use whose neighbour is usable, sorted, and whether that is every path
+    /// in use. Neighbours not usable yet get a resolution request and are left
+    /// out (their path joins when the neighbour is announced, or at a retry);
+    /// empty when no path resolves.
+    pub fn resolve(&mut self, dst: Ipv6Addr) -> io::Result<(Vec<NextHop>, bool)> {
+        let mut paths = Vec::new();
+        for p in self.nl.route_paths(dst)? {
+            let link = self.nl.link_by_index(p.oif)?;
+            let in_use = link.up && link.carrier;
+            self.links.insert(p.oif, in_use);
+            let usable = p.usable && in_use;
+            paths.push((RoutePath { usable, ..p }, link));
+        }
+        let paths = paths_in_use(paths);
+        self.via.insert(
+            dst,
+            paths
+                .iter()
+                .map(|(p, _)| (p.oif, p.neighbour(dst)))
+                .collect(),
+        );
+        let mut hops = Vec::with_capacity(paths.len());
+        for (p, link) in &paths {
+            if let Some(hop) = self.next_hop(dst, p, link)? {
+                hops.push(hop);
+            }
+        }
+        let complete = hops.len() == paths.len();
+        hops.sort_unstable();
+        hops.dedup();
+        Ok((hops, complete))
+    }
+
+    /// The next hop of one path toward `dst`, or `None` (and a resolution
+    /// request) while its neighbour is not usable.
+    fn next_hop(
+        &mut self,
+        dst: Ipv6Addr,
+        path: &RoutePath,
+        link: &LinkInfo,
+    ) -> io::Result<Option<NextHop>> {
         let Some(src_mac) = link.mac else {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -790,19 +927,20 @@ impl NeighbourCache {
                 ),
             ));
         };
-        match self.nl.neighbour(route.oif, hop)? {
+        let hop = path.neighbour(dst);
+        match self.nl.neighbour(path.oif, hop)? {
             Some(n) if n.is_usable() => {
                 let dst_mac = n
                     .mac
                     .ok_or_else(|| bad_reply("usable neighbour without MAC"))?;
                 Ok(Some(NextHop {
-                    ifindex: route.oif,
+                    ifindex: path.oif,
                     src_mac,
                     dst_mac,
                 }))
             }
             _ => {
-                request_resolution(hop, route.oif)?;
+                request_resolution(hop, path.oif)?;
                 Ok(None)
             }
         }
@@ -814,17 +952,19 @@ impl NeighbourCache {
     pub fn update(&mut self, dsts: &[Ipv6Addr]) -> Refresh {
         let mut out = Refresh::default();
         for &dst in dsts {
-            let hop = match self.resolve(dst) {
-                Ok(hop) => hop,
+            let (hops, complete) = match self.resolve(dst) {
+                Ok(r) => r,
                 Err(e) => {
                     tracing::debug!(%dst, error = %e, "underlay next hop unresolved");
-                    None
+                    (Vec::new(), false)
                 }
             };
-            if hop.is_none() {
+            if hops.is_empty() {
                 out.unresolved.push(dst);
+            } else if !complete {
+                out.incomplete.push(dst);
             }
-            match store(&mut self.entries, dst, hop) {
+            match store(&mut self.entries, dst, hops) {
                 Stored::Unchanged => {}
                 Stored::Added => out.next_hops_added = true,
                 Stored::Changed => out.next_hops_changed = true,
@@ -906,22 +1046,34 @@ mod tests {
             dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
         };
         let mut m = HashMap::new();
-        assert_eq!(store(&mut m, dst, None), Stored::Unchanged);
+        assert_eq!(store(&mut m, dst, vec![]), Stored::Unchanged);
         assert!(m.is_empty());
-        assert_eq!(store(&mut m, dst, Some(hop)), Stored::Added);
-        assert_eq!(store(&mut m, dst, Some(hop)), Stored::Unchanged);
+        assert_eq!(store(&mut m, dst, vec![hop]), Stored::Added);
+        assert_eq!(store(&mut m, dst, vec![hop]), Stored::Unchanged);
         let new_mac = NextHop {
             dst_mac: MacAddr([2, 0, 0, 0, 0, 3]),
             ..hop
         };
-        assert_eq!(store(&mut m, dst, Some(new_mac)), Stored::Changed);
-        assert_eq!(m.get(&dst), Some(&new_mac));
+        assert_eq!(store(&mut m, dst, vec![new_mac]), Stored::Changed);
+        assert_eq!(m.get(&dst), Some(&vec![new_mac]));
         let new_link = NextHop {
             ifindex: 3,
             ..new_mac
         };
-        assert_eq!(store(&mut m, dst, Some(new_link)), Stored::Changed);
-        assert_eq!(store(&mut m, dst, None), Stored::Changed);
+        assert_eq!(store(&mut m, dst, vec![new_link]), Stored::Changed);
+        let two = vec![new_mac, new_link];
+        assert_eq!(
+            store(&mut m, dst, two.clone()),
+            Stored::Changed,
+            "a path joined"
+        );
+        assert_eq!(store(&mut m, dst, two), Stored::Unchanged);
+        assert_eq!(
+            store(&mut m, dst, vec![new_link]),
+            Stored::Changed,
+            "a path left"
+        );
+        assert_eq!(store(&mut m, dst, vec![]), Stored::Changed);
         assert!(m.is_empty(), "an unresolved destination leaves the cache");
     }
 
@@ -1010,10 +1162,13 @@ mod tests {
             dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
         };
         let mut cache = NeighbourCache::new(Duration::from_secs(30)).unwrap();
-        store(&mut cache.entries, cached, Some(hop));
-        cache
-            .via
-            .extend([(cached, gw), (waiting, gw), (elsewhere, elsewhere)]);
+        store(&mut cache.entries, cached, vec![hop]);
+        cache.via.extend([
+            (cached, vec![(2, gw)]),
+            (waiting, vec![(2, gw)]),
+            (elsewhere, vec![(2, elsewhere)]),
+        ]);
+        cache.links.insert(2, true);
         let neigh = |state: u16, mac: Option<MacAddr>, deleted: bool| Event::Neighbour {
             neigh: Neighbour {
                 ifindex: 2,
@@ -1047,17 +1202,19 @@ mod tests {
             affected(neigh(libc::NUD_REACHABLE, Some(hop.dst_mac), true)).stale,
             vec![cached]
         );
-        let link = |ifindex: u32, mac: MacAddr, deleted: bool| Event::Link {
+        let link_in = |ifindex: u32, mac: MacAddr, deleted: bool, carrier: bool| Event::Link {
             info: LinkInfo {
                 name: "ul0".into(),
                 ifindex,
                 mtu: 9000,
                 mac: Some(mac),
                 up: true,
+                carrier,
                 tx_dropped: 0,
             },
             deleted,
         };
+        let link = |ifindex, mac, deleted| link_in(ifindex, mac, deleted, true);
         assert!(
             affected(link(2, hop.src_mac, false)).stale.is_empty(),
             "MTU or state change"
@@ -1072,19 +1229,93 @@ mod tests {
             "another link"
         );
         assert!(affected(Event::Route).all && affected(Event::Lost).all);
+        // A known link losing its carrier re-resolves everything (the kernel
+        // marks its paths without a route notification); an unknown one does not.
+        assert!(!affected(link(2, hop.src_mac, false)).all, "no change");
+        assert!(affected(link_in(2, hop.src_mac, false, false)).all);
+        assert!(!affected(link_in(3, hop.src_mac, false, false)).all);
+        // A usable neighbour on a path a cached destination lacks: resolved again.
+        let other_path = Event::Neighbour {
+            neigh: Neighbour {
+                ifindex: 5,
+                addr: gw,
+                mac: Some(hop.dst_mac),
+                state: libc::NUD_REACHABLE,
+            },
+            deleted: false,
+        };
+        let a = affected(other_path);
+        assert_eq!((a.resolvable, a.stale), (vec![waiting], vec![cached]));
     }
 
     #[test]
-    fn route_next_hop_prefers_gateway() {
+    fn route_neighbour_prefers_gateway() {
         let dst: Ipv6Addr = "fd00:1::5".parse().unwrap();
         let gw: Ipv6Addr = "fe80::1".parse().unwrap();
-        let r = Route {
+        let r = RoutePath {
             oif: 2,
             gateway: Some(gw),
-            prefsrc: None,
+            usable: true,
         };
-        assert_eq!(r.next_hop(dst), gw);
-        assert_eq!(Route { gateway: None, ..r }.next_hop(dst), dst);
+        assert_eq!(r.neighbour(dst), gw);
+        assert_eq!(RoutePath { gateway: None, ..r }.neighbour(dst), dst);
+    }
+
+    /// An `RTM_NEWROUTE` body with `RTA_MULTIPATH` gives one path per next hop,
+    /// dead and carrier-less ones marked; without it, the route's own interface
+    /// and gateway, marked by the route's flags; a truncated next hop is
+    /// rejected, not read past.
+    #[test]
+    fn routes_parse_into_paths() {
+        let (g1, g2): (Ipv6Addr, Ipv6Addr) =
+            ("fd00:1::1".parse().unwrap(), "fd00:2::1".parse().unwrap());
+        let nexthop = |flags: u8, ifindex: u32, gw: Ipv6Addr| {
+            let mut a = Vec::new();
+            push_attr(&mut a, libc::RTA_GATEWAY, &gw.octets());
+            let mut nh = ((RTNEXTHOP_LEN + a.len()) as u16).to_ne_bytes().to_vec();
+            nh.extend_from_slice(&[flags, 0]);
+            nh.extend_from_slice(&ifindex.to_ne_bytes());
+            nh.extend(a);
+            nh
+        };
+        let rtmsg = |flags: u32| {
+            let mut b = vec![libc::AF_INET6 as u8, 128, 0, 0, 254, 3, 0, 1];
+            b.extend_from_slice(&flags.to_ne_bytes());
+            b
+        };
+        let mut multi = nexthop(0, 2, g1);
+        multi.extend(nexthop(RTNH_F_LINKDOWN as u8, 3, g2));
+        multi.extend(nexthop((RTNH_F_DEAD | RTNH_F_LINKDOWN) as u8, 4, g2));
+        let mut body = rtmsg(0);
+        push_attr(&mut body, libc::RTA_MULTIPATH, &multi);
+        let paths = parse_route(&body).unwrap();
+        let got: Vec<_> = paths.iter().map(|p| (p.oif, p.gateway, p.usable)).collect();
+        assert_eq!(
+            got,
+            [
+                (2, Some(g1), true),
+                (3, Some(g2), false),
+                (4, Some(g2), false)
+            ]
+        );
+        let mut single = rtmsg(RTNH_F_LINKDOWN);
+        push_attr(&mut single, libc::RTA_OIF, &7u32.to_ne_bytes());
+        assert_eq!(
+            parse_route(&single).unwrap(),
+            [RoutePath {
+                oif: 7,
+                gateway: None,
+                usable: false
+            }]
+        );
+        let mut cut = rtmsg(0);
+        push_attr(&mut cut, libc::RTA_MULTIPATH, &nexthop(0, 2, g1)[..10]);
+        assert!(parse_route(&cut).is_none(), "truncated next hop");
+        assert!(parse_route(&rtmsg(0)).is_none(), "no interface at all");
+        // Every path in use when one is; all of them when none is.
+        let p = |usable| (RoutePath { usable, ..paths[0] }, ());
+        assert_eq!(paths_in_use(vec![p(true), p(false)]).len(), 1);
+        assert_eq!(paths_in_use(vec![p(false), p(false)]).len(), 2);
     }
 
     /// Link facts, route lookup and the neighbour cache against a real veth
@@ -1125,18 +1356,22 @@ mod tests {
 
             let peer: Ipv6Addr = "fd00::b".parse().unwrap();
             let far: Ipv6Addr = "fd00:99::7".parse().unwrap();
-            let r = nl.route_get(far).unwrap();
-            assert_eq!((r.oif, r.gateway), (va.ifindex, Some(peer)));
+            let r = nl.route_paths(far).unwrap();
+            let via_peer = RoutePath {
+                oif: va.ifindex,
+                gateway: Some(peer),
+                usable: true,
+            };
+            assert_eq!(r, [via_peer]);
             assert_eq!(
-                nl.route_get(peer).unwrap(),
-                Route {
-                    oif: va.ifindex,
+                nl.route_paths(peer).unwrap(),
+                [RoutePath {
                     gateway: None,
-                    prefsrc: r.prefsrc
-                }
+                    ..via_peer
+                }]
             );
             assert!(
-                nl.route_get("2001:db8::1".parse().unwrap()).is_err(),
+                nl.route_paths("2001:db8::1".parse().unwrap()).is_err(),
                 "no default route"
             );
 
@@ -1159,7 +1394,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(50));
                 added |= cache.update(&[far]).next_hops_added;
             }
-            assert_eq!(cache.entries().get(&far), Some(&want));
+            assert_eq!(cache.entries().get(&far), Some(&vec![want]));
             assert!(added, "the first next hop is reported as added");
             // Nothing moved: a refresh changes nothing and is due again in max_age.
             let later = Instant::now();
@@ -1186,7 +1421,7 @@ mod tests {
             let r = cache.refresh(Instant::now());
             assert!(r.next_hops_changed, "{r:?}");
             assert_eq!(
-                cache.entries().get(&far).map(|h| h.dst_mac),
+                cache.entries().get(&far).map(|h| h[0].dst_mac),
                 Some(MacAddr([2, 0, 0, 0, 0, 0x42]))
             );
             let n = nl

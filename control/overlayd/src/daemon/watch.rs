@@ -2,7 +2,9 @@
 //! change reaches every engine at once (segment sizes, MTU budget, Packet Too
 //! Big), and a link deleted and re-created, or whose rx queue count changed, gets
 //! its program and sockets attached again, the workers' sockets replaced between
-//! their rounds.
+//! their rounds. A link going down or losing carrier (and coming back) is
+//! logged and counted here once; the workers' next-hop resolvers move the flows
+//! (`underlay::neighbours`).
 
 use crate::config::{DaemonConfig, UnderlayGso};
 use crate::underlay::queues::UnderlayQueues;
@@ -11,6 +13,8 @@ use crate::util::Backoff;
 use crate::worker::Datapath;
 use crate::workers::Workers;
 use dpio::netlink::{Event, Events, Group, LinkInfo, Netlink};
+use serde_json::Value;
+use std::collections::BTreeMap;
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -50,6 +54,50 @@ fn reattach_reason(
         })
 }
 
+/// Whether an underlay link carries traffic (up, with carrier) and how often
+/// that changed: when it does not, the next hops through it are out of use and
+/// its flows leave by the other links.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct LinkUse {
+    in_use: bool,
+    changes: u64,
+}
+
+/// Records that link `name` is (or is not) `in_use` now; a change from what was
+/// known is counted and logged once.
+fn note_use(uses: &Mutex<BTreeMap<String, LinkUse>>, name: &str, in_use: bool) {
+    let mut uses = uses.lock().unwrap_or_else(PoisonError::into_inner);
+    let known = uses.get(name).copied();
+    if known.is_some_and(|u| u.in_use == in_use) {
+        return;
+    }
+    let changes = known.map_or(0, |u| u.changes + 1);
+    uses.insert(name.to_string(), LinkUse { in_use, changes });
+    match (known, in_use) {
+        (_, false) => tracing::warn!(
+            iface = %name, changes,
+            "underlay link down or without carrier: its next hops are out of use, \
+             its flows move to the other links"
+        ),
+        (Some(_), true) => tracing::info!(
+            iface = %name, changes,
+            "underlay link back: its next hops are in use again"
+        ),
+        (None, true) => {}
+    }
+}
+
+/// Adds each link's [`LinkUse`] to `stats`' `underlay` entries (by name).
+fn add_link_use(links: &mut Value, uses: &BTreeMap<String, LinkUse>) {
+    for link in links.as_array_mut().into_iter().flatten() {
+        let u = link["name"].as_str().and_then(|n| uses.get(n)).copied();
+        if let (Value::Object(l), Some(u)) = (link, u) {
+            l.insert("in_use".into(), u.in_use.into());
+            l.insert("in_use_changes".into(), u.changes.into());
+        }
+    }
+}
+
 /// How often the links are read again without a notification: drivers do not all
 /// announce a change of their channel (queue) count over rtnetlink.
 const RECHECK: Duration = Duration::from_secs(5);
@@ -76,6 +124,8 @@ pub struct UnderlayWatch {
     retry: Option<(Instant, Backoff)>,
     /// The MTU last given to the engines.
     engine_mtu: u32,
+    /// Each configured link's use, shared with `stats`.
+    uses: Arc<Mutex<BTreeMap<String, LinkUse>>>,
 }
 
 impl UnderlayWatch {
@@ -96,7 +146,7 @@ impl UnderlayWatch {
         } else {
             UnderlayGso::Off
         };
-        Ok(UnderlayWatch {
+        let mut watch = UnderlayWatch {
             cfg,
             workers,
             underlay: Arc::new(Mutex::new(underlay)),
@@ -106,7 +156,11 @@ impl UnderlayWatch {
             next_check: Instant::now() + RECHECK,
             retry: None,
             engine_mtu,
-        })
+            uses: Arc::default(),
+        };
+        // Each link's use as it is at start: what later changes are told from.
+        watch.read_links();
+        Ok(watch)
     }
 
     /// The underlay MTU the engines plan with now.
@@ -116,10 +170,15 @@ impl UnderlayWatch {
 
     /// The links' facts and XDP counters, for `stats`.
     pub fn stats(&self) -> impl FnMut() -> serde_json::Value {
-        let underlay = self.underlay.clone();
+        let (underlay, uses) = (self.underlay.clone(), self.uses.clone());
         move || {
             let mut u = underlay.lock().unwrap_or_else(PoisonError::into_inner);
-            serde_json::to_value(u.stats()).unwrap_or_default()
+            let mut links = serde_json::to_value(u.stats()).unwrap_or_default();
+            add_link_use(
+                &mut links,
+                &uses.lock().unwrap_or_else(PoisonError::into_inner),
+            );
+            links
         }
     }
 
@@ -173,6 +232,7 @@ impl UnderlayWatch {
             let link = match self.nl.link_by_name(name) {
                 Ok(l) => l,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    note_use(&self.uses, name, false);
                     out.push(None);
                     continue;
                 }
@@ -181,6 +241,7 @@ impl UnderlayWatch {
                     return None;
                 }
             };
+            note_use(&self.uses, name, link.up && link.carrier);
             // A link being deleted has no queues left to list: as good as absent.
             out.push(rx_queue_count(name).ok().map(|queues| LinkFacts {
                 ifindex: link.ifindex,
@@ -329,5 +390,37 @@ mod tests {
             why(&[facts(2, 9000, 1), facts(3, 9000, 1)]).as_deref(),
             Some("ul1 is there")
         );
+    }
+
+    /// A link's use is counted only when it changes (the first look is no
+    /// change), and `stats` shows it with the link's facts.
+    #[test]
+    fn link_use_counts_changes_and_shows_in_stats() {
+        let uses = Mutex::new(BTreeMap::new());
+        note_use(&uses, "ul0", true);
+        note_use(&uses, "ul1", false);
+        note_use(&uses, "ul0", true);
+        note_use(&uses, "ul0", false);
+        note_use(&uses, "ul0", true);
+        let uses = uses.into_inner().unwrap();
+        assert_eq!(
+            uses["ul0"],
+            LinkUse {
+                in_use: true,
+                changes: 2
+            }
+        );
+        assert_eq!(
+            uses["ul1"],
+            LinkUse {
+                in_use: false,
+                changes: 0
+            }
+        );
+        let mut links = serde_json::json!([{"name": "ul0"}, {"name": "ul1"}, {"name": "x"}]);
+        add_link_use(&mut links, &uses);
+        assert_eq!(links[0]["in_use_changes"], 2);
+        assert_eq!(links[1]["in_use"], false);
+        assert!(links[2].get("in_use").is_none(), "a link never seen");
     }
 }

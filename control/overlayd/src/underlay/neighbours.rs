@@ -17,15 +17,21 @@
 //! destinations are also retried on a back-off of their own ([`Pending`]), while
 //! the worker still asks for them, in case the kernel gave up on a neighbour.
 //!
+//! A destination reached by a multipath route has one next hop per usable path
+//! (an [`engine::NextHopSet`]); the engine picks one per flow by its hash. A link
+//! that goes down or loses carrier makes every destination be resolved again at
+//! once, so the paths through it leave the sets (and come back with it).
+//!
 //! A snapshot also says whether a next hop that was published before changed or
-//! disappeared. The engine bakes the next hop into each compiled flow, so the
-//! worker must then make the engine recompile its flows: [`NextHops::sync`] reports
-//! it, and the worker invalidates the engine's flows.
+//! disappeared, or a set grew. The engine bakes the next hop into each compiled
+//! flow, so the worker must then make the engine recompile its flows:
+//! [`NextHops::sync`] reports it, and the worker invalidates the engine's flows.
 
 use crate::util::Backoff;
 use crate::util::Doorbell;
 use dpio::netlink::{Affected, Event, Events, Group, NeighbourCache, NextHop, Refresh};
 use dpio::poll::{Epoll, EventFd};
+use engine::NextHopSet;
 use serde::Serialize;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -81,7 +87,7 @@ const REQUEST_QUEUE: usize = 1024;
 struct Snapshot {
     /// Increases with every publication.
     version: u64,
-    next_hops: Arc<HashMap<Ipv6Addr, NextHop>>,
+    next_hops: Arc<HashMap<Ipv6Addr, NextHopSet>>,
     /// How many publications so far changed or removed a next hop that had been
     /// published before.
     invalidations: u64,
@@ -96,13 +102,17 @@ struct Shared {
 }
 
 impl Shared {
-    fn publish(&self, next_hops: &HashMap<Ipv6Addr, NextHop>, invalidate: bool) {
+    fn publish(&self, next_hops: &HashMap<Ipv6Addr, Vec<NextHop>>, invalidate: bool) {
+        let sets = next_hops
+            .iter()
+            .map(|(dst, hops)| (*dst, hops.iter().map(|&h| engine_hop(h)).collect()))
+            .collect();
         let mut cur = self
             .current
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         cur.version += 1;
-        cur.next_hops = Arc::new(next_hops.clone());
+        cur.next_hops = Arc::new(sets);
         cur.invalidations += u64::from(invalidate);
         self.version.store(cur.version, Ordering::Release);
     }
@@ -115,11 +125,23 @@ impl Shared {
     }
 }
 
+/// The engine's copy of a next hop (the engine knows no netlink).
+fn engine_hop(h: NextHop) -> engine::NextHop {
+    engine::NextHop {
+        ifindex: h.ifindex,
+        src_mac: h.src_mac,
+        dst_mac: h.dst_mac,
+    }
+}
+
 /// Counters of the next-hop machinery, for `stats`.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct NeighbourStats {
-    /// Next hops in the snapshot the worker uses.
+    /// Destinations with next hops in the snapshot the worker uses.
     pub entries: usize,
+    /// Their next hops: more than `entries` when multipath routes spread
+    /// destinations over several links.
+    pub paths: usize,
     /// Snapshots the worker picked up.
     pub snapshots: u64,
     /// Snapshots that changed or removed a next hop, each making the engine
@@ -132,6 +154,7 @@ pub struct NeighbourStats {
 // Each worker has its own snapshot: its entries add up too.
 engine::summed_across_workers!(NeighbourStats {
     entries,
+    paths,
     snapshots,
     invalidations,
     requests_deferred,
@@ -193,14 +216,14 @@ impl NextHops {
         }
     }
 
-    /// The next hop toward `dst` in the current snapshot; a miss is remembered
-    /// and handed to the resolver by the next [`Self::sync`].
-    pub fn lookup(&self, dst: Ipv6Addr) -> Option<NextHop> {
+    /// The next hops toward `dst` in the current snapshot (empty: none); a miss
+    /// is remembered and handed to the resolver by the next [`Self::sync`].
+    pub fn lookup(&self, dst: Ipv6Addr) -> NextHopSet {
         let hit = self.current.next_hops.get(&dst).copied();
         if hit.is_none() && !self.asked.contains(&dst) {
             self.misses.borrow_mut().insert(dst);
         }
-        hit
+        hit.unwrap_or_default()
     }
 
     /// Between batches: sends this batch's misses to the resolver and picks up a
@@ -253,19 +276,15 @@ impl NextHops {
     pub fn stats(&self) -> NeighbourStats {
         NeighbourStats {
             entries: self.current.next_hops.len(),
+            paths: self.current.next_hops.values().map(NextHopSet::len).sum(),
             ..self.stats.clone()
         }
     }
 }
 
 impl engine::UnderlayRoutes for NextHops {
-    fn next_hop(&self, dst: Ipv6Addr) -> Option<engine::NextHop> {
-        let nh = self.lookup(dst)?;
-        Some(engine::NextHop {
-            ifindex: nh.ifindex,
-            src_mac: nh.src_mac,
-            dst_mac: nh.dst_mac,
-        })
+    fn next_hops(&self, dst: Ipv6Addr) -> NextHopSet {
+        self.lookup(dst)
     }
 }
 
@@ -513,16 +532,28 @@ impl Resolver {
         }
         if !due.is_empty() {
             let r = self.cache.update(&due);
-            self.pending.tried(&due, &r.unresolved, now);
+            // An incomplete one is asked for again at each try: its missing
+            // paths are retried on the back-off until a wait exceeds
+            // FORGET_AFTER (about 3 s of tries), then at the next notification
+            // or refresh.
+            for &dst in &r.incomplete {
+                self.pending.ask(dst, now);
+            }
+            let failed: Vec<Ipv6Addr> = r.unresolved.iter().chain(&r.incomplete).copied().collect();
+            self.pending.tried(&due, &failed, now);
             merge(changes, r);
         }
     }
 
     /// Merges a pass over cached destinations; the ones that lost their next hop
-    /// become pending.
+    /// become pending, and so do those short of a path (retried for a few
+    /// seconds: a neighbour that fails to answer at first is announced no more).
     fn absorb(&mut self, r: Refresh, now: Instant, changes: &mut Refresh) {
         for &dst in &r.unresolved {
             tracing::debug!(%dst, "underlay next hop lost; resolving");
+            self.pending.lost(dst, now);
+        }
+        for &dst in &r.incomplete {
             self.pending.lost(dst, now);
         }
         merge(changes, r);
@@ -547,6 +578,18 @@ mod tests {
         }
     }
 
+    /// A next hop through another link.
+    fn hop2(last: u8) -> NextHop {
+        NextHop {
+            ifindex: 3,
+            ..hop(last)
+        }
+    }
+
+    fn set(h: NextHop) -> NextHopSet {
+        NextHopSet::from(engine_hop(h))
+    }
+
     /// A worker side fed by a test instead of a resolver thread.
     fn worker(shared: Arc<Shared>) -> NextHops {
         NextHops::idle(shared, Arc::new(EventFd::new().unwrap()))
@@ -560,26 +603,31 @@ mod tests {
         let mut w = worker(shared.clone());
         let dst: Ipv6Addr = "fd00::7".parse().unwrap();
         let now = Instant::now();
-        assert_eq!(w.lookup(dst), None);
+        assert!(w.lookup(dst).is_empty());
         assert!(!w.sync(now), "nothing published");
 
-        shared.publish(&HashMap::from([(dst, hop(2))]), false);
-        assert_eq!(w.lookup(dst), None, "not before sync");
+        shared.publish(&HashMap::from([(dst, vec![hop(2)])]), false);
+        assert!(w.lookup(dst).is_empty(), "not before sync");
         assert!(!w.sync(now), "an added next hop needs no invalidation");
-        assert_eq!(w.lookup(dst), Some(hop(2)));
+        assert_eq!(w.lookup(dst), set(hop(2)));
         assert!(!w.sync(now), "no new snapshot");
 
-        shared.publish(&HashMap::from([(dst, hop(3))]), true);
+        shared.publish(&HashMap::from([(dst, vec![hop(3)])]), true);
         assert!(w.sync(now), "a changed next hop invalidates");
-        assert_eq!(w.lookup(dst), Some(hop(3)));
+        assert_eq!(w.lookup(dst), set(hop(3)));
 
         // Two publications between batches, one of them invalidating: still seen.
         shared.publish(&HashMap::new(), true);
-        shared.publish(&HashMap::from([(dst, hop(4))]), false);
+        shared.publish(&HashMap::from([(dst, vec![hop(4)])]), false);
         assert!(w.sync(now));
-        assert_eq!(w.lookup(dst), Some(hop(4)));
+        assert_eq!(w.lookup(dst), set(hop(4)));
         let st = w.stats();
         assert_eq!((st.entries, st.snapshots, st.invalidations), (1, 3, 2));
+        // A destination over two links: one entry, two paths.
+        shared.publish(&HashMap::from([(dst, vec![hop(4), hop2(5)])]), true);
+        assert!(w.sync(now));
+        assert_eq!(w.lookup(dst).len(), 2);
+        assert_eq!((w.stats().entries, w.stats().paths), (1, 2));
     }
 
     /// Misses are sent to the resolver once per batch and not again until
@@ -593,16 +641,16 @@ mod tests {
         let b: Ipv6Addr = "fd00::b".parse().unwrap();
         let t0 = w.asked_since;
         for _ in 0..3 {
-            assert_eq!(w.lookup(a), None);
+            assert!(w.lookup(a).is_empty());
         }
-        assert_eq!(w.lookup(b), None);
+        assert!(w.lookup(b).is_empty());
         // The misses are a set: which of the two goes first is up to its order.
         w.sync(t0);
         let first = rx.try_recv().unwrap();
         let second = if first == a { b } else { a };
         assert_eq!(w.stats().requests_deferred, 1, "one did not fit");
-        assert_eq!(w.lookup(a), None);
-        assert_eq!(w.lookup(b), None);
+        assert!(w.lookup(a).is_empty());
+        assert!(w.lookup(b).is_empty());
         w.sync(t0);
         assert_eq!(rx.try_recv(), Ok(second), "the deferred one asked again");
         assert!(rx.try_recv().is_err());
@@ -716,7 +764,9 @@ mod tests {
                         std::thread::sleep(Duration::from_millis(5));
                     }
                 };
-            let took = until(&mut hops, "first next hop", &|h, _| h.lookup(far).is_some());
+            let took = until(&mut hops, "first next hop", &|h, _| {
+                !h.lookup(far).is_empty()
+            });
             eprintln!("resolved in {took:?}");
             let new_mac = "02:00:00:00:00:42";
             ip(&[
@@ -725,9 +775,99 @@ mod tests {
             let took = until(&mut hops, "invalidation", &|_, invalidate| invalidate);
             eprintln!("MAC change picked up in {took:?}");
             assert_eq!(
-                hops.lookup(far).map(|h| h.dst_mac),
-                Some(MacAddr([2, 0, 0, 0, 0, 0x42]))
+                hops.lookup(far)
+                    .iter()
+                    .map(|h| h.dst_mac)
+                    .collect::<Vec<_>>(),
+                [MacAddr([2, 0, 0, 0, 0, 0x42])]
             );
+        })
+        .unwrap();
+    }
+
+    /// Against a real kernel: two veth pairs (`va1`/`vb1`, `va2`/`vb2`) and
+    /// fd00:99::/64 routed over both (a multipath route). The destination
+    /// resolves to two next hops; when `va2` loses carrier (its peer goes down)
+    /// the set shrinks to the other link with an invalidation at once, and grows
+    /// back when the carrier returns.
+    #[test]
+    fn resolver_spreads_over_a_multipath_route_and_follows_carrier() {
+        use crate::worker::reattach::tests::{ip, Netns};
+        let (a, b) = (Netns::new("mp-a"), Netns::new("mp-b"));
+        for n in ["1", "2"] {
+            let (va, vb) = (format!("va{n}"), format!("vb{n}"));
+            ip(&[
+                "-n", &a.0, "link", "add", &va, "type", "veth", "peer", "name", &vb, "netns", &b.0,
+            ]);
+            for (ns, dev, host) in [(&a, &va, "a"), (&b, &vb, "b")] {
+                let addr = format!("fd00:{n}::{host}/64");
+                ip(&["-n", &ns.0, "-6", "addr", "add", &addr, "dev", dev, "nodad"]);
+                ip(&["-n", &ns.0, "link", "set", dev, "up"]);
+            }
+        }
+        ip(&[
+            "-n",
+            &a.0,
+            "-6",
+            "route",
+            "add",
+            "fd00:99::/64",
+            "nexthop",
+            "via",
+            "fd00:1::b",
+            "dev",
+            "va1",
+            "nexthop",
+            "via",
+            "fd00:2::b",
+            "dev",
+            "va2",
+        ]);
+        let b_name = b.0.clone();
+        dpio::netns::run_in_netns(&a.0, move || {
+            let mut hops = NextHops::start(None).unwrap();
+            let far: Ipv6Addr = "fd00:99::7".parse().unwrap();
+            let until = |hops: &mut NextHops, what: &str, paths: usize| {
+                let t = Instant::now();
+                let mut invalidated = false;
+                loop {
+                    invalidated |= hops.sync(Instant::now());
+                    if hops.lookup(far).len() == paths {
+                        return (t.elapsed(), invalidated);
+                    }
+                    assert!(t.elapsed() < Duration::from_secs(5), "{what} within 5 s");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            };
+            let (took, _) = until(&mut hops, "two next hops", 2);
+            eprintln!("both paths resolved in {took:?}");
+            let links: Vec<u32> = hops.lookup(far).iter().map(|h| h.ifindex).collect();
+            assert_ne!(links[0], links[1], "one next hop per link");
+            ip(&["-n", &b_name, "link", "set", "vb2", "down"]);
+            let (took, invalidated) = until(&mut hops, "failover", 1);
+            eprintln!("carrier loss followed in {took:?}");
+            assert!(
+                invalidated,
+                "the flows through the lost path are recompiled"
+            );
+            ip(&["-n", &b_name, "link", "set", "vb2", "up"]);
+            // Linux dropped the address of the downed link: the peer's
+            // configuration puts it back.
+            let back = [
+                "-n",
+                &b_name,
+                "-6",
+                "addr",
+                "add",
+                "fd00:2::b/64",
+                "dev",
+                "vb2",
+                "nodad",
+            ];
+            ip(&back);
+            let (took, invalidated) = until(&mut hops, "the path back", 2);
+            eprintln!("carrier back followed in {took:?}");
+            assert!(invalidated, "flows spread again");
         })
         .unwrap();
     }

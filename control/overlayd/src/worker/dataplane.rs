@@ -7,7 +7,7 @@ use super::capture::{CaptureError, Feed, Tap};
 use super::guests::{not_an_underlay_link, open_guest, unix_ms, PortTap, TapLink};
 use super::io::TOKEN_DOORBELL;
 use super::jobs::{PortKey, WorkerPlane};
-use super::stats::{QueueRef, WorkerInfo, WorkerReport, WorkerView};
+use super::stats::{QueueRef, UnderlayTx, WorkerInfo, WorkerReport, WorkerView};
 use super::Datapath;
 use crate::controller::{Dataplane, DataplaneError, Inspect, PortTables};
 use crate::convert::{ToApi, ToEngine};
@@ -301,7 +301,11 @@ impl WorkerPlane for Datapath {
     fn report(&mut self) -> WorkerReport {
         let xsk = self.io.as_ref().map(|io| io.queues.stats());
         let next_hops = self.io.as_ref().map(|io| io.next_hops.stats());
-        WorkerReport::new(self.engine.stats(), self.stats.clone(), xsk, next_hops)
+        let tx = self
+            .io
+            .as_ref()
+            .map_or_else(UnderlayTx::default, |io| io.underlay_tx.clone());
+        WorkerReport::new(self.engine.stats(), self.stats.clone(), xsk, next_hops, tx)
     }
 
     fn info(&self) -> WorkerInfo {

@@ -7,7 +7,7 @@ use super::guests::{PortTap, TapLink};
 use super::handoff::{Handoff, Mesh};
 use super::reattach::{Reattacher, ReattacherError};
 use super::shaper::IngressShaper;
-use super::stats::WorkerStats;
+use super::stats::{UnderlayTx, WorkerStats};
 use super::BATCH;
 use crate::config::PollMode;
 use crate::controller::DataplaneError;
@@ -152,6 +152,8 @@ pub struct WorkerIo {
     /// Frames made for a guest that does not take the offloads of the frame
     /// they were made of (`fit.rs`).
     pub(super) remade: engine::TxBatch<'static>,
+    /// Frames sent per underlay link.
+    pub(super) underlay_tx: UnderlayTx,
     /// The captures of this worker's ports (`xdeadm capture`).
     pub(crate) captures: Captures,
 }
@@ -200,6 +202,7 @@ impl WorkerIo {
             buf: vec![0u8; MAX_TAP_FRAME],
             linear: Vec::new(),
             remade: engine::TxBatch::new(),
+            underlay_tx: UnderlayTx::default(),
             captures: Captures::default(),
         })
     }

@@ -130,6 +130,53 @@ engine::summed_across_workers!(WorkerStats {
     capture_dropped,
 });
 
+/// Frames sent through one underlay link: how flows spread over the links
+/// (per-flow ECMP). `stats` shows them with the link's other facts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LinkTx {
+    pub ifindex: u32,
+    /// Frames AF_XDP sent.
+    pub tx_frames: u64,
+    /// UDP-tunnel GSO super-frames written to the link's tunnel tap (each cut
+    /// into several wire frames by the kernel).
+    pub tx_super_frames: u64,
+}
+
+/// A worker's [`LinkTx`] of every link it sent through: a handful of links,
+/// looked up linearly.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnderlayTx(Vec<LinkTx>);
+
+impl UnderlayTx {
+    /// The counters of link `ifindex`, made on its first frame.
+    pub fn link(&mut self, ifindex: u32) -> &mut LinkTx {
+        let i = match self.0.iter().position(|l| l.ifindex == ifindex) {
+            Some(i) => i,
+            None => {
+                self.0.push(LinkTx {
+                    ifindex,
+                    ..LinkTx::default()
+                });
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[i]
+    }
+
+    /// Adds another worker's counters, link by link.
+    pub fn merge(&mut self, o: &UnderlayTx) {
+        for l in &o.0 {
+            let mine = self.link(l.ifindex);
+            mine.tx_frames = mine.tx_frames.saturating_add(l.tx_frames);
+            mine.tx_super_frames = mine.tx_super_frames.saturating_add(l.tx_super_frames);
+        }
+    }
+
+    pub fn get(&self, ifindex: u32) -> Option<&LinkTx> {
+        self.0.iter().find(|l| l.ifindex == ifindex)
+    }
+}
+
 /// The version of the `stats` JSON shape. 2: typed merge, `version` and the
 /// per-worker entries of `workers` (core, queues, rounds, busy ratio, ...).
 pub const STATS_VERSION: u32 = 2;
@@ -146,6 +193,10 @@ pub struct WorkerReport {
     pub xsk: Option<Vec<XskCounters>>,
     /// The underlay next hops the worker uses; absent without I/O.
     pub next_hops: Option<NeighbourStats>,
+    /// Frames per underlay link; shown in `stats` with each link's facts
+    /// (`underlay`), not on their own.
+    #[serde(skip)]
+    pub underlay_tx: UnderlayTx,
 }
 
 impl WorkerReport {
@@ -154,6 +205,7 @@ impl WorkerReport {
         worker: WorkerStats,
         xsk: Option<Vec<XskCounters>>,
         next_hops: Option<NeighbourStats>,
+        underlay_tx: UnderlayTx,
     ) -> WorkerReport {
         WorkerReport {
             version: STATS_VERSION,
@@ -161,6 +213,7 @@ impl WorkerReport {
             worker,
             xsk,
             next_hops,
+            underlay_tx,
         }
     }
 
@@ -172,9 +225,11 @@ impl WorkerReport {
             worker,
             xsk,
             next_hops,
+            underlay_tx,
         } = o;
         self.engine.merge(engine);
         self.worker.merge(&worker);
+        self.underlay_tx.merge(&underlay_tx);
         match (&mut self.xsk, xsk) {
             (Some(a), Some(b)) => a.extend(b),
             (a @ None, b) => *a = b,
@@ -267,7 +322,9 @@ mod tests {
             entries: 2,
             ..NeighbourStats::default()
         };
-        WorkerReport::new(engine, worker, None, Some(hops))
+        let mut tx = UnderlayTx::default();
+        tx.link(2).tx_frames = rounds;
+        WorkerReport::new(engine, worker, None, Some(hops), tx)
     }
 
     /// Counters add up; the V2P count, the budget and the version do not.
@@ -283,6 +340,7 @@ mod tests {
         assert_eq!(a.engine.v2p_entries, 5);
         assert_eq!(a.engine.tables, budget);
         assert_eq!(a.next_hops.as_ref().map(|n| n.entries), Some(4));
+        assert_eq!(a.underlay_tx.get(2).map(|l| l.tx_frames), Some(40));
         assert_eq!(a.version, STATS_VERSION);
         let v = serde_json::to_value(&a).unwrap();
         assert_eq!(v["version"], STATS_VERSION);

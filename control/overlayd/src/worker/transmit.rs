@@ -185,7 +185,10 @@ fn to_underlay(io: &mut WorkerIo, ifindex: u32, frame: FrameBytes<'_>, st: &mut 
         FrameBytes::Gather { .. } => Err(SendError::NotLent),
     };
     match r {
-        Ok(()) => st.underlay_tx_frames += 1,
+        Ok(()) => {
+            st.underlay_tx_frames += 1;
+            io.underlay_tx.link(ifindex).tx_frames += 1;
+        }
         Err(SendError::NoSuchLink) => st.underlay_tx_no_link += 1,
         Err(SendError::Tx(TxError::Full)) => st.underlay_tx_full += 1,
         Err(SendError::Tx(_) | SendError::NotLent) => st.underlay_tx_invalid += 1,
@@ -211,7 +214,10 @@ fn to_tunnel(
         .queues
         .send_super(ifindex, &gso.header().to_bytes(), bytes)
     {
-        Ok(()) => st.underlay_gso_tx_frames += 1,
+        Ok(()) => {
+            st.underlay_gso_tx_frames += 1;
+            io.underlay_tx.link(ifindex).tx_super_frames += 1;
+        }
         Err(SuperError::NoSuchLink) => st.underlay_tx_no_link += 1,
         Err(SuperError::Write(e)) => {
             st.underlay_gso_tx_errors += 1;

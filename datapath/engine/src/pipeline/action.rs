@@ -124,6 +124,9 @@ pub struct EncapPlan {
     pub internal: bool,
     pub udp_src_port: u16,
     pub flow_label: u32,
+    /// The flow's hash (`FlowKey::hash64`, which also gives the UDP source port
+    /// and flow label): picks the flow's next hop among several (ECMP).
+    pub flow_hash: u64,
     /// The source rewrite of a flow to the internet gateway (the NAT layer's).
     pub nat: Option<SrcNat>,
 }
@@ -145,6 +148,7 @@ impl EncapPlan {
             internal,
             udp_src_port: key.udp_src_port(),
             flow_label: key.flow_label(),
+            flow_hash: key.hash64(),
             nat: None,
         }
     }

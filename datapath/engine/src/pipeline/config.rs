@@ -6,6 +6,7 @@ use crate::frames::ecn::OuterDscp;
 use crate::ids::Vni;
 use crate::machinery::conntrack::FlowLimits;
 use crate::pipeline::budget::TableBudget;
+use crate::pipeline::next_hops::NextHopSet;
 use serde::Serialize;
 use std::net::Ipv6Addr;
 use wire::MacAddr;
@@ -82,10 +83,13 @@ pub struct NextHop {
     pub dst_mac: MacAddr,
 }
 
-/// Resolves an underlay destination to the interface and MACs to send it with.
-/// Consulted when a flow is compiled, not per packet: the result is built into the
-/// flow's cached outer header, so call `Engine::invalidate_next_hops` whenever a
-/// neighbour's interface or MAC changes or it disappears.
+/// Resolves an underlay destination to the interfaces and MACs to send it with:
+/// every usable next hop (several for a multipath route), of which each flow
+/// picks one by its hash. Consulted when a flow is compiled, not per packet: the
+/// pick is built into the flow's cached outer header, so call
+/// `Engine::invalidate_next_hops` whenever a next hop's interface or MAC changes,
+/// it disappears, or one joins the set.
 pub trait UnderlayRoutes {
-    fn next_hop(&self, dst: Ipv6Addr) -> Option<NextHop>;
+    /// Empty when no next hop toward `dst` is known (yet).
+    fn next_hops(&self, dst: Ipv6Addr) -> NextHopSet;
 }

@@ -70,7 +70,7 @@ impl Engine {
     }
 
     /// Makes every cached flow recompile on its next packet, which asks
-    /// [`UnderlayRoutes::next_hop`](super::config::UnderlayRoutes::next_hop) again and rebuilds the outer header (interface,
+    /// [`UnderlayRoutes::next_hops`](super::config::UnderlayRoutes::next_hops) again and rebuilds the outer header (interface,
     /// source and destination MAC). The daemon calls this when its neighbour cache
     /// changes or drops an entry: a busy flow never goes idle long enough to be
     /// recompiled otherwise. Connections are kept; only cached decisions go.

@@ -10,6 +10,7 @@ use super::action::{EncapAction, EncapPlan, HeldFrame, InAction, OutAction};
 use super::config::{EngineConfig, NextHop, UnderlayRoutes};
 use super::dispatch::{LocalDest, Owner};
 use super::inbound::deliver_local;
+use super::next_hops::NextHopSet;
 use super::ports::{count_drop, slot_mut, Port, PortCounters};
 use super::Engine;
 use crate::drop::DropReason;
@@ -238,13 +239,13 @@ impl Engine {
             ..
         } = self;
         hold.release(
-            |dst| routes.next_hop(dst),
-            |hop, h| {
+            |dst| Some(routes.next_hops(dst)).filter(|s| !s.is_empty()),
+            |hops, h| {
                 let bufs = FragmentBufs {
                     scratch: &mut *scratch,
                     csum_buf: &mut *csum_buf,
                 };
-                send_held(cfg, ports, drops, bufs, hop, h, out);
+                send_held(cfg, ports, drops, bufs, hops, h, out);
             },
         );
     }
@@ -260,15 +261,15 @@ enum Next<'e> {
     Hold(EncapPlan),
 }
 
-/// Sends a frame that waited for next hop `hop`, as `process_guest` would have:
-/// fragmented if its path MTU requires (frames that needed Packet Too Big were not
-/// held).
+/// Sends a frame that waited for a next hop, through the one of `hops` its flow
+/// picks, as `process_guest` would have: fragmented if its path MTU requires
+/// (frames that needed Packet Too Big were not held).
 fn send_held(
     ecfg: &EngineConfig,
     ports: &mut [Option<Port>],
     drops: &mut DropCounters,
     bufs: FragmentBufs<'_>,
-    hop: &NextHop,
+    hops: &NextHopSet,
     h: Held<HeldFrame>,
     out: &mut TxBatch,
 ) {
@@ -292,8 +293,12 @@ fn send_held(
         p.c.drops.inc(DropReason::GuestParse);
         return;
     };
+    // `release` hands over non-empty sets only.
+    let Some(hop) = hops.pick(plan.flow_hash) else {
+        return;
+    };
     let mtu = too_big(&meta, &vnet, path_mtu).then_some(path_mtu);
-    let e = encap_through(&plan, *hop, ecfg);
+    let e = encap_through(&plan, hop, ecfg);
     let (frame, c) = (&h.frame, &mut p.c);
     encapsulate(ecfg, &e, &vnet, frame, &meta, mtu, bufs, c, out);
 }
@@ -722,7 +727,7 @@ fn compile_outbound(
     };
     // The connection opens either way: a frame that waits for the neighbour is
     // sent later, and its replies must find the connection.
-    let action = match env.routes.next_hop(plan.underlay_dst) {
+    let action = match env.routes.next_hops(plan.underlay_dst).pick(plan.flow_hash) {
         Some(hop) => OutAction::Encap(Box::new(encap_through(&plan, hop, env.ecfg))),
         None => OutAction::Unresolved(Box::new(plan)),
     };

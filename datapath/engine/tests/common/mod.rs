@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 
 use engine::{
-    Direction, Engine, EngineConfig, FwAction, MacAddr, NextHop, PortConfig, PortId, Predicate,
-    Rule, RxFrame, TxBatch, TxDest, UnderlayRoutes, Vni,
+    Direction, Engine, EngineConfig, FwAction, MacAddr, NextHop, NextHopSet, PortConfig, PortId,
+    Predicate, Rule, RxFrame, TxBatch, TxDest, UnderlayRoutes, Vni,
 };
 use etherparse::PacketBuilder;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -18,8 +18,8 @@ pub const SLED_B: &str = "fd00:99::2";
 pub struct Fabric;
 
 impl UnderlayRoutes for Fabric {
-    fn next_hop(&self, _dst: Ipv6Addr) -> Option<NextHop> {
-        Some(NextHop {
+    fn next_hops(&self, _dst: Ipv6Addr) -> NextHopSet {
+        NextHopSet::from(NextHop {
             ifindex: IFINDEX,
             src_mac: "02:00:00:00:99:01".parse().unwrap(),
             dst_mac: "02:00:00:00:99:02".parse().unwrap(),
@@ -31,8 +31,8 @@ impl UnderlayRoutes for Fabric {
 pub struct NoFabric;
 
 impl UnderlayRoutes for NoFabric {
-    fn next_hop(&self, _dst: Ipv6Addr) -> Option<NextHop> {
-        None
+    fn next_hops(&self, _dst: Ipv6Addr) -> NextHopSet {
+        NextHopSet::default()
     }
 }
 
