@@ -325,6 +325,7 @@ mod tests {
         let (host, guest) = (Netns::new(), Netns::new());
         vm_link(&host, &guest);
         let (port, done) = attach(&host).expect("attach");
+        host.wait_oper_up("hv0");
         assert_eq!(
             done,
             Attached {

@@ -68,6 +68,25 @@ impl Netns {
         run(&cmd);
     }
 
+    /// Waits (up to 5 s) until `dev` is operationally up. The kernel swaps the
+    /// link's drop-everything qdisc for a real one only then (`dev_activate`,
+    /// from linkwatch, late on a busy machine): a frame written to a link just
+    /// brought up can vanish.
+    pub fn wait_oper_up(&self, dev: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let out = Command::new("ip")
+                .args(["-n", &self.name, "-o", "link", "show", dev])
+                .output()
+                .expect("spawn ip");
+            if String::from_utf8_lossy(&out.stdout).contains("state UP") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{dev} never came up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Runs `f` on a thread inside the namespace.
     pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
         run_in_netns(&self.name, f).expect("enter test namespace")
