@@ -368,6 +368,47 @@ fn opteadm_create_xde_lines_dhcp_and_clear_lft() -> Result<()> {
         serde_json::json!(["10.0.0.53", "8.8.8.8"])
     );
     assert_eq!(c["dns_servers6"], serde_json::json!(["fd00:1::53"]));
+    assert_eq!(c["external"]["snat"]["ip"], "10.100.0.5", "{c}");
+
+    // The rest of those scripts' lines (falcon's 03-overlay.sh: V2P with
+    // opteadm's upper-case MACs, a next-hop route without a class) and opteadm's
+    // set-external-ips, each doing what it says.
+    let peer = "set-v2p 10.0.0.99 A8:40:25:FF:00:63 fd00:99::2 10";
+    sled.admin(&peer.split_whitespace().collect::<Vec<_>>())?;
+    assert!(sled.admin(&["dump-v2p"])?.contains("a8:40:25:ff:00:63"));
+    sled.admin(&[
+        "clear-v2p",
+        "10.0.0.99",
+        "A8:40:25:FF:00:63",
+        "fd00:99::2",
+        "10",
+    ])?;
+    assert!(!sled.admin(&["dump-v2p"])?.contains("10.0.0.99"));
+    sled.admin(&[
+        "add-router-entry",
+        "-p",
+        "o1",
+        "10.0.0.13/32",
+        "ip4=10.0.0.13",
+    ])?;
+    let routes = sled.admin(&["dump-routes", "o1"])?;
+    assert!(
+        routes.lines().any(|l| l
+            .split_whitespace()
+            .take(2)
+            .eq(["10.0.0.13/32", "ip4=10.0.0.13"])),
+        "{routes}"
+    );
+    sled.admin(&[
+        "set-external-ips",
+        "-p",
+        "o1",
+        "--ephemeral-ip",
+        "10.100.0.7",
+    ])?;
+    let c = config(sled)?;
+    assert_eq!(c["external"]["ephemeral"], "10.100.0.7", "{c}");
+    assert!(c["external"]["snat"].is_null(), "{c}");
 
     // DHCPv4: busybox's udhcpc (as the VM test's guest runs it).
     let script = rack.dir().join("udhcpc.script");
@@ -459,5 +500,7 @@ fn opteadm_create_xde_lines_dhcp_and_clear_lft() -> Result<()> {
         serde_json::json!(["eng.oxide.test", "oxide.test"]),
         "{c}"
     );
+    rack.sled(0)?.admin(&["delete-xde", "o1"])?;
+    assert!(config(rack.sled(0)?)?.is_null());
     Ok(())
 }
