@@ -17,6 +17,8 @@
 # disabled below so the tests stay in charge of ports and data. nftables cuts a sled
 # off etcd's client port in those tests. dpdk-dev provides dpdk-testpmd, the DPDK
 # guest of tests/tests/testpmd.rs (a virtio-user device on a vhost-user port).
+# busybox-static (udhcpc) and dhcpcd-base (dhcpcd) are the stock DHCPv4 and DHCPv6
+# clients that read the gateway's DNS options in tests/tests/opteadm.rs.
 # Idempotent and quiet: it installs only what is missing, and shows what apt and pip
 # said only when they fail.
 set -euo pipefail
@@ -38,7 +40,8 @@ quietly() {
 need_apt=()
 for pkg in clang llvm libbpf-dev iproute2 iputils-ping procps tshark tcpdump iperf3 \
     ethtool ndisc6 python3 openvswitch-switch prometheus curl protobuf-compiler \
-    etcd-server etcd-client nftables dpdk-dev openvswitch-switch-dpdk; do
+    etcd-server etcd-client nftables dpdk-dev openvswitch-switch-dpdk busybox-static \
+    dhcpcd-base; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

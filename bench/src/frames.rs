@@ -279,7 +279,7 @@ pub fn dhcp_discover(port: &PortConfig) -> Result<Vec<u8>, String> {
         dns_servers: &[],
         hostname: None,
         domain_name: None,
-        domain_search: None,
+        domain_search: &[],
         parameter_request_list: Some(PARAMS),
     };
     let body_len = msg

@@ -70,6 +70,7 @@ pub(crate) fn guest_port(n: u8) -> Result<PortConfig, String> {
         dns_servers6: vec![],
         hostname: Some(format!("guest{n}")),
         domain: Some("vpc.example".into()),
+        domain_search: vec![],
         external: Default::default(),
         limits: Default::default(),
         cidrs: Default::default(),

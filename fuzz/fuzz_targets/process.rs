@@ -56,6 +56,7 @@ fn port(name: &str, vni: u32, mac: u8, gateway_mac: u8, host: u8) -> PortConfig 
         dns_servers6: vec![],
         hostname: None,
         domain: None,
+        domain_search: vec![],
         external: Default::default(),
         limits: Default::default(),
         cidrs: Default::default(),

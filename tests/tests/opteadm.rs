@@ -5,9 +5,19 @@
 //! `xdeadm`'s own forms do, what the engine cannot do is refused by name, and after
 //! a TCP transfer `dump-tcp-flows` and `dump-uft` count its packets and bytes and
 //! every layer `list-layers` names can be dumped.
+//!
+//! opteadm's `create-xde` line as OPTE's own set-up scripts write it (falcon's
+//! softnpu example: `--private-mac`, `--bsvc-addr`/`--bsvc-vni`,
+//! `--src-underlay-addr`, SNAT) with its DHCP flags (`--dns-servers`,
+//! `--host-domain`, `--domain-search-list`) makes the port, checked against the
+//! sled (a line for another sled is refused, naming both values); stock DHCP
+//! clients in the guest (busybox's udhcpc, dhcpcd for DHCPv6) get the DNS servers,
+//! domain and search list; the port keeps them across a restart; `clear-lft`
+//! clears the firewall's connections; `attach-subnet -e` is refused by name.
 
+use e2e::guest::GuestSpec;
 use e2e::standard::{self, A1, B1};
-use e2e::{Result, Sled};
+use e2e::{poll_until, Guest, Result, Sled};
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
@@ -255,5 +265,242 @@ fn opteadm_lines_and_flow_dumps_work_against_the_daemon() -> Result<()> {
     sled.admin(&["clear-uft", "-p", A1])?;
     let uft = json(sled, &["dump-uft", "-p", A1])?;
     assert_eq!(uft["outbound"].as_array().map(Vec::len), Some(0), "{uft}");
+    Ok(())
+}
+
+/// Boundary services of the rack in these tests (`overlayd --boundary-services`).
+const BSVC: &str = "fd00:99::ff";
+
+/// opteadm's create-xde line for `spec` (one private IP per family given, as
+/// opteadm takes one) naming `sled_addr` and boundary services `bsvc`/`bsvc_vni`,
+/// with the DHCP flags; `--netns` is ours (OPTE's port is a device that `dladm
+/// create-vnic` then uses).
+fn opteadm_create_xde(spec: &GuestSpec, sled_addr: &str, bsvc: &str, bsvc_vni: &str) -> String {
+    let (Some(v4), Some(v6)) = (spec.ipv4, spec.ipv6) else {
+        panic!("a dual-stack guest is needed")
+    };
+    format!(
+        "create-xde {name} --private-mac {mac} --private-ip {v4} --private-ip {v6} \
+         --gateway-mac {gw_mac} --gateway-ip {gw} --bsvc-addr {bsvc} --bsvc-vni {bsvc_vni} \
+         --vpc-vni {vni} --vpc-subnet {s4} --vpc-subnet {s6} --src-underlay-addr {sled_addr} \
+         --snat-start 4000 --snat-end 7000 --snat-ip 10.100.0.5 --mtu 8500 \
+         --dns-servers 10.0.0.53,fd00:1::53,8.8.8.8 --hostname {name} \
+         --host-domain oxide.test --domain-search-list eng.oxide.test,oxide.test",
+        name = spec.name,
+        mac = spec.mac.to_uppercase(),
+        gw_mac = spec.gateway_mac.to_uppercase(),
+        gw = spec.gateway_ipv4,
+        vni = spec.vni,
+        s4 = spec.subnet4,
+        s6 = spec.subnet6,
+    )
+}
+
+/// What busybox's udhcpc hands its script on a lease: `KEY=VALUE` lines.
+const UDHCPC_SCRIPT: &str = "#!/bin/sh\n\
+    [ \"$1\" = bound ] && printf 'ip=%s\\ndns=%s\\ndomain=%s\\nsearch=%s\\nhostname=%s\\n' \
+    \"$ip\" \"$dns\" \"$domain\" \"$search\" \"$hostname\"\nexit 0\n";
+
+/// The value of `key` in `KEY=VALUE` lines (the last one given).
+fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines()
+        .filter_map(|l| l.trim().split_once('='))
+        .filter(|(k, _)| *k == key)
+        .map(|(_, v)| v.trim_matches('\''))
+        .next_back()
+}
+
+#[test]
+fn opteadm_create_xde_lines_dhcp_and_clear_lft() -> Result<()> {
+    let mut rack = standard::rack("e2e", &["--boundary-services", BSVC])?;
+    let sled_addr = rack.sled(0)?.addr.to_string();
+    let spec = GuestSpec::dual("o1", 0, 20);
+
+    // A line for another sled, or other boundary services, is refused naming both
+    // values, and makes no port.
+    let sled = rack.sled(0)?;
+    for (line, named) in [
+        (
+            opteadm_create_xde(&spec, "fd00:99::77", BSVC, "99"),
+            ["fd00:99::77", sled_addr.as_str()],
+        ),
+        (
+            opteadm_create_xde(&spec, &sled_addr, "fd00:99::fe", "99"),
+            ["fd00:99::fe", BSVC],
+        ),
+        (
+            opteadm_create_xde(&spec, &sled_addr, BSVC, "98"),
+            ["--bsvc-vni 98", "99"],
+        ),
+    ] {
+        let e = refused(sled, &line)?;
+        assert!(named.iter().all(|n| e.contains(n)), "{line}: {e}");
+    }
+    assert!(!sled.admin(&["list-ports"])?.contains("o1"));
+
+    // The whole line, as OPTE's scripts write it.
+    let ns = Guest::namespace(&format!("{}-o1", rack.id))?;
+    let line = opteadm_create_xde(&spec, &sled_addr, BSVC, "99");
+    let mut args: Vec<&str> = line.split_whitespace().collect();
+    args.extend(["--netns", ns.name()]);
+    sled.admin(&args)?;
+    let guest = Guest { spec, ns };
+    guest.configure_os()?;
+    let config = |sled: &Sled| -> Result<Value> {
+        let ports = json(sled, &["list-ports"])?;
+        Ok(ports
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["config"]["name"] == "o1")
+            .map(|p| p["config"].clone())
+            .unwrap_or_default())
+    };
+    let c = config(sled)?;
+    assert_eq!(c["domain"], "oxide.test", "{c}");
+    assert_eq!(
+        c["domain_search"],
+        serde_json::json!(["eng.oxide.test", "oxide.test"]),
+        "{c}"
+    );
+    assert_eq!(
+        c["dns_servers4"],
+        serde_json::json!(["10.0.0.53", "8.8.8.8"])
+    );
+    assert_eq!(c["dns_servers6"], serde_json::json!(["fd00:1::53"]));
+    assert_eq!(c["external"]["snat"]["ip"], "10.100.0.5", "{c}");
+
+    // The rest of those scripts' lines (falcon's 03-overlay.sh: V2P with
+    // opteadm's upper-case MACs, a next-hop route without a class) and opteadm's
+    // set-external-ips, each doing what it says.
+    let peer = "set-v2p 10.0.0.99 A8:40:25:FF:00:63 fd00:99::2 10";
+    sled.admin(&peer.split_whitespace().collect::<Vec<_>>())?;
+    assert!(sled.admin(&["dump-v2p"])?.contains("a8:40:25:ff:00:63"));
+    sled.admin(&[
+        "clear-v2p",
+        "10.0.0.99",
+        "A8:40:25:FF:00:63",
+        "fd00:99::2",
+        "10",
+    ])?;
+    assert!(!sled.admin(&["dump-v2p"])?.contains("10.0.0.99"));
+    sled.admin(&[
+        "add-router-entry",
+        "-p",
+        "o1",
+        "10.0.0.13/32",
+        "ip4=10.0.0.13",
+    ])?;
+    let routes = sled.admin(&["dump-routes", "o1"])?;
+    assert!(
+        routes.lines().any(|l| l
+            .split_whitespace()
+            .take(2)
+            .eq(["10.0.0.13/32", "ip4=10.0.0.13"])),
+        "{routes}"
+    );
+    sled.admin(&[
+        "set-external-ips",
+        "-p",
+        "o1",
+        "--ephemeral-ip",
+        "10.100.0.7",
+    ])?;
+    let c = config(sled)?;
+    assert_eq!(c["external"]["ephemeral"], "10.100.0.7", "{c}");
+    assert!(c["external"]["snat"].is_null(), "{c}");
+
+    // DHCPv4: busybox's udhcpc (as the VM test's guest runs it).
+    let script = rack.dir().join("udhcpc.script");
+    std::fs::write(&script, UDHCPC_SCRIPT)?;
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let script = script.display().to_string();
+    let lease = poll_until(
+        "a DHCPv4 lease from udhcpc",
+        Duration::from_secs(30),
+        || {
+            guest
+                .cmd("busybox")
+                .args(["udhcpc", "-i", "o1", "-f", "-q", "-n", "-t", "3", "-T", "1"])
+                .args(["-O", "search", "-s", &script])
+                .timeout(Duration::from_secs(20))
+                .run()
+        },
+    )?;
+    assert_eq!(field(&lease, "ip"), Some("10.0.0.30"), "{lease}");
+    assert_eq!(field(&lease, "dns"), Some("10.0.0.53 8.8.8.8"), "{lease}");
+    assert_eq!(field(&lease, "domain"), Some("oxide.test"), "{lease}");
+    assert_eq!(
+        field(&lease, "search"),
+        Some("eng.oxide.test oxide.test"),
+        "{lease}"
+    );
+    assert_eq!(field(&lease, "hostname"), Some("o1"), "{lease}");
+
+    // DHCPv6: dhcpcd, in test mode (it prints what it got and changes nothing).
+    let v6 = poll_until("a DHCPv6 reply to dhcpcd", Duration::from_secs(40), || {
+        let out = guest
+            .cmd("dhcpcd")
+            .args(["-6", "-T", "-t", "15", "o1"])
+            .timeout(Duration::from_secs(30))
+            .output()?;
+        let text = format!("{}{}", out.stdout, out.stderr);
+        match field(&text, "new_dhcp6_name_servers") {
+            Some(_) => Ok(text),
+            None => Err(e2e::Error::new(format!("no DHCPv6 answer: {text}"))),
+        }
+    })?;
+    assert_eq!(
+        field(&v6, "new_dhcp6_name_servers"),
+        Some("fd00:1::53"),
+        "{v6}"
+    );
+    assert_eq!(
+        field(&v6, "new_dhcp6_domain_search"),
+        Some("eng.oxide.test oxide.test"),
+        "{v6}"
+    );
+
+    // clear-lft: a ping from a1 opens a firewall connection; the router keeps no
+    // flows; the firewall's are cleared; a layer list-layers does not name is
+    // refused by name.
+    let (a1, b1) = (rack.guest(A1)?, rack.guest(B1)?);
+    a1.ping(b1.ipv4()?, 56, Duration::from_secs(10))?;
+    let sled = rack.sled(0)?;
+    let firewall_flows = |sled: &Sled| -> Result<u64> {
+        Ok(json(sled, &["list-layers", "-p", A1])?[1]["flows"]
+            .as_u64()
+            .unwrap_or(0))
+    };
+    assert!(firewall_flows(sled)? >= 1);
+    let cleared = json(sled, &["clear-lft", "-p", A1, "router"])?;
+    assert_eq!(cleared["flows"], 0, "{cleared}");
+    let out = sled.admin(&["clear-lft", "-p", A1, "firewall"])?;
+    assert!(
+        out.contains("flows cleared") && !out.starts_with("0 "),
+        "{out}"
+    );
+    assert_eq!(firewall_flows(sled)?, 0);
+    let e = refused(sled, &format!("clear-lft -p {A1} nat"))?;
+    assert!(e.contains("\"nat\"") && e.contains("firewall"), "{e}");
+    a1.ping(b1.ipv4()?, 56, Duration::from_secs(10))?;
+
+    // attach-subnet -e is refused by name (the NAT layer cannot exempt it).
+    let e = refused(sled, &format!("attach-subnet -p {A1} 192.168.50.0/24 -e"))?;
+    assert!(
+        e.contains("-e 192.168.50.0/24") && e.contains("not supported"),
+        "{e}"
+    );
+
+    // The search list is saved with the port: a restarted daemon has it.
+    rack.restart_daemon(0, &["--boundary-services", BSVC])?;
+    let c = config(rack.sled(0)?)?;
+    assert_eq!(
+        c["domain_search"],
+        serde_json::json!(["eng.oxide.test", "oxide.test"]),
+        "{c}"
+    );
+    rack.sled(0)?.admin(&["delete-xde", "o1"])?;
+    assert!(config(rack.sled(0)?)?.is_null());
     Ok(())
 }

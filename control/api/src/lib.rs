@@ -26,6 +26,7 @@ pub mod protocol;
 pub mod reply;
 pub mod request;
 pub mod route;
+pub mod sled;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod v2p;
@@ -47,6 +48,7 @@ pub use reply::{
 };
 pub use request::{CaptureSpec, Request};
 pub use route::{RouteClass, RouteEntry, RouteTarget};
+pub use sled::{SledExpect, SledFacts, SledMismatch};
 pub use v2p::{Source, V2bEntry, V2pEntry, V2pRecord, V2pTarget};
 pub use vni::Vni;
 pub use wire::MacAddr;

@@ -52,6 +52,11 @@ pub struct PortConfig {
     pub dns_servers6: Vec<Ipv6Addr>,
     pub hostname: Option<String>,
     pub domain: Option<String>,
+    /// The guest's DNS search list (opteadm's `--domain-search-list`), offered in
+    /// DHCPv4 option 119 and DHCPv6 option 24; when empty, `domain` alone is
+    /// offered. Absent from state saved before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub domain_search: Vec<String>,
     /// External addresses for traffic to the internet gateway (docs/nat.md); none by
     /// default, and absent from state saved before they existed.
     #[serde(default)]
@@ -90,6 +95,14 @@ pub enum PortConfigError {
     NotUnicast(IpAddr),
     #[error("private IP {0} is link-local; a port needs a routable IPv6 address")]
     LinkLocal(Ipv6Addr),
+    #[error(
+        "domain search name {0:?} is not a DNS name (dot-separated labels of 1 to 63 letters, digits, '-' or '_'; at most 253 bytes)"
+    )]
+    SearchName(String),
+    #[error(
+        "domain search list {names} takes {bytes} bytes encoded; DHCPv4 option 119 holds at most {MAX_SEARCH_BYTES}"
+    )]
+    SearchListTooLong { names: String, bytes: usize },
     #[error(transparent)]
     External(#[from] ExternalIpsError),
     #[error(transparent)]
@@ -153,9 +166,41 @@ impl PortConfig {
                 return Err(PortConfigError::LinkLocal(ip));
             }
         }
+        check_search_list(&self.domain_search)?;
         self.external.validate(self.ipv4, self.ipv6)?;
         self.cidrs.validate(self)?;
         Ok(self.limits.validate()?)
+    }
+}
+
+/// The most bytes a search list takes encoded: what one DHCPv4 option holds (a
+/// longer one would need RFC 3396's split options, which not every client joins).
+pub const MAX_SEARCH_BYTES: usize = 255;
+
+/// Refuses a search list a guest could not be given: a name that is not a DNS
+/// name (labels of letters, digits, `-` and `_`), or a list too long for DHCPv4.
+fn check_search_list(names: &[String]) -> Result<(), PortConfigError> {
+    let label_ok = |l: &str| {
+        l.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    for name in names {
+        let labels_ok = name
+            .strip_suffix('.')
+            .unwrap_or(name)
+            .split('.')
+            .all(label_ok);
+        if !labels_ok || wire::dns::name_len(name).is_err() {
+            return Err(PortConfigError::SearchName(name.clone()));
+        }
+    }
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    match wire::dns::names_len(&refs) {
+        Ok(bytes) if bytes > MAX_SEARCH_BYTES => Err(PortConfigError::SearchListTooLong {
+            names: names.join(","),
+            bytes,
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -669,6 +714,25 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("1 to 15 bytes"));
+    }
+
+    #[test]
+    fn search_lists_are_dns_names_that_fit_dhcpv4() {
+        let mut p = sample();
+        p.domain_search = vec!["eng.oxide.internal".into(), "oxide.internal.".into()];
+        assert!(p.validate().is_ok());
+        for bad in ["a..b", "has space.com", "", "x,y.com", &"x".repeat(64)] {
+            p.domain_search = vec!["ok.com".into(), bad.into()];
+            let e = p.validate().unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
+        p.domain_search = (0..5)
+            .map(|i| format!("{i}{}.com", "x".repeat(50)))
+            .collect();
+        let e = p.validate().unwrap_err().to_string();
+        assert!(e.contains("takes 285 bytes") && e.contains("0xxx"), "{e}");
+        let json = serde_json::to_string(&sample()).unwrap();
+        assert!(!json.contains("domain_search"), "{json}");
     }
 
     #[test]

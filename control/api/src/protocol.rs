@@ -396,6 +396,15 @@ mod tests {
             Request::ClearUft {
                 port: "opte0".into(),
             },
+            Request::ClearLft {
+                port: "opte0".into(),
+                layer: "firewall".into(),
+            },
+            Request::CheckSled(crate::SledExpect {
+                underlay_addr: Some("fd00:99::1".parse().unwrap()),
+                boundary_services: None,
+                boundary_vni: Some(Vni::new(99).unwrap()),
+            }),
             Request::SetExternalIps {
                 port: "opte0".into(),
                 external: ExternalIps {
@@ -489,6 +498,7 @@ mod tests {
     fn every_reply_round_trips() {
         let replies = vec![
             Outcome::Ok(Reply::Done),
+            Outcome::Ok(Reply::Cleared { flows: 3 }),
             Outcome::Ok(Reply::Ports(vec![
                 PortStatus {
                     port: PortInfo {

@@ -73,6 +73,10 @@ pub struct NotApplied {
 pub enum Reply {
     /// A change was applied (and persisted).
     Done,
+    /// `clear-lft`: how many flows the layer's table held.
+    Cleared {
+        flows: u64,
+    },
     Ports(Vec<PortStatus>),
     /// Every mapping in force, local and fleet (docs/fleet.md).
     V2p(Vec<V2pRecord>),

@@ -2,7 +2,7 @@
 
 use crate::{
     CidrDir, Direction, ExternalIps, FwFilters, FwRule, PortInfo, PortLimits, RouteClass,
-    RouteEntry, V2pEntry, V2pTarget, Vni,
+    RouteEntry, SledExpect, V2pEntry, V2pTarget, Vni,
 };
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -13,6 +13,9 @@ use std::net::{IpAddr, Ipv6Addr};
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub enum Request {
     CreatePort(Box<PortInfo>),
+    /// Refused unless the sled is as expected (opteadm's `create-xde` names the
+    /// sled's underlay address and boundary services; `xdeadm` asks this first).
+    CheckSled(SledExpect),
     DeletePort {
         name: String,
     },
@@ -154,6 +157,13 @@ pub enum Request {
     },
     ClearUft {
         port: String,
+    },
+    /// `clear-lft`: empties one layer's flow table (`list-layers` names the
+    /// layers; the firewall's connections are the only flows a layer keeps, so the
+    /// others have none to clear). The port's flows are decided again.
+    ClearLft {
+        port: String,
+        layer: String,
     },
     Stats {
         port: Option<String>,

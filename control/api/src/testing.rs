@@ -33,6 +33,7 @@ pub fn sample_port(name: &str, last: u8) -> PortConfig {
         dns_servers6: vec![],
         hostname: Some("web".into()),
         domain: None,
+        domain_search: vec![],
         external: Default::default(),
         limits: Default::default(),
         cidrs: Default::default(),

@@ -82,6 +82,7 @@ impl ToEngine for api::PortConfig {
             dns_servers6: self.dns_servers6.clone(),
             hostname: self.hostname.clone(),
             domain: self.domain.clone(),
+            domain_search: self.domain_search.clone(),
             external: self.external.to_engine(),
             limits: self.limits.to_engine(),
             cidrs: self.cidrs.to_engine(),

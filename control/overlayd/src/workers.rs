@@ -359,6 +359,11 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
         self.on_owner(port, move |dp: &mut D| dp.clear_uft(&n))
     }
 
+    fn clear_lft(&mut self, port: &str, layer: &str) -> Result<u64, DataplaneError> {
+        let (n, layer) = (port.to_string(), layer.to_string());
+        self.on_owner(port, move |dp: &mut D| dp.clear_lft(&n, &layer))
+    }
+
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), DataplaneError> {
         let (n, ext) = (port.to_string(), ext.clone());
         self.on_owner(port, move |dp: &mut D| dp.set_external_ips(&n, &ext))
@@ -496,6 +501,9 @@ mod tests {
         }
         fn clear_uft(&mut self, port: &str) -> Result<(), DataplaneError> {
             self.has(port)
+        }
+        fn clear_lft(&mut self, port: &str, _: &str) -> Result<u64, DataplaneError> {
+            self.has(port).map(|()| 0)
         }
         fn set_external_ips(&mut self, port: &str, _: &ExternalIps) -> Result<(), DataplaneError> {
             self.has(port)

@@ -71,9 +71,13 @@ fn kind(r: &Request) -> usize {
         // Refused by a daemon outside a fleet: seeded in 18-all.jsonl.
         Request::FleetResync => 36,
         Request::FleetAdopt => 37,
+        Request::ClearLft { .. } => 38,
+        // Answered by the daemon with its configuration only: seeded in
+        // 18-all.jsonl.
+        Request::CheckSled(_) => 39,
     }
 }
-const KINDS: usize = 38;
+const KINDS: usize = 40;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach

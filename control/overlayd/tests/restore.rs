@@ -135,6 +135,7 @@ fn saved_port_with_own_tables() -> (State, FwRule, Vec<RouteEntry>) {
         dns_servers6: vec![],
         hostname: None,
         domain: None,
+        domain_search: vec![],
         external: Default::default(),
         limits: Default::default(),
         cidrs: Default::default(),

@@ -118,16 +118,11 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), Failure> {
     let json = cli.json;
     match cli.command.action()? {
-        Action::Call(request) => {
-            let reply = Client::connect(&cli.socket)?.call(&request)?;
-            if json {
-                emit(&format!("{}\n", to_json(&reply)?))?;
-            } else {
-                emit(&render_for(&request, &reply))?;
-            }
-            if reply_fails(&reply) {
-                return Err(Failure::ChecksFailed);
-            }
+        Action::Call(request) => call(Client::connect(&cli.socket)?, &request, json)?,
+        Action::CheckThenCall { check, then } => {
+            let mut client = Client::connect(&cli.socket)?;
+            client.call(&check)?;
+            call(client, &then, json)?;
         }
         Action::Show(request, show) => {
             let reply = Client::connect(&cli.socket)?.call(&request)?;
@@ -165,6 +160,21 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// Asks the daemon and prints its answer; a reply that reports a failed check
+/// (`doctor`, `path-check`) fails the run.
+fn call(mut client: Client, request: &Request, json: bool) -> Result<(), Failure> {
+    let reply = client.call(request)?;
+    if json {
+        emit(&format!("{}\n", to_json(&reply)?))?;
+    } else {
+        emit(&render_for(request, &reply))?;
+    }
+    match reply_fails(&reply) {
+        true => Err(Failure::ChecksFailed),
+        false => Ok(()),
+    }
 }
 
 /// Creates the empty file (mode 0600) overlayd writes a capture into for us: in

@@ -23,6 +23,7 @@ const PORT_FLAG_VERBS: &[&str] = &[
     "dump-layer",
     "dump-uft",
     "clear-uft",
+    "clear-lft",
     "dump-tcp-flows",
     "add-router-entry",
     "del-router-entry",

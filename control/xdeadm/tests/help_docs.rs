@@ -361,7 +361,18 @@ fn every_flag_the_page_names_exists() {
     }
     known.extend(longs(&takes(&overlayd::config::DaemonArgs::command())));
     // opteadm's own spellings that xdeadm takes (docs: "opteadm command lines").
-    known.extend(["--port", "--dir", "--hosts", "--protocol"].map(String::from));
+    known.extend(
+        [
+            "--port",
+            "--dir",
+            "--hosts",
+            "--protocol",
+            "--private-mac",
+            "--host-domain",
+            "--dns-servers",
+        ]
+        .map(String::from),
+    );
     let doc = operating_md();
     let mut unknown = BTreeSet::new();
     for (i, _) in doc.match_indices("--") {

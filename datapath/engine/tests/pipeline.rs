@@ -142,6 +142,16 @@ fn stateful_firewall_admits_replies_only() {
     assert!(layers[2].rules_out > 0, "the router's routes are its rules");
     let e = a.dump_layer("ga", "nat").unwrap_err().to_string();
     assert!(e.contains("\"nat\"") && e.contains("overlay"), "{e}");
+    // clear-lft: layers without flows clear none; the firewall forgets the
+    // connection, so B's next segment is unsolicited again and denied.
+    assert_eq!(a.clear_lft("ga", "router").unwrap(), 0);
+    assert_eq!(a.clear_lft("ga", "firewall").unwrap(), 1);
+    assert_eq!(a.list_layers("ga").unwrap()[1].flows, Some(0));
+    let e = a.clear_lft("ga", "nat").unwrap_err().to_string();
+    assert!(e.contains("\"nat\"") && e.contains("firewall"), "{e}");
+    let more = tcp_v4(&g2, g1.v4, 80, 40000, false, b"efgh");
+    assert!(a_to_b(&mut b, pb, &mut a, &more, 5).is_empty());
+    assert_eq!(a.stats().ports[0].drops.get_named("fw_deny_in"), 2);
 }
 
 #[test]

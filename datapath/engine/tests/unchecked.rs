@@ -247,6 +247,7 @@ fn arb_port_config() -> impl Strategy<Value = PortConfig> {
             dns_servers4: dns4,
             dns_servers6: dns6,
             hostname,
+            domain_search: domain.iter().cloned().collect(),
             domain,
             external,
             limits,

@@ -9,7 +9,7 @@
 //! The option walk is bounded by the buffer and stops at End; an option running past
 //! the end is `Truncated`.
 
-use crate::{MacAddr, Result, WireError};
+use crate::{dns, MacAddr, Result, WireError};
 use core::fmt;
 use std::net::Ipv4Addr;
 
@@ -248,34 +248,9 @@ impl ClasslessRoute {
     }
 }
 
-/// Length of `name` in DNS wire format (RFC 1035 §3.1, no compression), or an error
-/// naming the problem when a label is empty or longer than 63 bytes.
-fn dns_name_len(name: &str) -> Result<usize> {
-    let name = name.strip_suffix('.').unwrap_or(name);
-    let mut n = 1;
-    for l in name.split('.') {
-        if l.is_empty() || l.len() > 63 {
-            return Err(WireError::Malformed("dhcp domain search label"));
-        }
-        n += 1 + l.len();
-    }
-    Ok(n)
-}
-
-fn write_dns_name(b: &mut [u8], name: &str) -> usize {
-    let name = name.strip_suffix('.').unwrap_or(name);
-    let mut at = 0;
-    for l in name.split('.') {
-        b[at] = l.len() as u8;
-        b[at + 1..at + 1 + l.len()].copy_from_slice(l.as_bytes());
-        at += 1 + l.len();
-    }
-    b[at] = 0;
-    at + 1
-}
-
 /// A DHCPv4 message. Parsing fills the fields a client sends; `dns_servers`,
-/// `classless_routes` and `domain_search` are emitted only (empty/None on parse).
+/// `classless_routes` and `domain_search` are emitted only (empty on parse; a
+/// client reads option 119 with [`crate::dns::parse_names`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Repr<'a> {
     pub op: u8,
@@ -298,7 +273,9 @@ pub struct Repr<'a> {
     pub dns_servers: &'a [Ipv4Addr],
     pub hostname: Option<&'a str>,
     pub domain_name: Option<&'a str>,
-    pub domain_search: Option<&'a str>,
+    /// Option 119 (RFC 3397): the names one after the other, at most 255 bytes
+    /// encoded (one option; no RFC 3396 splitting).
+    pub domain_search: &'a [&'a str],
     pub parameter_request_list: Option<&'a [u8]>,
 }
 
@@ -342,7 +319,7 @@ impl<'a> Repr<'a> {
             dns_servers: &[],
             hostname: None,
             domain_name: None,
-            domain_search: None,
+            domain_search: &[],
             parameter_request_list: None,
         };
         let mut have_type = false;
@@ -431,8 +408,8 @@ impl<'a> Repr<'a> {
                 n += 2 + s.len();
             }
         }
-        if let Some(d) = self.domain_search {
-            let l = dns_name_len(d)?;
+        if !self.domain_search.is_empty() {
+            let l = dns::names_len(self.domain_search)?;
             if l > 255 {
                 return Err(WireError::Malformed("dhcp domain search length"));
             }
@@ -523,12 +500,9 @@ impl<'a> Repr<'a> {
         if let Some(s) = self.domain_name {
             w.opt(opt::DOMAIN_NAME, s.as_bytes());
         }
-        if let Some(d) = self.domain_search {
-            let l = dns_name_len(d)?;
-            w.header(opt::DOMAIN_SEARCH, l);
-            let at = w.at;
-            write_dns_name(&mut w.b[at..], d);
-            w.at += l;
+        if !self.domain_search.is_empty() {
+            w.header(opt::DOMAIN_SEARCH, dns::names_len(self.domain_search)?);
+            w.names(self.domain_search)?;
         }
         if let Some(p) = self.parameter_request_list {
             w.opt(opt::PARAMETER_REQUEST_LIST, p);
@@ -548,6 +522,11 @@ impl Writer<'_> {
     fn bytes(&mut self, d: &[u8]) {
         self.b[self.at..self.at + d.len()].copy_from_slice(d);
         self.at += d.len();
+    }
+    /// Domain names one after the other ([`dns::emit_names`]).
+    fn names(&mut self, names: &[&str]) -> Result<()> {
+        self.at += dns::emit_names(&mut self.b[self.at..], names)?;
+        Ok(())
     }
     fn header(&mut self, code: u8, len: usize) {
         self.bytes(&[code, len as u8]);
@@ -636,7 +615,7 @@ mod tests {
         r.parameter_request_list = None;
         r.classless_routes = &routes;
         r.interface_mtu = Some(8500);
-        r.domain_search = Some("oxide.internal.");
+        r.domain_search = &["oxide.internal."];
         let mut out = vec![0u8; r.buffer_len().unwrap()];
         r.emit(&mut Packet::new_unchecked(&mut out[..])).unwrap();
         let opts = &out[240..];
@@ -682,7 +661,46 @@ mod tests {
             WireError::Malformed("dhcp hostname length")
         );
         r.hostname = None;
-        r.domain_search = Some("a..b");
+        r.domain_search = &["a..b"];
         assert!(r.buffer_len().is_err());
+        let names = [
+            "x".repeat(60),
+            "y".repeat(60),
+            "z".repeat(60),
+            "w".repeat(60),
+            "v".repeat(60),
+        ];
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        r.domain_search = &names;
+        assert_eq!(
+            r.buffer_len().unwrap_err(),
+            WireError::Malformed("dhcp domain search length")
+        );
+    }
+
+    /// What a guest reads from an ACK: DNS servers (6), the domain (15) and a
+    /// search list of several names (119), decoded by the option walk.
+    #[test]
+    fn dns_domain_and_search_list_round_trip() {
+        let req = request_bytes();
+        let mut r = Repr::parse(&Packet::new_checked(&req[..]).unwrap()).unwrap();
+        r.op = OP_REPLY;
+        r.message_type = MessageType::Ack;
+        r.parameter_request_list = None;
+        let dns = [Ipv4Addr::new(45, 55, 68, 2), Ipv4Addr::new(8, 8, 8, 8)];
+        r.dns_servers = &dns;
+        r.domain_name = Some("oxide.internal");
+        r.domain_search = &["eng.oxide.internal", "oxide.internal", "example.com."];
+        let mut out = vec![0u8; r.buffer_len().unwrap()];
+        r.emit(&mut Packet::new_unchecked(&mut out[..])).unwrap();
+        let back = Repr::parse(&Packet::new_checked(&out[..]).unwrap()).unwrap();
+        assert_eq!(back.domain_name, Some("oxide.internal"));
+        let opts: Vec<DhcpOption> = options(&out[HEADER_LEN..]).map(|o| o.unwrap()).collect();
+        let find = |code| opts.iter().find(|o| o.code == code).unwrap().data;
+        assert_eq!(find(opt::DNS_SERVERS), &unhex("2d37440208080808")[..]);
+        assert_eq!(
+            dns::parse_names(find(opt::DOMAIN_SEARCH)).unwrap(),
+            ["eng.oxide.internal", "oxide.internal", "example.com"]
+        );
     }
 }

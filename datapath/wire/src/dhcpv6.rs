@@ -7,7 +7,7 @@
 //! `Truncated`. Parsing decodes what a client sends; DNS servers and the domain list
 //! are emitted only.
 
-use crate::{MacAddr, Result, WireError};
+use crate::{dns, MacAddr, Result, WireError};
 use core::fmt;
 use std::net::Ipv6Addr;
 
@@ -215,18 +215,6 @@ fn parse_ia_na(d: &[u8]) -> Result<IaNa> {
     Ok(ia)
 }
 
-fn dns_name_len(name: &str) -> Result<usize> {
-    let name = name.strip_suffix('.').unwrap_or(name);
-    let mut n = 1;
-    for l in name.split('.') {
-        if l.is_empty() || l.len() > 63 {
-            return Err(WireError::Malformed("dhcpv6 domain label"));
-        }
-        n += 1 + l.len();
-    }
-    Ok(n)
-}
-
 /// A DHCPv6 message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Repr<'a> {
@@ -238,7 +226,8 @@ pub struct Repr<'a> {
     pub rapid_commit: bool,
     pub status_code: Option<u16>,
     pub dns_servers: &'a [Ipv6Addr],
-    pub domain_list: Option<&'a str>,
+    /// Option 24 (RFC 3646): the names one after the other.
+    pub domain_list: &'a [&'a str],
 }
 
 impl<'a> Repr<'a> {
@@ -256,7 +245,7 @@ impl<'a> Repr<'a> {
             rapid_commit: false,
             status_code: None,
             dns_servers: &[],
-            domain_list: None,
+            domain_list: &[],
         };
         for o in options(&buf.as_ref()[HEADER_LEN..]) {
             let o = o?;
@@ -303,8 +292,8 @@ impl<'a> Repr<'a> {
         if !self.dns_servers.is_empty() {
             n += 4 + 16 * self.dns_servers.len();
         }
-        if let Some(d) = self.domain_list {
-            n += 4 + dns_name_len(d)?;
+        if !self.domain_list.is_empty() {
+            n += 4 + dns::names_len(self.domain_list)?;
         }
         if n > usize::from(u16::MAX) {
             return Err(WireError::Malformed("dhcpv6 message length"));
@@ -355,13 +344,9 @@ impl<'a> Repr<'a> {
                 w.bytes(&a.octets());
             }
         }
-        if let Some(d) = self.domain_list {
-            w.header(opt::DOMAIN_LIST, dns_name_len(d)?);
-            for l in d.strip_suffix('.').unwrap_or(d).split('.') {
-                w.bytes(&[l.len() as u8]);
-                w.bytes(l.as_bytes());
-            }
-            w.bytes(&[0]);
+        if !self.domain_list.is_empty() {
+            w.header(opt::DOMAIN_LIST, dns::names_len(self.domain_list)?);
+            w.names(self.domain_list)?;
         }
         Ok(())
     }
@@ -376,6 +361,11 @@ impl Writer<'_> {
     fn bytes(&mut self, d: &[u8]) {
         self.b[self.at..self.at + d.len()].copy_from_slice(d);
         self.at += d.len();
+    }
+    /// Domain names one after the other ([`dns::emit_names`]).
+    fn names(&mut self, names: &[&str]) -> Result<()> {
+        self.at += dns::emit_names(&mut self.b[self.at..], names)?;
+        Ok(())
     }
     fn header(&mut self, code: u16, len: usize) {
         self.bytes(&code.to_be_bytes());
@@ -465,7 +455,7 @@ mod tests {
             rapid_commit: true,
             status_code: Some(0),
             dns_servers: &dns,
-            domain_list: Some("oxide.internal"),
+            domain_list: &["oxide.internal", "eng.oxide.internal"],
         };
         let mut out = vec![0u8; r.buffer_len().unwrap()];
         r.emit(&mut Packet::new_unchecked(&mut out[..])).unwrap();
@@ -474,11 +464,23 @@ mod tests {
             back,
             Repr {
                 dns_servers: &[],
-                domain_list: None,
+                domain_list: &[],
                 ..r
             }
         );
-        assert!(out.ends_with(&unhex("00180010056f7869646508696e7465726e616c00")));
+        assert!(out.ends_with(&unhex(
+            "00180024056f7869646508696e7465726e616c0003656e67056f7869646508696e7465726e616c00"
+        )));
+        let opts: Vec<Dhcpv6Option> = options(&out[HEADER_LEN..]).map(|o| o.unwrap()).collect();
+        let find = |code| opts.iter().find(|o| o.code == code).unwrap().data;
+        assert_eq!(
+            find(opt::DNS_SERVERS),
+            &"2001:4860:4860::8888".parse::<Ipv6Addr>().unwrap().octets()[..]
+        );
+        assert_eq!(
+            dns::parse_names(find(opt::DOMAIN_LIST)).unwrap(),
+            ["oxide.internal", "eng.oxide.internal"]
+        );
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub mod meta;
 pub mod arp;
 pub mod dhcpv4;
 pub mod dhcpv6;
+pub mod dns;
 pub mod ethernet;
 pub mod geneve;
 pub mod icmpv4;

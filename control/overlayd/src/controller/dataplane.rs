@@ -193,6 +193,8 @@ pub trait Dataplane {
     /// Whether the port is ready, running or paused.
     fn port_state(&self, port: &str) -> Result<PortState, DataplaneError>;
     fn clear_uft(&mut self, port: &str) -> Result<(), DataplaneError>;
+    /// Empties one layer's flow table; how many flows it held.
+    fn clear_lft(&mut self, port: &str, layer: &str) -> Result<u64, DataplaneError>;
     /// Replaces the port's external addresses (its flows are decided again).
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), DataplaneError>;
     /// Replaces the port's rate limits.

@@ -125,6 +125,11 @@ impl<D: Dataplane> Controller<D> {
                 self.dp.clear_uft(&port)?;
                 Ok(Reply::Done)
             }
+            Request::ClearLft { port, layer } => {
+                self.applied_port(&port)?;
+                let flows = self.dp.clear_lft(&port, &layer)?;
+                Ok(Reply::Cleared { flows })
+            }
             Request::SetExternalIps { port, external } => self.set_external_ips(&port, external),
             Request::SetPortLimits { port, limits } => self.set_port_limits(&port, limits),
             Request::AllowCidr { port, prefix, dir } => self.change_cidrs(&port, prefix, dir, true),
@@ -136,9 +141,10 @@ impl<D: Dataplane> Controller<D> {
             Request::Ra { port } => self.inspect(Inspect::Ra { port }),
             // The daemon answers these itself (it has the host and the underlay
             // address); a daemon without I/O cannot.
-            Request::Doctor | Request::PathCheck { .. } | Request::Capture(_) => {
-                Err(ControlError::NeedsIo)
-            }
+            Request::Doctor
+            | Request::PathCheck { .. }
+            | Request::Capture(_)
+            | Request::CheckSled(_) => Err(ControlError::NeedsIo),
             Request::Workers => self.inspect(Inspect::Workers),
             Request::FleetStatus => Ok(Reply::Fleet(Box::new(self.fleet_status(Instant::now())))),
             Request::FleetResync => self.fleet_command(false).map(|()| Reply::Done),

@@ -92,7 +92,7 @@ pub enum ControlError {
     V2bUnreadable(serde_json::Error),
     #[error("change undone: {0}")]
     NotSaved(StateError),
-    #[error("doctor, path-check and capture need overlayd with an underlay (this daemon runs without I/O)")]
+    #[error("doctor, path-check, capture and check-sled need overlayd with an underlay (this daemon runs without I/O)")]
     NeedsIo,
     #[error("{what} comes from the fleet (key {key}): change it in the store, or give --override-fleet where the verb takes it")]
     FleetOwned { what: String, key: String },

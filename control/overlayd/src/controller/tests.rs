@@ -139,6 +139,9 @@ impl Dataplane for Recorder {
     fn clear_uft(&mut self, port: &str) -> Result<(), DataplaneError> {
         self.check("clear_uft", port)
     }
+    fn clear_lft(&mut self, port: &str, _: &str) -> Result<u64, DataplaneError> {
+        self.check("clear_lft", port).map(|()| 0)
+    }
     fn set_external_ips(&mut self, port: &str, _: &ExternalIps) -> Result<(), DataplaneError> {
         self.check("set_external_ips", port)
     }

@@ -31,7 +31,7 @@ use crate::worker::io::{WorkerIo, WorkerIoError};
 use crate::worker::jobs::JobTx;
 use crate::worker::{run_worker, Datapath};
 use crate::workers::Workers;
-use api::{Outcome, PeerPath, Reply, Request};
+use api::{ErrorCode, Outcome, PeerPath, Refusal, Reply, Request, SledExpect, SledFacts};
 use dpio::cpu::pin_to_core;
 use engine::{Engine, EngineConfig, EngineError};
 use fleet::{StoreConfig, TlsFiles};
@@ -274,6 +274,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), DaemonError> {
                     }))
                 }
                 Request::PathCheck { peer } => path_check(cfg, ctl, watch.mtu(), peer),
+                Request::CheckSled(expect) => check_sled(cfg, &expect),
                 Request::Capture(spec) => capture::start(ctl.dataplane(), spec),
                 r => {
                     let listed = ctl.handle(r);
@@ -402,6 +403,21 @@ fn path_check(
     Answer::Later(Box::new(move || {
         Outcome::Ok(Reply::PathCheck(probe(&peers)))
     }))
+}
+
+/// `check-sled`: the sled as configured against what a port's creator expects of
+/// it (opteadm's `create-xde --src-underlay-addr`, `--bsvc-addr`, `--bsvc-vni`).
+fn check_sled(cfg: &DaemonConfig, expect: &SledExpect) -> Answer {
+    let sled = SledFacts {
+        underlay_addr: cfg.underlay_addr,
+        boundary_services: cfg.boundary_services,
+        boundary_vni: cfg.boundary_vni,
+    };
+    match expect.check(&sled) {
+        Ok(()) => Outcome::Ok(Reply::Done),
+        Err(e) => Outcome::Error(Refusal::new(ErrorCode::Invalid, e.to_string())),
+    }
+    .into()
 }
 
 /// A `stats` answer with what the periodic path checks found

@@ -185,6 +185,10 @@ impl Dataplane for Datapath {
         Ok(self.engine.clear_uft(port)?)
     }
 
+    fn clear_lft(&mut self, port: &str, layer: &str) -> Result<u64, DataplaneError> {
+        Ok(self.engine.clear_lft(port, layer)?)
+    }
+
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), DataplaneError> {
         Ok(self.engine.set_external_ips(port, ext.to_engine())?)
     }

@@ -23,7 +23,10 @@ use wire::MacAddr;
                   add/del-router-entry, add/rm-fw-rule, remove-fw-rule, list-fw-rules, \
                   set-fw-rules, which then reads its rules from standard input, \
                   set-external-ips, set-port-limits, pause-port, resume-port, allow-cidr, \
-                  remove-cidr, attach-subnet, detach-subnet)."
+                  remove-cidr, attach-subnet, detach-subnet, clear-lft); create-xde takes \
+                  opteadm's flags (--private-mac, --dns-servers, --host-domain, \
+                  --domain-search-list, and --src-underlay-addr, --bsvc-addr, --bsvc-vni, \
+                  which the daemon checks against its own)."
 )]
 pub struct Cli {
     /// The daemon's API socket.
@@ -192,6 +195,10 @@ pub enum Command {
     },
     /// Empty the unified flow table of a port.
     ClearUft { port: String },
+    /// Empty one layer's flow table (a layer list-layers names): the firewall's
+    /// connections; the other layers keep no flows (0 cleared). The port's flows
+    /// are decided again.
+    ClearLft { port: String, layer: String },
     /// Replace a port's external addresses (create-xde's flags; none removes them
     /// all). The port's flows are decided again at once.
     SetExternalIps {
@@ -232,6 +239,9 @@ pub enum Command {
         port: String,
         #[arg(value_parser = parse_net)]
         prefix: IpNet,
+        /// opteadm's external subnet, exempt from NAT: not supported yet (refused).
+        #[arg(short, long)]
+        external: bool,
     },
     /// Undo `attach-subnet` (both ways must be allowed).
     DetachSubnet {
@@ -418,7 +428,8 @@ pub enum VhostModeArg {
 #[derive(Debug, Args)]
 pub struct CreateXde {
     pub name: String,
-    #[arg(long)]
+    /// The guest's MAC (opteadm's older --private-mac too).
+    #[arg(long, alias = "private-mac")]
     pub guest_mac: MacAddr,
     /// The guest's private address (one IPv4 and/or one IPv6).
     #[arg(long = "private-ip", required = true)]
@@ -454,16 +465,42 @@ pub struct CreateXde {
     /// the VM survives a restart of overlayd).
     #[arg(long, value_enum, requires = "vhost_user", default_value_t = VhostModeArg::Server)]
     pub vhost_user_mode: VhostModeArg,
-    #[arg(long = "dns-server")]
+    /// DNS servers offered by DHCPv4 (IPv4 ones) and DHCPv6 (IPv6 ones):
+    /// repeatable, or comma separated (opteadm's --dns-servers).
+    #[arg(long = "dns-server", alias = "dns-servers", value_delimiter = ',')]
     pub dns_server: Vec<IpAddr>,
     #[arg(long)]
     pub hostname: Option<String>,
-    #[arg(long)]
+    /// The guest's domain, DHCPv4 option 15 (opteadm's --host-domain).
+    #[arg(long, alias = "host-domain")]
     pub domain: Option<String>,
+    /// The guest's DNS search list, comma separated (DHCPv4 option 119, DHCPv6
+    /// option 24); without it the domain alone is offered.
+    #[arg(long = "domain-search-list", value_delimiter = ',')]
+    pub domain_search: Vec<String>,
+    #[command(flatten)]
+    pub sled: SledArgs,
     #[command(flatten)]
     pub external: ExternalArgs,
     #[command(flatten)]
     pub limits: LimitArgs,
+}
+
+/// What opteadm's `create-xde` says of the sled. Here these are the daemon's,
+/// sled-wide: given, the daemon checks them and refuses the port if they are not
+/// its own (`api::SledExpect`).
+#[derive(Debug, Args, Clone, Default, PartialEq, Eq)]
+pub struct SledArgs {
+    /// This sled's underlay address, as overlayd has it (--underlay-addr).
+    #[arg(long)]
+    pub src_underlay_addr: Option<Ipv6Addr>,
+    /// Boundary services' underlay address, as overlayd has it
+    /// (--boundary-services).
+    #[arg(long)]
+    pub bsvc_addr: Option<Ipv6Addr>,
+    /// Boundary services' VNI, as overlayd has it (--boundary-vni).
+    #[arg(long)]
+    pub bsvc_vni: Option<Vni>,
 }
 
 /// A port's rate limits as flags (`create-xde`, `set-port-limits`); none given is

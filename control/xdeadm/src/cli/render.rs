@@ -59,6 +59,9 @@ pub fn render(reply: &Reply) -> String {
     let mut out = String::new();
     match reply {
         Reply::Done => {}
+        Reply::Cleared { flows } => {
+            let _ = writeln!(out, "{flows} flows cleared");
+        }
         Reply::Ports(ports) => render_ports(&mut out, ports),
         Reply::V2p(records) => {
             let rows = records

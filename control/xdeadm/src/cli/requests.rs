@@ -6,7 +6,7 @@
 use super::fleet::{self, Batch, FleetWrite, LoadError, StoreArgsError};
 use super::grammar::{
     CaptureArgs, Command, CreateXde, ExternalArgs, FleetCommand, FleetWriteCommand, LimitArgs,
-    RaArgs, RaCommand, RuleArgs, StatsFormat, VhostModeArg,
+    RaArgs, RaCommand, RuleArgs, SledArgs, StatsFormat, VhostModeArg,
 };
 use super::render::Show;
 use crate::opteadm::{self, RulesError};
@@ -17,7 +17,8 @@ use api::route::RouteSyntaxError;
 use api::vni::ParseVniError;
 use api::{
     CaptureSpec, CidrDir, ExternalIps, FwFilters, FwRule, FwSyntaxError, PortConfig, PortInfo,
-    PortLimits, Request, RouteClass, RouteEntry, RouteTarget, SnatRange, V2pEntry, V2pTarget,
+    PortLimits, Request, RouteClass, RouteEntry, RouteTarget, SledExpect, SnatRange, V2pEntry,
+    V2pTarget,
 };
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv6Addr};
@@ -66,6 +67,10 @@ pub enum CommandError {
     ClearV2pWords(usize),
     #[error("stats --format {format} covers the whole sled: give no port (got {port:?})")]
     ExpositionOfOnePort { format: &'static str, port: String },
+    #[error(
+        "attach-subnet -e {0}: an external subnet (exempt from NAT) is not supported yet: the NAT layer translates every flow to the internet gateway; attach it without -e (its traffic is NAT-ed like the guest's own), or give its addresses as --floating-ip"
+    )]
+    ExternalSubnet(IpNet),
     #[error("ra needs a PORT, or `listen IFACE`")]
     RaWithoutPort,
     #[error("capture file {:?}: {error}", file.display())]
@@ -90,6 +95,9 @@ pub enum CommandError {
 pub enum Action {
     /// Ask the daemon.
     Call(Request),
+    /// Ask the daemon `check` (which changes nothing); only if it agrees, `then`,
+    /// whose answer is printed.
+    CheckThenCall { check: Request, then: Request },
     /// Ask the daemon and print the answer as `Show` says.
     Show(Request, Show),
     /// Solicit an RA locally.
@@ -104,15 +112,26 @@ impl Command {
     /// Turns the command into what to do; errors name the bad value.
     pub fn action(self) -> Result<Action, CommandError> {
         let req = match self {
-            Command::CreateXde(c) => Request::CreatePort(Box::new(PortInfo {
-                vhost_user: c.vhost_user.clone().map(|socket| api::VhostUser {
-                    socket,
-                    mode: c.vhost_user_mode.into(),
-                }),
-                config: c.to_config()?,
-                netns: c.netns,
-                attach: c.attach,
-            })),
+            Command::CreateXde(c) => {
+                let expect = c.sled.to_expect();
+                let create = Request::CreatePort(Box::new(PortInfo {
+                    vhost_user: c.vhost_user.clone().map(|socket| api::VhostUser {
+                        socket,
+                        mode: c.vhost_user_mode.into(),
+                    }),
+                    config: c.to_config()?,
+                    netns: c.netns,
+                    attach: c.attach,
+                }));
+                if expect.is_empty() {
+                    create
+                } else {
+                    return Ok(Action::CheckThenCall {
+                        check: Request::CheckSled(expect),
+                        then: create,
+                    });
+                }
+            }
             Command::DeleteXde { name } => Request::DeletePort { name },
             Command::ListPorts => Request::ListPorts,
             Command::PausePort { port } => Request::PausePort { port },
@@ -235,6 +254,7 @@ impl Command {
                 limit,
             },
             Command::ClearUft { port } => Request::ClearUft { port },
+            Command::ClearLft { port, layer } => Request::ClearLft { port, layer },
             Command::SetExternalIps { port, external } => Request::SetExternalIps {
                 port,
                 external: external.to_external()?,
@@ -245,7 +265,12 @@ impl Command {
             },
             Command::AllowCidr { port, prefix, dir } => Request::AllowCidr { port, prefix, dir },
             Command::RemoveCidr { port, prefix, dir } => Request::RemoveCidr { port, prefix, dir },
-            Command::AttachSubnet { port, prefix } => Request::AllowCidr {
+            Command::AttachSubnet {
+                prefix,
+                external: true,
+                ..
+            } => return Err(CommandError::ExternalSubnet(prefix)),
+            Command::AttachSubnet { port, prefix, .. } => Request::AllowCidr {
                 port,
                 prefix,
                 dir: CidrDir::Both,
@@ -482,6 +507,7 @@ impl CreateXde {
                 .collect(),
             hostname: self.hostname.clone(),
             domain: self.domain.clone(),
+            domain_search: self.domain_search.clone(),
             external: self.external.to_external()?,
             limits: self.limits.to_limits(),
             cidrs: Default::default(),
@@ -522,6 +548,17 @@ impl From<VhostModeArg> for api::VhostUserMode {
         match m {
             VhostModeArg::Server => api::VhostUserMode::Server,
             VhostModeArg::Client => api::VhostUserMode::Client,
+        }
+    }
+}
+
+impl SledArgs {
+    /// What the line says of the sled, for the daemon to check.
+    pub fn to_expect(&self) -> SledExpect {
+        SledExpect {
+            underlay_addr: self.src_underlay_addr,
+            boundary_services: self.bsvc_addr,
+            boundary_vni: self.bsvc_vni,
         }
     }
 }
@@ -634,6 +671,51 @@ mod tests {
         };
         assert_eq!(c.config.mtu, DEFAULT_PORT_MTU);
         assert_eq!(c.attach, None);
+    }
+
+    /// opteadm's whole create-xde line (as OPTE's own scripts write it): its
+    /// spellings of our flags, comma-separated lists, and the sled's addresses,
+    /// which become a check the daemon answers before the port is made.
+    #[test]
+    fn create_xde_takes_opteadm_lines() {
+        let line = "create-xde opte0 --private-mac A8:40:25:ff:00:01 --private-ip 10.0.0.2 \
+                    --gateway-mac A8:40:25:00:00:01 --gateway-ip 10.0.0.254 \
+                    --bsvc-addr fd00:99::1 --bsvc-vni 99 --vpc-vni 10 --vpc-subnet 10.0.0.0/24 \
+                    --src-underlay-addr fd00:2000::1 --snat-start 4000 --snat-end 7000 \
+                    --snat-ip 10.100.0.5 --dns-servers 1.1.1.1,2001:4860:4860::8888,8.8.8.8 \
+                    --hostname db01 --host-domain oxide.internal \
+                    --domain-search-list eng.oxide.internal,oxide.internal";
+        let a = parse(&line.split_whitespace().collect::<Vec<_>>()).unwrap();
+        let Action::CheckThenCall {
+            check: Request::CheckSled(expect),
+            then: Request::CreatePort(c),
+        } = a
+        else {
+            panic!("{a:?}")
+        };
+        assert_eq!(
+            expect,
+            SledExpect {
+                underlay_addr: Some("fd00:2000::1".parse().unwrap()),
+                boundary_services: Some("fd00:99::1".parse().unwrap()),
+                boundary_vni: Some(Vni::new(99).unwrap()),
+            }
+        );
+        let p = c.config;
+        assert_eq!(p.guest_mac.to_string(), "a8:40:25:ff:00:01");
+        assert_eq!(p.dns_servers4.len(), 2);
+        assert_eq!(p.dns_servers6[0].to_string(), "2001:4860:4860::8888");
+        assert_eq!(p.domain.as_deref(), Some("oxide.internal"));
+        assert_eq!(p.domain_search, ["eng.oxide.internal", "oxide.internal"]);
+        // Without the sled's addresses, no check is asked.
+        assert!(matches!(
+            parse(CREATE).unwrap(),
+            Action::Call(Request::CreatePort(_))
+        ));
+        let e = parse(&with(&["--domain-search-list", "ok.com,a..b"])).unwrap_err();
+        assert!(e.contains("\"a..b\""), "{e}");
+        let e = parse(&with(&["--src-underlay-addr", "10.0.0.1"])).unwrap_err();
+        assert!(e.contains("10.0.0.1"), "{e}");
     }
 
     /// `--attach IFACE` names the interface; with `--netns` it is refused, naming
@@ -1213,7 +1295,18 @@ mod tests {
                 dir: CidrDir::Both,
             })
         );
+        assert_eq!(
+            call("clear-lft -p opte0 firewall").unwrap(),
+            Action::Call(Request::ClearLft {
+                port: "opte0".into(),
+                layer: "firewall".into(),
+            })
+        );
         for (line, named) in [
+            (
+                "attach-subnet -p opte0 192.168.50.0/24 -e",
+                "-e 192.168.50.0/24",
+            ),
             ("allow-cidr opte0 192.168.50.0/24 --dir both", "both"),
             ("remove-cidr opte0 192.168.50.0/24 --dir up", "up"),
             (

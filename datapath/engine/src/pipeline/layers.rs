@@ -66,6 +66,18 @@ pub enum LayerState {
     },
 }
 
+/// The name of one of [`LAYERS`], or a refusal naming it and the layers there are.
+fn known_layer(layer: &str) -> Result<&'static str, EngineError> {
+    LAYERS
+        .iter()
+        .find(|l| **l == layer)
+        .copied()
+        .ok_or_else(|| EngineError::NoSuchLayer {
+            layer: layer.to_string(),
+            layers: LAYERS,
+        })
+}
+
 /// A layer without rules: empty tables whose defaults say what the step does.
 fn fixed(name: &str, default_in: &str, default_out: &str) -> LayerDump {
     let table = |d: &str| TableDump {
@@ -105,13 +117,23 @@ impl Engine {
     /// it and the layers there are.
     pub fn dump_layer(&self, port: &str, layer: &str) -> Result<PortLayerDump, EngineError> {
         let p = self.port_by_name(port)?;
-        match LAYERS.iter().find(|l| **l == layer) {
-            Some(name) => Ok(self.layer_of(p, name)),
-            None => Err(EngineError::NoSuchLayer {
-                layer: layer.to_string(),
-                layers: LAYERS,
-            }),
+        Ok(self.layer_of(p, known_layer(layer)?))
+    }
+
+    /// Empties one layer's flow table (`clear-lft`) and says how many flows it
+    /// held: the firewall's connections, the only flows a layer keeps (the
+    /// others, as `list-layers` shows, have none: 0). The port's flows are
+    /// decided again (its epoch moves), so no cached flow keeps a connection that
+    /// is gone; a connection's next packet meets the rules as a new one would.
+    pub fn clear_lft(&mut self, port: &str, layer: &str) -> Result<u64, EngineError> {
+        let p = self.port_by_name_mut(port)?;
+        if known_layer(layer)? != "firewall" {
+            return Ok(0);
         }
+        let flows = p.fw.conns().stats().flows;
+        p.fw.conns_mut().clear();
+        p.epoch += 1;
+        Ok(flows)
     }
 
     /// The dump of layer `name`, one of [`LAYERS`].

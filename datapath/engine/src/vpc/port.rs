@@ -73,6 +73,11 @@ pub struct PortConfig {
     pub dns_servers6: Vec<Ipv6Addr>,
     pub hostname: Option<String>,
     pub domain: Option<String>,
+    /// The guest's DNS search list (DHCPv4 option 119, DHCPv6 option 24); when
+    /// empty, `domain` alone is offered as the list. Absent from state saved
+    /// before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub domain_search: Vec<String>,
     /// External addresses for traffic to the internet gateway (`nat.rs`); none by
     /// default, and absent from state saved before they existed.
     #[serde(default)]
@@ -185,6 +190,7 @@ pub(crate) mod tests {
             dns_servers6: vec![],
             hostname: None,
             domain: None,
+            domain_search: vec![],
             external: Default::default(),
             limits: Default::default(),
             cidrs: Default::default(),

@@ -71,6 +71,7 @@ pub fn port_config(g: &Guest) -> PortConfig {
         dns_servers6: vec![],
         hostname: None,
         domain: None,
+        domain_search: vec![],
         external: Default::default(),
         limits: Default::default(),
         cidrs: Default::default(),

@@ -113,9 +113,10 @@ pub(super) fn handle(
         dns_servers: &[],
         hostname: None,
         domain_name: None,
-        domain_search: None,
+        domain_search: &[],
         parameter_request_list: None,
     };
+    let search = super::search_list(cfg);
     if !nak {
         reply.lease_time = (!inform).then_some(LEASE_TIME_S);
         reply.subnet_mask = Some(Ipv4Addr::BROADCAST);
@@ -125,9 +126,9 @@ pub(super) fn handle(
         reply.dns_servers = dns;
         reply.hostname = hostname;
         reply.domain_name = domain;
-        reply.domain_search = domain;
+        reply.domain_search = &search;
         if reply.buffer_len().is_err() {
-            reply.domain_search = None;
+            reply.domain_search = &[];
         }
     }
     let dhcp_len = reply.buffer_len().map_err(|_| Deny::Dhcp4Malformed)?;

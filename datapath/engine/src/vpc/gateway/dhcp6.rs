@@ -71,6 +71,7 @@ pub(super) fn handle(
         _ => return Err(Deny::Dhcp6Ignored),
     };
     let dns = &cfg.dns_servers6[..cfg.dns_servers6.len().min(MAX_DNS)];
+    let search = super::search_list(cfg);
     let mut reply = dhcpv6::Repr {
         msg_type,
         transaction_id: req.transaction_id,
@@ -80,11 +81,11 @@ pub(super) fn handle(
         rapid_commit,
         status_code,
         dns_servers: dns,
-        domain_list: cfg.domain.as_deref(),
+        domain_list: &search,
     };
     if reply.buffer_len().is_err() {
         // An unencodable domain is left out rather than failing the lease.
-        reply.domain_list = None;
+        reply.domain_list = &[];
     }
     let len = reply.buffer_len().map_err(|_| Deny::Dhcp6Malformed)?;
     let gw = cfg.gateway_ipv6();

@@ -46,6 +46,16 @@ use crate::vpc::port::PortConfig;
 use std::net::IpAddr;
 use wire::meta::{InnerMeta, L3};
 
+/// The DNS search list both DHCP servers offer (DHCPv4 option 119, DHCPv6 option
+/// 24): the port's list, or its domain alone when it has no list, since a resolver
+/// without a list searches its own domain.
+fn search_list(cfg: &PortConfig) -> Vec<&str> {
+    match cfg.domain_search.as_slice() {
+        [] => cfg.domain.as_deref().into_iter().collect(),
+        names => names.iter().map(String::as_str).collect(),
+    }
+}
+
 /// What the gateway did with a guest frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GatewayVerdict {

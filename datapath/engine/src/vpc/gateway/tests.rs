@@ -440,6 +440,7 @@ fn dhcp_cfg() -> PortConfig {
     c.dns_servers6 = vec!["2001:4860:4860::8888".parse().unwrap()];
     c.hostname = Some("db01".into());
     c.domain = Some("oxide.internal".into());
+    c.domain_search = vec!["eng.oxide.internal".into(), "oxide.internal".into()];
     c
 }
 
@@ -464,6 +465,41 @@ fn dhcp4_ack_carries_port_mtu_option_26() {
     let r = wire::dhcpv4::Repr::parse(&p).unwrap();
     assert_eq!(r.interface_mtu, Some(1500));
     assert_eq!(r.message_type, wire::dhcpv4::MessageType::Ack);
+}
+
+/// Without a search list both servers offer the port's domain as the list; with
+/// one, the list (scapy's vectors check its encoding).
+#[test]
+fn search_list_falls_back_to_the_domain() {
+    let mut cfg = dhcp_cfg();
+    cfg.domain_search.clear();
+    let mut st = GatewayState::new(0);
+    let (_, out) = run(&cfg, &mut st, &unhex(&vector("dhcp4_request_req")));
+    let f = out.frame(0).unwrap().1;
+    let opts: Vec<_> = wire::dhcpv4::options(&f[42 + wire::dhcpv4::HEADER_LEN..])
+        .map(|o| o.unwrap())
+        .collect();
+    let search = opts
+        .iter()
+        .find(|o| o.code == wire::dhcpv4::opt::DOMAIN_SEARCH)
+        .unwrap();
+    assert_eq!(
+        wire::dns::parse_names(search.data).unwrap(),
+        ["oxide.internal"]
+    );
+    let (_, out) = run(&cfg, &mut st, &unhex(&vector("dhcp6_request_req")));
+    let f = out.frame(0).unwrap().1;
+    let opts: Vec<_> = wire::dhcpv6::options(&f[62 + wire::dhcpv6::HEADER_LEN..])
+        .map(|o| o.unwrap())
+        .collect();
+    let list = opts
+        .iter()
+        .find(|o| o.code == wire::dhcpv6::opt::DOMAIN_LIST)
+        .unwrap();
+    assert_eq!(
+        wire::dns::parse_names(list.data).unwrap(),
+        ["oxide.internal"]
+    );
 }
 
 #[test]

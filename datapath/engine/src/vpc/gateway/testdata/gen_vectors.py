@@ -35,6 +35,8 @@ DNS4 = ["45.55.68.2", "8.8.8.8"]
 DNS6 = ["2001:4860:4860::8888"]
 HOSTNAME = "db01"
 DOMAIN = "oxide.internal"
+# The search list (option 119, DHCPv6 option 24): several names.
+SEARCH = ["eng.oxide.internal", "oxide.internal"]
 
 out = []
 
@@ -147,7 +149,7 @@ def dhcp4_reply(kind, mtu=8500):
         opts += [("lease_time", 86400), ("subnet_mask", "255.255.255.255"),
                  ("router", GW4), (121, routes), ("interface-mtu", mtu),
                  ("name_server", *DNS4), ("hostname", HOSTNAME),
-                 ("domain", DOMAIN), (119, dns_name(DOMAIN))]
+                 ("domain", DOMAIN), (119, b"".join(dns_name(d) for d in SEARCH))]
     opts.append("end")
     # Client without an address and without the broadcast flag: unicast to yiaddr
     # (RFC 2131 §4.1); a NAK is always broadcast.
@@ -193,7 +195,7 @@ def reply6(cls, rapid):
     if rapid:
         body = body / DHCP6OptRapidCommit()
     body = (body / DHCP6OptDNSServers(dnsservers=DNS6) /
-            DHCP6OptDNSDomains(dnsdomains=[DOMAIN + "."]))
+            DHCP6OptDNSDomains(dnsdomains=[d + "." for d in SEARCH]))
     return (Ether(dst=GUEST_MAC, src=GW_MAC) /
             IPv6(src=GW_LL, dst=GUEST_LL, hlim=64) /
             UDP(sport=547, dport=546) / body)
