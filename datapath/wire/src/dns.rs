@@ -66,7 +66,10 @@ const MAX_POINTERS: usize = 32;
 
 /// Decodes a list of names (an option's whole value), following compression
 /// pointers (two bytes, top bits 11, an offset into `data`) as RFC 3397 allows.
-/// Names come back without the trailing dot.
+/// Names come back without the trailing dot. A name longer than [`MAX_NAME`] once
+/// its pointers are followed is refused: pointers let a few bytes stand for a
+/// long name, and a list of such names would otherwise take memory out of all
+/// proportion to the input.
 pub fn parse_names(data: &[u8]) -> Result<Vec<String>> {
     let mut names = Vec::new();
     let mut at = 0;
@@ -83,6 +86,8 @@ fn parse_name(data: &[u8], mut at: usize) -> Result<(String, usize)> {
     let mut labels: Vec<&str> = Vec::new();
     let mut resume = None;
     let mut pointers = 0;
+    // The encoded length so far: the final zero byte and each label's.
+    let mut total = 1;
     loop {
         let len = *data.get(at).ok_or(WireError::Truncated)?;
         match len {
@@ -105,6 +110,10 @@ fn parse_name(data: &[u8], mut at: usize) -> Result<(String, usize)> {
             l => {
                 let end = at + 1 + usize::from(l);
                 let label = data.get(at + 1..end).ok_or(WireError::Truncated)?;
+                total += 1 + label.len();
+                if total > MAX_NAME {
+                    return Err(WireError::Malformed("dns name length"));
+                }
                 let label = core::str::from_utf8(label)
                     .map_err(|_| WireError::Malformed("dns name label"))?;
                 labels.push(label);
@@ -151,6 +160,16 @@ mod tests {
             Err(WireError::Malformed("dns name pointer loop"))
         );
         assert_eq!(parse_names(b"\x03en"), Err(WireError::Truncated));
+        // Pointers that spell out a name longer than 255 bytes: refused.
+        let mut long = b"\x3f".to_vec();
+        long.extend_from_slice(&[b'x'; 63]);
+        long.extend_from_slice(b"\x3f");
+        long.extend_from_slice(&[b'y'; 63]);
+        long.extend_from_slice(b"\xc0\x00");
+        assert_eq!(
+            parse_names(&long),
+            Err(WireError::Malformed("dns name length"))
+        );
     }
 
     #[test]
