@@ -484,3 +484,76 @@ fn two_guests_share_a_snat_address_with_disjoint_ranges() -> Result<()> {
     );
     Ok(())
 }
+
+/// The guest's external attached subnet (`attach-subnet -e`), exempt from NAT, and
+/// the address of it the guest uses.
+const EXEMPT_NET: &str = "192.0.2.0/28";
+const EXEMPT: &str = "192.0.2.5";
+
+/// An external attached subnet is exempt from NAT both ways: a guest that otherwise
+/// leaves from its SNAT address sends UDP from an address of the subnet and the
+/// server sees that address and port, and its answer comes back to it; the server
+/// connects in to that address (the firewall permitting) and a checked 2 MiB
+/// stream arrives, the guest's socket on the subnet's address; no flow of the
+/// subnet's address is translated. The switch's ingress table sends the address to
+/// the guest's sled, as it would a floating IP.
+#[test]
+fn an_external_attached_subnet_is_reached_untranslated() -> Result<()> {
+    let mut guest = Outside::snat(GuestSpec::v4("x0", 0, 30), ip(SNAT4), (6000, 6099));
+    guest.ingress.push((ip(EXEMPT), None));
+    guest
+        .spec
+        .allow_inbound_from
+        .extend(INTERNET_NETS.map(String::from));
+    let (rack, internet) = rack(vec![guest])?;
+    let g = rack.guest("x0")?;
+    rack.sled(0)?
+        .admin(&["attach-subnet", "-p", "x0", EXEMPT_NET, "-e"])?;
+    g.ns.ip(&["addr", "add", &format!("{EXEMPT}/32"), "dev", g.ifname()])?;
+
+    // UDP out from the subnet: the server sees the address and port as sent.
+    let at_server = SocketAddr::new(SERVERS[0], 5241);
+    let in_subnet = SocketAddr::new(ip(EXEMPT), 5242);
+    let server_sock = internet.server.within(|| Ok(UdpSocket::bind(at_server)?))?;
+    let guest_sock = g.ns.within(|| Ok(UdpSocket::bind(in_subnet)?))?;
+    for s in [&server_sock, &guest_sock] {
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    }
+    let mut buf = [0; 64];
+    // The first datagram may wait for the underlay neighbour: sent until one
+    // arrives.
+    let from = poll_until(
+        "a datagram from the subnet",
+        Duration::from_secs(20),
+        || {
+            guest_sock.send_to(b"from the subnet", at_server)?;
+            Ok(server_sock.recv_from(&mut buf)?.1)
+        },
+    )?;
+    assert_eq!(from, in_subnet, "the source is not translated");
+    server_sock.send_to(b"back", from)?;
+    let (n, from) = guest_sock.recv_from(&mut buf)?;
+    assert_eq!((&buf[..n], from), (&b"back"[..], at_server));
+
+    // TCP in, to the subnet's address.
+    let got = xfer(&internet.server, &g.ns, ip(EXEMPT), 5243, XFER_BYTES)?;
+    assert_eq!(got.bytes, XFER_BYTES);
+    let to = SocketAddr::new(ip(EXEMPT), 5244);
+    let listener =
+        g.ns.within(|| Ok(TcpListener::bind(("0.0.0.0", to.port()))?))?;
+    let client = connect(&internet.server, to, Duration::from_secs(20))?;
+    let (inside, peer) = listener.accept()?;
+    assert_eq!(peer.ip(), SERVERS[0]);
+    assert_eq!(inside.local_addr()?.ip(), ip(EXEMPT), "untranslated");
+    assert_eq!(client.peer_addr()?, to);
+
+    let uft = rack.sled(0)?.admin(&["dump-uft", "x0"])?;
+    let exempt_flows: Vec<&str> = uft.lines().filter(|l| l.contains(EXEMPT)).collect();
+    assert!(
+        !exempt_flows.is_empty() && exempt_flows.iter().all(|l| !l.contains("nat src")),
+        "{uft}"
+    );
+    assert_eq!(port_drops(&rack, "x0", "nat_no_mapping")?, 0);
+    assert_eq!(internet.counters()?.no_ingress, 0);
+    Ok(())
+}

@@ -2,7 +2,8 @@
 //! lines (as OPTE's `opteadm` usage writes them: `-p PORT`, `--dir`, `--hosts
 //! subnet=`, `--protocol TCP`, `sub4=` targets with a class, rule ids, rules on
 //! standard input, `clear-v2p` with the whole mapping) change the port as
-//! `xdeadm`'s own forms do, what the engine cannot do is refused by name, and after
+//! `xdeadm`'s own forms do, what the engine cannot do is refused by name,
+//! `set-xde-underlay` is a check of the daemon's links, and after
 //! a TCP transfer `dump-tcp-flows` and `dump-uft` count its packets and bytes and
 //! every layer `list-layers` names can be dumped.
 //!
@@ -13,7 +14,8 @@
 //! sled (a line for another sled is refused, naming both values); stock DHCP
 //! clients in the guest (busybox's udhcpc, dhcpcd for DHCPv6) get the DNS servers,
 //! domain and search list; the port keeps them across a restart; `clear-lft`
-//! clears the firewall's connections; `attach-subnet -e` is refused by name.
+//! clears the firewall's connections; `attach-subnet -e` makes an external subnet
+//! that the port keeps across a restart.
 
 use e2e::guest::GuestSpec;
 use e2e::standard::{self, A1, B1};
@@ -185,6 +187,17 @@ fn opteadm_lines_and_flow_dumps_work_against_the_daemon() -> Result<()> {
         let e = refused(sled, &line)?;
         assert!(e.contains(named) && e.contains("not supported yet"), "{line}: {e}");
     }
+
+    // The underlay links are the daemon's: naming them is accepted, other links
+    // are refused by name, and clearing them is refused saying why.
+    sled.admin(&["set-xde-underlay", &sled.underlay_if])?;
+    let e = refused(sled, &format!("set-xde-underlay {} ul9", sled.underlay_if))?;
+    assert!(
+        e.contains("not the daemon's: ul9") && e.contains(&sled.underlay_if),
+        "{e}"
+    );
+    let e = refused(sled, "clear-xde-underlay")?;
+    assert!(e.contains("overlayd's configuration"), "{e}");
 
     // clear-v2p with the whole mapping: a stale one is refused, the right one goes.
     let host = rack.sled(1)?.addr.to_string();
@@ -485,12 +498,15 @@ fn opteadm_create_xde_lines_dhcp_and_clear_lft() -> Result<()> {
     assert!(e.contains("\"nat\"") && e.contains("firewall"), "{e}");
     a1.ping(b1.ipv4()?, 56, Duration::from_secs(10))?;
 
-    // attach-subnet -e is refused by name (the NAT layer cannot exempt it).
-    let e = refused(sled, &format!("attach-subnet -p {A1} 192.168.50.0/24 -e"))?;
-    assert!(
-        e.contains("-e 192.168.50.0/24") && e.contains("not supported"),
-        "{e}"
-    );
+    // attach-subnet -e: an external subnet, exempt from NAT (through boundary
+    // services: tests/tests/boundary.rs), shown, removed both ways only, saved.
+    sled.admin(&["attach-subnet", "-p", "o1", "192.168.50.0/24", "-e"])?;
+    let c = config(sled)?;
+    let exempt = serde_json::json!(["192.168.50.0/24"]);
+    assert_eq!(c["cidrs"]["external"], exempt, "{c}");
+    assert_eq!(c["cidrs"]["inbound"], exempt, "{c}");
+    let e = refused(sled, "remove-cidr -p o1 192.168.50.0/24 --dir in")?;
+    assert!(e.contains("192.168.50.0/24") && e.contains("detach"), "{e}");
 
     // The search list is saved with the port: a restarted daemon has it.
     rack.restart_daemon(0, &["--boundary-services", BSVC])?;
@@ -500,6 +516,10 @@ fn opteadm_create_xde_lines_dhcp_and_clear_lft() -> Result<()> {
         serde_json::json!(["eng.oxide.test", "oxide.test"]),
         "{c}"
     );
+    assert_eq!(c["cidrs"]["external"], exempt, "{c}");
+    rack.sled(0)?
+        .admin(&["detach-subnet", "-p", "o1", "192.168.50.0/24"])?;
+    assert!(config(rack.sled(0)?)?["cidrs"].is_null());
     rack.sled(0)?.admin(&["delete-xde", "o1"])?;
     assert!(config(rack.sled(0)?)?.is_null());
     Ok(())

@@ -539,6 +539,11 @@ pub struct PortCidrs {
     /// Sources the guest may send from (`allow-cidr --dir out`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outbound: Vec<IpNet>,
+    /// External attached subnets (`attach-subnet -e`, opteadm's): exempt from
+    /// NAT, so the internet reaches their addresses as they are. Each is attached
+    /// (in both lists above) and is detached with them, never one way only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external: Vec<IpNet>,
 }
 
 /// Why a prefix cannot be allowed or removed.
@@ -574,11 +579,38 @@ pub enum CidrError {
         net: IpNet,
         dir: &'static str,
     },
+    #[error("external subnet {net}: exempt from NAT both ways or not at all; it cannot be allowed {dir} only (attach-subnet -e)")]
+    ExternalOneWay { net: IpNet, dir: CidrDir },
+    #[error("{net} is an external attached subnet of port {port:?}: detach it both ways (detach-subnet), not {dir} only")]
+    ExternalHalf {
+        port: String,
+        net: IpNet,
+        dir: CidrDir,
+    },
+    #[error("external subnet {net} of port {port:?} is not attached both ways (in and out)")]
+    ExternalNotAttached { port: String, net: IpNet },
 }
 
 impl PortCidrs {
     pub fn is_empty(&self) -> bool {
-        self.inbound.is_empty() && self.outbound.is_empty()
+        self.inbound.is_empty() && self.outbound.is_empty() && self.external.is_empty()
+    }
+
+    /// Attaches `net` as an external subnet, exempt from NAT (`attach-subnet
+    /// -e`): [`Self::allow`] both ways, and marked. Refuses what `allow` refuses,
+    /// and `dir` other than both. Nothing changes on a refusal.
+    pub fn allow_external(
+        &mut self,
+        net: IpNet,
+        dir: CidrDir,
+        cfg: &PortConfig,
+    ) -> Result<(), CidrError> {
+        if dir != CidrDir::Both {
+            return Err(CidrError::ExternalOneWay { net, dir });
+        }
+        self.allow(net, dir, cfg)?;
+        self.external.push(net);
+        Ok(())
     }
 
     /// Adds `net` for `dir`. Refuses: host bits set, a prefix of a family the port
@@ -617,8 +649,16 @@ impl PortCidrs {
     }
 
     /// Removes `net` for `dir`; refuses when it is not allowed that way (for
-    /// `both`, either way). Nothing changes on a refusal.
+    /// `both`, either way), and one way of an external subnet (it would be exempt
+    /// from NAT one way only). Nothing changes on a refusal.
     pub fn remove(&mut self, net: IpNet, dir: CidrDir, port: &str) -> Result<(), CidrError> {
+        if dir != CidrDir::Both && self.external.contains(&net) {
+            return Err(CidrError::ExternalHalf {
+                port: port.to_string(),
+                net,
+                dir,
+            });
+        }
         let lists = [
             (dir.has_in(), &self.inbound, "in"),
             (dir.has_out(), &self.outbound, "out"),
@@ -638,10 +678,13 @@ impl PortCidrs {
         if dir.has_out() {
             self.outbound.retain(|n| *n != net);
         }
+        self.external.retain(|n| *n != net);
         Ok(())
     }
 
-    /// Checks a whole set against the port (restored or created with it).
+    /// Checks a whole set against the port (restored or created with it): each
+    /// prefix as `allow` checks it, and each external subnet attached both ways,
+    /// once.
     pub fn validate(&self, cfg: &PortConfig) -> Result<(), CidrError> {
         let mut rebuilt = PortCidrs::default();
         for n in &self.inbound {
@@ -649,6 +692,21 @@ impl PortCidrs {
         }
         for n in &self.outbound {
             rebuilt.allow(*n, CidrDir::Out, cfg)?;
+        }
+        for (i, n) in self.external.iter().enumerate() {
+            if self.external[..i].contains(n) {
+                return Err(CidrError::AlreadyAllowed {
+                    port: cfg.name.clone(),
+                    net: *n,
+                    dir: "external",
+                });
+            }
+            if !(self.inbound.contains(n) && self.outbound.contains(n)) {
+                return Err(CidrError::ExternalNotAttached {
+                    port: cfg.name.clone(),
+                    net: *n,
+                });
+            }
         }
         Ok(())
     }
@@ -772,7 +830,7 @@ mod tests {
         // A saved set is checked as a whole, duplicates too.
         c.cidrs = PortCidrs {
             inbound: vec!["10.1.0.0/16".parse().unwrap(); 2],
-            outbound: vec![],
+            ..PortCidrs::default()
         };
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("10.1.0.0/16") && e.contains("already"), "{e}");
@@ -851,6 +909,60 @@ mod tests {
             e.contains("10.200.0.0/16") && e.contains("one too many"),
             "{e}"
         );
+    }
+
+    /// An external subnet is attached both ways, removed both ways only, and a
+    /// saved one must be attached (once).
+    #[test]
+    fn external_subnets_are_attached_and_detached_whole() {
+        let mut c = sample();
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        let mut cidrs = PortCidrs::default();
+        let e = cidrs
+            .allow_external(net("203.0.113.0/24"), CidrDir::In, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("203.0.113.0/24") && e.contains("in only"), "{e}");
+        let e = cidrs
+            .allow_external(net("203.0.113.1/24"), CidrDir::Both, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("host bits"), "{e}");
+        assert!(cidrs.is_empty(), "nothing changed on the refusals");
+        cidrs
+            .allow_external(net("203.0.113.0/24"), CidrDir::Both, &c)
+            .unwrap();
+        assert_eq!(cidrs.external, [net("203.0.113.0/24")]);
+        assert_eq!(cidrs.inbound, cidrs.external);
+        assert_eq!(cidrs.outbound, cidrs.external);
+        let e = cidrs
+            .remove(net("203.0.113.0/24"), CidrDir::Out, "opte0")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("203.0.113.0/24") && e.contains("detach"), "{e}");
+        c.cidrs = cidrs.clone();
+        assert!(c.validate().is_ok());
+        let json = serde_json::to_string(&cidrs).unwrap();
+        assert!(json.contains(r#""external":["203.0.113.0/24"]"#), "{json}");
+        cidrs
+            .remove(net("203.0.113.0/24"), CidrDir::Both, "opte0")
+            .unwrap();
+        assert!(cidrs.is_empty());
+        // Saved sets: an external subnet not attached, or twice.
+        c.cidrs = PortCidrs {
+            inbound: vec![net("203.0.113.0/24")],
+            external: vec![net("203.0.113.0/24")],
+            ..PortCidrs::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("203.0.113.0/24") && e.contains("not attached"),
+            "{e}"
+        );
+        c.cidrs.outbound = c.cidrs.inbound.clone();
+        c.cidrs.external.push(net("203.0.113.0/24"));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("203.0.113.0/24") && e.contains("already"), "{e}");
     }
 
     #[test]

@@ -404,6 +404,7 @@ mod tests {
                 underlay_addr: Some("fd00:99::1".parse().unwrap()),
                 boundary_services: None,
                 boundary_vni: Some(Vni::new(99).unwrap()),
+                underlay_links: Some(vec!["eth1".into(), "eth2".into()]),
             }),
             Request::SetExternalIps {
                 port: "opte0".into(),
@@ -430,6 +431,7 @@ mod tests {
                 port: "opte0".into(),
                 prefix: "192.168.50.0/24".parse().unwrap(),
                 dir: CidrDir::Both,
+                external: true,
             },
             Request::RemoveCidr {
                 port: "opte0".into(),

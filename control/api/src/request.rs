@@ -94,11 +94,14 @@ pub enum Request {
     /// the guest may receive frames to (`in`) and send frames from (`out`)
     /// addresses of `prefix` besides its own (OPTE's transit IPs and attached
     /// subnets); saved with the port, shown by `list-ports --json` as
-    /// `config.cidrs`.
+    /// `config.cidrs`. `external` (`attach-subnet -e`, `dir` both): the prefix
+    /// is exempt from NAT, too (`config.cidrs.external`).
     AllowCidr {
         port: String,
         prefix: IpNet,
         dir: CidrDir,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        external: bool,
     },
     /// `remove-cidr PORT PREFIX --dir in|out` (and `detach-subnet`, `dir` both).
     RemoveCidr {

@@ -5,14 +5,16 @@
 //! `--boundary-vni`). So such a line is not refused for naming them: the daemon
 //! checks them against its own ([`Request::CheckSled`](crate::Request)) and a
 //! line written for another sled is refused, naming both values, before the port
-//! is made.
+//! is made. opteadm's `set-xde-underlay U1 [U2]` names the underlay links, which
+//! are the daemon's too (`overlayd --underlay`): it is the same check, of the links
+//! as a set.
 
 use crate::Vni;
 use serde::{Deserialize, Serialize};
 use std::net::Ipv6Addr;
 
 /// The sled as a port's creator expects it; what is absent is not checked.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SledExpect {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub underlay_addr: Option<Ipv6Addr>,
@@ -20,14 +22,18 @@ pub struct SledExpect {
     pub boundary_services: Option<Ipv6Addr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boundary_vni: Option<Vni>,
+    /// The underlay links by name, in any order (opteadm's `set-xde-underlay`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub underlay_links: Option<Vec<String>>,
 }
 
 /// The sled as the daemon is configured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SledFacts {
     pub underlay_addr: Ipv6Addr,
     pub boundary_services: Option<Ipv6Addr>,
     pub boundary_vni: Vni,
+    pub underlay_links: Vec<String>,
 }
 
 /// Why the sled is not the one expected; each names both values.
@@ -41,6 +47,24 @@ pub enum SledMismatch {
     NoBoundaryServices(Ipv6Addr),
     #[error("--bsvc-vni {given} is not this sled's boundary services VNI {sled} (overlayd --boundary-vni)")]
     BoundaryVni { given: Vni, sled: Vni },
+    #[error("set-xde-underlay {}: this sled's underlay links are {} (overlayd --underlay, fixed while it runs){}{}", given.join(" "), sled.join(" "), named(" not the daemon's: ", extra), named(" not named: ", missing))]
+    UnderlayLinks {
+        given: Vec<String>,
+        sled: Vec<String>,
+        /// Named but not the daemon's.
+        extra: Vec<String>,
+        /// The daemon's but not named.
+        missing: Vec<String>,
+    },
+}
+
+/// `; {what}a, b` for a non-empty list, nothing for an empty one.
+fn named(what: &str, links: &[String]) -> String {
+    if links.is_empty() {
+        String::new()
+    } else {
+        format!(";{what}{}", links.join(", "))
+    }
 }
 
 impl SledExpect {
@@ -65,11 +89,31 @@ impl SledExpect {
             _ => {}
         }
         match self.boundary_vni {
-            Some(given) if given != sled.boundary_vni => Err(SledMismatch::BoundaryVni {
-                given,
-                sled: sled.boundary_vni,
-            }),
-            _ => Ok(()),
+            Some(given) if given != sled.boundary_vni => {
+                return Err(SledMismatch::BoundaryVni {
+                    given,
+                    sled: sled.boundary_vni,
+                })
+            }
+            _ => {}
+        }
+        let Some(given) = &self.underlay_links else {
+            return Ok(());
+        };
+        let not_in = |a: &[String], b: &[String]| -> Vec<String> {
+            a.iter().filter(|l| !b.contains(l)).cloned().collect()
+        };
+        let extra = not_in(given, &sled.underlay_links);
+        let missing = not_in(&sled.underlay_links, given);
+        if extra.is_empty() && missing.is_empty() {
+            Ok(())
+        } else {
+            Err(SledMismatch::UnderlayLinks {
+                given: given.clone(),
+                sled: sled.underlay_links.clone(),
+                extra,
+                missing,
+            })
         }
     }
 }
@@ -84,18 +128,20 @@ mod tests {
             underlay_addr: "fd00:99::1".parse().unwrap(),
             boundary_services: Some("fd00:99::ff".parse().unwrap()),
             boundary_vni: Vni::new(99).unwrap(),
+            underlay_links: vec!["eth1".into(), "eth2".into()],
         };
         let ok = SledExpect {
             underlay_addr: Some(sled.underlay_addr),
             boundary_services: sled.boundary_services,
             boundary_vni: Some(sled.boundary_vni),
+            underlay_links: Some(vec!["eth2".into(), "eth1".into()]),
         };
         assert_eq!(ok.check(&sled), Ok(()));
         assert!(SledExpect::default().is_empty());
         assert_eq!(SledExpect::default().check(&sled), Ok(()));
         let e = SledExpect {
             underlay_addr: Some("fd00:99::2".parse().unwrap()),
-            ..ok
+            ..ok.clone()
         }
         .check(&sled)
         .unwrap_err()
@@ -103,7 +149,7 @@ mod tests {
         assert!(e.contains("fd00:99::2") && e.contains("fd00:99::1"), "{e}");
         let e = SledExpect {
             boundary_services: Some("fd00:99::fe".parse().unwrap()),
-            ..ok
+            ..ok.clone()
         }
         .check(&sled)
         .unwrap_err()
@@ -114,12 +160,37 @@ mod tests {
         );
         let e = SledExpect {
             boundary_vni: Some(Vni::new(7).unwrap()),
-            ..ok
+            ..ok.clone()
         }
         .check(&sled)
         .unwrap_err()
         .to_string();
         assert!(e.contains("--bsvc-vni 7") && e.contains("99"), "{e}");
+        let e = SledExpect {
+            underlay_links: Some(vec!["eth1".into(), "eth3".into()]),
+            ..ok.clone()
+        }
+        .check(&sled)
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("set-xde-underlay eth1 eth3")
+                && e.contains("are eth1 eth2")
+                && e.contains("not the daemon's: eth3")
+                && e.contains("not named: eth2"),
+            "{e}"
+        );
+        let e = SledExpect {
+            underlay_links: Some(vec!["eth1".into()]),
+            ..ok.clone()
+        }
+        .check(&sled)
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("not named: eth2") && !e.contains("daemon's:"),
+            "{e}"
+        );
         let none = SledFacts {
             boundary_services: None,
             ..sled

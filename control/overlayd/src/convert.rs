@@ -59,6 +59,7 @@ impl ToEngine for api::PortCidrs {
         engine::PortCidrs {
             inbound: self.inbound.clone(),
             outbound: self.outbound.clone(),
+            external: self.external.clone(),
         }
     }
 }

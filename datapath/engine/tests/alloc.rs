@@ -201,6 +201,7 @@ fn appliance_flows_allocate_nothing_per_packet() {
     let cidrs = engine::PortCidrs {
         inbound: nets.clone(),
         outbound: nets,
+        ..Default::default()
     };
     b.set_port_cidrs("gb", cidrs).unwrap();
     let behind = Ipv4Addr::new(192, 168, 50, 7);

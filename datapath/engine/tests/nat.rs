@@ -1072,3 +1072,129 @@ fn guest_icmp_errors_quote_what_the_sender_sent() {
     assert!(send(&mut e, p, &port_unreachable(&stranger), 4).is_empty());
     assert_eq!(drops(&e, "nat_no_mapping"), 1);
 }
+
+/// Guest 1's external attached subnet in the tests below (`attach-subnet -e`).
+const EXEMPT: &str = "203.0.113.0/24";
+
+/// Port "ga"'s allowed prefixes: `net` attached both ways, and exempt from NAT
+/// when `external`.
+fn attach(e: &mut Engine, net: &str, external: bool) {
+    let net: ipnet::IpNet = net.parse().unwrap();
+    let cidrs = engine::PortCidrs {
+        inbound: vec![net],
+        outbound: vec![net],
+        external: if external { vec![net] } else { vec![] },
+    };
+    e.set_port_cidrs("ga", cidrs).unwrap();
+}
+
+/// A UDP datagram guest 1 sends from `src`:`sport` (not its own address) to
+/// `dst`:53.
+fn udp_from(src: Ipv4Addr, sport: u16, dst: Ipv4Addr) -> Vec<u8> {
+    let g = guest(1);
+    let mut buf = Vec::new();
+    PacketBuilder::ethernet2(g.mac.0, g.gw_mac.0)
+        .ipv4(src.octets(), dst.octets(), 64)
+        .udp(sport, 53)
+        .write(&mut buf, b"query")
+        .unwrap();
+    buf
+}
+
+/// An external attached subnet is exempt from NAT both ways: the guest's flows
+/// from it leave with their own source (and port), replies and connections from
+/// outside to it arrive untranslated (the firewall deciding as for any flow), and
+/// the guest's ICMP errors about those leave as they are; the guest's own address
+/// is translated as before.
+#[test]
+fn an_external_attached_subnet_is_exempt_from_nat() {
+    let g = guest(1);
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5099));
+    attach(&mut e, EXEMPT, true);
+    let (inside, remote) = (Ipv4Addr::new(203, 0, 113, 9), Ipv4Addr::new(8, 8, 8, 8));
+    let (inside_ip, remote_ip) = (IpAddr::V4(inside), IpAddr::V4(remote));
+    let got = send(&mut e, p, &udp_from(inside, 5353, remote), 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(checked(&got[0]), ((inside_ip, remote_ip), (5353, 53)));
+    let d = e.dump_uft("ga", 0, 100).unwrap();
+    assert!(
+        d.outbound.iter().all(|f| !f.action.contains("nat")),
+        "{d:?}"
+    );
+    // The reply comes back to the subnet's address, untranslated.
+    let back = from_internet(&mut e, &udp_reply(remote_ip, inside_ip, 5353), 2);
+    assert_eq!(back.len(), 1);
+    assert_eq!(checked(&back[0]), ((remote_ip, inside_ip), (53, 5353)));
+    assert_eq!(&back[0][6..12], &g.gw_mac.0);
+    // The guest's own address is still translated.
+    let got = send(&mut e, p, &udp_to(remote_ip, 1111), 3);
+    assert_eq!(checked(&got[0]).0 .0, IpAddr::V4(snat4()));
+
+    // A connection from outside to another address of the subnet: as the
+    // firewall decides, and untranslated.
+    let other = IpAddr::V4(Ipv4Addr::new(203, 0, 113, 10));
+    let peer = ip("198.18.0.7");
+    let query = udp_reply(peer, other, 9999);
+    assert!(from_internet(&mut e, &query, 4).is_empty());
+    assert_eq!(drops(&e, "fw_deny_in"), 1);
+    let rule = Rule::new(10, FwAction::Allow)
+        .matching(Predicate::Proto(17))
+        .finalize()
+        .unwrap();
+    e.add_fw_rule("ga", Direction::In, rule).unwrap();
+    let got = from_internet(&mut e, &query, 5);
+    assert_eq!(got.len(), 1);
+    assert_eq!(checked(&got[0]), ((peer, other), (53, 9999)));
+    // The guest's port unreachable about it leaves as it is, quote and all.
+    let out = send(&mut e, p, &port_unreachable(&got[0]), 6);
+    assert_eq!(out.len(), 1);
+    assert_eq!(checked(&out[0]).0, (other, peer));
+    assert_eq!(quote_of(&out[0]), ((peer, other), (53, 9999), true));
+    assert_eq!(drops(&e, "nat_no_mapping"), 0);
+}
+
+/// Only an external attached subnet is exempt: attached without `-e`, its flows
+/// are translated and frames from outside to it find no mapping; an address
+/// outside the subnet is not admitted; and when the subnet is no longer
+/// external, its flows are translated again at once.
+#[test]
+fn only_an_external_attached_subnet_is_exempt() {
+    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5099));
+    attach(&mut e, EXEMPT, false);
+    let (inside, remote) = (Ipv4Addr::new(203, 0, 113, 9), Ipv4Addr::new(8, 8, 8, 8));
+    let (inside_ip, remote_ip) = (IpAddr::V4(inside), IpAddr::V4(remote));
+    let got = send(&mut e, p, &udp_from(inside, 5353, remote), 1);
+    assert_eq!(checked(&got[0]).0 .0, IpAddr::V4(snat4()));
+    assert!(from_internet(&mut e, &udp_reply(remote_ip, inside_ip, 5353), 2).is_empty());
+    assert_eq!(drops(&e, "nat_no_mapping"), 1);
+
+    attach(&mut e, EXEMPT, true);
+    let got = send(&mut e, p, &udp_from(inside, 5353, remote), 3);
+    assert_eq!(checked(&got[0]).0 .0, inside_ip);
+    // Outside the subnet: neither admitted from the guest nor to it.
+    let beyond = Ipv4Addr::new(203, 0, 114, 9);
+    assert!(send(&mut e, p, &udp_from(beyond, 5353, remote), 4).is_empty());
+    assert_eq!(drops(&e, "spoofed_src_ip"), 1);
+    let to_beyond = udp_reply(remote_ip, IpAddr::V4(beyond), 5353);
+    assert!(from_internet(&mut e, &to_beyond, 4).is_empty());
+    assert_eq!(drops(&e, "nat_no_mapping"), 2);
+
+    attach(&mut e, EXEMPT, false);
+    let got = send(&mut e, p, &udp_from(inside, 5353, remote), 5);
+    assert_eq!(checked(&got[0]).0 .0, IpAddr::V4(snat4()));
+    // Too many to scan per frame: refused by name.
+    let many: Vec<ipnet::IpNet> = (0..65u8)
+        .map(|i| format!("10.{i}.0.0/16").parse().unwrap())
+        .collect();
+    let err = e
+        .set_port_cidrs(
+            "ga",
+            engine::PortCidrs {
+                external: many,
+                ..Default::default()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("65 prefixes allowed exempt from NAT"), "{err}");
+}

@@ -17,6 +17,7 @@ fn cidrs(inbound: &[&str], outbound: &[&str]) -> PortCidrs {
     PortCidrs {
         inbound: nets(inbound),
         outbound: nets(outbound),
+        ..Default::default()
     }
 }
 

@@ -175,10 +175,14 @@ fn arb_external() -> impl Strategy<Value = ExternalIps> {
     )
 }
 
-/// A few prefixes, or about as many as a port may have (64 a way) or more.
+/// A few prefixes, or about as many as a port may have (64 a list) or more.
 fn arb_cidrs() -> impl Strategy<Value = PortCidrs> {
     let nets = || prop_oneof![4 => vec(arb_net(), 0..6), 1 => vec(arb_net(), 60..70)];
-    (nets(), nets()).prop_map(|(inbound, outbound)| PortCidrs { inbound, outbound })
+    (nets(), nets(), nets()).prop_map(|(inbound, outbound, external)| PortCidrs {
+        inbound,
+        outbound,
+        external,
+    })
 }
 
 fn arb_name() -> impl Strategy<Value = String> {
@@ -743,7 +747,8 @@ impl Sled {
             }
             Event::Cidrs(p, c) => {
                 if let Some((name, ..)) = self.port(p) {
-                    let many = c.inbound.len().max(c.outbound.len()) > engine::MAX_PORT_CIDRS;
+                    let longest = [&c.inbound, &c.outbound, &c.external].map(Vec::len);
+                    let many = longest.into_iter().max() > Some(engine::MAX_PORT_CIDRS);
                     let r = self.e.set_port_cidrs(&name, c);
                     prop_assert_eq!(r.is_err(), many, "{:?}", r);
                 }

@@ -132,9 +132,14 @@ impl<D: Dataplane> Controller<D> {
             }
             Request::SetExternalIps { port, external } => self.set_external_ips(&port, external),
             Request::SetPortLimits { port, limits } => self.set_port_limits(&port, limits),
-            Request::AllowCidr { port, prefix, dir } => self.change_cidrs(&port, prefix, dir, true),
+            Request::AllowCidr {
+                port,
+                prefix,
+                dir,
+                external,
+            } => self.change_cidrs(&port, prefix, dir, CidrChange::Allow { external }),
             Request::RemoveCidr { port, prefix, dir } => {
-                self.change_cidrs(&port, prefix, dir, false)
+                self.change_cidrs(&port, prefix, dir, CidrChange::Remove)
             }
             Request::Stats { port } => self.inspect(Inspect::Stats { port }),
             Request::Mtu { port } => self.inspect(Inspect::Mtu { port }),
@@ -416,7 +421,7 @@ impl<D: Dataplane> Controller<D> {
         })
     }
 
-    /// `allow-cidr` / `attach-subnet` (`allow`) and `remove-cidr` /
+    /// `allow-cidr` / `attach-subnet [-e]` and `remove-cidr` /
     /// `detach-subnet`: checked against the port, applied, then saved with the
     /// port's configuration.
     fn change_cidrs(
@@ -424,7 +429,7 @@ impl<D: Dataplane> Controller<D> {
         port: &str,
         prefix: IpNet,
         dir: CidrDir,
-        allow: bool,
+        change: CidrChange,
     ) -> Result<Reply, ControlError> {
         self.applied_port(port)?;
         let i = self
@@ -436,10 +441,10 @@ impl<D: Dataplane> Controller<D> {
         let cfg = &self.state.ports[i].config;
         let old = cfg.cidrs.clone();
         let mut cidrs = old.clone();
-        if allow {
-            cidrs.allow(prefix, dir, cfg)?;
-        } else {
-            cidrs.remove(prefix, dir, port)?;
+        match change {
+            CidrChange::Allow { external: false } => cidrs.allow(prefix, dir, cfg)?,
+            CidrChange::Allow { external: true } => cidrs.allow_external(prefix, dir, cfg)?,
+            CidrChange::Remove => cidrs.remove(prefix, dir, port)?,
         }
         self.dp.set_port_cidrs(port, &cidrs)?;
         let mut next = self.state.clone();
@@ -599,4 +604,14 @@ impl<D: Dataplane> Controller<D> {
         next.assign_fw_rule_ids(port, &mut rules);
         self.replace_fw_rules(port, rules, next)
     }
+}
+
+/// What [`Controller::change_cidrs`] does to a port's prefixes.
+#[derive(Clone, Copy)]
+enum CidrChange {
+    /// `allow-cidr`, `attach-subnet` (`external`: `attach-subnet -e`, exempt
+    /// from NAT).
+    Allow { external: bool },
+    /// `remove-cidr`, `detach-subnet`.
+    Remove,
 }

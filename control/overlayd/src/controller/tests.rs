@@ -859,7 +859,12 @@ fn route_classes_are_separate_tables_of_one_port() {
 fn cidr(allow: bool, port: &str, prefix: &str, dir: CidrDir) -> Request {
     let (port, prefix) = (port.to_string(), prefix.parse().unwrap());
     if allow {
-        Request::AllowCidr { port, prefix, dir }
+        Request::AllowCidr {
+            port,
+            prefix,
+            dir,
+            external: false,
+        }
     } else {
         Request::RemoveCidr { port, prefix, dir }
     }
@@ -876,7 +881,20 @@ fn allowed_prefixes_are_checked_applied_saved_and_restored() {
         cidr(true, "opte0", "192.168.50.0/24", CidrDir::Both),
     );
     ok(&mut c, cidr(true, "opte0", "10.9.0.0/16", CidrDir::Out));
+    let external = |dir| Request::AllowCidr {
+        port: "opte0".into(),
+        prefix: "203.0.113.0/24".parse().unwrap(),
+        dir,
+        external: true,
+    };
+    ok(&mut c, external(CidrDir::Both));
     for (r, named) in [
+        (external(CidrDir::Both), "203.0.113.0/24"),
+        (external(CidrDir::In), "203.0.113.0/24"),
+        (
+            cidr(false, "opte0", "203.0.113.0/24", CidrDir::In),
+            "203.0.113.0/24",
+        ),
         (
             cidr(true, "opte0", "192.168.50.0/24", CidrDir::In),
             "192.168.50.0/24",
@@ -903,12 +921,15 @@ fn allowed_prefixes_are_checked_applied_saved_and_restored() {
         .dataplane()
         .log
         .contains(&"set_port_cidrs opte0".to_string()));
+    let exempt: IpNet = "203.0.113.0/24".parse().unwrap();
     let want = PortCidrs {
-        inbound: vec![],
+        inbound: vec![exempt],
         outbound: vec![
             "192.168.50.0/24".parse().unwrap(),
             "10.9.0.0/16".parse().unwrap(),
+            exempt,
         ],
+        external: vec![exempt],
     };
     let saved = store.load().unwrap();
     assert_eq!(saved.ports[0].config.cidrs, want);

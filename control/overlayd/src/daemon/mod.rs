@@ -406,12 +406,14 @@ fn path_check(
 }
 
 /// `check-sled`: the sled as configured against what a port's creator expects of
-/// it (opteadm's `create-xde --src-underlay-addr`, `--bsvc-addr`, `--bsvc-vni`).
+/// it (opteadm's `create-xde --src-underlay-addr`, `--bsvc-addr`, `--bsvc-vni`,
+/// and `set-xde-underlay`).
 fn check_sled(cfg: &DaemonConfig, expect: &SledExpect) -> Answer {
     let sled = SledFacts {
         underlay_addr: cfg.underlay_addr,
         boundary_services: cfg.boundary_services,
         boundary_vni: cfg.boundary_vni,
+        underlay_links: cfg.underlay.clone(),
     };
     match expect.check(&sled) {
         Ok(()) => Outcome::Ok(Reply::Done),

@@ -239,7 +239,8 @@ pub enum Command {
         port: String,
         #[arg(value_parser = parse_net)]
         prefix: IpNet,
-        /// opteadm's external subnet, exempt from NAT: not supported yet (refused).
+        /// An external subnet (opteadm's): exempt from NAT, so traffic between
+        /// its addresses and the internet keeps them, both ways.
         #[arg(short, long)]
         external: bool,
     },
@@ -249,6 +250,16 @@ pub enum Command {
         #[arg(value_parser = parse_net)]
         prefix: IpNet,
     },
+    /// opteadm's: check that LINKS are this sled's underlay links, in any order.
+    /// They are overlayd's configuration (`--underlay`), fixed while it runs, so
+    /// this changes nothing; links that differ are refused, named.
+    SetXdeUnderlay {
+        #[arg(required = true)]
+        links: Vec<String>,
+    },
+    /// opteadm's: refused, naming why: the underlay links are overlayd's
+    /// configuration, released only when it stops.
+    ClearXdeUnderlay,
     /// Counters: datapath-wide, or one port's.
     Stats {
         port: Option<String>,

@@ -67,10 +67,8 @@ pub enum CommandError {
     ClearV2pWords(usize),
     #[error("stats --format {format} covers the whole sled: give no port (got {port:?})")]
     ExpositionOfOnePort { format: &'static str, port: String },
-    #[error(
-        "attach-subnet -e {0}: an external subnet (exempt from NAT) is not supported yet: the NAT layer translates every flow to the internet gateway; attach it without -e (its traffic is NAT-ed like the guest's own), or give its addresses as --floating-ip"
-    )]
-    ExternalSubnet(IpNet),
+    #[error("clear-xde-underlay: the underlay links are overlayd's configuration (--underlay, or `underlay` in its config file), used as long as it runs; stop overlayd to release them")]
+    ClearUnderlay,
     #[error("ra needs a PORT, or `listen IFACE`")]
     RaWithoutPort,
     #[error("capture file {:?}: {error}", file.display())]
@@ -263,23 +261,33 @@ impl Command {
                 port,
                 limits: limits.to_limits(),
             },
-            Command::AllowCidr { port, prefix, dir } => Request::AllowCidr { port, prefix, dir },
+            Command::AllowCidr { port, prefix, dir } => Request::AllowCidr {
+                port,
+                prefix,
+                dir,
+                external: false,
+            },
             Command::RemoveCidr { port, prefix, dir } => Request::RemoveCidr { port, prefix, dir },
             Command::AttachSubnet {
+                port,
                 prefix,
-                external: true,
-                ..
-            } => return Err(CommandError::ExternalSubnet(prefix)),
-            Command::AttachSubnet { port, prefix, .. } => Request::AllowCidr {
+                external,
+            } => Request::AllowCidr {
                 port,
                 prefix,
                 dir: CidrDir::Both,
+                external,
             },
             Command::DetachSubnet { port, prefix } => Request::RemoveCidr {
                 port,
                 prefix,
                 dir: CidrDir::Both,
             },
+            Command::SetXdeUnderlay { links } => Request::CheckSled(SledExpect {
+                underlay_links: Some(links),
+                ..SledExpect::default()
+            }),
+            Command::ClearXdeUnderlay => return Err(CommandError::ClearUnderlay),
             Command::Stats { port, format } => {
                 let (exposition, name) = match format {
                     StatsFormat::Text => return Ok(Action::Call(Request::Stats { port })),
@@ -559,6 +567,7 @@ impl SledArgs {
             underlay_addr: self.src_underlay_addr,
             boundary_services: self.bsvc_addr,
             boundary_vni: self.bsvc_vni,
+            underlay_links: None,
         }
     }
 }
@@ -699,6 +708,7 @@ mod tests {
                 underlay_addr: Some("fd00:2000::1".parse().unwrap()),
                 boundary_services: Some("fd00:99::1".parse().unwrap()),
                 boundary_vni: Some(Vni::new(99).unwrap()),
+                underlay_links: None,
             }
         );
         let p = c.config;
@@ -1274,6 +1284,7 @@ mod tests {
             port: "opte0".into(),
             prefix: prefix.parse().unwrap(),
             dir,
+            external: false,
         };
         assert_eq!(
             call("allow-cidr -p opte0 192.168.50.0/24 --dir IN").unwrap(),
@@ -1286,6 +1297,15 @@ mod tests {
         assert_eq!(
             call("attach-subnet -p opte0 192.168.50.0/24").unwrap(),
             Action::Call(want("192.168.50.0/24", CidrDir::Both))
+        );
+        assert_eq!(
+            call("attach-subnet -p opte0 203.0.113.0/24 -e").unwrap(),
+            Action::Call(Request::AllowCidr {
+                port: "opte0".into(),
+                prefix: "203.0.113.0/24".parse().unwrap(),
+                dir: CidrDir::Both,
+                external: true,
+            })
         );
         assert_eq!(
             call("detach-subnet opte0 192.168.50.0/24").unwrap(),
@@ -1304,8 +1324,8 @@ mod tests {
         );
         for (line, named) in [
             (
-                "attach-subnet -p opte0 192.168.50.0/24 -e",
-                "-e 192.168.50.0/24",
+                "attach-subnet -p opte0 192.168.50.0/33 -e",
+                "192.168.50.0/33",
             ),
             ("allow-cidr opte0 192.168.50.0/24 --dir both", "both"),
             ("remove-cidr opte0 192.168.50.0/24 --dir up", "up"),
@@ -1317,6 +1337,22 @@ mod tests {
             let e = call(line).unwrap_err();
             assert!(e.contains(named), "{line}: {e}");
         }
+    }
+
+    /// opteadm's underlay verbs: the links are the daemon's, so setting them is a
+    /// check it answers, and clearing them is refused here.
+    #[test]
+    fn xde_underlay_is_checked_or_refused() {
+        assert_eq!(
+            parse(&["set-xde-underlay", "eth1", "eth2"]).unwrap(),
+            Action::Call(Request::CheckSled(SledExpect {
+                underlay_links: Some(vec!["eth1".into(), "eth2".into()]),
+                ..SledExpect::default()
+            }))
+        );
+        assert!(parse(&["set-xde-underlay"]).is_err());
+        let e = parse(&["clear-xde-underlay"]).unwrap_err();
+        assert!(e.contains("overlayd's configuration"), "{e}");
     }
 
     #[test]

@@ -92,13 +92,14 @@ pub enum EngineError {
         ports: usize,
         limit: usize,
     },
-    /// More allowed prefixes one way than the per-frame checks scan.
+    /// More allowed prefixes in one list than the per-frame checks scan; `dir`
+    /// names the list: `in`, `out`, or `exempt from NAT` (external subnets).
     #[error(
         "port {port:?}: {count} prefixes allowed {dir} exceed the {MAX_PORT_CIDRS} the datapath checks per frame"
     )]
     TooManyPrefixes {
         port: String,
-        dir: Direction,
+        dir: &'static str,
         count: usize,
     },
     #[error("dump-uft cursor {cursor} is not one a page returned")]

@@ -146,11 +146,12 @@ impl Engine {
         self.cfg.underlay_mtu.saturating_sub(gateway::ENCAP_BUDGET)
     }
 
-    /// Refuses more allowed prefixes one way than the per-frame checks scan.
+    /// Refuses more prefixes in one list than the per-frame checks scan.
     fn check_port_cidrs(name: &str, cidrs: &PortCidrs) -> Result<(), EngineError> {
         let lists = [
-            (Direction::In, &cidrs.inbound),
-            (Direction::Out, &cidrs.outbound),
+            ("in", &cidrs.inbound),
+            ("out", &cidrs.outbound),
+            ("exempt from NAT", &cidrs.external),
         ];
         match lists.into_iter().find(|(_, l)| l.len() > MAX_PORT_CIDRS) {
             Some((dir, l)) => Err(EngineError::TooManyPrefixes {

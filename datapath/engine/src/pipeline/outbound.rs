@@ -625,8 +625,11 @@ fn compile_outbound(
         Err(r) => return Ok(drop(r)),
     };
     // NAT (router -> NAT -> overlay): decided before the connection opens, so a
-    // flow refused here (no external address, SNAT exhausted) opens nothing.
+    // flow refused here (no external address, SNAT exhausted) opens nothing. A
+    // source in an external attached subnet leaves as it is (`attach-subnet -e`),
+    // and so do its ICMP errors about packets that came in untranslated.
     let src_nat = match route.target {
+        RouteTarget::InternetGateway if cfg.cidrs.exempts_nat(key.src_ip) => None,
         RouteTarget::InternetGateway => match &quote {
             // An ICMP error about a packet that came in through NAT leaves as from
             // where that packet was sent, quoting it as sent; decided per packet,

@@ -105,9 +105,11 @@ impl Engine {
             }
             Decap::Drop => return p.c.drops.inc(DropReason::EcnCeNotEct),
         };
-        if um.external {
-            // From outside the VPC: only from boundary services (checked with the
-            // flow, `external.rs`), and only to an external address, through NAT.
+        // From outside the VPC: only from boundary services (checked with the flow),
+        // to an external address through NAT (`external.rs`), or untranslated to
+        // an external attached subnet (`attach-subnet -e`), whose frames take the
+        // inbound checks below as any other (one empty-list branch without one).
+        if um.external && !p.cfg.cidrs.exempts_nat(meta.dst_ip) {
             let to = Delivery {
                 port,
                 vni: um.vni,

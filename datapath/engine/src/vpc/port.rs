@@ -113,11 +113,25 @@ pub struct PortCidrs {
     /// Sources the guest may send from (`allow-cidr --dir out`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outbound: Vec<IpNet>,
+    /// External attached subnets (`attach-subnet -e`): addresses the internet
+    /// reaches untranslated, so the NAT layer leaves a flow alone whose guest-side
+    /// address is in one. Admitted both ways only by the two lists above (the API
+    /// puts each in both); here they decide NAT and nothing else.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external: Vec<IpNet>,
 }
 
 impl PortCidrs {
     pub fn is_empty(&self) -> bool {
-        self.inbound.is_empty() && self.outbound.is_empty()
+        self.inbound.is_empty() && self.outbound.is_empty() && self.external.is_empty()
+    }
+
+    /// Whether `ip`, the guest's side of a flow to or from the internet, is in an
+    /// external attached subnet: the flow is then not translated. One empty-list
+    /// branch for a port without any.
+    #[inline]
+    pub fn exempts_nat(&self, ip: IpAddr) -> bool {
+        self.external.iter().any(|n| n.contains(&ip))
     }
 
     /// Whether a frame to `dst` (not the guest's own address) may reach the guest.
@@ -212,6 +226,7 @@ pub(crate) mod tests {
         let cidrs = PortCidrs {
             inbound: vec![net("fd00:50::/64"), net("10.9.0.1/16")],
             outbound: vec![net("0.0.0.0/0")],
+            external: vec![net("10.9.0.0/24")],
         };
         assert!(cidrs.admits_out(ip("8.8.8.8")));
         assert!(!cidrs.admits_out(ip("2001:db8::1")));
@@ -219,6 +234,9 @@ pub(crate) mod tests {
         assert!(cidrs.admits_in(ip("10.9.200.1")), "host bits: the network");
         assert!(cidrs.admits_in(ip("fd00:50::7")));
         assert!(!PortCidrs::default().admits_in(ip("10.9.0.1")));
+        assert!(cidrs.exempts_nat(ip("10.9.0.200")));
+        assert!(!cidrs.exempts_nat(ip("10.9.1.1")) && !cidrs.exempts_nat(ip("fd00:50::7")));
+        assert!(!PortCidrs::default().exempts_nat(ip("10.9.0.1")));
         let json = serde_json::to_string(&PortCidrs::default()).unwrap();
         assert_eq!(json, "{}");
     }
