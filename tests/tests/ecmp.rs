@@ -144,7 +144,12 @@ fn sled0_frames(rack: &Rack) -> Result<(u64, u64)> {
 
 /// Sled 0's `stats` entry of underlay link `name`.
 fn link_stats(rack: &Rack, name: &str) -> Result<Value> {
-    let v: Value = serde_json::from_str(&rack.sled(0)?.admin(&["--json", "stats"])?)
+    sled_link_stats(rack, 0, name)
+}
+
+/// Sled `sled`'s `stats` entry of underlay link `name`.
+fn sled_link_stats(rack: &Rack, sled: usize, name: &str) -> Result<Value> {
+    let v: Value = serde_json::from_str(&rack.sled(sled)?.admin(&["--json", "stats"])?)
         .map_err(|e| Error::new(format!("stats is not JSON: {e}")))?;
     v["data"]["underlay"]
         .as_array()
@@ -453,11 +458,20 @@ fn a_path_that_silently_drops_is_taken_out_of_use() -> Result<()> {
     let gap = longest_gap_ms(&logs, drop_at);
     let lost: u64 = logs.iter().map(PingLog::lost).sum();
     let events = link_stats(&rack, LINK_B)?["path_down_events"].as_u64();
+    // Sled 1 sends through switch B unharmed, but its probes' replies from sled
+    // 0 may come back through the dropping port: it may take paths out of use
+    // too (reported, not asserted: its flows keep a working path either way).
+    let far: Vec<Value> = [UNDERLAY_IF, LINK_B]
+        .iter()
+        .map(|l| sled_link_stats(&rack, 1, l).map(|v| v["path_down_events"].clone()))
+        .collect::<Result<_>>()?;
     eprintln!(
         "ecmp: silent-drop gap {gap:.0} ms (longest of {PINGS} ping streams every 10 ms), \
-         {lost} pings lost; path back {} ms after the drop ended; \
-         path_down_events {events:?}",
-        back.as_millis()
+         {lost} pings lost; path back {} ms after the drop ended; sled 0 \
+         path_down_events {events:?}; sled 1 path_down_events {UNDERLAY_IF} {} {LINK_B} {}",
+        back.as_millis(),
+        far[0],
+        far[1]
     );
     assert!(
         detected < Duration::from_secs(5),

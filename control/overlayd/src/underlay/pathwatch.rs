@@ -38,8 +38,6 @@ pub const LOST_LIMIT: u32 = 3;
 /// Why the path watch did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum PathWatchError {
-    #[error("path watch: cannot open the probe socket from {src}: {error}")]
-    Socket { src: Ipv6Addr, error: io::Error },
     #[error("path watch: cannot open a netlink socket: {0}")]
     Netlink(io::Error),
     #[error("cannot start the path-watch thread: {0}")]
@@ -98,19 +96,21 @@ pub struct PathWatch {
 }
 
 impl PathWatch {
-    /// Opens the sockets (errors are the caller's, in its namespace) and starts
-    /// probing from `src` every `interval`, publishing the paths out of use to
-    /// `down`.
+    /// Opens the netlink socket (its error is the caller's, in its namespace)
+    /// and starts probing from `src` every `interval`, publishing the paths out
+    /// of use to `down`. The probe sockets are opened by the thread, and again
+    /// each round until they open: the underlay address may be configured after
+    /// the daemon starts (it only warns when it is missing).
     pub fn start(
         src: Ipv6Addr,
         interval: Duration,
         down: Arc<PathsDown>,
     ) -> Result<PathWatch, PathWatchError> {
-        let probes =
-            PathProbes::open(src).map_err(|error| PathWatchError::Socket { src, error })?;
         let nl = Netlink::open().map_err(PathWatchError::Netlink)?;
         let prober = Prober {
-            probes,
+            src,
+            probes: None,
+            open_failed: false,
             nl,
             interval,
             states: HashMap::new(),
@@ -165,7 +165,11 @@ impl Drop for PathWatch {
 
 /// The thread's state.
 struct Prober {
-    probes: PathProbes,
+    src: Ipv6Addr,
+    /// `None` until the probe sockets open.
+    probes: Option<PathProbes>,
+    /// Opening them failed (and was logged).
+    open_failed: bool,
     nl: Netlink,
     interval: Duration,
     /// Every (peer, link index) probed last round.
@@ -185,18 +189,49 @@ impl Prober {
         }
     }
 
+    /// The probe sockets, opened if they are not yet; a failure is logged
+    /// once, when it first happens.
+    fn probes(&mut self) -> Option<&mut PathProbes> {
+        if self.probes.is_none() {
+            match PathProbes::open(self.src) {
+                Ok(p) => {
+                    if self.open_failed {
+                        tracing::info!(src = %self.src, "path watch: probing");
+                    }
+                    self.probes = Some(p);
+                }
+                Err(e) if !self.open_failed => {
+                    self.open_failed = true;
+                    tracing::warn!(
+                        src = %self.src, error = %e,
+                        "path watch: cannot open the probe sockets (is the underlay \
+                         address configured?); tried again every interval"
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+        self.probes.as_mut()
+    }
+
     /// One round: a probe through every path, the replies until half the
     /// interval has passed, then the states and the paths out of use.
     fn round(&mut self, start: Instant) {
+        if self.probes().is_none() {
+            return;
+        }
         let peers = self
             .peers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let paths = self.paths(&peers);
+        let Some(probes) = self.probes.as_mut() else {
+            return;
+        };
         let mut sent = HashMap::new();
         for &(peer, ifindex) in &paths {
-            match self.probes.send(peer, ifindex) {
+            match probes.send(peer, ifindex) {
                 Ok(seq) => {
                     sent.insert(seq, (peer, ifindex));
                 }
@@ -206,7 +241,7 @@ impl Prober {
         }
         let mut answered = HashSet::new();
         let until = start + self.interval / 2;
-        let got = self.probes.replies(until, |from, seq| {
+        let got = probes.replies(until, |from, seq| {
             if let Some(&(peer, ifindex)) = sent.get(&seq) {
                 if peer == from {
                     answered.insert((peer, ifindex));
@@ -219,7 +254,7 @@ impl Prober {
             return;
         }
         let links: Vec<u32> = paths.iter().map(|&(_, l)| l).collect();
-        self.probes.retain_links(&links);
+        probes.retain_links(&links);
         self.record(&paths, &answered);
     }
 
