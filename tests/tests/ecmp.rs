@@ -4,7 +4,8 @@
 //! fabrics do. Parallel TCP flows spread over both links; when switch B loses
 //! its ports (both sleds' second link loses carrier) mid-transfer, the flows move
 //! to switch A and every transfer completes intact, and they spread again when
-//! it is back.
+//! it is back. When switch B silently stops forwarding to one sled (its link
+//! stays up), the path watch's probes find it and take the path out of use.
 
 use e2e::guest::{GuestSpec, PingLog, Pings};
 use e2e::rack::{Rack, RackSpec, UNDERLAY_IF, UNDERLAY_MTU};
@@ -143,7 +144,12 @@ fn sled0_frames(rack: &Rack) -> Result<(u64, u64)> {
 
 /// Sled 0's `stats` entry of underlay link `name`.
 fn link_stats(rack: &Rack, name: &str) -> Result<Value> {
-    let v: Value = serde_json::from_str(&rack.sled(0)?.admin(&["--json", "stats"])?)
+    sled_link_stats(rack, 0, name)
+}
+
+/// Sled `sled`'s `stats` entry of underlay link `name`.
+fn sled_link_stats(rack: &Rack, sled: usize, name: &str) -> Result<Value> {
+    let v: Value = serde_json::from_str(&rack.sled(sled)?.admin(&["--json", "stats"])?)
         .map_err(|e| Error::new(format!("stats is not JSON: {e}")))?;
     v["data"]["underlay"]
         .as_array()
@@ -211,9 +217,10 @@ fn longest_gap_ms(logs: &[PingLog], from: f64) -> f64 {
         .fold(0.0, f64::max)
 }
 
-#[test]
-fn flows_spread_over_two_links_and_fail_over_when_one_goes() -> Result<()> {
-    let mut rack = Rack::build(&RackSpec::new("ecmp", 2))?;
+/// The two-switch rack (named `name`) with guests a1 (sled 0) and b1 (sled 1),
+/// the daemons running on both links, and b1's address once a1 reaches it.
+fn two_switch_rack(name: &str) -> Result<(Rack, IpAddr)> {
+    let mut rack = Rack::build(&RackSpec::new(name, 2))?;
     second_switch(&rack)?;
     rack.start_daemons(&["--underlay", LINK_B])?;
     for spec in [GuestSpec::dual("a1", 0, 1), GuestSpec::dual("b1", 1, 3)] {
@@ -229,6 +236,31 @@ fn flows_spread_over_two_links_and_fail_over_when_one_goes() -> Result<()> {
         .sysctl("net.ipv4.ip_local_port_range", "40000 40000")?;
     let to = rack.guest("b1")?.ipv4()?;
     rack.guest("a1")?.ping(to, 56, Duration::from_secs(20))?;
+    Ok((rack, to))
+}
+
+/// Starts [`PINGS`] ping streams from a1 to `to`, one every 10 ms each.
+fn start_pings(rack: &Rack, to: IpAddr, name: &str) -> Result<Vec<Pings>> {
+    let a1 = rack.guest("a1")?;
+    (0..PINGS)
+        .map(|i| {
+            let out = rack.dir().join(format!("{name}{i}.txt"));
+            a1.start_pings(to, Duration::from_millis(10), &out)
+        })
+        .collect()
+}
+
+/// Seconds since the Unix epoch, the clock of the ping logs.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn flows_spread_over_two_links_and_fail_over_when_one_goes() -> Result<()> {
+    let (rack, to) = two_switch_rack("ecmp")?;
 
     // 16 flows over two links: each carries 30-70% of sled 0's frames.
     let before = sled0_frames(&rack)?;
@@ -261,13 +293,7 @@ fn flows_spread_over_two_links_and_fail_over_when_one_goes() -> Result<()> {
     // Switch B loses both sleds' ports mid-transfer (both sleds' LINK_B loses
     // carrier): every flow moves to switch A, every transfer completes intact;
     // then it comes back and the flows spread again.
-    let a1 = rack.guest("a1")?;
-    let pings: Vec<Pings> = (0..PINGS)
-        .map(|i| {
-            let out = rack.dir().join(format!("pings{i}.txt"));
-            a1.start_pings(to, Duration::from_millis(10), &out)
-        })
-        .collect::<Result<_>>()?;
+    let pings = start_pings(&rack, to, "pings")?;
     let mut down_at = 0.0;
     let changes_before = link_stats(&rack, LINK_B)?["in_use_changes"]
         .as_u64()
@@ -279,10 +305,7 @@ fn flows_spread_over_two_links_and_fail_over_when_one_goes() -> Result<()> {
         24 << 20,
         Duration::from_millis(300),
         |done| {
-            down_at = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs_f64())
-                .unwrap_or(0.0);
+            down_at = unix_now();
             for s in &rack.sleds {
                 rack.switch
                     .ip(&["link", "set", &switch_b_port(s.index), "down"])?;
@@ -344,5 +367,126 @@ fn flows_spread_over_two_links_and_fail_over_when_one_goes() -> Result<()> {
         on_b > (after.0 - before.0) / 5,
         "switch B unused after it came back: {on_b} frames"
     );
+    Ok(())
+}
+
+/// nftables table in the switch namespace that makes switch B drop what it
+/// forwards to sled 1 (its link stays up).
+const DROP_TABLE: &str = "silent";
+
+/// Sled 0's count of paths out of use through switch B's link.
+fn paths_down_b(rack: &Rack) -> Result<u64> {
+    let l = link_stats(rack, LINK_B)?;
+    l["paths_down"]
+        .as_u64()
+        .ok_or_else(|| Error::new(format!("no paths_down in {l}")))
+}
+
+/// Polls until sled 0's paths down through switch B's link number `want`;
+/// returns how long that took.
+fn until_paths_down(rack: &Rack, want: u64, within: Duration) -> Result<Duration> {
+    let t = Instant::now();
+    poll_until(
+        &format!("sled 0 to have {want} paths out of use through {LINK_B}"),
+        within,
+        || match paths_down_b(rack)? {
+            n if n == want => Ok(()),
+            n => Err(Error::new(format!("{n} paths down"))),
+        },
+    )?;
+    Ok(t.elapsed())
+}
+
+#[test]
+fn a_path_that_silently_drops_is_taken_out_of_use() -> Result<()> {
+    let (rack, to) = two_switch_rack("ecmpsd")?;
+    assert_eq!(paths_down_b(&rack)?, 0);
+    let sw = &rack.switch;
+    sw.run("nft", &["add", "table", "bridge", DROP_TABLE])?;
+    let chain = format!(
+        "add chain bridge {DROP_TABLE} forward {{ type filter hook forward priority 0 ; }}"
+    );
+    sw.run("nft", &[chain.as_str()])?;
+    let pings = start_pings(&rack, to, "silent")?;
+    let mut drop_at = 0.0;
+    let mut detected = Duration::ZERO;
+    let mut back = Duration::ZERO;
+    // Switch B stops forwarding to sled 1 mid-transfer, its link up: sled 0's
+    // path through it must be found by its probes and left, every transfer
+    // completing intact; then switch B forwards again and the path is back.
+    parallel_transfers(
+        &rack,
+        to,
+        7300,
+        32 << 20,
+        Duration::from_millis(300),
+        |done| {
+            let rule = format!(
+                "add rule bridge {DROP_TABLE} forward oifname {} counter drop",
+                switch_b_port(1)
+            );
+            drop_at = unix_now();
+            sw.run("nft", &[rule.as_str()])?;
+            let done_at_drop = done.load(Ordering::Relaxed);
+            detected = until_paths_down(&rack, 1, Duration::from_secs(10))?;
+            // Out of use: sled 0 sends nothing more through switch B (sled 1 is its
+            // only peer).
+            std::thread::sleep(Duration::from_millis(200));
+            let sent_then = link_sent(&link_stats(&rack, LINK_B)?);
+            std::thread::sleep(Duration::from_millis(1000));
+            let sent_later = link_sent(&link_stats(&rack, LINK_B)?);
+            sw.run("nft", &["flush", "chain", "bridge", DROP_TABLE, "forward"])?;
+            back = until_paths_down(&rack, 0, Duration::from_secs(10))?;
+            eprintln!(
+                "ecmp: silent drop found after {} ms; transfers done when it began \
+             {done_at_drop} of {FLOWS}",
+                detected.as_millis()
+            );
+            if done_at_drop == FLOWS {
+                return Err(Error::new("every transfer ended before switch B dropped"));
+            }
+            if sent_later != sent_then {
+                return Err(Error::new(format!(
+                    "sled 0 kept sending into {LINK_B} after its path was out of use: {} frames",
+                    sent_later - sent_then
+                )));
+            }
+            Ok(())
+        },
+    )?;
+    let logs: Vec<PingLog> = pings.into_iter().map(Pings::stop).collect::<Result<_>>()?;
+    let gap = longest_gap_ms(&logs, drop_at);
+    let lost: u64 = logs.iter().map(PingLog::lost).sum();
+    let events = link_stats(&rack, LINK_B)?["path_down_events"].as_u64();
+    // Sled 1 sends through switch B unharmed, but its probes' replies from sled
+    // 0 may come back through the dropping port: it may take paths out of use
+    // too (reported, not asserted: its flows keep a working path either way).
+    let far: Vec<Value> = [UNDERLAY_IF, LINK_B]
+        .iter()
+        .map(|l| sled_link_stats(&rack, 1, l).map(|v| v["path_down_events"].clone()))
+        .collect::<Result<_>>()?;
+    eprintln!(
+        "ecmp: silent-drop gap {gap:.0} ms (longest of {PINGS} ping streams every 10 ms), \
+         {lost} pings lost; path back {} ms after the drop ended; sled 0 \
+         path_down_events {events:?}; sled 1 path_down_events {UNDERLAY_IF} {} {LINK_B} {}",
+        back.as_millis(),
+        far[0],
+        far[1]
+    );
+    assert!(
+        detected < Duration::from_secs(5),
+        "the silent drop took {detected:?} to find"
+    );
+    assert!(gap < 5000.0, "the longest gap was {gap:.0} ms");
+    // At least the one change (more only if a busy machine delayed replies
+    // past half an interval three times in a row: reported above).
+    assert!(events >= Some(1), "path_down_events {events:?}");
+    let log = rack.sled(0)?.daemon()?.log();
+    for line in [
+        "underlay path lost its probes",
+        "underlay path answers probes again",
+    ] {
+        assert!(log.contains(line), "no log line {line:?} in sled 0's log");
+    }
     Ok(())
 }

@@ -624,6 +624,19 @@ fn underlay_metrics(e: &mut Exposition, stats: &Value) {
             &l,
             &link["in_use_changes"],
         );
+        e.gauge(
+            "overlayd_underlay_paths_down",
+            "Peers whose path through an underlay link is out of use: its probes are lost \
+             while the link is up.",
+            &l,
+            &link["paths_down"],
+        );
+        e.counter(
+            "overlayd_underlay_path_down_events",
+            "Times a path through an underlay link was taken out of use for lost probes.",
+            &l,
+            &link["path_down_events"],
+        );
     }
 }
 
@@ -748,7 +761,8 @@ mod tests {
                          "started_unix_ms": 1500}],
             "next_hops": {"entries": 1, "snapshots": 2, "invalidations": 0, "requests_deferred": 0},
             "underlay": [{"name": "eth1", "mtu": 9000, "queues": 2, "xdp": {"redirected": 9},
-                          "tx_frames": 7, "tx_super_frames": 2, "in_use": true, "in_use_changes": 1}],
+                          "tx_frames": 7, "tx_super_frames": 2, "in_use": true, "in_use_changes": 1,
+                          "paths_down": 1, "path_down_events": 2}],
             "control": {
                 "not_applied": {"ports": [{"name": "x"}], "v2p_count": 3, "v2p": []},
                 "state": {"file": "/s", "save_error": "read-only"},
@@ -891,6 +905,11 @@ mod tests {
             assert_eq!(
                 s[r#"overlayd_underlay_in_use_changes_total{link="eth1"}"#],
                 1.0
+            );
+            assert_eq!(s[r#"overlayd_underlay_paths_down{link="eth1"}"#], 1.0);
+            assert_eq!(
+                s[r#"overlayd_underlay_path_down_events_total{link="eth1"}"#],
+                2.0
             );
             assert!(!s.contains_key(r#"overlayd_worker_io_events_total{counter="rounds"}"#));
             assert_eq!(s[r#"overlayd_not_applied{kind="port"}"#], 1.0);

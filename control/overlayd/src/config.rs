@@ -383,6 +383,7 @@ pub struct FileConfig {
     pub max_ports: Option<usize>,
     pub log_format: Option<LogFormat>,
     pub path_check_interval: Option<u64>,
+    pub path_probe_ms: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
     #[serde(default)]
     pub fleet_endpoints: Vec<String>,
@@ -491,6 +492,11 @@ pub struct DaemonArgs {
     /// underlay MTU. Off unless given.
     #[arg(long, value_name = "SECS")]
     pub path_check_interval: Option<u64>,
+    /// Probe each path of a multipath route to an underlay peer (one per link)
+    /// this often, in milliseconds, taking a path whose probes are lost out of
+    /// use (default 500; 0: off).
+    #[arg(long, value_name = "MS")]
+    pub path_probe_ms: Option<u64>,
     /// Serve the counters in the OpenMetrics text format over HTTP at
     /// http://ADDR:PORT/metrics, for Prometheus (off unless given).
     #[arg(long, value_name = "ADDR:PORT")]
@@ -624,11 +630,18 @@ pub struct DaemonConfig {
     pub log_format: LogFormat,
     /// How often the underlay paths to the V2P peers are probed; `None`: never.
     pub path_check_interval: Option<std::time::Duration>,
+    /// How often each path of a multipath route to a peer is probed; `None`:
+    /// never.
+    pub path_probe_interval: Option<std::time::Duration>,
     /// Where the OpenMetrics endpoint listens, if anywhere.
     pub metrics_listen: Option<SocketAddr>,
     /// The fleet this sled is a member of, if any.
     pub fleet: Option<FleetConfig>,
 }
+
+/// How often each path to a peer is probed unless configured: three lost
+/// probes take a path out of use, so a silent drop is found in about 2 s.
+const DEFAULT_PATH_PROBE_MS: u64 = 500;
 
 impl DaemonConfig {
     /// Merges the config file (if any) and the flags; flags win. Repeated
@@ -725,6 +738,12 @@ impl DaemonConfig {
             tables,
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             path_check_interval,
+            path_probe_interval: match args.path_probe_ms.or(file.path_probe_ms) {
+                Some(0) => None,
+                ms => Some(std::time::Duration::from_millis(
+                    ms.unwrap_or(DEFAULT_PATH_PROBE_MS),
+                )),
+            },
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
             fleet,
         })
@@ -884,6 +903,17 @@ mod tests {
         assert_eq!(
             c.path_check_interval,
             Some(std::time::Duration::from_secs(30))
+        );
+        assert_eq!(
+            c.path_probe_interval,
+            Some(std::time::Duration::from_millis(500))
+        );
+        let c = with(&["--path-probe-ms", "0"]).unwrap();
+        assert_eq!(c.path_probe_interval, None);
+        let c = with(&["--path-probe-ms", "200"]).unwrap();
+        assert_eq!(
+            c.path_probe_interval,
+            Some(std::time::Duration::from_millis(200))
         );
         let e = with(&["--path-check-interval", "0"])
             .unwrap_err()

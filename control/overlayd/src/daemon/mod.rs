@@ -24,6 +24,8 @@ use crate::ops::notify::Notifier;
 use crate::server::{serve_next, work_channel, Answer, ApiLimits, ApiServer, ServerError, WorkTx};
 use crate::underlay::neighbours::{NeighbourError, NextHops};
 use crate::underlay::pathcheck::{self, PathCheckError, PathMonitor};
+use crate::underlay::paths_down::PathsDown;
+use crate::underlay::pathwatch::{PathWatch, PathWatchError};
 use crate::underlay::{warn_if_address_missing, Underlay, UnderlayError, FRAME_OVERHEAD};
 use crate::util::Doorbell;
 use crate::worker::handoff::mesh;
@@ -84,6 +86,8 @@ pub enum DaemonError {
     HeadlessThread(io::Error),
     #[error(transparent)]
     PathCheck(#[from] PathCheckError),
+    #[error(transparent)]
+    PathWatch(#[from] PathWatchError),
     #[error("a worker stopped unexpectedly; shutting down")]
     WorkerStopped,
     /// The fleet's TLS files (the store client's error names the file).
@@ -205,13 +209,14 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), DaemonError> {
         threads: Vec::new(),
     };
     let mut jobs = Vec::new();
+    let paths_down = Arc::new(PathsDown::default());
     let parts = underlay.take_queues(n).into_iter().zip(meshes);
     for (index, (queues, mesh)) in parts.enumerate() {
         let engine = Engine::new(ecfg.clone())?;
         let io = WorkerIo::new(
             index,
             queues,
-            NextHops::start(Some(doorbells[index].clone()))?,
+            NextHops::start(Some(doorbells[index].clone()), paths_down.clone())?,
             mesh,
             doorbells[index].clone(),
             cfg.poll,
@@ -224,7 +229,11 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), DaemonError> {
         jobs.push(tx);
     }
     let mut watch = UnderlayWatch::start(cfg, n, underlay, u32::from(ecfg.underlay_mtu))?;
-    let link_stats = watch.stats();
+    let mut path_watch = cfg
+        .path_probe_interval
+        .map(|every| PathWatch::start(cfg.underlay_addr, every, paths_down))
+        .transpose()?;
+    let link_stats = watch.stats(path_watch.as_ref().map(PathWatch::links));
     let workers = Workers::new(jobs, Some(Box::new(link_stats))).with_doorbells(doorbells);
     let mut ctl = Controller::new(workers, Some(store));
     ctl.set_api_counters(server.counters());
@@ -291,6 +300,10 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), DaemonError> {
         ctl.retry_due(now);
         ctl.save_fleet_due(now);
         watch.poll(ctl.dataplane());
+        if let Some(w) = &mut path_watch {
+            let v2p = &ctl.state().v2p;
+            w.poll(now, || pathcheck::v2p_peers(v2p, cfg.underlay_addr));
+        }
         if let Some(m) = &mut monitor {
             let v2p = &ctl.state().v2p;
             m.poll(
@@ -489,6 +502,7 @@ mod tests {
             },
             log_format: crate::config::LogFormat::Text,
             path_check_interval: None,
+            path_probe_interval: None,
             metrics_listen: None,
             fleet: None,
         };

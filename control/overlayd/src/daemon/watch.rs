@@ -7,6 +7,7 @@
 //! (`underlay::neighbours`).
 
 use crate::config::{DaemonConfig, UnderlayGso};
+use crate::underlay::pathwatch::LinkPaths;
 use crate::underlay::queues::UnderlayQueues;
 use crate::underlay::{rx_queue_count, LinkFacts, Underlay, UnderlayError, FRAME_OVERHEAD};
 use crate::util::Backoff;
@@ -98,6 +99,23 @@ fn add_link_use(links: &mut Value, uses: &BTreeMap<String, LinkUse>) {
     }
 }
 
+/// Adds each link's path-watch counts (`paths_down`, `path_down_events`) to
+/// `stats`' `underlay` entries (by name): zeros for a link none of whose paths
+/// went out of use.
+fn add_link_paths(links: &mut Value, paths: &BTreeMap<String, LinkPaths>) {
+    for link in links.as_array_mut().into_iter().flatten() {
+        let p = link["name"]
+            .as_str()
+            .and_then(|n| paths.get(n))
+            .copied()
+            .unwrap_or_default();
+        if let Value::Object(l) = link {
+            l.insert("paths_down".into(), p.paths_down.into());
+            l.insert("path_down_events".into(), p.path_down_events.into());
+        }
+    }
+}
+
 /// How often the links are read again without a notification: drivers do not all
 /// announce a change of their channel (queue) count over rtnetlink.
 const RECHECK: Duration = Duration::from_secs(5);
@@ -168,8 +186,12 @@ impl UnderlayWatch {
         self.engine_mtu
     }
 
-    /// The links' facts and XDP counters, for `stats`.
-    pub fn stats(&self) -> impl FnMut() -> serde_json::Value {
+    /// The links' facts and XDP counters, for `stats`, with the path watch's
+    /// counts per link when it runs (`paths`).
+    pub fn stats(
+        &self,
+        paths: Option<Arc<Mutex<BTreeMap<String, LinkPaths>>>>,
+    ) -> impl FnMut() -> serde_json::Value {
         let (underlay, uses) = (self.underlay.clone(), self.uses.clone());
         move || {
             let mut u = underlay.lock().unwrap_or_else(PoisonError::into_inner);
@@ -178,6 +200,12 @@ impl UnderlayWatch {
                 &mut links,
                 &uses.lock().unwrap_or_else(PoisonError::into_inner),
             );
+            if let Some(p) = &paths {
+                add_link_paths(
+                    &mut links,
+                    &p.lock().unwrap_or_else(PoisonError::into_inner),
+                );
+            }
             links
         }
     }
@@ -422,5 +450,16 @@ mod tests {
         assert_eq!(links[0]["in_use_changes"], 2);
         assert_eq!(links[1]["in_use"], false);
         assert!(links[2].get("in_use").is_none(), "a link never seen");
+        let paths = BTreeMap::from([(
+            "ul1".to_string(),
+            LinkPaths {
+                paths_down: 1,
+                path_down_events: 3,
+            },
+        )]);
+        add_link_paths(&mut links, &paths);
+        assert_eq!(links[1]["paths_down"], 1);
+        assert_eq!(links[1]["path_down_events"], 3);
+        assert_eq!(links[0]["paths_down"], 0, "a link without paths down");
     }
 }

@@ -14,6 +14,8 @@
 
 pub mod neighbours;
 pub mod pathcheck;
+pub mod paths_down;
+pub mod pathwatch;
 pub mod queues;
 
 use crate::config::{DaemonConfig, UnderlayGso, XdpMode};

@@ -20,13 +20,17 @@
 //! A destination reached by a multipath route has one next hop per usable path
 //! (an [`engine::NextHopSet`]); the engine picks one per flow by its hash. A link
 //! that goes down or loses carrier makes every destination be resolved again at
-//! once, so the paths through it leave the sets (and come back with it).
+//! once, so the paths through it leave the sets (and come back with it). A path
+//! whose link is up but whose probes are lost ([`PathsDown`], from the path
+//! watch) is left out of the published sets the same way; a change of those
+//! wakes every resolver to publish again.
 //!
 //! A snapshot also says whether a next hop that was published before changed or
 //! disappeared, or a set grew. The engine bakes the next hop into each compiled
 //! flow, so the worker must then make the engine recompile its flows:
 //! [`NextHops::sync`] reports it, and the worker invalidates the engine's flows.
 
+use super::paths_down::PathsDown;
 use crate::util::Backoff;
 use crate::util::Doorbell;
 use dpio::netlink::{Affected, Event, Events, Group, NeighbourCache, NextHop, Refresh};
@@ -102,10 +106,19 @@ struct Shared {
 }
 
 impl Shared {
-    fn publish(&self, next_hops: &HashMap<Ipv6Addr, Vec<NextHop>>, invalidate: bool) {
+    /// Publishes `next_hops` without the paths in `down`.
+    fn publish(
+        &self,
+        next_hops: &HashMap<Ipv6Addr, Vec<NextHop>>,
+        down: &PathsDown,
+        invalidate: bool,
+    ) {
         let sets = next_hops
             .iter()
-            .map(|(dst, hops)| (*dst, hops.iter().map(|&h| engine_hop(h)).collect()))
+            .map(|(dst, hops)| {
+                let hops = down.filter(*dst, hops);
+                (*dst, hops.into_iter().map(engine_hop).collect())
+            })
             .collect();
         let mut cur = self
             .current
@@ -184,12 +197,17 @@ impl NextHops {
     /// Opens the resolver's netlink sockets (here, so the error is the caller's and
     /// the sockets are in the caller's network namespace) and starts the resolver,
     /// which rings `worker` whenever it publishes a snapshot: a sleeping worker then
-    /// sends the frames held for a next hop at once, not at its next timer.
-    pub fn start(worker: Option<Arc<Doorbell>>) -> Result<NextHops, NeighbourError> {
+    /// sends the frames held for a next hop at once, not at its next timer. The
+    /// snapshots leave out the paths in `down`.
+    pub fn start(
+        worker: Option<Arc<Doorbell>>,
+        down: Arc<PathsDown>,
+    ) -> Result<NextHops, NeighbourError> {
         let (tx, rx) = mpsc::sync_channel(REQUEST_QUEUE);
         let shared = Arc::new(Shared::default());
         let wake = Arc::new(EventFd::new().map_err(NeighbourError::Doorbell)?);
-        let resolver = Resolver::open(rx, shared.clone(), wake.clone(), worker)?;
+        down.subscribe(wake.clone());
+        let resolver = Resolver::open(rx, shared.clone(), wake.clone(), worker, down)?;
         let resolver = thread::Builder::new()
             .name("neighbours".into())
             .spawn(move || resolver.run())
@@ -404,6 +422,10 @@ struct Resolver {
     worker: Option<Arc<Doorbell>>,
     requests: Receiver<Ipv6Addr>,
     shared: Arc<Shared>,
+    /// The paths left out of the snapshots, and the generation of that set the
+    /// last snapshot was made with.
+    down: Arc<PathsDown>,
+    down_seen: u64,
     /// Reused buffer for notifications.
     got: Vec<Event>,
 }
@@ -416,6 +438,7 @@ impl Resolver {
         shared: Arc<Shared>,
         wake: Arc<EventFd>,
         worker: Option<Arc<Doorbell>>,
+        down: Arc<PathsDown>,
     ) -> Result<Resolver, NeighbourError> {
         let err = |what| move |error| NeighbourError::Socket { what, error };
         let cache = NeighbourCache::new(MAX_AGE).map_err(err("neighbour cache"))?;
@@ -435,6 +458,8 @@ impl Resolver {
             worker,
             requests,
             shared,
+            down_seen: down.generation(),
+            down,
             got: Vec::new(),
         })
     }
@@ -459,9 +484,14 @@ impl Resolver {
             let r = self.cache.refresh(now);
             self.absorb(r, now, &mut changes);
         }
-        if changes.next_hops_changed || changes.next_hops_added {
+        // Paths taken out of use or back change the sets as a new next hop would.
+        let down_now = self.down.generation();
+        let down_changed = down_now != self.down_seen;
+        self.down_seen = down_now;
+        if changes.next_hops_changed || changes.next_hops_added || down_changed {
+            let invalidate = changes.next_hops_changed || down_changed;
             self.shared
-                .publish(self.cache.entries(), changes.next_hops_changed);
+                .publish(self.cache.entries(), &self.down, invalidate);
             if let Some(w) = &self.worker {
                 w.ring();
             }
@@ -606,28 +636,50 @@ mod tests {
         assert!(w.lookup(dst).is_empty());
         assert!(!w.sync(now), "nothing published");
 
-        shared.publish(&HashMap::from([(dst, vec![hop(2)])]), false);
+        shared.publish(
+            &HashMap::from([(dst, vec![hop(2)])]),
+            &PathsDown::default(),
+            false,
+        );
         assert!(w.lookup(dst).is_empty(), "not before sync");
         assert!(!w.sync(now), "an added next hop needs no invalidation");
         assert_eq!(w.lookup(dst), set(hop(2)));
         assert!(!w.sync(now), "no new snapshot");
 
-        shared.publish(&HashMap::from([(dst, vec![hop(3)])]), true);
+        shared.publish(
+            &HashMap::from([(dst, vec![hop(3)])]),
+            &PathsDown::default(),
+            true,
+        );
         assert!(w.sync(now), "a changed next hop invalidates");
         assert_eq!(w.lookup(dst), set(hop(3)));
 
         // Two publications between batches, one of them invalidating: still seen.
-        shared.publish(&HashMap::new(), true);
-        shared.publish(&HashMap::from([(dst, vec![hop(4)])]), false);
+        shared.publish(&HashMap::new(), &PathsDown::default(), true);
+        shared.publish(
+            &HashMap::from([(dst, vec![hop(4)])]),
+            &PathsDown::default(),
+            false,
+        );
         assert!(w.sync(now));
         assert_eq!(w.lookup(dst), set(hop(4)));
         let st = w.stats();
         assert_eq!((st.entries, st.snapshots, st.invalidations), (1, 3, 2));
         // A destination over two links: one entry, two paths.
-        shared.publish(&HashMap::from([(dst, vec![hop(4), hop2(5)])]), true);
+        shared.publish(
+            &HashMap::from([(dst, vec![hop(4), hop2(5)])]),
+            &PathsDown::default(),
+            true,
+        );
         assert!(w.sync(now));
         assert_eq!(w.lookup(dst).len(), 2);
         assert_eq!((w.stats().entries, w.stats().paths), (1, 2));
+        // A path the path watch took out of use leaves the set.
+        let down = PathsDown::default();
+        down.set([(dst, 3)].into());
+        shared.publish(&HashMap::from([(dst, vec![hop(4), hop2(5)])]), &down, true);
+        assert!(w.sync(now));
+        assert_eq!(w.lookup(dst), set(hop(4)));
     }
 
     /// Misses are sent to the resolver once per batch and not again until
@@ -750,7 +802,7 @@ mod tests {
         ]);
         let a_name = a.0.clone();
         dpio::netns::run_in_netns(&a.0, move || {
-            let mut hops = NextHops::start(None).unwrap();
+            let mut hops = NextHops::start(None, Arc::default()).unwrap();
             let far: Ipv6Addr = "fd00:99::7".parse().unwrap();
             let until =
                 |hops: &mut NextHops, what: &str, done: &dyn Fn(&NextHops, bool) -> bool| {
@@ -825,7 +877,7 @@ mod tests {
         ]);
         let b_name = b.0.clone();
         dpio::netns::run_in_netns(&a.0, move || {
-            let mut hops = NextHops::start(None).unwrap();
+            let mut hops = NextHops::start(None, Arc::default()).unwrap();
             let far: Ipv6Addr = "fd00:99::7".parse().unwrap();
             let until = |hops: &mut NextHops, what: &str, paths: usize| {
                 let t = Instant::now();
