@@ -114,8 +114,12 @@ fn parse_name(data: &[u8], mut at: usize) -> Result<(String, usize)> {
                 if total > MAX_NAME {
                     return Err(WireError::Malformed("dns name length"));
                 }
+                // A dot inside a label cannot be told from the one between labels
+                // in a name's text form (what a name is here), so it is refused.
                 let label = core::str::from_utf8(label)
-                    .map_err(|_| WireError::Malformed("dns name label"))?;
+                    .ok()
+                    .filter(|l| !l.contains('.'))
+                    .ok_or(WireError::Malformed("dns name label"))?;
                 labels.push(label);
                 at = end;
             }
@@ -153,6 +157,12 @@ mod tests {
         assert_eq!(
             parse_names(data).unwrap(),
             ["eng.apple.com", "marketing.apple.com"]
+        );
+        // A label with a dot in it (found by the dns_names fuzz target: it came
+        // back as two labels).
+        assert_eq!(
+            parse_names(b"\x03a.b\x00"),
+            Err(WireError::Malformed("dns name label"))
         );
         let looped = b"\x03eng\xc0\x00";
         assert_eq!(
