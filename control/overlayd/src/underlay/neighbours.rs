@@ -774,6 +774,26 @@ mod tests {
         assert_eq!(p.next_due(), Some(t + FIRST_BACKOFF));
     }
 
+    /// Syncs `hops` until `done` holds (told whether any sync so far asked for an
+    /// invalidation), for at most `within`; the time it took, and whether one did.
+    fn sync_until(
+        hops: &mut NextHops,
+        what: &str,
+        within: Duration,
+        done: &dyn Fn(&NextHops, bool) -> bool,
+    ) -> (Duration, bool) {
+        let t = Instant::now();
+        let mut invalidated = false;
+        loop {
+            invalidated |= hops.sync(Instant::now());
+            if done(hops, invalidated) {
+                return (t.elapsed(), invalidated);
+            }
+            assert!(t.elapsed() < within, "{what} within {within:?}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// Against a real kernel (veth `va` fd00::a <-> `vb` fd00::b, fd00:99::/64
     /// routed via fd00::b): a missed destination resolves as soon as its neighbour
     /// does, and a neighbour whose MAC changes makes the worker recompile its flows
@@ -806,15 +826,7 @@ mod tests {
             let far: Ipv6Addr = "fd00:99::7".parse().unwrap();
             let until =
                 |hops: &mut NextHops, what: &str, done: &dyn Fn(&NextHops, bool) -> bool| {
-                    let t = Instant::now();
-                    loop {
-                        let invalidate = hops.sync(Instant::now());
-                        if done(hops, invalidate) {
-                            return t.elapsed();
-                        }
-                        assert!(t.elapsed() < Duration::from_secs(3), "{what} within 3 s");
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
+                    sync_until(hops, what, Duration::from_secs(3), done).0
                 };
             let took = until(&mut hops, "first next hop", &|h, _| {
                 !h.lookup(far).is_empty()
@@ -880,16 +892,9 @@ mod tests {
             let mut hops = NextHops::start(None, Arc::default()).unwrap();
             let far: Ipv6Addr = "fd00:99::7".parse().unwrap();
             let until = |hops: &mut NextHops, what: &str, paths: usize| {
-                let t = Instant::now();
-                let mut invalidated = false;
-                loop {
-                    invalidated |= hops.sync(Instant::now());
-                    if hops.lookup(far).len() == paths {
-                        return (t.elapsed(), invalidated);
-                    }
-                    assert!(t.elapsed() < Duration::from_secs(5), "{what} within 5 s");
-                    std::thread::sleep(Duration::from_millis(2));
-                }
+                sync_until(hops, what, Duration::from_secs(5), &|h, _| {
+                    h.lookup(far).len() == paths
+                })
             };
             let (took, _) = until(&mut hops, "two next hops", 2);
             eprintln!("both paths resolved in {took:?}");
