@@ -557,3 +557,54 @@ fn an_external_attached_subnet_is_reached_untranslated() -> Result<()> {
     assert_eq!(internet.counters()?.no_ingress, 0);
     Ok(())
 }
+
+/// The source address the internet server sees on a UDP datagram guest `g` sends
+/// it (to `port`), sent again until one arrives (the first may wait for the
+/// underlay next hop).
+fn source_seen_by_the_server(internet: &Internet, g: &Guest, port: u16) -> Result<IpAddr> {
+    let to = SocketAddr::new(IpAddr::V4(Internet::SERVER4), port);
+    let server = internet.server.within(move || {
+        let s = UdpSocket::bind(to)?;
+        s.set_read_timeout(Some(Duration::from_millis(200)))?;
+        Ok(s)
+    })?;
+    let client = g.ns.within(|| Ok(UdpSocket::bind("0.0.0.0:0")?))?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut buf = [0u8; 64];
+    loop {
+        client.send_to(b"which address?", to)?;
+        if let Ok((_, from)) = server.recv_from(&mut buf) {
+            return Ok(from.ip());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::new(format!("no datagram reached {to}")));
+        }
+    }
+}
+
+/// Two internet gateways (OPTE's `ig=UUID` routes and internet gateway map): the
+/// guest's two floating IPs each serve one gateway; traffic routed through the
+/// second gateway reaches the internet from the second address, traffic on the
+/// default route (`ig`, any gateway) from the first, as without gateways.
+#[test]
+fn each_internet_gateway_leaves_from_its_own_address() -> Result<()> {
+    let (first, second) = (ip("203.0.113.30"), ip("203.0.113.31"));
+    let (gw1, gw2) = (
+        "0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a",
+        "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+    );
+    let mut outside = Outside::floating(GuestSpec::v4("i0", 0, 30), &[first, second]);
+    for tie in [format!("{first}={gw1}"), format!("{second}={gw2}")] {
+        outside.external.extend(["--inet-gw".to_string(), tie]);
+    }
+    let (rack, internet) = rack(vec![outside])?;
+    let g = rack.guest("i0")?;
+    assert_eq!(source_seen_by_the_server(&internet, g, 5401)?, first);
+    let server = format!("{}/32", Internet::SERVER4);
+    let through_gw2 = format!("ig={gw2}");
+    let route = ["add-router-entry", "-p", "i0", &server, &through_gw2];
+    rack.sled(0)?.admin(&route)?;
+    assert_eq!(source_seen_by_the_server(&internet, g, 5402)?, second);
+    assert_eq!(port_drops(&rack, "i0", "no_external_ip")?, 0);
+    Ok(())
+}

@@ -174,19 +174,24 @@ fn opteadm_lines_and_flow_dumps_work_against_the_daemon() -> Result<()> {
     ])?;
     sled.admin(&["del-router-entry", A1, "10.8.0.0/16"])?;
     assert!(!sled.admin(&["dump-routes", A1])?.contains("10.8.0.0/16"));
-    for (line, named) in [
-        (
-            format!("add-router-entry -p {A1} 10.8.0.0/16 ig=0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a system"),
-            "ig=0b8b2f6e",
-        ),
-        (
-            format!("add-fw-rule -p {A1} --dir in --hosts vni=7 --protocol arp --ports any --action allow --priority 5"),
-            "arp",
-        ),
-    ] {
-        let e = refused(sled, &line)?;
-        assert!(e.contains(named) && e.contains("not supported yet"), "{line}: {e}");
-    }
+    // A route through one of several internet gateways (the gateways' own
+    // addresses: opteadm_create_xde_lines_dhcp_and_clear_lft).
+    let ig = "add-router-entry -p a1 10.8.0.0/16 ig=0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a system";
+    sled.admin(&ig.split_whitespace().collect::<Vec<_>>())?;
+    let routes = sled.admin(&["dump-routes", A1])?;
+    assert!(
+        routes.contains("igw=0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a"),
+        "{routes}"
+    );
+    sled.admin(&["del-router-entry", A1, "10.8.0.0/16"])?;
+    let arp = format!(
+        "add-fw-rule -p {A1} --dir in --hosts vni=7 --protocol arp --ports any --action allow --priority 5"
+    );
+    let e = refused(sled, &arp)?;
+    assert!(
+        e.contains("arp") && e.contains("not supported yet"),
+        "{arp}: {e}"
+    );
 
     // The underlay links are the daemon's: naming them is accepted, other links
     // are refused by name, and clearing them is refused saying why.
@@ -422,6 +427,56 @@ fn opteadm_create_xde_lines_dhcp_and_clear_lft() -> Result<()> {
     let c = config(sled)?;
     assert_eq!(c["external"]["ephemeral"], "10.100.0.7", "{c}");
     assert!(c["external"]["snat"].is_null(), "{c}");
+    // Two internet gateways (OPTE's `ig=UUID` routes): each external address
+    // tied to the gateways it serves, routes naming one.
+    let (igw_a, igw_b) = (
+        "0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a",
+        "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+    );
+    let tie_a = format!("10.100.0.7={igw_a}");
+    let tie_b = format!("10.100.0.8={igw_b}");
+    let ext = [
+        "set-external-ips",
+        "-p",
+        "o1",
+        "--ephemeral-ip",
+        "10.100.0.7",
+        "--floating-ip",
+        "10.100.0.8",
+        "--inet-gw",
+        &tie_a,
+        "--inet-gw",
+        &tie_b,
+    ];
+    sled.admin(&ext)?;
+    let c = config(sled)?;
+    assert_eq!(
+        c["external"]["gateways"],
+        serde_json::json!({"10.100.0.7": [igw_a], "10.100.0.8": [igw_b]}),
+        "{c}"
+    );
+    let ig_a = format!("ig={igw_a}");
+    let route = ["add-router-entry", "-p", "o1", "203.0.113.0/24", &ig_a];
+    sled.admin(&route)?;
+    let routes = sled.admin(&["dump-routes", "o1"])?;
+    let want = format!("igw={igw_a}");
+    assert!(
+        routes.lines().any(|l| l
+            .split_whitespace()
+            .take(2)
+            .eq(["203.0.113.0/24", want.as_str()])),
+        "{routes}"
+    );
+    sled.admin(&["del-router-entry", "-p", "o1", "203.0.113.0/24", &ig_a])?;
+    // A gateway for an address the port does not have: refused by name.
+    let stray = format!("192.0.2.99={igw_a}");
+    let e = refused(
+        sled,
+        &format!("set-external-ips -p o1 --ephemeral-ip 10.100.0.7 --inet-gw {stray}"),
+    )?;
+    assert!(e.contains("192.0.2.99"), "{e}");
+    let e = refused(sled, "add-router-entry -p o1 203.0.113.0/24 ig=0b8b2f6e")?;
+    assert!(e.contains("not an internet gateway id"), "{e}");
 
     // DHCPv4: busybox's udhcpc (as the VM test's guest runs it).
     let script = rack.dir().join("udhcpc.script");

@@ -49,6 +49,8 @@ pub use reply::{
 pub use request::{CaptureSpec, Request};
 pub use route::{RouteClass, RouteEntry, RouteTarget};
 pub use sled::{SledExpect, SledFacts, SledMismatch};
+/// Internet gateway ids (`ig=UUID`, `ExternalIps::gateways`).
+pub use uuid::Uuid;
 pub use v2p::{Source, V2bEntry, V2pEntry, V2pRecord, V2pTarget};
 pub use vni::Vni;
 pub use wire::MacAddr;

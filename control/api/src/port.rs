@@ -11,7 +11,9 @@ use crate::Vni;
 use core::fmt;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use uuid::Uuid;
 use wire::MacAddr;
 
 /// The MTU a port gets when creation does not name one (the reference's default).
@@ -297,6 +299,12 @@ pub struct ExternalIps {
     pub snat: Option<SnatRange>,
     pub ephemeral: Option<IpAddr>,
     pub floating: Vec<IpAddr>,
+    /// The internet gateways each address serves (OPTE's `inet_gw_map`;
+    /// `--inet-gw ADDR=UUID[,UUID]`): a flow routed through gateway `G`
+    /// (`ig=G`) leaves from an address that serves `G`. Empty: every address
+    /// serves every gateway.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gateways: BTreeMap<IpAddr, BTreeSet<Uuid>>,
 }
 
 /// Why a port's external addresses are refused.
@@ -310,6 +318,10 @@ pub enum ExternalIpsError {
     SnatRangeReversed { start: u16, end: u16 },
     #[error("floating IP {0} is given twice")]
     FloatingTwice(IpAddr),
+    #[error("internet gateways for {0}: it is not one of the port's external addresses")]
+    GatewayForUnknownIp(IpAddr),
+    #[error("internet gateways for {0}: none given")]
+    NoGateways(IpAddr),
 }
 
 impl ExternalIps {
@@ -357,7 +369,22 @@ impl ExternalIps {
                 return Err(ExternalIpsError::FloatingTwice(ip));
             }
         }
+        for (&ip, gateways) in &self.gateways {
+            if !self.has(ip) {
+                return Err(ExternalIpsError::GatewayForUnknownIp(ip));
+            }
+            if gateways.is_empty() {
+                return Err(ExternalIpsError::NoGateways(ip));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether `ip` is one of the addresses (SNAT, ephemeral or floating).
+    fn has(&self, ip: IpAddr) -> bool {
+        self.snat.is_some_and(|s| s.ip == ip)
+            || self.ephemeral == Some(ip)
+            || self.floating.contains(&ip)
     }
 }
 
@@ -380,6 +407,10 @@ impl fmt::Display for ExternalIps {
         for ip in &self.floating {
             write!(f, "{sep}floating {ip}")?;
             sep = ", ";
+        }
+        for (ip, gateways) in &self.gateways {
+            let ids: Vec<String> = gateways.iter().map(Uuid::to_string).collect();
+            write!(f, "{sep}{ip} via {}", ids.join(" "))?;
         }
         Ok(())
     }
@@ -1000,6 +1031,30 @@ mod tests {
         let e = twice.validate(v4, None).unwrap_err().to_string();
         assert!(e.contains("192.0.2.5 is given twice"), "{e}");
         assert_eq!(snat(1024, 2047).to_string(), "snat 198.51.100.1:1024-2047");
+        // Internet gateways: only for the port's own addresses, at least one each.
+        let id: Uuid = "0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a".parse().unwrap();
+        let mut gw = snat(1024, 2047);
+        gw.gateways
+            .insert("198.51.100.1".parse().unwrap(), BTreeSet::from([id]));
+        assert!(gw.validate(v4, None).is_ok());
+        assert_eq!(
+            gw.to_string(),
+            "snat 198.51.100.1:1024-2047, 198.51.100.1 via 0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a"
+        );
+        let mut stranger = gw.clone();
+        stranger
+            .gateways
+            .insert("192.0.2.9".parse().unwrap(), BTreeSet::from([id]));
+        let e = stranger.validate(v4, None).unwrap_err().to_string();
+        assert!(e.contains("192.0.2.9") && e.contains("not one of"), "{e}");
+        gw.gateways
+            .insert("198.51.100.1".parse().unwrap(), BTreeSet::new());
+        let e = gw.validate(v4, None).unwrap_err().to_string();
+        assert!(e.contains("198.51.100.1: none given"), "{e}");
+        // Saved before gateways existed: none.
+        let old: ExternalIps =
+            serde_json::from_str(r#"{"snat":null,"ephemeral":null,"floating":[]}"#).unwrap();
+        assert!(old.gateways.is_empty());
         assert!(snat(1024, 2047)
             .snat
             .unwrap()

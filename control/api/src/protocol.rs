@@ -416,6 +416,7 @@ mod tests {
                     }),
                     ephemeral: None,
                     floating: vec!["192.0.2.5".parse().unwrap()],
+                    gateways: Default::default(),
                 },
             },
             Request::SetPortLimits {

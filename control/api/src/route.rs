@@ -1,12 +1,13 @@
 //! A port's routes as the API carries them, and their text forms: `xdeadm`'s targets
-//! (`subnet`, `igw`, `drop`, `ip4=ADDR`, `ip6=ADDR`) and opteadm's (`sub4=CIDR`,
-//! `sub6=CIDR`, `ig`), and router classes.
+//! (`subnet`, `igw`, `igw=UUID`, `drop`, `ip4=ADDR`, `ip6=ADDR`) and opteadm's
+//! (`sub4=CIDR`, `sub6=CIDR`, `ig`, `ig=UUID`), and router classes.
 
 use core::fmt;
 use core::str::FromStr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
+use uuid::Uuid;
 
 /// A route word that does not parse, naming it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -15,9 +16,7 @@ pub enum RouteSyntaxError {
     Target { word: String, why: String },
     #[error("route target {word:?} is of another address family than the destination {dest}")]
     Family { word: String, dest: IpNet },
-    #[error(
-        "route target {0:?}: internet gateway ids are not supported yet (one internet gateway: ig)"
-    )]
+    #[error("route target {0:?}: not an internet gateway id (a UUID)")]
     GatewayId(String),
     #[error("invalid router class {0:?}: expected system or custom")]
     Class(String),
@@ -29,8 +28,14 @@ pub enum RouteSyntaxError {
 pub enum RouteTarget {
     /// Inside the VPC: the overlay layer looks the destination up in V2P.
     Subnet,
-    /// Out of the rack through boundary services (the internet gateway).
+    /// Out of the rack through boundary services (the internet gateway; with
+    /// several, the flow's source may be any of the port's external addresses).
     Igw,
+    /// Out through the internet gateway with this id (`igw=UUID`, opteadm's
+    /// `ig=UUID`): the flow leaves from an external address that serves it
+    /// (`ExternalIps::gateways`).
+    #[serde(rename = "igw_id")]
+    IgwId(Uuid),
     /// Discarded (counted).
     Drop,
     /// To the VPC guest with this address (`ip4=ADDR`, `ip6=ADDR`): the packet goes,
@@ -60,12 +65,16 @@ impl FromStr for RouteTarget {
         match s.split_once('=') {
             Some(("ip4", a)) => ip(true, a),
             Some(("ip6", a)) => ip(false, a),
+            Some(("igw" | "ig", id)) => id
+                .parse()
+                .map(RouteTarget::IgwId)
+                .map_err(|_| RouteSyntaxError::GatewayId(s.to_string())),
             _ => match s {
                 "subnet" => Ok(RouteTarget::Subnet),
                 "igw" => Ok(RouteTarget::Igw),
                 "drop" => Ok(RouteTarget::Drop),
                 _ => Err(bad(
-                    "expected subnet, igw, drop, ip4=ADDR or ip6=ADDR".into()
+                    "expected subnet, igw, igw=UUID, drop, ip4=ADDR or ip6=ADDR".into(),
                 )),
             },
         }
@@ -77,8 +86,8 @@ impl RouteTarget {
     /// `sub4=CIDR`/`sub6=CIDR` (the VPC subnet: the overlay's V2P table then names
     /// the sled, so the CIDR is checked, not used), `ig`, `drop` (any case).
     /// `ip4=ADDR`/`ip6=ADDR` route to the VPC guest with that address (an
-    /// appliance), of the destination's family. `ig=UUID` (one of several internet
-    /// gateways) is refused: the datapath has one internet gateway.
+    /// appliance), of the destination's family. `ig=UUID`: one of the port's
+    /// internet gateways.
     pub fn parse_for(dest: &IpNet, s: &str) -> Result<RouteTarget, RouteSyntaxError> {
         let lower = s.to_ascii_lowercase();
         let dest_v4 = matches!(dest, IpNet::V4(_));
@@ -114,10 +123,11 @@ impl RouteTarget {
                 RouteTarget::Ip(a) if a.is_ipv4() != dest_v4 => Err(other_family()),
                 t => Ok(t),
             },
-            Some(("ig", _)) => Err(RouteSyntaxError::GatewayId(s.to_string())),
+            Some(("ig" | "igw", _)) => lower.parse(),
             Some(_) => Err(RouteSyntaxError::Target {
                 word: s.to_string(),
-                why: "expected subnet, igw, drop, sub4=CIDR, sub6=CIDR, ip4=ADDR, ip6=ADDR or ig"
+                why: "expected subnet, igw, drop, sub4=CIDR, sub6=CIDR, ip4=ADDR, ip6=ADDR, ig \
+                      or ig=UUID"
                     .into(),
             }),
         }
@@ -129,6 +139,7 @@ impl fmt::Display for RouteTarget {
         f.write_str(match self {
             RouteTarget::Subnet => "subnet",
             RouteTarget::Igw => "igw",
+            RouteTarget::IgwId(id) => return write!(f, "igw={id}"),
             RouteTarget::Drop => "drop",
             RouteTarget::Ip(IpAddr::V4(a)) => return write!(f, "ip4={a}"),
             RouteTarget::Ip(IpAddr::V6(a)) => return write!(f, "ip6={a}"),
@@ -195,7 +206,14 @@ mod tests {
 
     #[test]
     fn targets_parse_and_print_back() {
-        for s in ["subnet", "igw", "drop", "ip4=10.0.0.5", "ip6=fd00::5"] {
+        for s in [
+            "subnet",
+            "igw",
+            "igw=0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a",
+            "drop",
+            "ip4=10.0.0.5",
+            "ip6=fd00::5",
+        ] {
             assert_eq!(s.parse::<RouteTarget>().unwrap().to_string(), s);
         }
         let e = "router".parse::<RouteTarget>().unwrap_err().to_string();
@@ -222,6 +240,20 @@ mod tests {
         assert_eq!(RouteTarget::parse_for(&v4, "IG"), Ok(RouteTarget::Igw));
         assert_eq!(RouteTarget::parse_for(&v4, "Drop"), Ok(RouteTarget::Drop));
         assert_eq!(RouteTarget::parse_for(&v4, "igw"), Ok(RouteTarget::Igw));
+        let id: Uuid = "0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a".parse().unwrap();
+        for s in [
+            "ig=0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a",
+            "IG=0B8B2F6E-8B44-4A8E-9F5C-0D1C1D0E5B1A",
+        ] {
+            assert_eq!(RouteTarget::parse_for(&v6, s), Ok(RouteTarget::IgwId(id)));
+        }
+        // Saved state names it apart from the plain internet gateway, which keeps
+        // its old form.
+        let json = serde_json::to_string(&[RouteTarget::Igw, RouteTarget::IgwId(id)]).unwrap();
+        assert_eq!(
+            json,
+            r#"["igw",{"igw_id":"0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a"}]"#
+        );
         assert_eq!(
             RouteTarget::parse_for(&v4, "ip4=10.0.0.5"),
             Ok(RouteTarget::Ip("10.0.0.5".parse().unwrap()))
@@ -235,11 +267,7 @@ mod tests {
             (&v4, "ip6=fd00::1", "another address family"),
             (&v4, "ip4=fd00::1", "not an IPv4 address"),
             (&v4, "ip4=10.0.0", "not an address"),
-            (
-                &v4,
-                "ig=0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a",
-                "not supported yet",
-            ),
+            (&v4, "ig=0b8b2f6e", "not an internet gateway id"),
             (&v4, "sub6=fd00::/64", "another address family"),
             (&v4, "sub4=fd00::/64", "not an IPv4 prefix"),
             (&v4, "sub4=10.0.0.0/33", "not a prefix"),

@@ -37,6 +37,14 @@ impl ToEngine for api::ExternalIps {
             snat: self.snat.as_ref().map(ToEngine::to_engine),
             ephemeral: self.ephemeral,
             floating: self.floating.clone(),
+            gateways: self
+                .gateways
+                .iter()
+                .map(|(ip, ids)| {
+                    let ids = ids.iter().map(|id| engine::IgwId(id.as_u128())).collect();
+                    (*ip, ids)
+                })
+                .collect(),
         }
     }
 }
@@ -127,7 +135,10 @@ impl ToEngine for api::RouteTarget {
     fn to_engine(&self) -> engine::RouteTarget {
         match *self {
             api::RouteTarget::Subnet => engine::RouteTarget::VpcSubnet,
-            api::RouteTarget::Igw => engine::RouteTarget::InternetGateway,
+            api::RouteTarget::Igw => engine::RouteTarget::InternetGateway(None),
+            api::RouteTarget::IgwId(id) => {
+                engine::RouteTarget::InternetGateway(Some(engine::IgwId(id.as_u128())))
+            }
             api::RouteTarget::Drop => engine::RouteTarget::Drop,
             api::RouteTarget::Ip(a) => engine::RouteTarget::Ip(a),
         }
@@ -139,7 +150,10 @@ impl ToApi for engine::RouteTarget {
     fn to_api(&self) -> api::RouteTarget {
         match *self {
             engine::RouteTarget::VpcSubnet => api::RouteTarget::Subnet,
-            engine::RouteTarget::InternetGateway => api::RouteTarget::Igw,
+            engine::RouteTarget::InternetGateway(None) => api::RouteTarget::Igw,
+            engine::RouteTarget::InternetGateway(Some(id)) => {
+                api::RouteTarget::IgwId(api::Uuid::from_u128(id.0))
+            }
             engine::RouteTarget::Drop => api::RouteTarget::Drop,
             engine::RouteTarget::Ip(a) => api::RouteTarget::Ip(a),
         }
@@ -197,6 +211,11 @@ mod tests {
             }),
             ephemeral: Some("198.51.100.7".parse().unwrap()),
             floating: vec!["192.0.2.5".parse().unwrap()],
+            gateways: [(
+                "192.0.2.5".parse().unwrap(),
+                ["0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a".parse().unwrap()].into(),
+            )]
+            .into(),
         };
         cfg.limits.egress_mbps = Some(100);
         cfg.cidrs.inbound.push("10.9.0.0/16".parse().unwrap());
@@ -212,6 +231,7 @@ mod tests {
             api::RouteTarget::Igw,
             api::RouteTarget::Drop,
             api::RouteTarget::Ip("10.0.0.5".parse().unwrap()),
+            api::RouteTarget::IgwId("0b8b2f6e-8b44-4a8e-9f5c-0d1c1d0e5b1a".parse().unwrap()),
         ] {
             assert_eq!(t.to_engine().to_api(), t);
         }

@@ -34,7 +34,7 @@ pub use frames::input::{InputRef, RxFrame};
 pub use frames::output::{
     FrameBytes, FrameSpace, LentFrame, SiblingFrame, TunnelGso, TxBatch, TxDest,
 };
-pub use ids::{PortId, Vni, VniError};
+pub use ids::{IgwId, PortId, Vni, VniError};
 pub use machinery::conntrack::FlowLimits;
 pub use machinery::counters::DropCounters;
 pub use machinery::flow::FlowKey;

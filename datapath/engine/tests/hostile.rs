@@ -323,7 +323,7 @@ fn v2b_endpoints_choose_and_admit() {
         b.add_route(
             "gb",
             "0.0.0.0/0".parse().unwrap(),
-            RouteTarget::InternetGateway,
+            RouteTarget::InternetGateway(None),
             None,
         )
         .unwrap();

@@ -11,7 +11,7 @@ use engine::{
     Direction, Engine, EngineConfig, FwAction, MacAddr, PortId, Predicate, Rule, TxBatch, TxDest,
     VnetHdr, Vni,
 };
-use engine::{ExternalIps, SnatRange};
+use engine::{ExternalIps, IgwId, RouteTarget, SnatRange};
 use etherparse::{NetHeaders, PacketBuilder, PacketHeaders, TransportHeader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::vnet::F_NEEDS_CSUM;
@@ -192,6 +192,7 @@ fn the_source_is_the_floating_ip_else_the_ephemeral_else_snat() {
         }),
         ephemeral: Some(IpAddr::V4(eph4())),
         floating: vec![IpAddr::V4(f4), IpAddr::V6(f6)],
+        gateways: Default::default(),
     };
     let remote4 = ip("8.8.8.8");
     let remote6 = ip("2001:4860::8888");
@@ -1197,4 +1198,76 @@ fn only_an_external_attached_subnet_is_exempt() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("65 prefixes allowed exempt from NAT"), "{err}");
+}
+
+/// Several internet gateways (OPTE's `ig=UUID` routes and internet gateway map):
+/// a flow leaves from an address that serves its route's gateway, a route without
+/// a gateway id may use any address, a gateway no address serves is refused
+/// (`no_external_ip`), and a reply to a connection from the internet leaves from
+/// the address it came in to, whichever gateway its route names.
+#[test]
+fn each_internet_gateway_leaves_from_its_own_addresses() {
+    let g = guest(1);
+    let (f4, _) = floating(&g);
+    let (gw_a, gw_b, gw_c) = (IgwId(0xa), IgwId(0xb), IgwId(0xc));
+    let (mut e, p) = sled(ExternalIps {
+        snat: Some(SnatRange {
+            ip: IpAddr::V4(snat4()),
+            start: 4096,
+            end: 8191,
+        }),
+        ephemeral: Some(IpAddr::V4(eph4())),
+        floating: vec![IpAddr::V4(f4)],
+        gateways: [
+            (IpAddr::V4(f4), [gw_a].into()),
+            (IpAddr::V4(eph4()), [gw_b].into()),
+            (IpAddr::V4(snat4()), [gw_b].into()),
+        ]
+        .into(),
+    });
+    for (net, gw) in [
+        ("203.0.113.0/24", gw_a),
+        ("198.18.0.0/15", gw_b),
+        ("192.0.2.128/25", gw_c),
+    ] {
+        let target = RouteTarget::InternetGateway(Some(gw));
+        e.add_route(g.name, net.parse().unwrap(), target, None)
+            .unwrap();
+    }
+    let (to_a, to_b, to_c, anywhere) = (
+        ip("203.0.113.9"),
+        ip("198.18.0.9"),
+        ip("192.0.2.200"),
+        ip("8.8.8.8"),
+    );
+    let got = send(&mut e, p, &udp_to(to_a, 5353), 1);
+    assert_eq!(
+        checked(&got[0]).0,
+        (IpAddr::V4(f4), to_a),
+        "ig=A: A's address"
+    );
+    let got = send(&mut e, p, &udp_to(to_b, 5353), 1);
+    assert_eq!(checked(&got[0]).0, (IpAddr::V4(eph4()), to_b), "ig=B: B's");
+    let got = send(&mut e, p, &udp_to(anywhere, 5353), 1);
+    assert_eq!(checked(&got[0]).0, (IpAddr::V4(f4), anywhere), "ig: any");
+    assert!(send(&mut e, p, &udp_to(to_c, 5353), 1).is_empty());
+    assert_eq!(drops(&e, "no_external_ip"), 1, "ig=C: no address serves it");
+
+    // A connection from a host behind gateway B to A's floating IP: its replies
+    // leave from that address, not from B's.
+    let rule = Rule::new(10, FwAction::Allow)
+        .matching(Predicate::Proto(17))
+        .finalize()
+        .unwrap();
+    e.add_fw_rule(g.name, Direction::In, rule).unwrap();
+    let query = udp_reply(to_b, IpAddr::V4(f4), 7000);
+    assert_eq!(from_internet(&mut e, &query, 2).len(), 1);
+    let l4 = L4::Udp {
+        sport: 7000,
+        dport: 53,
+    };
+    let IpAddr::V4(b4) = to_b else { unreachable!() };
+    let answer = frame(&g, Some(b4), None, l4, b"answer");
+    let got = send(&mut e, p, &answer, 3);
+    assert_eq!(checked(&got[0]).0, (IpAddr::V4(f4), to_b));
 }

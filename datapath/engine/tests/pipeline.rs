@@ -291,7 +291,7 @@ fn every_outbound_drop_reason_is_counted() {
     a.add_route(
         "ga",
         "9.9.9.0/24".parse().unwrap(),
-        RouteTarget::InternetGateway,
+        RouteTarget::InternetGateway(None),
         None,
     )
     .unwrap();

@@ -171,6 +171,7 @@ fn arb_external() -> impl Strategy<Value = ExternalIps> {
             snat,
             ephemeral,
             floating,
+            gateways: Default::default(),
         },
     )
 }

@@ -6,7 +6,9 @@
 use crate::opteadm;
 use api::port::{CidrDirError, DEFAULT_PORT_MTU, MIN_PORT_MTU};
 use api::protocol::DEFAULT_API_SOCKET;
-use api::{CidrDir, Direction, FwAction, FwHost, FwPorts, FwProtoSpec, FwRule, FwSyntaxError, Vni};
+use api::{
+    CidrDir, Direction, FwAction, FwHost, FwPorts, FwProtoSpec, FwRule, FwSyntaxError, Uuid, Vni,
+};
 use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv6Addr};
@@ -553,6 +555,12 @@ pub struct ExternalArgs {
     /// A floating IP (repeatable; the first of a flow's family is its source).
     #[arg(long = "floating-ip")]
     pub floating_ip: Vec<IpAddr>,
+    /// The internet gateways an external address serves, `ADDR=UUID[,UUID...]`
+    /// (repeatable; OPTE's internet gateway map): a flow routed through `ig=UUID`
+    /// leaves from an address that serves it. None: every address serves every
+    /// gateway.
+    #[arg(long = "inet-gw", value_name = "ADDR=UUID[,UUID]", value_parser = parse_inet_gw)]
+    pub inet_gw: Vec<(IpAddr, Vec<Uuid>)>,
 }
 
 /// Direction, priority and filters of a firewall rule, as flags (opteadm's
@@ -628,6 +636,8 @@ pub enum ValueError {
     CidrBoth(String),
     #[error("invalid MTU {0:?}: expected a number")]
     Mtu(String),
+    #[error("invalid internet gateway map {0:?}: expected ADDR=UUID[,UUID...]")]
+    InetGw(String),
     #[error("MTU {0} is below {MIN_PORT_MTU}")]
     MtuBelowMin(u32),
     #[error("MTU {0} is above 65535")]
@@ -646,6 +656,19 @@ pub fn parse_cidr_dir(s: &str) -> Result<CidrDir, ValueError> {
         CidrDir::Both => Err(ValueError::CidrBoth(s.to_string())),
         d => Ok(d),
     }
+}
+
+/// `--inet-gw ADDR=UUID[,UUID...]`: an external address and the internet
+/// gateways it serves.
+pub fn parse_inet_gw(s: &str) -> Result<(IpAddr, Vec<Uuid>), ValueError> {
+    let bad = || ValueError::InetGw(s.to_string());
+    let (addr, ids) = s.split_once('=').ok_or_else(bad)?;
+    let addr = addr.parse().map_err(|_| bad())?;
+    let ids = ids
+        .split(',')
+        .map(|id| id.parse().map_err(|_| bad()))
+        .collect::<Result<Vec<Uuid>, _>>()?;
+    Ok((addr, ids))
 }
 
 /// A port's MTU: [`MIN_PORT_MTU`] to 65535.

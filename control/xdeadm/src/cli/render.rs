@@ -578,6 +578,7 @@ mod tests {
             }),
             ephemeral: None,
             floating: Vec::new(),
+            gateways: Default::default(),
         };
         let listed = render(&Reply::Ports(vec![PortStatus {
             port: api::PortInfo {

@@ -21,6 +21,7 @@ use api::{
     V2pTarget,
 };
 use ipnet::IpNet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv6Addr};
 use std::path::PathBuf;
 use wire::mac::ParseMacError;
@@ -596,6 +597,13 @@ impl ExternalArgs {
             snat,
             ephemeral: self.ephemeral_ip,
             floating: self.floating_ip.clone(),
+            gateways: self
+                .inet_gw
+                .iter()
+                .fold(BTreeMap::new(), |mut m, (ip, ids)| {
+                    m.entry(*ip).or_insert_with(BTreeSet::new).extend(ids);
+                    m
+                }),
         })
     }
 }

@@ -214,7 +214,7 @@ impl Engine {
             // 0.0.0.0/0 and ::/0.
             for net in [IpNet::V4(Default::default()), IpNet::V6(Default::default())] {
                 if router.dump_routes().iter().all(|r| r.dst != net) {
-                    router.add(net, RouteTarget::InternetGateway, None)?;
+                    router.add(net, RouteTarget::InternetGateway(None), None)?;
                 }
             }
         }

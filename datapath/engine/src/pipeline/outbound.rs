@@ -629,20 +629,21 @@ fn compile_outbound(
     // source in an external attached subnet leaves as it is (`attach-subnet -e`),
     // and so do its ICMP errors about packets that came in untranslated.
     let src_nat = match route.target {
-        RouteTarget::InternetGateway if cfg.cidrs.exempts_nat(key.src_ip) => None,
-        RouteTarget::InternetGateway => match &quote {
+        RouteTarget::InternetGateway(_) if cfg.cidrs.exempts_nat(key.src_ip) => None,
+        RouteTarget::InternetGateway(gw) => match &quote {
             // An ICMP error about a packet that came in through NAT leaves as from
             // where that packet was sent, quoting it as sent; decided per packet,
             // as the firewall decides such errors.
             Some(q) => Some(nat::outbound_icmp_error(
                 &cfg.external,
+                gw,
                 snat,
                 fw.conns(),
                 key,
                 q,
                 env.now,
             )?),
-            None => match nat::outbound(&cfg.external, snat, fw.conns(), key, env.now) {
+            None => match nat::outbound(&cfg.external, gw, snat, fw.conns(), key, env.now) {
                 Ok(n) => Some(n),
                 // Exhaustion passes as flows end: decided again on the next packet.
                 Err(DropReason::SnatExhausted) => return Err(DropReason::SnatExhausted),
@@ -714,7 +715,7 @@ fn compile_outbound(
             let plan = EncapPlan::new(key, v.underlay, cfg.vni, v.mac, true);
             (plan, path(cfg.mtu.min(carried)))
         }
-        RouteTarget::InternetGateway => {
+        RouteTarget::InternetGateway(_) => {
             let Some(endpoint) = env.v2b.select(key.dst_ip, key) else {
                 return Ok(drop(DropReason::NoBoundary));
             };

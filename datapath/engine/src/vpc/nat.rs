@@ -23,12 +23,13 @@ use crate::drop::DropReason;
 use crate::frames::rewrite::{
     icmp_checksum, local_port, quote_of, rewrite, rewritten_meta, End, Rewrite, SrcNat,
 };
+use crate::ids::IgwId;
 use crate::machinery::conntrack::{ConnHandle, ConnTable};
 use crate::machinery::flow::{
     is_echo, FlowHashBuilder, FlowKey, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::meta::InnerMeta;
 
@@ -52,6 +53,13 @@ pub struct ExternalIps {
     pub snat: Option<SnatRange>,
     pub ephemeral: Option<IpAddr>,
     pub floating: Vec<IpAddr>,
+    /// The internet gateways each address serves (OPTE's `inet_gw_map`): a flow
+    /// routed through gateway `G` (`add-router-entry … ig=G`) leaves from an
+    /// address that serves `G`, so a port with several gateways leaves through
+    /// each from that gateway's own addresses. Empty: every address serves every
+    /// gateway. A route without a gateway id (`ig`) may use every address.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gateways: BTreeMap<IpAddr, BTreeSet<IgwId>>,
 }
 
 impl ExternalIps {
@@ -60,19 +68,32 @@ impl ExternalIps {
         self.snat.is_none() && self.ephemeral.is_none() && self.floating.is_empty()
     }
 
-    /// The 1:1 address (floating first, then ephemeral) of `family`'s flows.
-    fn one_to_one(&self, v4: bool) -> Option<IpAddr> {
-        let fam = |ip: &&IpAddr| ip.is_ipv4() == v4;
+    /// Whether address `ip` may be the source of flows through gateway `gw`.
+    fn serves(&self, ip: IpAddr, gw: Option<IgwId>) -> bool {
+        match gw {
+            None => true,
+            Some(g) => {
+                self.gateways.is_empty() || self.gateways.get(&ip).is_some_and(|s| s.contains(&g))
+            }
+        }
+    }
+
+    /// The 1:1 address (floating first, then ephemeral) of `family`'s flows
+    /// through gateway `gw`.
+    fn one_to_one(&self, v4: bool, gw: Option<IgwId>) -> Option<IpAddr> {
+        let usable = |ip: &&IpAddr| ip.is_ipv4() == v4 && self.serves(**ip, gw);
         self.floating
             .iter()
-            .find(fam)
-            .or(self.ephemeral.as_ref().filter(fam))
+            .find(usable)
+            .or(self.ephemeral.as_ref().filter(usable))
             .copied()
     }
 
-    /// The SNAT range for `family`'s flows.
-    fn snat_for(&self, v4: bool) -> Option<&SnatRange> {
-        self.snat.as_ref().filter(|s| s.ip.is_ipv4() == v4)
+    /// The SNAT range for `family`'s flows through gateway `gw`.
+    fn snat_for(&self, v4: bool, gw: Option<IgwId>) -> Option<&SnatRange> {
+        self.snat
+            .as_ref()
+            .filter(|s| s.ip.is_ipv4() == v4 && self.serves(s.ip, gw))
     }
 
     /// Whether `ip` is a 1:1 (floating or ephemeral) address of the port.
@@ -238,12 +259,13 @@ impl SnatTable {
 /// (`no_external_ip`), like a port without any.
 pub fn outbound(
     ext: &ExternalIps,
+    gw: Option<IgwId>,
     snat: &mut SnatTable,
     conns: &ConnTable,
     key: &FlowKey,
     now: u64,
 ) -> Result<SrcNat, DropReason> {
-    let rewrite = match source(ext, snat, conns, key, now)? {
+    let rewrite = match source(ext, gw, snat, conns, key, now)? {
         Source::Ready(r) => r,
         Source::Port(range) => {
             let port = snat
@@ -267,6 +289,7 @@ pub fn outbound(
 /// `nat_no_mapping`.
 pub fn outbound_icmp_error(
     ext: &ExternalIps,
+    gw: Option<IgwId>,
     snat: &SnatTable,
     conns: &ConnTable,
     error: &FlowKey,
@@ -278,7 +301,7 @@ pub fn outbound_icmp_error(
     if flow.src_ip != error.src_ip {
         return Err(DropReason::NatNoMapping);
     }
-    let quote = match source(ext, snat, conns, &flow, now)? {
+    let quote = match source(ext, gw, snat, conns, &flow, now)? {
         Source::Ready(r) => r,
         Source::Port(range) => {
             let port = *snat
@@ -302,16 +325,19 @@ enum Source<'a> {
     Port(&'a SnatRange),
 }
 
+/// Where flow `key`'s source goes through gateway `gw` (`None`: any).
 fn source<'a>(
     ext: &'a ExternalIps,
+    gw: Option<IgwId>,
     snat: &SnatTable,
     conns: &ConnTable,
     key: &FlowKey,
     now: u64,
 ) -> Result<Source<'a>, DropReason> {
     let v4 = key.src_ip.is_ipv4();
-    if let Some(default) = ext.one_to_one(v4) {
-        // A reply to a connection that came in to another 1:1 address leaves from it.
+    if let Some(default) = ext.one_to_one(v4, gw) {
+        // A reply to a connection that came in to another 1:1 address leaves from
+        // it, whichever gateway its route names: the peer knows it by that address.
         let ip = snat
             .reply_from
             .get(&private_key(key))
@@ -324,7 +350,7 @@ fn source<'a>(
             key.src_port,
         )));
     }
-    let range = ext.snat_for(v4).ok_or(DropReason::NoExternalIp)?;
+    let range = ext.snat_for(v4, gw).ok_or(DropReason::NoExternalIp)?;
     if !has_ports(key) {
         // Without ports (ICMP other than echo, other protocols) nothing can tell
         // the replies of two guests apart: only the address changes.
@@ -435,7 +461,11 @@ pub fn note_inbound(
     to: IpAddr,
     now: u64,
 ) {
-    if ext.one_to_one(to.is_ipv4()) == Some(to) || !ext.is_one_to_one(to) {
+    // Without gateway ties the port's flows of a family all leave from one
+    // address: a connection to it needs no note. With them, the address depends
+    // on the route, so every connection to a 1:1 address is noted.
+    let default = ext.gateways.is_empty() && ext.one_to_one(to.is_ipv4(), None) == Some(to);
+    if default || !ext.is_one_to_one(to) {
         return;
     }
     let ck = key.reversed();

@@ -11,6 +11,7 @@
 //! cheaper there than maintaining a trie.
 
 use crate::drop::DropReason;
+use crate::ids::IgwId;
 use crate::machinery::layer::{Layer, LayerDump, RuleId};
 use crate::machinery::rule::{Direction, MatchFields, Predicate, Rule, RuleError};
 use crate::vpc::port::MIN_PORT_MTU;
@@ -25,8 +26,10 @@ use std::net::IpAddr;
 pub enum RouteTarget {
     /// Inside the VPC: the overlay's V2P table names the sled.
     VpcSubnet,
-    /// Out of the rack through boundary services.
-    InternetGateway,
+    /// Out of the rack through boundary services: through the internet gateway
+    /// this names, whose external addresses the flow's source becomes, or (`None`)
+    /// through any (every external address serves it).
+    InternetGateway(Option<IgwId>),
     /// Discard (counted as `route_drop`).
     Drop,
     /// To the VPC guest with this address (opteadm's `ip4=`/`ip6=`): an appliance
@@ -48,7 +51,8 @@ impl fmt::Display for RouteTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             RouteTarget::VpcSubnet => "vpc_subnet",
-            RouteTarget::InternetGateway => "internet_gateway",
+            RouteTarget::InternetGateway(None) => "internet_gateway",
+            RouteTarget::InternetGateway(Some(id)) => return write!(f, "internet_gateway={id}"),
             RouteTarget::Drop => "drop",
             RouteTarget::Ip(IpAddr::V4(a)) => return write!(f, "ip4={a}"),
             RouteTarget::Ip(IpAddr::V6(a)) => return write!(f, "ip6={a}"),
@@ -318,7 +322,7 @@ mod tests {
         let mut r = Router::default();
         r.add(
             "0.0.0.0/0".parse().unwrap(),
-            RouteTarget::InternetGateway,
+            RouteTarget::InternetGateway(None),
             None,
         )
         .unwrap();
@@ -328,17 +332,21 @@ mod tests {
             .unwrap();
         r.add(
             "10.1.2.0/24".parse().unwrap(),
-            RouteTarget::InternetGateway,
+            RouteTarget::InternetGateway(None),
             Some(1420),
         )
         .unwrap();
-        r.add("::/0".parse().unwrap(), RouteTarget::InternetGateway, None)
-            .unwrap();
+        r.add(
+            "::/0".parse().unwrap(),
+            RouteTarget::InternetGateway(None),
+            None,
+        )
+        .unwrap();
         r.add("fd00::/64".parse().unwrap(), RouteTarget::VpcSubnet, None)
             .unwrap();
         assert_eq!(
             r.lookup(&to("8.8.8.8")).unwrap().target,
-            RouteTarget::InternetGateway
+            RouteTarget::InternetGateway(None)
         );
         assert_eq!(
             r.lookup(&to("10.9.0.1")).unwrap().target,
@@ -348,7 +356,7 @@ mod tests {
         assert_eq!(
             r.lookup(&to("10.1.2.3")).unwrap(),
             RouteAction {
-                target: RouteTarget::InternetGateway,
+                target: RouteTarget::InternetGateway(None),
                 mtu: Some(1420)
             }
         );
@@ -358,7 +366,7 @@ mod tests {
         );
         assert_eq!(
             r.lookup(&to("2001:db8::1")).unwrap().target,
-            RouteTarget::InternetGateway
+            RouteTarget::InternetGateway(None)
         );
         r.del("::/0".parse().unwrap()).unwrap();
         assert_eq!(r.lookup(&to("2001:db8::1")), Err(DropReason::NoRoute));
