@@ -774,6 +774,25 @@ mod tests {
         assert_eq!(p.next_due(), Some(t + FIRST_BACKOFF));
     }
 
+    /// A veth pair `devs` between `a` and `b`, up, addressed `{prefix}::a/64` in
+    /// `a` and `{prefix}::b/64` in `b`.
+    fn veth_between(
+        a: &crate::worker::reattach::tests::Netns,
+        b: &crate::worker::reattach::tests::Netns,
+        (va, vb): (&str, &str),
+        prefix: &str,
+    ) {
+        use crate::worker::reattach::tests::ip;
+        ip(&[
+            "-n", &a.0, "link", "add", va, "type", "veth", "peer", "name", vb, "netns", &b.0,
+        ]);
+        for (ns, dev, host) in [(a, va, "a"), (b, vb, "b")] {
+            let addr = format!("{prefix}::{host}/64");
+            ip(&["-n", &ns.0, "-6", "addr", "add", &addr, "dev", dev, "nodad"]);
+            ip(&["-n", &ns.0, "link", "set", dev, "up"]);
+        }
+    }
+
     /// Syncs `hops` until `done` holds (told whether any sync so far asked for an
     /// invalidation), for at most `within`; the time it took, and whether one did.
     fn sync_until(
@@ -803,13 +822,7 @@ mod tests {
     fn resolver_follows_what_the_kernel_announces() {
         use crate::worker::reattach::tests::{ip, Netns};
         let (a, b) = (Netns::new("nh-a"), Netns::new("nh-b"));
-        ip(&[
-            "-n", &a.0, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.0,
-        ]);
-        for (ns, dev, addr) in [(&a, "va", "fd00::a/64"), (&b, "vb", "fd00::b/64")] {
-            ip(&["-n", &ns.0, "-6", "addr", "add", addr, "dev", dev, "nodad"]);
-            ip(&["-n", &ns.0, "link", "set", dev, "up"]);
-        }
+        veth_between(&a, &b, ("va", "vb"), "fd00");
         ip(&[
             "-n",
             &a.0,
@@ -860,14 +873,7 @@ mod tests {
         let (a, b) = (Netns::new("mp-a"), Netns::new("mp-b"));
         for n in ["1", "2"] {
             let (va, vb) = (format!("va{n}"), format!("vb{n}"));
-            ip(&[
-                "-n", &a.0, "link", "add", &va, "type", "veth", "peer", "name", &vb, "netns", &b.0,
-            ]);
-            for (ns, dev, host) in [(&a, &va, "a"), (&b, &vb, "b")] {
-                let addr = format!("fd00:{n}::{host}/64");
-                ip(&["-n", &ns.0, "-6", "addr", "add", &addr, "dev", dev, "nodad"]);
-                ip(&["-n", &ns.0, "link", "set", dev, "up"]);
-            }
+            veth_between(&a, &b, (&va, &vb), &format!("fd00:{n}"));
         }
         ip(&[
             "-n",
