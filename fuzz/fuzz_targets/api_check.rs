@@ -24,15 +24,22 @@ const MAX_REQUESTS: usize = 64;
 
 /// Runs one input; returns how many of its requests were accepted.
 pub fn run(data: &[u8]) -> usize {
+    run_requests(
+        data.split(|&b| b == b'\n')
+            .take(MAX_REQUESTS)
+            .filter_map(|line| protocol::decode_request(line).ok()),
+    )
+}
+
+/// Runs `requests` through a fresh controller with the checks above; returns how
+/// many were accepted.
+pub fn run_requests(requests: impl IntoIterator<Item = Request>) -> usize {
     let mut cfg = EngineConfig::new("fd00:99::1".parse().unwrap());
     cfg.boundary_services = Some(BOUNDARY.parse().unwrap());
     let engine = Engine::new(cfg).expect("a valid engine configuration");
     let mut ctl = Controller::new(Datapath::without_io(engine), None);
     let mut accepted = 0;
-    for line in data.split(|&b| b == b'\n').take(MAX_REQUESTS) {
-        let Ok(request) = protocol::decode_request(line) else {
-            continue;
-        };
+    for request in requests {
         let before = snapshot(&ctl);
         let outcome = ctl.handle(request.clone());
         let wire = protocol::encode_response(outcome.clone());

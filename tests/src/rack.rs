@@ -406,11 +406,7 @@ impl Rack {
     /// moved into the guest's same namespace, whose OS side is configured again.
     /// V2P is not touched.
     pub fn move_guest(&mut self, name: &str, to: usize) -> Result<()> {
-        let i = self
-            .guests
-            .iter()
-            .position(|g| g.spec.name == name)
-            .ok_or_else(|| Error::new(format!("no guest named {name:?}")))?;
+        let i = self.guest_index(name)?;
         let from = self.guests[i].spec.sled;
         self.sled(from)?
             .admin(&["delete-xde", name])
@@ -423,12 +419,39 @@ impl Rack {
         self.guests[i].configure_os()
     }
 
-    /// The guest named `name`.
-    pub fn guest(&self, name: &str) -> Result<&Guest> {
+    /// Moves guest `name` to sled `to` with its port's state, as an operator
+    /// moves a live guest (docs/operating.md, "Moving a port"): `export-port
+    /// --delete` on its sled into a file of the rack's directory, `import-port`
+    /// on `to` into the guest's same namespace, whose OS side is configured again,
+    /// `resume-port`, then V2P on every other sled.
+    pub fn migrate_guest(&mut self, name: &str, to: usize) -> Result<()> {
+        let i = self.guest_index(name)?;
+        let from = self.guests[i].spec.sled;
+        let file = self.dir().join(format!("{name}.export"));
+        let file = file.to_string_lossy();
+        self.sled(from)?
+            .admin(&["export-port", name, "-o", &file, "--delete"])
+            .with_context(|| format!("exporting {name}'s port from sled {from}"))?;
+        let ns = self.guests[i].ns.name().to_string();
+        self.sled(to)?
+            .admin(&["import-port", &file, "--netns", &ns])
+            .with_context(|| format!("importing {name}'s port on sled {to}"))?;
+        self.guests[i].spec.sled = to;
+        self.guests[i].configure_os()?;
+        self.sled(to)?.admin(&["resume-port", name])?;
+        self.publish_v2p_of(&self.guests[i].spec)
+    }
+
+    fn guest_index(&self, name: &str) -> Result<usize> {
         self.guests
             .iter()
-            .find(|g| g.spec.name == name)
+            .position(|g| g.spec.name == name)
             .ok_or_else(|| Error::new(format!("no guest named {name:?}")))
+    }
+
+    /// The guest named `name`.
+    pub fn guest(&self, name: &str) -> Result<&Guest> {
+        Ok(&self.guests[self.guest_index(name)?])
     }
 
     /// Tells every sled where every guest on the other sleds lives (`xdeadm set-v2p`

@@ -7,7 +7,7 @@ use crate::{Context, Error, Result};
 use std::io::{Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// What one side printed: `bytes=N fnv64=HEX secs=S mbit_per_s=R`.
@@ -70,6 +70,31 @@ pub fn transfer_between(
     bytes: u64,
     timeout: Duration,
 ) -> Result<Report> {
+    start(xfer_bin, from, to, to_ip, port, bytes, timeout)?.finish()
+}
+
+/// A [`transfer_between`] under way, the namespaces no longer borrowed (a test
+/// may rebuild the rack around it); [`Transfer::finish`] waits for it and checks
+/// it.
+pub struct Transfer {
+    receiver: Child,
+    recv_what: String,
+    /// The sender's standard output, or why it failed.
+    sender: std::thread::JoinHandle<Result<String>>,
+    bytes: u64,
+}
+
+/// Starts a [`transfer_between`]: the receiver, then the sender in a thread of its
+/// own.
+pub fn start(
+    xfer_bin: &Path,
+    from: &Netns,
+    to: &Netns,
+    to_ip: IpAddr,
+    port: u16,
+    bytes: u64,
+    timeout: Duration,
+) -> Result<Transfer> {
     let addr = SocketAddr::new(to_ip, port).to_string();
     let any = any_addr(to_ip, port).to_string();
     let bin = xfer_bin.display().to_string();
@@ -78,44 +103,63 @@ pub fn transfer_between(
         .cmd(&bin)
         .args(["recv", &any, &bytes.to_string(), &seed.to_string()]);
     let receiver = recv_cmd.spawn_with(Stdio::piped(), Stdio::piped())?;
-    let sent = from
+    let send_cmd = from
         .cmd(&bin)
         .args(["send", &addr, &bytes.to_string(), &seed.to_string()])
-        .timeout(timeout)
-        .run();
-    let started = Instant::now();
-    // The receiver ends right after the sender (it read everything) or fails on its
-    // own; give it a short grace and kill it otherwise.
-    let mut receiver = receiver;
-    while receiver.try_wait()?.is_none() && started.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(20));
+        .timeout(timeout);
+    Ok(Transfer {
+        receiver,
+        recv_what: recv_cmd.display(),
+        sender: std::thread::spawn(move || send_cmd.run()),
+        bytes,
+    })
+}
+
+impl Transfer {
+    /// Waits for both ends; requires that the receiver got exactly the sent stream
+    /// and that both hashes agree; returns the receiver's report.
+    pub fn finish(self) -> Result<Report> {
+        let Transfer {
+            mut receiver,
+            recv_what,
+            sender,
+            bytes,
+        } = self;
+        let sent = sender
+            .join()
+            .map_err(|_| Error::new("the sender's thread panicked"))?;
+        let started = Instant::now();
+        // The receiver ends right after the sender (it read everything) or fails on
+        // its own; give it a short grace and kill it otherwise.
+        while receiver.try_wait()?.is_none() && started.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if receiver.try_wait()?.is_none() {
+            receiver.kill()?;
+        }
+        let out = receiver.wait_with_output()?;
+        let recv_stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let recv_stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        if !out.status.success() {
+            return Err(Error::new(format!(
+                "receiver `{recv_what}` failed ({}): {}{}",
+                out.status,
+                recv_stderr.trim(),
+                match &sent {
+                    Err(e) => format!("; sender: {e}"),
+                    Ok(_) => String::new(),
+                }
+            )));
+        }
+        let sent = Report::parse(sent.context("sender")?.trim())?;
+        let got = Report::parse(recv_stdout.trim())?;
+        if sent.bytes != bytes || got.bytes != bytes || sent.fnv64 != got.fnv64 {
+            return Err(Error::new(format!(
+                "sent {sent:?} but received {got:?} (expected {bytes} bytes)"
+            )));
+        }
+        Ok(got)
     }
-    if receiver.try_wait()?.is_none() {
-        receiver.kill()?;
-    }
-    let out = receiver.wait_with_output()?;
-    let recv_stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let recv_stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    if !out.status.success() {
-        return Err(Error::new(format!(
-            "receiver `{}` failed ({}): {}{}",
-            recv_cmd.display(),
-            out.status,
-            recv_stderr.trim(),
-            match &sent {
-                Err(e) => format!("; sender: {e}"),
-                Ok(_) => String::new(),
-            }
-        )));
-    }
-    let sent = Report::parse(sent.context("sender")?.trim())?;
-    let got = Report::parse(recv_stdout.trim())?;
-    if sent.bytes != bytes || got.bytes != bytes || sent.fnv64 != got.fnv64 {
-        return Err(Error::new(format!(
-            "sent {sent:?} but received {got:?} (expected {bytes} bytes)"
-        )));
-    }
-    Ok(got)
 }
 
 /// Every address of `like`'s family, port `port`: where a receiver listens for

@@ -20,6 +20,7 @@
 pub mod client;
 pub mod firewall;
 pub mod fleet;
+pub mod migrate;
 pub mod openmetrics;
 pub mod port;
 pub mod protocol;
@@ -37,6 +38,7 @@ pub use firewall::{
     Direction, FwAction, FwFilters, FwHost, FwPorts, FwProto, FwProtoSpec, FwRule, FwSyntaxError,
     IcmpMatch,
 };
+pub use migrate::{ExportError, PortExport, PortImport, PORT_EXPORT_FORMAT, PORT_EXPORT_KIND};
 pub use port::{
     CidrDir, ExternalIps, PortCidrs, PortConfig, PortInfo, PortLimits, PortState, SnatRange,
     VhostUser, VhostUserMode,

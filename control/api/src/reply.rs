@@ -92,6 +92,13 @@ pub enum Reply {
     PathCheck(Vec<PeerPath>),
     Capture(CaptureReport),
     Fleet(Box<FleetStatus>),
+    /// `export-port`: the port's configuration and state.
+    PortExport(Box<crate::PortExport>),
+    /// `import-port`: what went into the port besides its configuration.
+    Imported {
+        connections: u64,
+        snat_ports: u64,
+    },
 }
 
 /// How a `doctor` check came out.

@@ -1,8 +1,8 @@
 //! What a client may ask the daemon: one [`Request`] per line.
 
 use crate::{
-    CidrDir, Direction, ExternalIps, FwFilters, FwRule, PortInfo, PortLimits, RouteClass,
-    RouteEntry, SledExpect, V2pEntry, V2pTarget, Vni,
+    CidrDir, Direction, ExternalIps, FwFilters, FwRule, PortImport, PortInfo, PortLimits,
+    RouteClass, RouteEntry, SledExpect, V2pEntry, V2pTarget, Vni,
 };
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -119,6 +119,15 @@ pub enum Request {
     ResumePort {
         port: String,
     },
+    /// `export-port`: pauses the port (saved) and answers its configuration and
+    /// live state ([`crate::PortExport`]). `xdeadm export-port --delete` deletes
+    /// the port once the export is written down, not before.
+    ExportPort {
+        port: String,
+    },
+    /// `import-port`: makes another sled's exported port here, paused, with its
+    /// state; `resume-port` starts it. Refused whole, naming the conflict.
+    ImportPort(Box<PortImport>),
     SetFwRules {
         port: String,
         rules: Vec<FwRule>,
@@ -230,6 +239,8 @@ impl Request {
                 | Request::RemoveCidr { .. }
                 | Request::PausePort { .. }
                 | Request::ResumePort { .. }
+                | Request::ExportPort { .. }
+                | Request::ImportPort(_)
         )
     }
 }

@@ -25,7 +25,7 @@ use api::{
     ExternalIps, FwRule, Outcome, PortCidrs, PortInfo, PortLimits, PortState, Reply, RouteEntry,
     V2pEntry, Vni,
 };
-use engine::V2b;
+use engine::{Imported, PortFlows, V2b};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -364,6 +364,16 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
         self.on_owner(port, move |dp: &mut D| dp.clear_lft(&n, &layer))
     }
 
+    fn export_flows(&mut self, port: &str) -> Result<PortFlows, DataplaneError> {
+        let n = port.to_string();
+        self.on_owner(port, move |dp: &mut D| dp.export_flows(&n))
+    }
+
+    fn import_flows(&mut self, port: &str, flows: &PortFlows) -> Result<Imported, DataplaneError> {
+        let (n, flows) = (port.to_string(), flows.clone());
+        self.on_owner(port, move |dp: &mut D| dp.import_flows(&n, &flows))
+    }
+
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), DataplaneError> {
         let (n, ext) = (port.to_string(), ext.clone());
         self.on_owner(port, move |dp: &mut D| dp.set_external_ips(&n, &ext))
@@ -504,6 +514,15 @@ mod tests {
         }
         fn clear_lft(&mut self, port: &str, _: &str) -> Result<u64, DataplaneError> {
             self.has(port).map(|()| 0)
+        }
+        fn export_flows(&mut self, port: &str) -> Result<PortFlows, DataplaneError> {
+            self.has(port).map(|()| PortFlows::default())
+        }
+        fn import_flows(&mut self, port: &str, f: &PortFlows) -> Result<Imported, DataplaneError> {
+            self.has(port).map(|()| Imported {
+                connections: f.connections.len(),
+                snat_ports: f.nat.snat.len(),
+            })
         }
         fn set_external_ips(&mut self, port: &str, _: &ExternalIps) -> Result<(), DataplaneError> {
             self.has(port)

@@ -75,9 +75,11 @@ fn kind(r: &Request) -> usize {
         // Answered by the daemon with its configuration only: seeded in
         // 18-all.jsonl.
         Request::CheckSled(_) => 39,
+        Request::ExportPort { .. } => 40,
+        Request::ImportPort(_) => 41,
     }
 }
-const KINDS: usize = 40;
+const KINDS: usize = 42;
 
 /// Every seed decodes line by line, every request type has a seed, and each
 /// single-type seed is accepted whole, so fuzzing starts from requests that reach
@@ -118,5 +120,23 @@ fn kept_inputs_pass_the_checks() {
     for (path, bytes) in &kept {
         eprintln!("{}", path.display());
         api_check::run(bytes);
+    }
+}
+
+/// The `port_import` target's seeds are exports a daemon imports whole (so fuzzing
+/// starts from inputs that reach the engine's import), through the same checks.
+#[test]
+fn port_import_seeds_are_imported() {
+    for (path, bytes) in corpus("seeds/port_import") {
+        let export: api::PortExport =
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let import = api::PortImport {
+            export,
+            netns: None,
+            attach: None,
+            vhost_user: None,
+        };
+        let accepted = api_check::run_requests([Request::ImportPort(Box::new(import))]);
+        assert_eq!(accepted, 1, "{} is refused", path.display());
     }
 }

@@ -9,7 +9,7 @@
 
 #![forbid(unsafe_code)]
 
-use api::{Client, ClientError, Refusal, Request};
+use api::{Client, ClientError, PortExport, Refusal, Reply, Request};
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -67,6 +67,12 @@ enum Failure {
     /// A writer verb of `fleet` failed, or a delete of it lost a race.
     #[error(transparent)]
     Fleet(#[from] WriteError),
+    /// `export-port` could not write its file (the port is left paused).
+    #[error("cannot write the export to {}: {error} (the port stays paused, and is not deleted)", file.display())]
+    ExportFile { file: PathBuf, error: io::Error },
+    /// The daemon answered `export-port` with something else.
+    #[error("the daemon answered export-port with {0:?}")]
+    NotAnExport(Box<Reply>),
 }
 
 impl From<ClientError> for Failure {
@@ -90,6 +96,8 @@ impl Failure {
             | Failure::NoCaptureFile { .. }
             | Failure::CaptureUnread { .. }
             | Failure::Output { .. }
+            | Failure::ExportFile { .. }
+            | Failure::NotAnExport(_)
             | Failure::Json(_) => 1,
             Failure::Usage(_) | Failure::Render(_) | Failure::SocketPath { .. } => 2,
             Failure::Unreachable(_) => 3,
@@ -147,6 +155,22 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
             result?;
         }
+        Action::ExportPort {
+            port,
+            output,
+            delete,
+        } => {
+            let mut client = Client::connect(&cli.socket)?;
+            let reply = client.call(&Request::ExportPort { port: port.clone() })?;
+            let text = format!("{}\n", to_json(&reply_export(reply)?)?);
+            match output {
+                Some(file) => write_export(&file, &text)?,
+                None => emit(&text)?,
+            }
+            if delete {
+                client.call(&Request::DeletePort { name: port })?;
+            }
+        }
         Action::FleetWrite(write) => {
             let report = fleet::run(&write)?;
             if json {
@@ -175,6 +199,33 @@ fn call(mut client: Client, request: &Request, json: bool) -> Result<(), Failure
         true => Err(Failure::ChecksFailed),
         false => Ok(()),
     }
+}
+
+/// The export in an `export-port` reply.
+fn reply_export(reply: Reply) -> Result<PortExport, Failure> {
+    match reply {
+        Reply::PortExport(export) => Ok(*export),
+        other => Err(Failure::NotAnExport(Box::new(other))),
+    }
+}
+
+/// Writes an export to `file` (mode 0600: it describes a tenant's network) and
+/// flushes it to disk: the port may be deleted next.
+fn write_export(file: &Path, text: &str) -> Result<(), Failure> {
+    let failed = |error| Failure::ExportFile {
+        file: file.to_path_buf(),
+        error,
+    };
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(file)
+        .map_err(failed)?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(failed)
 }
 
 /// Creates the empty file (mode 0600) overlayd writes a capture into for us: in

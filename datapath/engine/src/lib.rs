@@ -44,6 +44,7 @@ pub use machinery::uft::UftStats;
 pub use pipeline::budget::TableBudget;
 pub use pipeline::config::{EngineConfig, NextHop, UnderlayRoutes};
 pub use pipeline::error::EngineError;
+pub use pipeline::migrate::{FlowImportError, Imported, PortFlows};
 pub use pipeline::next_hops::{NextHopSet, MAX_NEXT_HOPS};
 pub use pipeline::stats::EngineStats;
 pub use pipeline::Engine;

@@ -5,180 +5,13 @@
 
 mod common;
 
+use common::internet::*;
 use common::*;
-use engine::OuterTemplate;
-use engine::{
-    Direction, Engine, EngineConfig, FwAction, MacAddr, PortId, Predicate, Rule, TxBatch, TxDest,
-    VnetHdr, Vni,
-};
+use engine::{Direction, Engine, FwAction, Predicate, Rule, TxBatch, VnetHdr, Vni};
 use engine::{ExternalIps, IgwId, RouteTarget, SnatRange};
 use etherparse::{NetHeaders, PacketBuilder, PacketHeaders, TransportHeader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use wire::vnet::F_NEEDS_CSUM;
-
-const BOUNDARY: &str = "fd00:99::ff";
-const S: u64 = 1_000_000_000;
-/// The MAC boundary services' frames carry as inner source.
-const SWITCH_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0x42];
-
-fn snat4() -> Ipv4Addr {
-    Ipv4Addr::new(198, 51, 100, 1)
-}
-fn snat6() -> Ipv6Addr {
-    "2001:db8:5::1".parse().unwrap()
-}
-fn eph4() -> Ipv4Addr {
-    Ipv4Addr::new(198, 51, 100, 77)
-}
-
-fn snat(ip: IpAddr, start: u16, end: u16) -> ExternalIps {
-    ExternalIps {
-        snat: Some(SnatRange { ip, start, end }),
-        ..Default::default()
-    }
-}
-
-/// Sled A with boundary services, and guest 1 with external addresses `ext`.
-fn sled(ext: ExternalIps) -> (Engine, PortId) {
-    let mut cfg = EngineConfig::new(SLED_A.parse().unwrap());
-    cfg.boundary_services = Some(BOUNDARY.parse().unwrap());
-    let mut e = Engine::new(cfg).unwrap();
-    let mut pc = port_config(&guest(1));
-    pc.external = ext;
-    let p = e.add_port(pc).unwrap();
-    (e, p)
-}
-
-fn drops(e: &Engine, reason: &str) -> u64 {
-    e.stats().ports[0].drops.get_named(reason)
-}
-
-/// The inner frames guest 1's frame `f` became on the underlay (to boundary
-/// services).
-fn send_with(e: &mut Engine, p: PortId, vnet: VnetHdr, f: &[u8], now: u64) -> Vec<Vec<u8>> {
-    let mut out = TxBatch::new();
-    e.process_guest(p, vnet, f, now, &Fabric, &mut out);
-    frames_of(&out, &[])
-        .into_iter()
-        .filter(|(d, _)| matches!(d, TxDest::Underlay { .. }))
-        .map(|(_, f)| {
-            let d = decode_underlay(&f);
-            assert_eq!(d.dst.to_string(), BOUNDARY);
-            d.inner
-        })
-        .collect()
-}
-
-fn send(e: &mut Engine, p: PortId, f: &[u8], now: u64) -> Vec<Vec<u8>> {
-    send_with(e, p, VnetHdr::default(), f, now)
-}
-
-/// `inner` (an IP packet in Ethernet, for guest 1's MAC) as boundary services hand
-/// it to sled A: from `BOUNDARY`, with the External option.
-fn boundary_frame(inner: &[u8]) -> Vec<u8> {
-    let t = OuterTemplate::new(
-        MacAddr([2, 0, 0, 0, 0x99, 9]),
-        MacAddr([2, 0, 0, 0, 0x99, 2]),
-        BOUNDARY.parse().unwrap(),
-        SLED_A.parse().unwrap(),
-        50000,
-        0,
-        Vni::new(VNI).unwrap(),
-        true,
-        false,
-    );
-    let mut out = TxBatch::new();
-    assert!(t.encapsulate(inner, None, TxDest::Underlay { ifindex: 1 }, &mut out) > 0);
-    out.frame(0).unwrap().1.to_vec()
-}
-
-/// What reached the guest of `inners` sent by boundary services in one batch, with
-/// the offload metadata each was handed over with.
-fn from_internet_batch(e: &mut Engine, inners: &[Vec<u8>], now: u64) -> Vec<(VnetHdr, Vec<u8>)> {
-    let wires: Vec<Vec<u8>> = inners.iter().map(|i| boundary_frame(i)).collect();
-    receive(e, &wires, now)
-        .into_iter()
-        .map(|(d, f)| match d {
-            TxDest::Port { vnet, .. } => (vnet, f),
-            other => panic!("not to a port: {other:?}"),
-        })
-        .collect()
-}
-
-/// [`from_internet_batch`] of one frame, without the metadata.
-fn from_internet(e: &mut Engine, inner: &[u8], now: u64) -> Vec<Vec<u8>> {
-    let inners = [inner.to_vec()];
-    from_internet_batch(e, &inners, now)
-        .into_iter()
-        .map(|(_, f)| f)
-        .collect()
-}
-
-/// The packet's (source, destination) address and (source, destination) port (echo:
-/// the identifier twice), after checking every checksum with etherparse.
-fn checked(frame: &[u8]) -> ((IpAddr, IpAddr), (u16, u16)) {
-    let h = PacketHeaders::from_ethernet_slice(frame).expect("parses");
-    let payload = h.payload.slice();
-    let mut t = h.transport.clone().expect("has L4");
-    let ips = match h.net.as_ref().expect("IP") {
-        NetHeaders::Ipv4(ip, _) => {
-            assert_eq!(ip.header_checksum, ip.calc_header_checksum(), "IPv4 header");
-            t.update_checksum_ipv4(ip, payload).unwrap();
-            (ip.source.into(), ip.destination.into())
-        }
-        NetHeaders::Ipv6(ip, _) => {
-            t.update_checksum_ipv6(ip, payload).unwrap();
-            (ip.source.into(), ip.destination.into())
-        }
-        NetHeaders::Arp(_) => panic!("not IP"),
-    };
-    assert_eq!(Some(&t), h.transport.as_ref(), "L4 checksum");
-    let ports = match t {
-        TransportHeader::Tcp(t) => (t.source_port, t.destination_port),
-        TransportHeader::Udp(u) => (u.source_port, u.destination_port),
-        TransportHeader::Icmpv4(_) | TransportHeader::Icmpv6(_) => {
-            // The echo identifier: bytes 4..6 of the 8-byte ICMP header.
-            let l4 = frame.len() - payload.len() - 8;
-            let id = u16::from_be_bytes([frame[l4 + 4], frame[l4 + 5]]);
-            (id, id)
-        }
-        TransportHeader::Igmp(_) => panic!("IGMP"),
-    };
-    (ips, ports)
-}
-
-fn udp_to(to: IpAddr, sport: u16) -> Vec<u8> {
-    let g = guest(1);
-    let l4 = L4::Udp { sport, dport: 53 };
-    match to {
-        IpAddr::V4(a) => frame(&g, Some(a), None, l4, b"query"),
-        IpAddr::V6(a) => frame(&g, None, Some(a), l4, b"query"),
-    }
-}
-
-/// A UDP reply from `from`:53 to `to`:`dport`, as it arrives from the internet.
-fn udp_reply(from: IpAddr, to: IpAddr, dport: u16) -> Vec<u8> {
-    let eth = PacketBuilder::ethernet2(SWITCH_MAC, guest(1).mac.0);
-    let mut buf = Vec::new();
-    match (from, to) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => eth
-            .ipv4(s.octets(), d.octets(), 60)
-            .udp(53, dport)
-            .write(&mut buf, b"answer")
-            .unwrap(),
-        (IpAddr::V6(s), IpAddr::V6(d)) => eth
-            .ipv6(s.octets(), d.octets(), 60)
-            .udp(53, dport)
-            .write(&mut buf, b"answer")
-            .unwrap(),
-        _ => panic!("mixed families"),
-    }
-    buf
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 #[test]
 fn the_source_is_the_floating_ip_else_the_ephemeral_else_snat() {
@@ -196,7 +29,7 @@ fn the_source_is_the_floating_ip_else_the_ephemeral_else_snat() {
     };
     let remote4 = ip("8.8.8.8");
     let remote6 = ip("2001:4860::8888");
-    let (mut e, p) = sled(all.clone());
+    let (mut e, p) = internet_sled(all.clone());
     let got = send(&mut e, p, &udp_to(remote4, 5353), 1);
     assert_eq!(checked(&got[0]), ((IpAddr::V4(f4), remote4), (5353, 53)));
     let got = send(&mut e, p, &udp_to(remote6, 5353), 1);
@@ -206,7 +39,7 @@ fn the_source_is_the_floating_ip_else_the_ephemeral_else_snat() {
     assert_eq!(checked(&got[0]), ((IpAddr::V4(f4), remote4), (40000, 443)));
 
     // Without floating IPs: the ephemeral IP, port kept.
-    let (mut e, p) = sled(ExternalIps {
+    let (mut e, p) = internet_sled(ExternalIps {
         floating: vec![],
         ..all.clone()
     });
@@ -217,7 +50,7 @@ fn the_source_is_the_floating_ip_else_the_ephemeral_else_snat() {
     );
 
     // SNAT only: the SNAT IP and a port of the range.
-    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 4096, 8191));
+    let (mut e, p) = internet_sled(snat(IpAddr::V4(snat4()), 4096, 8191));
     let got = send(&mut e, p, &udp_to(remote4, 5353), 1);
     let ((src, dst), (sport, dport)) = checked(&got[0]);
     assert_eq!((src, dst, dport), (IpAddr::V4(snat4()), remote4, 53));
@@ -240,11 +73,11 @@ fn the_source_is_the_floating_ip_else_the_ephemeral_else_snat() {
 
 #[test]
 fn a_port_without_an_external_address_of_the_family_is_refused() {
-    let (mut e, p) = sled(ExternalIps::default());
+    let (mut e, p) = internet_sled(ExternalIps::default());
     assert!(send(&mut e, p, &udp_to(ip("8.8.8.8"), 1), 1).is_empty());
     assert_eq!(drops(&e, "no_external_ip"), 1);
     // An IPv6 SNAT address serves no IPv4 flow.
-    let (mut e, p) = sled(snat(IpAddr::V6(snat6()), 1024, 2047));
+    let (mut e, p) = internet_sled(snat(IpAddr::V6(snat6()), 1024, 2047));
     assert!(send(&mut e, p, &udp_to(ip("8.8.8.8"), 1), 1).is_empty());
     assert_eq!(drops(&e, "no_external_ip"), 1);
     assert_eq!(
@@ -257,7 +90,7 @@ fn a_port_without_an_external_address_of_the_family_is_refused() {
 
 #[test]
 fn snat_ports_are_held_per_flow_until_its_connection_ends() {
-    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5001));
+    let (mut e, p) = internet_sled(snat(IpAddr::V4(snat4()), 5000, 5001));
     let remote = ip("8.8.8.8");
     let port_of = |got: Vec<Vec<u8>>| checked(&got[0]).1 .0;
     let a = port_of(send(&mut e, p, &udp_to(remote, 1111), 1));
@@ -285,7 +118,7 @@ fn snat_ports_are_held_per_flow_until_its_connection_ends() {
 #[test]
 fn replies_are_translated_back_and_nothing_else_gets_in() {
     let g = guest(1);
-    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5099));
+    let (mut e, p) = internet_sled(snat(IpAddr::V4(snat4()), 5000, 5099));
     let remote = ip("8.8.8.8");
     let got = send(&mut e, p, &udp_to(remote, 1111), 1);
     let sport = checked(&got[0]).1 .0;
@@ -313,7 +146,7 @@ fn replies_are_translated_back_and_nothing_else_gets_in() {
 fn the_internet_connects_in_to_a_floating_ip_the_firewall_permitting() {
     let g = guest(1);
     let (f4, f6) = floating(&g);
-    let (mut e, _) = sled(ExternalIps {
+    let (mut e, _) = internet_sled(ExternalIps {
         floating: vec![IpAddr::V4(f4), IpAddr::V6(f6)],
         ..Default::default()
     });
@@ -353,7 +186,7 @@ fn echo_through_snat_allocates_the_identifier() {
         (IpAddr::V4(snat4()), ip("8.8.8.8")),
         (IpAddr::V6(snat6()), ip("2001:4860::8888")),
     ] {
-        let (mut e, p) = sled(snat(ext, 7000, 7010));
+        let (mut e, p) = internet_sled(snat(ext, 7000, 7010));
         let ping = match remote {
             IpAddr::V4(r) => frame(&g, Some(r), None, L4::Icmp { id: 77, seq: 1 }, b"ping"),
             IpAddr::V6(r) => frame(&g, None, Some(r), L4::Icmp { id: 77, seq: 1 }, b"ping"),
@@ -406,7 +239,7 @@ fn packet_too_big(router: Ipv6Addr, packet: &[u8], mtu: u32) -> Vec<u8> {
 #[test]
 fn packet_too_big_about_a_snat_flow_reaches_the_guest_translated() {
     let g = guest(1);
-    let (mut e, p) = sled(snat(IpAddr::V6(snat6()), 1024, 1100));
+    let (mut e, p) = internet_sled(snat(IpAddr::V6(snat6()), 1024, 1100));
     let remote = ip6("2001:db8:99::80");
     let payload = vec![0x5a; 1400];
     let f = frame(
@@ -466,7 +299,7 @@ fn packet_too_big_about_a_snat_flow_reaches_the_guest_translated() {
 fn fragmentation_needed_about_a_floating_tcp_flow_is_translated() {
     let g = guest(1);
     let (f4, _) = floating(&g);
-    let (mut e, p) = sled(ExternalIps {
+    let (mut e, p) = internet_sled(ExternalIps {
         floating: vec![IpAddr::V4(f4)],
         ..Default::default()
     });
@@ -497,7 +330,7 @@ fn fragmentation_needed_about_a_floating_tcp_flow_is_translated() {
 #[test]
 fn partial_checksums_and_tso_buffers_leave_with_right_checksums() {
     let g = guest(1);
-    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 2000, 2999));
+    let (mut e, p) = internet_sled(snat(IpAddr::V4(snat4()), 2000, 2999));
     let remote = Ipv4Addr::new(8, 8, 8, 8);
     // UDP with NEEDS_CSUM: the field holds the pseudo-header sum.
     let mut f = udp_to(IpAddr::V4(remote), 4444);
@@ -540,7 +373,7 @@ fn partial_checksums_and_tso_buffers_leave_with_right_checksums() {
 
 #[test]
 fn new_external_addresses_apply_to_established_flows() {
-    let (mut e, p) = sled(ExternalIps {
+    let (mut e, p) = internet_sled(ExternalIps {
         ephemeral: Some(IpAddr::V4(eph4())),
         ..Default::default()
     });
@@ -576,7 +409,7 @@ fn new_external_addresses_apply_to_established_flows() {
 #[test]
 fn unchecked_external_addresses_translate_nothing_they_cannot() {
     let v4 = IpAddr::V4(snat4());
-    let (mut e, p) = sled(snat(v4, 3000, 2000));
+    let (mut e, p) = internet_sled(snat(v4, 3000, 2000));
     let remote = ip("8.8.8.8");
     assert!(send(&mut e, p, &udp_to(remote, 1), 1).is_empty());
     assert_eq!(drops(&e, "snat_exhausted"), 1);
@@ -610,7 +443,7 @@ fn unchecked_external_addresses_translate_nothing_they_cannot() {
 #[test]
 fn guest_fragments_through_snat_reassemble_with_a_right_checksum() {
     let g = guest(1);
-    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 3000, 3999));
+    let (mut e, p) = internet_sled(snat(IpAddr::V4(snat4()), 3000, 3999));
     let remote = Ipv4Addr::new(8, 8, 8, 8);
     let payload: Vec<u8> = (0..2000u32).map(|i| (i % 251) as u8).collect();
     let whole = frame(
@@ -680,7 +513,7 @@ fn guest_fragments_through_snat_reassemble_with_a_right_checksum() {
 fn replies_leave_from_the_floating_ip_the_connection_came_in_to() {
     let g = guest(1);
     let (first, second) = (Ipv4Addr::new(192, 0, 2, 10), Ipv4Addr::new(192, 0, 2, 11));
-    let (mut e, p) = sled(ExternalIps {
+    let (mut e, p) = internet_sled(ExternalIps {
         floating: vec![IpAddr::V4(first), IpAddr::V4(second)],
         ..Default::default()
     });
@@ -724,7 +557,7 @@ fn replies_leave_from_the_floating_ip_the_connection_came_in_to() {
 #[test]
 fn held_and_fragmented_frames_leave_from_the_external_address() {
     let g = guest(1);
-    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 4000, 4999));
+    let (mut e, p) = internet_sled(snat(IpAddr::V4(snat4()), 4000, 4999));
     let remote = Ipv4Addr::new(8, 8, 8, 8);
     let payload = vec![0x42u8; 3000];
     let mut f = Vec::new();
@@ -773,7 +606,7 @@ fn held_and_fragmented_frames_leave_from_the_external_address() {
 fn vni_rules_never_match_traffic_outside_the_vpc() {
     let g = guest(1);
     let (_, f6) = floating(&g);
-    let (mut e, p) = sled(ExternalIps {
+    let (mut e, p) = internet_sled(ExternalIps {
         floating: vec![IpAddr::V6(f6)],
         ..Default::default()
     });
@@ -814,7 +647,7 @@ fn vni_rules_never_match_traffic_outside_the_vpc() {
 #[test]
 fn tcp_from_the_internet_through_snat_is_coalesced() {
     let g = guest(1);
-    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5099));
+    let (mut e, p) = internet_sled(snat(IpAddr::V4(snat4()), 5000, 5099));
     let remote = Ipv4Addr::new(8, 8, 8, 8);
     let got = send(&mut e, p, &tcp_v4(&g, remote, 40000, 80, true, b""), 1);
     let sport = checked(&got[0]).1 .0;
@@ -895,7 +728,7 @@ fn tcp_from_the_internet_through_snat_is_coalesced() {
 #[test]
 fn replies_from_outside_are_cached_under_the_external_address() {
     let g = guest(1);
-    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5099));
+    let (mut e, p) = internet_sled(snat(IpAddr::V4(snat4()), 5000, 5099));
     let remote = ip("8.8.8.8");
     let got = send(&mut e, p, &udp_to(remote, 1111), 1);
     let sport = checked(&got[0]).1 .0;
@@ -926,7 +759,7 @@ fn replies_from_outside_are_cached_under_the_external_address() {
 #[test]
 fn a_snat_port_reused_by_another_flow_delivers_to_that_flow() {
     let g = guest(1);
-    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5000));
+    let (mut e, p) = internet_sled(snat(IpAddr::V4(snat4()), 5000, 5000));
     let remote = ip("8.8.8.8");
     let s4 = IpAddr::V4(snat4());
     let got = send(&mut e, p, &udp_to(remote, 1111), 1);
@@ -950,7 +783,7 @@ fn a_snat_port_reused_by_another_flow_delivers_to_that_flow() {
 fn a_connection_the_guest_opens_clears_a_refusal_cached_from_outside() {
     let g = guest(1);
     let (f4, _) = floating(&g);
-    let (mut e, p) = sled(ExternalIps {
+    let (mut e, p) = internet_sled(ExternalIps {
         floating: vec![IpAddr::V4(f4)],
         ..Default::default()
     });
@@ -1034,7 +867,7 @@ fn quote_of(f: &[u8]) -> ((IpAddr, IpAddr), (u16, u16), bool) {
 fn guest_icmp_errors_quote_what_the_sender_sent() {
     let g = guest(1);
     let (f4, _) = floating(&g);
-    let (mut e, p) = sled(ExternalIps {
+    let (mut e, p) = internet_sled(ExternalIps {
         floating: vec![IpAddr::V4(f4)],
         ..Default::default()
     });
@@ -1055,7 +888,7 @@ fn guest_icmp_errors_quote_what_the_sender_sent() {
     );
 
     // SNAT, IPv6: the reply to the guest's query, quoted with its SNAT port.
-    let (mut e, p) = sled(snat(IpAddr::V6(snat6()), 5000, 5099));
+    let (mut e, p) = internet_sled(snat(IpAddr::V6(snat6()), 5000, 5099));
     let remote = ip("2001:db8:99::53");
     let got = send(&mut e, p, &udp_to(remote, 1111), 1);
     let sport = checked(&got[0]).1 .0;
@@ -1110,7 +943,7 @@ fn udp_from(src: Ipv4Addr, sport: u16, dst: Ipv4Addr) -> Vec<u8> {
 #[test]
 fn an_external_attached_subnet_is_exempt_from_nat() {
     let g = guest(1);
-    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5099));
+    let (mut e, p) = internet_sled(snat(IpAddr::V4(snat4()), 5000, 5099));
     attach(&mut e, EXEMPT, true);
     let (inside, remote) = (Ipv4Addr::new(203, 0, 113, 9), Ipv4Addr::new(8, 8, 8, 8));
     let (inside_ip, remote_ip) = (IpAddr::V4(inside), IpAddr::V4(remote));
@@ -1160,7 +993,7 @@ fn an_external_attached_subnet_is_exempt_from_nat() {
 /// external, its flows are translated again at once.
 #[test]
 fn only_an_external_attached_subnet_is_exempt() {
-    let (mut e, p) = sled(snat(IpAddr::V4(snat4()), 5000, 5099));
+    let (mut e, p) = internet_sled(snat(IpAddr::V4(snat4()), 5000, 5099));
     attach(&mut e, EXEMPT, false);
     let (inside, remote) = (Ipv4Addr::new(203, 0, 113, 9), Ipv4Addr::new(8, 8, 8, 8));
     let (inside_ip, remote_ip) = (IpAddr::V4(inside), IpAddr::V4(remote));
@@ -1210,7 +1043,7 @@ fn each_internet_gateway_leaves_from_its_own_addresses() {
     let g = guest(1);
     let (f4, _) = floating(&g);
     let (gw_a, gw_b, gw_c) = (IgwId(0xa), IgwId(0xb), IgwId(0xc));
-    let (mut e, p) = sled(ExternalIps {
+    let (mut e, p) = internet_sled(ExternalIps {
         snat: Some(SnatRange {
             ip: IpAddr::V4(snat4()),
             start: 4096,

@@ -102,6 +102,8 @@ impl<D: Dataplane> Controller<D> {
             Request::SetFwRules { port, rules } => self.set_fw_rules(&port, rules),
             Request::PausePort { port } => self.set_port_paused(&port, true),
             Request::ResumePort { port } => self.set_port_paused(&port, false),
+            Request::ExportPort { port } => self.export_port(&port),
+            Request::ImportPort(import) => self.import_port(&import),
             Request::ListFwRules { port } => {
                 self.port(&port)?;
                 Ok(Reply::FwRules(
@@ -328,21 +330,8 @@ impl<D: Dataplane> Controller<D> {
     fn add_route(&mut self, port: &str, entry: RouteEntry) -> Result<Reply, ControlError> {
         self.applied_port(port)?;
         self.check_fleet_table(port, PortTable::Routes)?;
-        check_network(entry.dest)?;
-        if let Some(mtu) = entry.mtu.filter(|&m| m < MIN_PORT_MTU) {
-            return Err(ControlError::RouteMtu(mtu));
-        }
         let mut routes = self.state.routes.get(port).cloned().unwrap_or_default();
-        if routes
-            .iter()
-            .any(|r| r.dest == entry.dest && r.class == entry.class)
-        {
-            return Err(ControlError::RouteExists {
-                port: port.to_string(),
-                class: entry.class,
-                dest: entry.dest,
-            });
-        }
+        check_new_route(port, &routes, &entry)?;
         routes.push(entry);
         self.replace_routes(port, routes)
     }
@@ -458,7 +447,11 @@ impl<D: Dataplane> Controller<D> {
     /// again), its flows, connections and rules kept; saved, so a restart brings
     /// the port back paused. Pausing a paused port (resuming a running one) changes
     /// nothing and is not an error.
-    fn set_port_paused(&mut self, port: &str, paused: bool) -> Result<Reply, ControlError> {
+    pub(super) fn set_port_paused(
+        &mut self,
+        port: &str,
+        paused: bool,
+    ) -> Result<Reply, ControlError> {
         self.applied_port(port)?;
         let was = self.state.paused.contains(port);
         self.dp.set_port_paused(port, paused)?;
@@ -579,24 +572,7 @@ impl<D: Dataplane> Controller<D> {
     fn set_fw_rules(&mut self, port: &str, mut rules: Vec<FwRule>) -> Result<Reply, ControlError> {
         self.applied_port(port)?;
         self.check_fleet_table(port, PortTable::Firewall)?;
-        for (i, r) in rules.iter().enumerate() {
-            r.filters
-                .validate()
-                .map_err(|error| ControlError::BadRule {
-                    index: i,
-                    rule: Box::new(r.clone()),
-                    error,
-                })?;
-            if rules[..i]
-                .iter()
-                .any(|o| o.same_identity(r.direction, r.priority, &r.filters))
-            {
-                return Err(ControlError::RuleTwice {
-                    index: i,
-                    rule: r.clone(),
-                });
-            }
-        }
+        check_rules(&rules)?;
         let mut next = self.state.clone();
         for r in &mut rules {
             r.id = 0;
@@ -604,6 +580,53 @@ impl<D: Dataplane> Controller<D> {
         next.assign_fw_rule_ids(port, &mut rules);
         self.replace_fw_rules(port, rules, next)
     }
+}
+
+/// Refuses a route `routes` (port `port`'s) cannot take: a network with host
+/// bits, an MTU below the minimum, or a destination and class it routes already.
+pub(super) fn check_new_route(
+    port: &str,
+    routes: &[RouteEntry],
+    entry: &RouteEntry,
+) -> Result<(), ControlError> {
+    check_network(entry.dest)?;
+    if let Some(mtu) = entry.mtu.filter(|&m| m < MIN_PORT_MTU) {
+        return Err(ControlError::RouteMtu(mtu));
+    }
+    if routes
+        .iter()
+        .any(|r| r.dest == entry.dest && r.class == entry.class)
+    {
+        return Err(ControlError::RouteExists {
+            port: port.to_string(),
+            class: entry.class,
+            dest: entry.dest,
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a firewall whose rules do not validate or name one rule twice.
+pub(super) fn check_rules(rules: &[FwRule]) -> Result<(), ControlError> {
+    for (i, r) in rules.iter().enumerate() {
+        r.filters
+            .validate()
+            .map_err(|error| ControlError::BadRule {
+                index: i,
+                rule: Box::new(r.clone()),
+                error,
+            })?;
+        if rules[..i]
+            .iter()
+            .any(|o| o.same_identity(r.direction, r.priority, &r.filters))
+        {
+            return Err(ControlError::RuleTwice {
+                index: i,
+                rule: r.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What [`Controller::change_cidrs`] does to a port's prefixes.

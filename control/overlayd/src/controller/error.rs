@@ -100,6 +100,8 @@ pub enum ControlError {
     NoFleet,
     #[error("the fleet watcher has stopped")]
     FleetStopped,
+    #[error(transparent)]
+    Move(#[from] super::MoveError),
 }
 
 impl ControlError {
@@ -142,6 +144,8 @@ impl ControlError {
             ControlError::NeedsIo | ControlError::NoFleet => ErrorCode::Unsupported,
             ControlError::FleetOwned { .. } => ErrorCode::Conflict,
             ControlError::FleetStopped => ErrorCode::Dataplane,
+            ControlError::Move(super::MoveError::Encode(_)) => ErrorCode::Dataplane,
+            ControlError::Move(_) => ErrorCode::Invalid,
         }
     }
 }

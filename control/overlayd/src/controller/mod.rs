@@ -25,6 +25,7 @@ mod dispatch;
 mod error;
 pub mod fleet;
 mod inspect;
+mod migrate;
 pub mod state;
 mod tap_queue;
 mod unapplied;
@@ -32,6 +33,7 @@ mod unapplied;
 pub use dataplane::{Dataplane, DataplaneError, Inspect, PortTables};
 pub use error::ControlError;
 pub use fleet::FleetLayer;
+pub use migrate::MoveError;
 
 use crate::convert::ToEngine;
 use crate::server::ApiCounters;

@@ -11,6 +11,7 @@ use api::{
     FwRule, NotApplied, PortCidrs, PortLimits, PortState, Refusal, RouteClass, RouteEntry,
     RouteTarget,
 };
+use engine::{Imported, PortFlows};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 use std::sync::Mutex;
@@ -29,6 +30,8 @@ struct Recorder {
     routes: BTreeMap<String, Vec<RouteEntry>>,
     rules: BTreeMap<String, Vec<FwRule>>,
     paused: BTreeSet<String>,
+    /// Live state imported into each port (and exported from it).
+    flows: BTreeMap<String, PortFlows>,
     /// Every change asked for, in order ("op port").
     log: Vec<String>,
     refuse: Option<&'static str>,
@@ -141,6 +144,18 @@ impl Dataplane for Recorder {
     }
     fn clear_lft(&mut self, port: &str, _: &str) -> Result<u64, DataplaneError> {
         self.check("clear_lft", port).map(|()| 0)
+    }
+    fn export_flows(&mut self, port: &str) -> Result<PortFlows, DataplaneError> {
+        self.check("export_flows", port)?;
+        Ok(self.flows.get(port).cloned().unwrap_or_default())
+    }
+    fn import_flows(&mut self, port: &str, f: &PortFlows) -> Result<Imported, DataplaneError> {
+        self.check("import_flows", port)?;
+        self.flows.insert(port.into(), f.clone());
+        Ok(Imported {
+            connections: f.connections.len(),
+            snat_ports: f.nat.snat.len(),
+        })
     }
     fn set_external_ips(&mut self, port: &str, _: &ExternalIps) -> Result<(), DataplaneError> {
         self.check("set_external_ips", port)
@@ -1570,4 +1585,155 @@ fn the_fleet_layer_is_saved_at_a_bounded_rate() {
     c.apply_fleet(events(11, vec![]));
     c.flush_fleet();
     assert_eq!(saved_at(&store), 11);
+}
+
+fn export_of(c: &mut Controller<Recorder>, port: &str) -> api::PortExport {
+    match ok(c, Request::ExportPort { port: port.into() }) {
+        Reply::PortExport(e) => *e,
+        other => panic!("not an export: {other:?}"),
+    }
+}
+
+fn import(export: api::PortExport) -> Request {
+    Request::ImportPort(Box::new(api::PortImport {
+        export,
+        netns: Some("g9".into()),
+        attach: None,
+        vhost_user: None,
+    }))
+}
+
+/// One UDP connection of port opte0 (sample_port's address 5), as the engine
+/// exports it.
+fn one_connection() -> PortFlows {
+    serde_json::from_value(json!({
+        "connections": [{
+            "key": {"vni": 1701, "proto": 17, "src_ip": "172.30.0.5", "dst_ip": "172.30.0.6",
+                    "src_port": 5000, "dst_port": 53, "icmp_type": 0, "icmp_code": 0},
+            "initiator": "out", "replied": true, "age_ns": 9, "idle_ns": 1,
+            "out": {"packets": 1, "bytes": 60}, "in": {"packets": 1, "bytes": 80}
+        }]
+    }))
+    .unwrap()
+}
+
+/// A port exported by one controller (paused there) is made by another with its
+/// tables, rule ids and flows, paused and attached where the import says.
+#[test]
+fn a_port_moves_with_its_tables_and_flows_and_arrives_paused() {
+    let mut a = Controller::new(Recorder::default(), None);
+    ok(&mut a, create("opte0", 5));
+    let rule = fw_rule(10, FwProto::Tcp, vec![22]);
+    ok(
+        &mut a,
+        Request::AddFwRule {
+            port: "opte0".into(),
+            rule,
+        },
+    );
+    let drop = RouteEntry {
+        class: RouteClass::System,
+        dest: "10.9.0.0/16".parse().unwrap(),
+        target: RouteTarget::Drop,
+        mtu: None,
+    };
+    ok(
+        &mut a,
+        Request::AddRouterEntry {
+            port: "opte0".into(),
+            entry: drop,
+        },
+    );
+    a.dataplane_mut()
+        .flows
+        .insert("opte0".into(), one_connection());
+    let e = export_of(&mut a, "opte0");
+    assert!(
+        a.state().paused.contains("opte0"),
+        "the exporting sled pauses it"
+    );
+    assert_eq!(e.fw_rules, a.state().fw_rules["opte0"]);
+    assert_eq!(e.routes, a.state().routes["opte0"]);
+
+    let mut b = Controller::new(Recorder::default(), None);
+    ok(&mut b, create("opte1", 6));
+    let r = ok(&mut b, import(e.clone()));
+    assert_eq!(
+        r,
+        Reply::Imported {
+            connections: 1,
+            snat_ports: 0
+        }
+    );
+    let s = b.state();
+    assert!(s.paused.contains("opte0"));
+    assert_eq!(s.fw_rules["opte0"], e.fw_rules, "rules keep their ids");
+    assert_eq!(s.routes["opte0"], e.routes);
+    assert_eq!(s.fw_next_id["opte0"], e.fw_next_id);
+    let port = s.ports.iter().find(|p| p.config.name == "opte0").unwrap();
+    assert_eq!(
+        (port.netns.as_deref(), &port.config),
+        (Some("g9"), &e.port.config)
+    );
+    assert_eq!(b.dataplane().flows["opte0"], one_connection());
+    assert!(b.dataplane().paused.contains("opte0"));
+    // A second time, the name (and the MAC and addresses) are taken.
+    let r = err(&mut b, import(e));
+    assert!(r.message.contains("opte0"), "{r}");
+}
+
+/// An import that cannot be the port's, or that the dataplane refuses, changes
+/// nothing and says why; so does an export the dataplane cannot make (the port
+/// is not left paused).
+#[test]
+fn a_refused_move_changes_nothing_and_says_why() {
+    let mut a = Controller::new(Recorder::default(), None);
+    ok(&mut a, create("opte0", 5));
+    let e = export_of(&mut a, "opte0");
+    let mut b = Controller::new(Recorder::default(), None);
+    let refused = |b: &mut Controller<Recorder>, change: &dyn Fn(&mut api::PortExport)| {
+        let mut x = e.clone();
+        change(&mut x);
+        err(b, import(x)).message
+    };
+    let m = refused(&mut b, &|x| x.format = 2);
+    assert!(m.contains("format 2") && m.contains("format 1"), "{m}");
+    let m = refused(&mut b, &|x| x.kind = "pcap".into());
+    assert!(m.contains("\"pcap\""), "{m}");
+    let m = refused(&mut b, &|x| x.flows = json!({"connections": "none"}));
+    assert!(m.contains("flows are unreadable"), "{m}");
+    let m = refused(&mut b, &|x| {
+        let mut twice = x.fw_rules[0].clone();
+        twice.priority += 1;
+        x.fw_rules.push(twice);
+    });
+    assert!(m.contains("given twice"), "{m}");
+    let m = refused(&mut b, &|x| x.routes.push(x.routes[0]));
+    assert!(m.contains("already has"), "{m}");
+    let mut b = Controller::new(
+        Recorder {
+            refuse: Some("import_flows"),
+            ..Recorder::default()
+        },
+        None,
+    );
+    let m = err(&mut b, import(e.clone())).message;
+    assert!(m.contains("import_flows"), "{m}");
+    assert!(b.dataplane().ports.is_empty());
+
+    let mut c = Controller::new(
+        Recorder {
+            refuse: Some("export_flows"),
+            ..Recorder::default()
+        },
+        None,
+    );
+    ok(&mut c, create("opte0", 5));
+    err(
+        &mut c,
+        Request::ExportPort {
+            port: "opte0".into(),
+        },
+    );
+    assert!(!c.dataplane().paused.contains("opte0"));
 }

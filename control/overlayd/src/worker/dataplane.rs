@@ -15,8 +15,8 @@ use api::{
     Direction, ExternalIps, FwAction, FwHost, FwRule, PortCidrs, PortInfo, PortLimits, PortLink,
     PortState, RouteEntry, V2pEntry, VhostNegotiation, Vni,
 };
-use engine::V2b;
 use engine::{Finalized, PortRange, Predicate, Rule};
+use engine::{Imported, PortFlows, V2b};
 use ipnet::IpNet;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -187,6 +187,14 @@ impl Dataplane for Datapath {
 
     fn clear_lft(&mut self, port: &str, layer: &str) -> Result<u64, DataplaneError> {
         Ok(self.engine.clear_lft(port, layer)?)
+    }
+
+    fn export_flows(&mut self, port: &str) -> Result<PortFlows, DataplaneError> {
+        Ok(self.engine.export_flows(port)?)
+    }
+
+    fn import_flows(&mut self, port: &str, flows: &PortFlows) -> Result<Imported, DataplaneError> {
+        Ok(self.engine.import_flows(port, flows)?)
     }
 
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), DataplaneError> {

@@ -51,6 +51,28 @@ impl Cli {
     }
 }
 
+/// Where a port's guest is: a tap of the port's own (in the daemon's namespace or
+/// moved into another), a hypervisor's interface, or a VM over vhost-user.
+#[derive(Debug, Args)]
+pub struct GuestArgs {
+    /// Move the tap into this network namespace.
+    #[arg(long)]
+    pub netns: Option<String>,
+    /// Make no tap: attach the port to this existing interface, the host side of a
+    /// hypervisor's tap (QEMU `-netdev tap,ifname=IFACE,script=no`), which the
+    /// daemon never deletes.
+    #[arg(long, value_name = "IFACE", conflicts_with = "netns")]
+    pub attach: Option<String>,
+    /// Serve a VM over vhost-user at this socket instead of a tap: overlayd is the
+    /// backend of the VM's virtio-net device.
+    #[arg(long, value_name = "SOCKET_PATH", conflicts_with_all = ["netns", "attach"])]
+    pub vhost_user: Option<std::path::PathBuf>,
+    /// Who listens on the vhost-user socket: overlayd (server) or QEMU (client:
+    /// the VM survives a restart of overlayd).
+    #[arg(long, value_enum, requires = "vhost_user", default_value_t = VhostModeArg::Server)]
+    pub vhost_user_mode: VhostModeArg,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create a guest port (a tap device) and its gateway.
@@ -64,6 +86,28 @@ pub enum Command {
     PausePort { port: String },
     /// Resume a paused port: its connections continue where they were.
     ResumePort { port: String },
+    /// Pause a port and write its configuration and live state (connections with
+    /// their TCP state, the NAT ports they hold) for import-port on another sled
+    /// (docs/operating.md, "Moving a port").
+    ExportPort {
+        port: String,
+        /// Write the export to FILE (mode 0600) instead of standard output.
+        #[arg(short = 'o', long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Delete the port once the export is written.
+        #[arg(long)]
+        delete: bool,
+    },
+    /// Make a port from another sled's export, paused (resume-port starts it),
+    /// with its connections and NAT state; refused whole, naming the conflict.
+    /// Where the guest is here, if not where it was: --netns, --attach or
+    /// --vhost-user.
+    ImportPort {
+        /// The export (-: standard input).
+        file: PathBuf,
+        #[command(flatten)]
+        guest: GuestArgs,
+    },
     /// Map a guest's VPC address to its MAC and the sled hosting it.
     SetV2p {
         vpc_ip: IpAddr,
@@ -462,22 +506,8 @@ pub struct CreateXde {
     /// Let external traffic use the port MTU (needs the daemon's sled-wide flag too).
     #[arg(long)]
     pub external_jumbo: bool,
-    /// Move the tap into this network namespace.
-    #[arg(long)]
-    pub netns: Option<String>,
-    /// Make no tap: attach the port to this existing interface, the host side of a
-    /// hypervisor's tap (QEMU `-netdev tap,ifname=IFACE,script=no`), which the
-    /// daemon never deletes.
-    #[arg(long, value_name = "IFACE", conflicts_with = "netns")]
-    pub attach: Option<String>,
-    /// Serve a VM over vhost-user at this socket instead of a tap: overlayd is the
-    /// backend of the VM's virtio-net device.
-    #[arg(long, value_name = "SOCKET_PATH", conflicts_with_all = ["netns", "attach"])]
-    pub vhost_user: Option<std::path::PathBuf>,
-    /// Who listens on the vhost-user socket: overlayd (server) or QEMU (client:
-    /// the VM survives a restart of overlayd).
-    #[arg(long, value_enum, requires = "vhost_user", default_value_t = VhostModeArg::Server)]
-    pub vhost_user_mode: VhostModeArg,
+    #[command(flatten)]
+    pub guest: GuestArgs,
     /// DNS servers offered by DHCPv4 (IPv4 ones) and DHCPv6 (IPv6 ones):
     /// repeatable, or comma separated (opteadm's --dns-servers).
     #[arg(long = "dns-server", alias = "dns-servers", value_delimiter = ',')]

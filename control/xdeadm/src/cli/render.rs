@@ -62,6 +62,19 @@ pub fn render(reply: &Reply) -> String {
         Reply::Cleared { flows } => {
             let _ = writeln!(out, "{flows} flows cleared");
         }
+        // A document, not a report: the JSON `import-port` reads.
+        Reply::PortExport(export) => {
+            let _ = writeln!(out, "{}", to_json(export).unwrap_or_default());
+        }
+        Reply::Imported {
+            connections,
+            snat_ports,
+        } => {
+            let _ = writeln!(
+                out,
+                "imported paused, with {connections} connections and {snat_ports} SNAT ports: resume-port starts it"
+            );
+        }
         Reply::Ports(ports) => render_ports(&mut out, ports),
         Reply::V2p(records) => {
             let rows = records

@@ -5,8 +5,8 @@
 
 use super::fleet::{self, Batch, FleetWrite, LoadError, StoreArgsError};
 use super::grammar::{
-    CaptureArgs, Command, CreateXde, ExternalArgs, FleetCommand, FleetWriteCommand, LimitArgs,
-    RaArgs, RaCommand, RuleArgs, SledArgs, StatsFormat, VhostModeArg,
+    CaptureArgs, Command, CreateXde, ExternalArgs, FleetCommand, FleetWriteCommand, GuestArgs,
+    LimitArgs, RaArgs, RaCommand, RuleArgs, SledArgs, StatsFormat, VhostModeArg,
 };
 use super::render::Show;
 use crate::opteadm::{self, RulesError};
@@ -16,14 +16,15 @@ use api::port::PortConfigError;
 use api::route::RouteSyntaxError;
 use api::vni::ParseVniError;
 use api::{
-    CaptureSpec, CidrDir, ExternalIps, FwFilters, FwRule, FwSyntaxError, PortConfig, PortInfo,
-    PortLimits, Request, RouteClass, RouteEntry, RouteTarget, SledExpect, SnatRange, V2pEntry,
-    V2pTarget,
+    CaptureSpec, CidrDir, ExportError, ExternalIps, FwFilters, FwRule, FwSyntaxError, PortConfig,
+    PortExport, PortImport, PortInfo, PortLimits, Request, RouteClass, RouteEntry, RouteTarget,
+    SledExpect, SnatRange, V2pEntry, V2pTarget,
 };
 use ipnet::IpNet;
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
 use std::net::{IpAddr, Ipv6Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use wire::mac::ParseMacError;
 
 /// Why a parsed command cannot be what it asks for, naming the bad value: the
@@ -87,6 +88,13 @@ pub enum CommandError {
     StoreArgs(#[from] StoreArgsError),
     #[error(transparent)]
     Load(#[from] LoadError),
+    #[error("cannot read {}: {error}", file.display())]
+    ExportUnread {
+        file: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{}: {error}", file.display())]
+    NotAnExport { file: PathBuf, error: ExportError },
 }
 
 /// What a parsed command does.
@@ -105,6 +113,49 @@ pub enum Action {
     CaptureToStdout(CaptureArgs),
     /// Write to the fleet's store, directly ([`fleet::run`]).
     FleetWrite(Box<FleetWrite>),
+    /// Ask the daemon for the port's export, write it to `output` (standard
+    /// output without), and only then, with `delete`, delete the port.
+    ExportPort {
+        port: String,
+        output: Option<PathBuf>,
+        delete: bool,
+    },
+}
+
+impl GuestArgs {
+    /// Port `config` with its guest where these arguments say.
+    fn port(&self, config: PortConfig) -> PortInfo {
+        PortInfo {
+            config,
+            netns: self.netns.clone(),
+            attach: self.attach.clone(),
+            vhost_user: self.vhost_user.clone().map(|socket| api::VhostUser {
+                socket,
+                mode: self.vhost_user_mode.into(),
+            }),
+        }
+    }
+}
+
+/// Reads a port's export from `file` (`-`: standard input).
+fn read_export(file: &Path) -> Result<PortExport, CommandError> {
+    let bytes = if file == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut bytes)
+            .map(|_| bytes)
+    } else {
+        std::fs::read(file)
+    }
+    .map_err(|error| CommandError::ExportUnread {
+        file: file.to_path_buf(),
+        error,
+    })?;
+    PortExport::read(&bytes).map_err(|error| CommandError::NotAnExport {
+        file: file.to_path_buf(),
+        error,
+    })
 }
 
 impl Command {
@@ -113,15 +164,8 @@ impl Command {
         let req = match self {
             Command::CreateXde(c) => {
                 let expect = c.sled.to_expect();
-                let create = Request::CreatePort(Box::new(PortInfo {
-                    vhost_user: c.vhost_user.clone().map(|socket| api::VhostUser {
-                        socket,
-                        mode: c.vhost_user_mode.into(),
-                    }),
-                    config: c.to_config()?,
-                    netns: c.netns,
-                    attach: c.attach,
-                }));
+                let config = c.to_config()?;
+                let create = Request::CreatePort(Box::new(c.guest.port(config)));
                 if expect.is_empty() {
                     create
                 } else {
@@ -135,6 +179,27 @@ impl Command {
             Command::ListPorts => Request::ListPorts,
             Command::PausePort { port } => Request::PausePort { port },
             Command::ResumePort { port } => Request::ResumePort { port },
+            Command::ExportPort {
+                port,
+                output,
+                delete,
+            } => {
+                return Ok(Action::ExportPort {
+                    port,
+                    output,
+                    delete,
+                })
+            }
+            Command::ImportPort { file, guest } => {
+                let export = read_export(&file)?;
+                let p = guest.port(export.port.config.clone());
+                Request::ImportPort(Box::new(PortImport {
+                    export,
+                    netns: p.netns,
+                    attach: p.attach,
+                    vhost_user: p.vhost_user,
+                }))
+            }
             Command::SetV2p {
                 vpc_ip,
                 vpc_mac,

@@ -23,7 +23,7 @@
 use core::hash::{BuildHasher, Hash, Hasher};
 use foldhash::fast::FoldHasher;
 use foldhash::SharedSeed;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use wire::icmpv4::msg::{ECHO_REPLY as ICMP_ECHO_REPLY, ECHO_REQUEST as ICMP_ECHO_REQUEST};
 use wire::icmpv6::msg::{ECHO_REPLY as ICMPV6_ECHO_REPLY, ECHO_REQUEST as ICMPV6_ECHO_REQUEST};
@@ -51,7 +51,8 @@ pub const UDP_SRC_PORT_SPAN: u16 = 16384;
 /// (the stateful firewall relies on that). Other ICMP messages have ports 0 and carry
 /// their code too, so that a rule's decision for one (type, code) is not cached for
 /// another.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FlowKey {
     pub vni: u32,
     pub proto: u8,

@@ -9,8 +9,9 @@
 //! (`api::PortConfig::validate`), made before a request reaches the engine.
 
 use super::budget::BudgetError;
+use super::migrate::FlowImportError;
 use crate::ids::Vni;
-use crate::machinery::conntrack::FlowLimitError;
+use crate::machinery::conntrack::{ConnImportError, FlowLimitError};
 use crate::machinery::layer::RuleId;
 use crate::machinery::rule::Direction;
 use crate::vpc::gateway::ENCAP_BUDGET;
@@ -102,6 +103,12 @@ pub enum EngineError {
         dir: &'static str,
         count: usize,
     },
+    /// Another sled's export of a port could not go into it (`import-port`).
+    #[error("port {port:?}: its exported flows cannot be imported: {error}")]
+    Import {
+        port: String,
+        error: FlowImportError,
+    },
     #[error("dump-uft cursor {cursor} is not one a page returned")]
     BadCursor { cursor: u64 },
     #[error(transparent)]
@@ -130,7 +137,11 @@ impl EngineError {
             | E::AddressInUse { .. }
             | E::SiblingMacInUse { .. }
             | E::SiblingAddressInUse { .. }
-            | E::Route(RouteError::Exists { .. }) => "conflict",
+            | E::Route(RouteError::Exists { .. })
+            | E::Import {
+                error: FlowImportError::Connections(ConnImportError::NotEmpty { .. }),
+                ..
+            } => "conflict",
             E::NoSuchRule { .. }
             | E::NoSuchLayer { .. }
             | E::Route(RouteError::NotFound { .. })
@@ -143,6 +154,7 @@ impl EngineError {
             | E::TooManyPorts { .. }
             | E::TooManyPrefixes { .. }
             | E::BadCursor { .. }
+            | E::Import { .. }
             | E::Route(_)
             | E::V2p(_)
             | E::V2b(_)

@@ -47,6 +47,7 @@ mod external;
 mod inbound;
 pub mod layers;
 mod manage;
+pub mod migrate;
 pub mod next_hops;
 mod outbound;
 mod policing;

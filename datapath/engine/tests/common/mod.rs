@@ -2,6 +2,8 @@
 //! tests. Frames are built with etherparse, an implementation independent of ours.
 #![allow(dead_code)]
 
+pub mod internet;
+
 use engine::{
     Direction, Engine, EngineConfig, FwAction, MacAddr, NextHop, NextHopSet, PortConfig, PortId,
     Predicate, Rule, RxFrame, TxBatch, TxDest, UnderlayRoutes, Vni,

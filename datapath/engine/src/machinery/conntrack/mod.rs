@@ -25,10 +25,12 @@
 //! generation, which turns every handle to it into a miss: the flow is decided
 //! again.
 
+mod carry;
 mod tcp;
 
+pub use carry::{ConnImportError, ConnRecord};
 pub(crate) use tcp::SYN;
-pub use tcp::{TcpSegment, TcpState};
+pub use tcp::{TcpConn, TcpSegment, TcpState};
 #[cfg(test)]
 pub(crate) use tcp::{ACK, FIN, RST};
 
@@ -36,7 +38,6 @@ use crate::drop::DropReason;
 use crate::machinery::flow::{flow_map, FlowKey, FlowMap};
 use crate::machinery::rule::Direction;
 use serde::{Deserialize, Serialize};
-use tcp::TcpConn;
 
 /// A connection to open: what the first packet of a flow said (the firewall's
 /// decision asks for one, [`ConnTable::open`] makes it).
@@ -128,7 +129,8 @@ struct Conn {
 
 /// Packets and IP bytes (inner L3 header onward; a guest's TSO buffer is one packet
 /// with all its bytes) one way of a connection.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Traffic {
     pub packets: u64,
     pub bytes: u64,

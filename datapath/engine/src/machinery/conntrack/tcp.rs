@@ -41,7 +41,7 @@
 use crate::drop::DropReason;
 
 use crate::machinery::rule::Direction;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use wire::meta::InnerMeta;
 
 pub(crate) const FIN: u8 = 0x01;
@@ -142,7 +142,7 @@ fn within(x: u32, lo: u32, hi: u32) -> bool {
 }
 
 /// TCP connection state, seen from the guest.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TcpState {
     Closed,
@@ -214,8 +214,11 @@ impl TcpState {
     }
 }
 
-/// One side's position in sequence space (see the module doc).
-#[derive(Clone, Copy, Debug)]
+/// One side's position in sequence space (see the module doc). Carried whole when
+/// a port moves to another sled (`ConnRecord`), so the new sled checks the next
+/// segment against the same window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Side {
     /// End of its SYN (sequence number + length), valid once `syn_seen`: what a
     /// SYN|ACK answering it must acknowledge.
@@ -307,9 +310,13 @@ fn shift(own: u8, other: u8) -> u8 {
     }
 }
 
-/// A tracked TCP connection: its state and both sides' sequence numbers.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct TcpConn {
+/// A tracked TCP connection: its state and both sides' sequence numbers. In a
+/// port's export it reads as [`TcpRecord`] (the sides named), and a record is
+/// checked on the way in: a window shift or scale no SYN could have set is
+/// refused, so an imported connection is one tracking could have reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "TcpRecord", into = "TcpRecord")]
+pub struct TcpConn {
     pub(super) state: TcpState,
     /// Indexed by the direction the side sends in: the guest is `Out`, the peer `In`.
     sides: [Side; 2],
@@ -319,6 +326,52 @@ fn idx(dir: Direction) -> usize {
     match dir {
         Direction::Out => 0,
         Direction::In => 1,
+    }
+}
+
+/// [`TcpConn`] as a port's export writes it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TcpRecord {
+    state: TcpState,
+    /// The guest's side (what it sent, acknowledged and offered).
+    guest: Side,
+    /// The remote peer's side.
+    peer: Side,
+}
+
+impl From<TcpConn> for TcpRecord {
+    fn from(c: TcpConn) -> TcpRecord {
+        TcpRecord {
+            state: c.state,
+            guest: c.sides[idx(Direction::Out)],
+            peer: c.sides[idx(Direction::In)],
+        }
+    }
+}
+
+impl TryFrom<TcpRecord> for TcpConn {
+    type Error = String;
+
+    fn try_from(r: TcpRecord) -> Result<TcpConn, String> {
+        for (name, side) in [("guest", &r.guest), ("peer", &r.peer)] {
+            if side.shift > MAX_WSCALE {
+                return Err(format!(
+                    "{name} side's window shift {} is above {MAX_WSCALE}",
+                    side.shift
+                ));
+            }
+            if side.ws > MAX_WSCALE && side.ws != WS_NONE && side.ws != WS_UNSEEN {
+                return Err(format!(
+                    "{name} side's window scale {} is neither 0..={MAX_WSCALE}, {WS_NONE} (none) nor {WS_UNSEEN} (unseen)",
+                    side.ws
+                ));
+            }
+        }
+        Ok(TcpConn {
+            state: r.state,
+            sides: [r.guest, r.peer],
+        })
     }
 }
 

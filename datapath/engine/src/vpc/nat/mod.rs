@@ -19,6 +19,10 @@
 //! incremental checksum updates (RFC 1624), so the fast path stays a table hit plus
 //! a few stores. This file decides what to rewrite; how is that module's.
 
+mod carry;
+
+pub use carry::{NatImportError, NatRecords, ReplyFromRecord, SnatRecord};
+
 use crate::drop::DropReason;
 use crate::frames::rewrite::{
     icmp_checksum, local_port, quote_of, rewrite, rewritten_meta, End, Rewrite, SrcNat,
