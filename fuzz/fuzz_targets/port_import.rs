@@ -6,6 +6,8 @@
 //! accepted import.
 #![no_main]
 
+// Shared with the `api` target, which reads request lines (`run`).
+#[allow(dead_code)]
 mod api_check;
 
 use api::{PortExport, PortImport, Request};

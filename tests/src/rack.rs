@@ -421,16 +421,26 @@ impl Rack {
 
     /// Moves guest `name` to sled `to` with its port's state, as an operator
     /// moves a live guest (docs/operating.md, "Moving a port"): `export-port
-    /// --delete` on its sled into a file of the rack's directory, `import-port`
-    /// on `to` into the guest's same namespace, whose OS side is configured again,
-    /// `resume-port`, then V2P on every other sled.
+    /// --delete --to` on its sled into a file of the rack's directory (its sled
+    /// then maps the guest to `to`), `import-port` on `to` into the guest's same
+    /// namespace, whose OS side is configured again, `resume-port`, then V2P on
+    /// every sled but those two.
     pub fn migrate_guest(&mut self, name: &str, to: usize) -> Result<()> {
         let i = self.guest_index(name)?;
         let from = self.guests[i].spec.sled;
         let file = self.dir().join(format!("{name}.export"));
         let file = file.to_string_lossy();
+        let to_addr = self.sled(to)?.addr.to_string();
         self.sled(from)?
-            .admin(&["export-port", name, "-o", &file, "--delete"])
+            .admin(&[
+                "export-port",
+                name,
+                "-o",
+                &file,
+                "--delete",
+                "--to",
+                &to_addr,
+            ])
             .with_context(|| format!("exporting {name}'s port from sled {from}"))?;
         let ns = self.guests[i].ns.name().to_string();
         self.sled(to)?
@@ -439,7 +449,7 @@ impl Rack {
         self.guests[i].spec.sled = to;
         self.guests[i].configure_os()?;
         self.sled(to)?.admin(&["resume-port", name])?;
-        self.publish_v2p_of(&self.guests[i].spec)
+        self.publish_v2p_except(&self.guests[i].spec, &[from, to])
     }
 
     fn guest_index(&self, name: &str) -> Result<usize> {
@@ -468,8 +478,13 @@ impl Rack {
     /// [`Rack::publish_v2p`] does for one guest, also one that is not in
     /// `self.guests` (a virtual machine).
     pub fn publish_v2p_of(&self, spec: &GuestSpec) -> Result<()> {
+        self.publish_v2p_except(spec, &[spec.sled])
+    }
+
+    /// Tells the sleds but those of `skip` where the guest of `spec` lives.
+    fn publish_v2p_except(&self, spec: &GuestSpec, skip: &[usize]) -> Result<()> {
         let host = self.sled(spec.sled)?.addr.to_string();
-        for sled in self.sleds.iter().filter(|s| s.index != spec.sled) {
+        for sled in self.sleds.iter().filter(|s| !skip.contains(&s.index)) {
             for ip in spec.addresses() {
                 sled.admin(&[
                     "set-v2p",

@@ -33,7 +33,7 @@ pub struct PortExport {
     /// The live state the engine keeps (connections with their TCP tracking, the
     /// NAT state they hold; idle times as durations), as the engine writes it: the
     /// importing daemon's engine checks it (docs/operating.md).
-    pub flows: serde_json::Value,
+    pub live: serde_json::Value,
 }
 
 /// `import-port`: an export, and where the guest is on this sled when it is not

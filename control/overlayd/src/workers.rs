@@ -25,7 +25,7 @@ use api::{
     ExternalIps, FwRule, Outcome, PortCidrs, PortInfo, PortLimits, PortState, Reply, RouteEntry,
     V2pEntry, Vni,
 };
-use engine::{Imported, PortFlows, V2b};
+use engine::{Imported, LiveState, V2b};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -364,14 +364,14 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
         self.on_owner(port, move |dp: &mut D| dp.clear_lft(&n, &layer))
     }
 
-    fn export_flows(&mut self, port: &str) -> Result<PortFlows, DataplaneError> {
+    fn export_live(&mut self, port: &str) -> Result<LiveState, DataplaneError> {
         let n = port.to_string();
-        self.on_owner(port, move |dp: &mut D| dp.export_flows(&n))
+        self.on_owner(port, move |dp: &mut D| dp.export_live(&n))
     }
 
-    fn import_flows(&mut self, port: &str, flows: &PortFlows) -> Result<Imported, DataplaneError> {
+    fn import_live(&mut self, port: &str, flows: &LiveState) -> Result<Imported, DataplaneError> {
         let (n, flows) = (port.to_string(), flows.clone());
-        self.on_owner(port, move |dp: &mut D| dp.import_flows(&n, &flows))
+        self.on_owner(port, move |dp: &mut D| dp.import_live(&n, &flows))
     }
 
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), DataplaneError> {
@@ -515,10 +515,10 @@ mod tests {
         fn clear_lft(&mut self, port: &str, _: &str) -> Result<u64, DataplaneError> {
             self.has(port).map(|()| 0)
         }
-        fn export_flows(&mut self, port: &str) -> Result<PortFlows, DataplaneError> {
-            self.has(port).map(|()| PortFlows::default())
+        fn export_live(&mut self, port: &str) -> Result<LiveState, DataplaneError> {
+            self.has(port).map(|()| LiveState::default())
         }
-        fn import_flows(&mut self, port: &str, f: &PortFlows) -> Result<Imported, DataplaneError> {
+        fn import_live(&mut self, port: &str, f: &LiveState) -> Result<Imported, DataplaneError> {
             self.has(port).map(|()| Imported {
                 connections: f.connections.len(),
                 snat_ports: f.nat.snat.len(),

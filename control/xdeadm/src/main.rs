@@ -9,9 +9,10 @@
 
 #![forbid(unsafe_code)]
 
-use api::{Client, ClientError, PortExport, Refusal, Reply, Request};
+use api::{Client, ClientError, PortConfig, PortExport, Refusal, Reply, Request, V2pEntry};
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind, Write};
+use std::net::{IpAddr, Ipv6Addr};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -70,6 +71,9 @@ enum Failure {
     /// `export-port` could not write its file (the port is left paused).
     #[error("cannot write the export to {}: {error} (the port stays paused, and is not deleted)", file.display())]
     ExportFile { file: PathBuf, error: io::Error },
+    /// The export is more than an import request may carry (so many connections).
+    #[error("the export is {bytes} bytes, more than import-port can carry ({limit}): the port is left paused, not deleted")]
+    ExportTooLarge { bytes: usize, limit: usize },
     /// The daemon answered `export-port` with something else.
     #[error("the daemon answered export-port with {0:?}")]
     NotAnExport(Box<Reply>),
@@ -97,6 +101,7 @@ impl Failure {
             | Failure::CaptureUnread { .. }
             | Failure::Output { .. }
             | Failure::ExportFile { .. }
+            | Failure::ExportTooLarge { .. }
             | Failure::NotAnExport(_)
             | Failure::Json(_) => 1,
             Failure::Usage(_) | Failure::Render(_) | Failure::SocketPath { .. } => 2,
@@ -159,16 +164,25 @@ fn run(cli: Cli) -> Result<(), Failure> {
             port,
             output,
             delete,
+            to,
         } => {
             let mut client = Client::connect(&cli.socket)?;
             let reply = client.call(&Request::ExportPort { port: port.clone() })?;
-            let text = format!("{}\n", to_json(&reply_export(reply)?)?);
+            let export = reply_export(reply)?;
+            let text = format!("{}\n", to_json(&export)?);
             match output {
                 Some(file) => write_export(&file, &text)?,
                 None => emit(&text)?,
             }
             if delete {
+                importable(&export)?;
                 client.call(&Request::DeletePort { name: port })?;
+            }
+            for entry in to
+                .map(|to| moved_v2p(&export.port.config, to))
+                .unwrap_or_default()
+            {
+                client.call(&Request::set_v2p(entry))?;
             }
         }
         Action::FleetWrite(write) => {
@@ -209,23 +223,64 @@ fn reply_export(reply: Reply) -> Result<PortExport, Failure> {
     }
 }
 
-/// Writes an export to `file` (mode 0600: it describes a tenant's network) and
-/// flushes it to disk: the port may be deleted next.
+/// The V2P mappings of a moved port's guest: each of its addresses on sled `to`.
+fn moved_v2p(cfg: &PortConfig, to: Ipv6Addr) -> Vec<V2pEntry> {
+    let ips = [cfg.ipv4.map(IpAddr::V4), cfg.ipv6.map(IpAddr::V6)];
+    ips.into_iter()
+        .flatten()
+        .map(|vpc_ip| V2pEntry {
+            vpc_ip,
+            vpc_mac: cfg.guest_mac,
+            underlay_ip: to,
+            vni: cfg.vni,
+        })
+        .collect()
+}
+
+/// Writes an export to `file` (mode 0600: it describes a tenant's network) so
+/// that it is on disk, whole, before the port may be deleted: into a new file
+/// beside it, flushed, renamed over `file`, and the directory flushed.
 fn write_export(file: &Path, text: &str) -> Result<(), Failure> {
     let failed = |error| Failure::ExportFile {
         file: file.to_path_buf(),
         error,
     };
-    let mut f = OpenOptions::new()
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = file.file_name().unwrap_or_default().to_string_lossy();
+    let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let written = OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
-        .open(file)
-        .map_err(failed)?;
-    f.write_all(text.as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(failed)
+        .open(&temp)
+        .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&temp, file))
+        .and_then(|()| File::open(dir)?.sync_all());
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written.map_err(failed)
+}
+
+/// Refuses to let the port go when its export is more than one `import-port`
+/// request may carry: it could never be imported.
+fn importable(export: &PortExport) -> Result<(), Failure> {
+    let request = Request::ImportPort(Box::new(api::PortImport {
+        export: export.clone(),
+        netns: None,
+        attach: None,
+        vhost_user: None,
+    }));
+    let bytes = api::protocol::encode_request(&request).len();
+    // Room for the attachment the import may name.
+    let limit = api::protocol::MAX_LINE - 8192;
+    match bytes > limit {
+        true => Err(Failure::ExportTooLarge { bytes, limit }),
+        false => Ok(()),
+    }
 }
 
 /// Creates the empty file (mode 0600) overlayd writes a capture into for us: in

@@ -35,7 +35,7 @@ pub use frames::output::{
     FrameBytes, FrameSpace, LentFrame, SiblingFrame, TunnelGso, TxBatch, TxDest,
 };
 pub use ids::{IgwId, PortId, Vni, VniError};
-pub use machinery::conntrack::FlowLimits;
+pub use machinery::conntrack::{ConnRecord, FlowLimits};
 pub use machinery::counters::DropCounters;
 pub use machinery::flow::FlowKey;
 pub use machinery::ratelimit::PortLimits;
@@ -44,7 +44,7 @@ pub use machinery::uft::UftStats;
 pub use pipeline::budget::TableBudget;
 pub use pipeline::config::{EngineConfig, NextHop, UnderlayRoutes};
 pub use pipeline::error::EngineError;
-pub use pipeline::migrate::{FlowImportError, Imported, PortFlows};
+pub use pipeline::migrate::{Imported, LiveImportError, LiveState};
 pub use pipeline::next_hops::{NextHopSet, MAX_NEXT_HOPS};
 pub use pipeline::stats::EngineStats;
 pub use pipeline::Engine;

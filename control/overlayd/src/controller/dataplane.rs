@@ -5,7 +5,7 @@ use api::{
     ErrorCode, ExternalIps, FwRule, PortCidrs, PortInfo, PortLimits, PortState, RouteEntry,
     V2pEntry, Vni,
 };
-use engine::{EngineError, Imported, PortFlows, V2b};
+use engine::{EngineError, Imported, LiveState, V2b};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -195,9 +195,9 @@ pub trait Dataplane {
     /// Empties one layer's flow table; how many flows it held.
     fn clear_lft(&mut self, port: &str, layer: &str) -> Result<u64, DataplaneError>;
     /// The port's live state (connections, the NAT state they hold), to move it.
-    fn export_flows(&mut self, port: &str) -> Result<PortFlows, DataplaneError>;
+    fn export_live(&mut self, port: &str) -> Result<LiveState, DataplaneError>;
     /// Puts another sled's exported state into the port (just made, empty).
-    fn import_flows(&mut self, port: &str, flows: &PortFlows) -> Result<Imported, DataplaneError>;
+    fn import_live(&mut self, port: &str, flows: &LiveState) -> Result<Imported, DataplaneError>;
     /// Replaces the port's external addresses (its flows are decided again).
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), DataplaneError>;
     /// Replaces the port's rate limits.

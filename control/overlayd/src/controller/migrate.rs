@@ -9,18 +9,24 @@ use super::checks::check_port;
 use super::dispatch::{check_new_route, check_rules};
 use super::{put_table, saved_tables, ControlError, Controller, Dataplane, PortTables};
 use api::{ExportError, PortExport, PortImport, Reply, PORT_EXPORT_FORMAT, PORT_EXPORT_KIND};
-use engine::PortFlows;
+use engine::LiveState;
+
+/// The largest firewall rule id an import takes: far more rules than a port
+/// could have been given, and far from where the next id would stop growing.
+const MAX_RULE_ID: u64 = u32::MAX as u64;
 
 /// Why an export could not be made or read.
 #[derive(Debug, thiserror::Error)]
 pub enum MoveError {
     #[error(transparent)]
     Export(#[from] ExportError),
-    #[error("the export's flows are unreadable: {0}")]
-    Flows(serde_json::Error),
+    #[error("the export's live state is unreadable: {0}")]
+    Live(serde_json::Error),
     #[error("firewall rule id {0} is given twice")]
     RuleIdTwice(u64),
-    #[error("the port's flows cannot be written: {0}")]
+    #[error("firewall rule id {0} is out of range (ids go up to {MAX_RULE_ID})")]
+    RuleIdRange(u64),
+    #[error("the port's live state cannot be written: {0}")]
     Encode(serde_json::Error),
 }
 
@@ -41,8 +47,8 @@ impl<D: Dataplane> Controller<D> {
 
     /// The export of port `name` as it is now.
     fn snapshot(&mut self, name: &str) -> Result<PortExport, ControlError> {
-        let flows = self.dp.export_flows(name)?;
-        let flows = serde_json::to_value(&flows).map_err(MoveError::Encode)?;
+        let live = self.dp.export_live(name)?;
+        let live = serde_json::to_value(&live).map_err(MoveError::Encode)?;
         let tables = saved_tables(&self.state, name);
         Ok(PortExport {
             kind: PORT_EXPORT_KIND.to_string(),
@@ -51,7 +57,7 @@ impl<D: Dataplane> Controller<D> {
             routes: tables.routes.unwrap_or_default(),
             fw_rules: tables.fw_rules,
             fw_next_id: self.state.fw_next_id.get(name).copied().unwrap_or(1),
-            flows,
+            live,
         })
     }
 
@@ -61,8 +67,8 @@ impl<D: Dataplane> Controller<D> {
     pub(super) fn import_port(&mut self, import: &PortImport) -> Result<Reply, ControlError> {
         let export = &import.export;
         export.check().map_err(MoveError::Export)?;
-        let flows: PortFlows =
-            serde_json::from_value(export.flows.clone()).map_err(MoveError::Flows)?;
+        let live: LiveState =
+            serde_json::from_value(export.live.clone()).map_err(MoveError::Live)?;
         let info = import.port();
         check_port(&self.state.ports, &info)?;
         let name = info.config.name.clone();
@@ -70,6 +76,10 @@ impl<D: Dataplane> Controller<D> {
             check_new_route(&name, &export.routes[..i], r)?;
         }
         check_rules(&export.fw_rules)?;
+        let ids = export.fw_rules.iter().map(|r| r.id);
+        if let Some(id) = ids.chain([export.fw_next_id]).find(|&id| id > MAX_RULE_ID) {
+            return Err(MoveError::RuleIdRange(id).into());
+        }
         let mut ids = std::collections::BTreeSet::new();
         if let Some(r) = export
             .fw_rules
@@ -90,7 +100,7 @@ impl<D: Dataplane> Controller<D> {
             paused: true,
         };
         self.dp.add_port(&info, &tables)?;
-        let imported = match self.dp.import_flows(&name, &flows) {
+        let imported = match self.dp.import_live(&name, &live) {
             Ok(i) => i,
             Err(e) => {
                 let _ = self.dp.remove_port(&name);

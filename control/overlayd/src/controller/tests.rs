@@ -11,7 +11,7 @@ use api::{
     FwRule, NotApplied, PortCidrs, PortLimits, PortState, Refusal, RouteClass, RouteEntry,
     RouteTarget,
 };
-use engine::{Imported, PortFlows};
+use engine::{Imported, LiveState};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 use std::sync::Mutex;
@@ -31,7 +31,7 @@ struct Recorder {
     rules: BTreeMap<String, Vec<FwRule>>,
     paused: BTreeSet<String>,
     /// Live state imported into each port (and exported from it).
-    flows: BTreeMap<String, PortFlows>,
+    live: BTreeMap<String, LiveState>,
     /// Every change asked for, in order ("op port").
     log: Vec<String>,
     refuse: Option<&'static str>,
@@ -145,13 +145,13 @@ impl Dataplane for Recorder {
     fn clear_lft(&mut self, port: &str, _: &str) -> Result<u64, DataplaneError> {
         self.check("clear_lft", port).map(|()| 0)
     }
-    fn export_flows(&mut self, port: &str) -> Result<PortFlows, DataplaneError> {
-        self.check("export_flows", port)?;
-        Ok(self.flows.get(port).cloned().unwrap_or_default())
+    fn export_live(&mut self, port: &str) -> Result<LiveState, DataplaneError> {
+        self.check("export_live", port)?;
+        Ok(self.live.get(port).cloned().unwrap_or_default())
     }
-    fn import_flows(&mut self, port: &str, f: &PortFlows) -> Result<Imported, DataplaneError> {
-        self.check("import_flows", port)?;
-        self.flows.insert(port.into(), f.clone());
+    fn import_live(&mut self, port: &str, f: &LiveState) -> Result<Imported, DataplaneError> {
+        self.check("import_live", port)?;
+        self.live.insert(port.into(), f.clone());
         Ok(Imported {
             connections: f.connections.len(),
             snat_ports: f.nat.snat.len(),
@@ -1605,7 +1605,7 @@ fn import(export: api::PortExport) -> Request {
 
 /// One UDP connection of port opte0 (sample_port's address 5), as the engine
 /// exports it.
-fn one_connection() -> PortFlows {
+fn one_connection() -> LiveState {
     serde_json::from_value(json!({
         "connections": [{
             "key": {"vni": 1701, "proto": 17, "src_ip": "172.30.0.5", "dst_ip": "172.30.0.6",
@@ -1645,7 +1645,7 @@ fn a_port_moves_with_its_tables_and_flows_and_arrives_paused() {
         },
     );
     a.dataplane_mut()
-        .flows
+        .live
         .insert("opte0".into(), one_connection());
     let e = export_of(&mut a, "opte0");
     assert!(
@@ -1675,7 +1675,7 @@ fn a_port_moves_with_its_tables_and_flows_and_arrives_paused() {
         (port.netns.as_deref(), &port.config),
         (Some("g9"), &e.port.config)
     );
-    assert_eq!(b.dataplane().flows["opte0"], one_connection());
+    assert_eq!(b.dataplane().live["opte0"], one_connection());
     assert!(b.dataplane().paused.contains("opte0"));
     // A second time, the name (and the MAC and addresses) are taken.
     let r = err(&mut b, import(e));
@@ -1700,30 +1700,32 @@ fn a_refused_move_changes_nothing_and_says_why() {
     assert!(m.contains("format 2") && m.contains("format 1"), "{m}");
     let m = refused(&mut b, &|x| x.kind = "pcap".into());
     assert!(m.contains("\"pcap\""), "{m}");
-    let m = refused(&mut b, &|x| x.flows = json!({"connections": "none"}));
-    assert!(m.contains("flows are unreadable"), "{m}");
+    let m = refused(&mut b, &|x| x.live = json!({"connections": "none"}));
+    assert!(m.contains("live state is unreadable"), "{m}");
     let m = refused(&mut b, &|x| {
         let mut twice = x.fw_rules[0].clone();
         twice.priority += 1;
         x.fw_rules.push(twice);
     });
     assert!(m.contains("given twice"), "{m}");
+    let m = refused(&mut b, &|x| x.fw_next_id = u64::MAX);
+    assert!(m.contains("out of range"), "{m}");
     let m = refused(&mut b, &|x| x.routes.push(x.routes[0]));
     assert!(m.contains("already has"), "{m}");
     let mut b = Controller::new(
         Recorder {
-            refuse: Some("import_flows"),
+            refuse: Some("import_live"),
             ..Recorder::default()
         },
         None,
     );
     let m = err(&mut b, import(e.clone())).message;
-    assert!(m.contains("import_flows"), "{m}");
+    assert!(m.contains("import_live"), "{m}");
     assert!(b.dataplane().ports.is_empty());
 
     let mut c = Controller::new(
         Recorder {
-            refuse: Some("export_flows"),
+            refuse: Some("export_live"),
             ..Recorder::default()
         },
         None,

@@ -16,7 +16,7 @@ use api::{
     PortState, RouteEntry, V2pEntry, VhostNegotiation, Vni,
 };
 use engine::{Finalized, PortRange, Predicate, Rule};
-use engine::{Imported, PortFlows, V2b};
+use engine::{Imported, LiveState, V2b};
 use ipnet::IpNet;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -189,12 +189,12 @@ impl Dataplane for Datapath {
         Ok(self.engine.clear_lft(port, layer)?)
     }
 
-    fn export_flows(&mut self, port: &str) -> Result<PortFlows, DataplaneError> {
-        Ok(self.engine.export_flows(port)?)
+    fn export_live(&mut self, port: &str) -> Result<LiveState, DataplaneError> {
+        Ok(self.engine.export_live(port)?)
     }
 
-    fn import_flows(&mut self, port: &str, flows: &PortFlows) -> Result<Imported, DataplaneError> {
-        Ok(self.engine.import_flows(port, flows)?)
+    fn import_live(&mut self, port: &str, flows: &LiveState) -> Result<Imported, DataplaneError> {
+        Ok(self.engine.import_live(port, flows)?)
     }
 
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), DataplaneError> {

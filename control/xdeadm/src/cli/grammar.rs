@@ -94,9 +94,16 @@ pub enum Command {
         /// Write the export to FILE (mode 0600) instead of standard output.
         #[arg(short = 'o', long, value_name = "FILE")]
         output: Option<PathBuf>,
-        /// Delete the port once the export is written.
-        #[arg(long)]
+        /// Delete the port once the export is written to FILE (not with standard
+        /// output, whose reader may not have kept it) and found small enough for
+        /// import-port to carry.
+        #[arg(long, requires = "output")]
         delete: bool,
+        /// Once deleted, send this sled's traffic for the guest to the sled it
+        /// moves to (a V2P mapping of each of its addresses here); the other sleds
+        /// learn it from the control plane.
+        #[arg(long, value_name = "UNDERLAY_ADDR", requires = "delete")]
+        to: Option<Ipv6Addr>,
     },
     /// Make a port from another sled's export, paused (resume-port starts it),
     /// with its connections and NAT state; refused whole, naming the conflict.

@@ -114,11 +114,13 @@ pub enum Action {
     /// Write to the fleet's store, directly ([`fleet::run`]).
     FleetWrite(Box<FleetWrite>),
     /// Ask the daemon for the port's export, write it to `output` (standard
-    /// output without), and only then, with `delete`, delete the port.
+    /// output without), and only then, with `delete`, delete the port, and map
+    /// its guest's addresses to sled `to`.
     ExportPort {
         port: String,
         output: Option<PathBuf>,
         delete: bool,
+        to: Option<Ipv6Addr>,
     },
 }
 
@@ -183,11 +185,13 @@ impl Command {
                 port,
                 output,
                 delete,
+                to,
             } => {
                 return Ok(Action::ExportPort {
                     port,
                     output,
                     delete,
+                    to,
                 })
             }
             Command::ImportPort { file, guest } => {
@@ -1694,5 +1698,65 @@ mod tests {
         let missing = dir.path().join("absent.json");
         let e = fleet_write(&["load", missing.to_str().unwrap()]).unwrap_err();
         assert!(e.contains("absent.json"), "{e}");
+    }
+
+    /// `export-port`: `--to` only with `--delete`; `import-port`: the file read
+    /// and checked before anything is sent, its guest placed where the flags say.
+    #[test]
+    fn export_and_import_port() {
+        let a = parse(&[
+            "export-port",
+            "opte0",
+            "-o",
+            "x.json",
+            "--delete",
+            "--to",
+            "fd00:99::3",
+        ]);
+        let Ok(Action::ExportPort { to, delete, .. }) = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!((to, delete), (Some("fd00:99::3".parse().unwrap()), true));
+        let e = parse(&["export-port", "opte0", "--to", "fd00:99::3"]).unwrap_err();
+        assert!(e.contains("--delete"), "{e}");
+        // Deleted only once written to a file, not to whatever reads stdout.
+        let e = parse(&["export-port", "opte0", "--delete"]).unwrap_err();
+        assert!(e.contains("--output"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("opte0.export");
+        let path = file.to_str().unwrap();
+        let e = parse(&["import-port", path]).unwrap_err();
+        assert!(
+            e.contains("cannot read") && e.contains("opte0.export"),
+            "{e}"
+        );
+        std::fs::write(&file, "{\"kind\": \"overlayd-port-export\", \"format\": 7}").unwrap();
+        let e = parse(&["import-port", path]).unwrap_err();
+        assert!(e.contains("format 7"), "{e}");
+        let export = api::PortExport {
+            kind: api::PORT_EXPORT_KIND.into(),
+            format: api::PORT_EXPORT_FORMAT,
+            port: PortInfo {
+                config: api::testing::sample_port("opte0", 5),
+                netns: Some("there".into()),
+                vhost_user: None,
+                attach: None,
+            },
+            routes: vec![],
+            fw_rules: vec![],
+            fw_next_id: 1,
+            live: serde_json::json!({"connections": []}),
+        };
+        std::fs::write(&file, serde_json::to_string(&export).unwrap()).unwrap();
+        let Ok(Action::Call(Request::ImportPort(i))) = parse(&["import-port", path]) else {
+            panic!("not an import")
+        };
+        assert_eq!(i.port().netns.as_deref(), Some("there"));
+        let a = parse(&["import-port", path, "--attach", "vnet3"]);
+        let Ok(Action::Call(Request::ImportPort(i))) = a else {
+            panic!("{a:?}")
+        };
+        let p = i.port();
+        assert_eq!((p.netns, p.attach.as_deref()), (None, Some("vnet3")));
     }
 }

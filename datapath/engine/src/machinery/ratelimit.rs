@@ -117,6 +117,19 @@ impl Bucket {
         self.tokens = (self.tokens - i128::from(n) * SCALE).max(-self.cap);
     }
 
+    /// Whole tokens held at `now` (negative: owed), as a port's export carries
+    /// them.
+    fn level(&self, now: u64) -> i64 {
+        let t = self.at(now) / SCALE;
+        i64::try_from(t).unwrap_or(if t < 0 { i64::MIN } else { i64::MAX })
+    }
+
+    /// Holds `tokens` from `now` on, within what the bucket may hold or owe.
+    fn set_level(&mut self, tokens: i64, now: u64) {
+        self.tokens = (i128::from(tokens) * SCALE).clamp(-self.cap, self.cap);
+        self.last_ns = now;
+    }
+
     /// How long until the bucket holds tokens again (`None`: it does now).
     #[inline]
     fn wait(&self, now: u64) -> Option<u64> {
@@ -176,6 +189,23 @@ impl Buckets {
     }
 }
 
+/// How full a port's buckets are, as a port's export carries them: whole tokens
+/// (bytes or packets; negative: owed) of each bucket the port has. A port that
+/// moves keeps its guest to the rate it was held to, rather than granting it a
+/// fresh burst.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketLevels {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_bytes: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_packets: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_bytes: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_packets: Option<i64>,
+}
+
 /// A port's buckets; `None` for an unlimited port, which then pays one branch per
 /// frame.
 #[derive(Clone, Debug, Default)]
@@ -196,6 +226,40 @@ impl PortPolicer {
                 Buckets::new(limits.egress_mbps, b, p, now),
                 Buckets::new(limits.ingress_mbps, b, p, now),
             ])),
+        }
+    }
+
+    /// How full the buckets are at `now`.
+    pub fn levels(&self, now: u64) -> BucketLevels {
+        let Some(d) = &self.dirs else {
+            return BucketLevels::default();
+        };
+        let level = |b: &Option<Bucket>| b.as_ref().map(|b| b.level(now));
+        BucketLevels {
+            egress_bytes: level(&d[0].bytes),
+            egress_packets: level(&d[0].packets),
+            ingress_bytes: level(&d[1].bytes),
+            ingress_packets: level(&d[1].packets),
+        }
+    }
+
+    /// Fills the buckets as `levels` says from `now` on, each within what it may
+    /// hold or owe. A level of a bucket this port does not have is left aside:
+    /// the limits are the port's, the levels only how much of them is spent.
+    pub fn set_levels(&mut self, levels: &BucketLevels, now: u64) {
+        let Some(d) = &mut self.dirs else {
+            return;
+        };
+        let [egress, ingress] = &mut **d;
+        for (bucket, level) in [
+            (&mut egress.bytes, levels.egress_bytes),
+            (&mut egress.packets, levels.egress_packets),
+            (&mut ingress.bytes, levels.ingress_bytes),
+            (&mut ingress.packets, levels.ingress_packets),
+        ] {
+            if let (Some(b), Some(l)) = (bucket.as_mut(), level) {
+                b.set_level(l, now);
+            }
         }
     }
 

@@ -9,7 +9,7 @@
 //! (`api::PortConfig::validate`), made before a request reaches the engine.
 
 use super::budget::BudgetError;
-use super::migrate::FlowImportError;
+use super::migrate::LiveImportError;
 use crate::ids::Vni;
 use crate::machinery::conntrack::{ConnImportError, FlowLimitError};
 use crate::machinery::layer::RuleId;
@@ -107,7 +107,7 @@ pub enum EngineError {
     #[error("port {port:?}: its exported flows cannot be imported: {error}")]
     Import {
         port: String,
-        error: FlowImportError,
+        error: LiveImportError,
     },
     #[error("dump-uft cursor {cursor} is not one a page returned")]
     BadCursor { cursor: u64 },
@@ -139,7 +139,7 @@ impl EngineError {
             | E::SiblingAddressInUse { .. }
             | E::Route(RouteError::Exists { .. })
             | E::Import {
-                error: FlowImportError::Connections(ConnImportError::NotEmpty { .. }),
+                error: LiveImportError::Connections(ConnImportError::NotEmpty { .. }),
                 ..
             } => "conflict",
             E::NoSuchRule { .. }

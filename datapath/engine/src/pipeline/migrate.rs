@@ -6,13 +6,15 @@
 //! sequence numbers are checked against the same windows, and a NAT-ed connection
 //! keeps its external source port.
 //!
-//! What does not move: the flow tables (compiled again from the connections on
-//! the first packet each way), the rate limits' buckets (they start full), and the
-//! port's counters (the new sled's start at zero; each connection keeps its own).
+//! The rate limits' buckets move as they are (a guest that spent its burst does
+//! not get a new one by moving). What does not move: the flow tables (compiled
+//! again from the connections on the first packet each way) and the port's
+//! counters (the new sled's start at zero; each connection keeps its own).
 
 use super::Engine;
 use crate::machinery::conntrack::{ConnImportError, ConnRecord};
 use crate::machinery::flow::FlowKey;
+use crate::machinery::ratelimit::BucketLevels;
 use crate::pipeline::error::EngineError;
 use crate::vpc::nat::{NatImportError, NatRecords};
 use serde::{Deserialize, Serialize};
@@ -21,10 +23,13 @@ use std::net::IpAddr;
 /// A port's live state, as its export carries it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PortFlows {
+pub struct LiveState {
     pub connections: Vec<ConnRecord>,
     #[serde(default)]
     pub nat: NatRecords,
+    /// How much of its rate limits the guest has spent.
+    #[serde(default)]
+    pub buckets: BucketLevels,
 }
 
 /// What an import put into the port.
@@ -34,9 +39,9 @@ pub struct Imported {
     pub snat_ports: usize,
 }
 
-/// Why a port's flows could not be imported. Nothing was.
+/// Why a port's live state could not be imported. Nothing was.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum FlowImportError {
+pub enum LiveImportError {
     #[error(transparent)]
     Connections(#[from] ConnImportError),
     #[error(transparent)]
@@ -49,25 +54,28 @@ pub enum FlowImportError {
     },
     #[error("connection {index} ({key:?}) is from {}, which is neither an address of the port nor in a prefix it may send from", key.src_ip)]
     NotPortAddress { index: usize, key: FlowKey },
+    #[error("connection {index} ({key:?}) is between addresses of two families")]
+    MixedFamilies { index: usize, key: FlowKey },
 }
 
 impl Engine {
     /// The port's live connections and the NAT state they hold.
-    pub fn export_flows(&self, port: &str) -> Result<PortFlows, EngineError> {
+    pub fn export_live(&self, port: &str) -> Result<LiveState, EngineError> {
         let p = self.port_by_name(port)?;
-        Ok(PortFlows {
+        Ok(LiveState {
             connections: p.fw.conns().export(self.now),
             nat: p.snat.export(p.fw.conns(), self.now),
+            buckets: p.policer.levels(self.now),
         })
     }
 
-    /// Puts `flows` (another sled's export) into port `port`, which holds no
+    /// Puts `live` (another sled's export) into port `port`, which holds no
     /// connection yet; all or nothing. Every connection must be the port's own
     /// (its VNI, from its addresses), as a frame the port sent would have to be.
-    pub fn import_flows(&mut self, port: &str, flows: &PortFlows) -> Result<Imported, EngineError> {
+    pub fn import_live(&mut self, port: &str, live: &LiveState) -> Result<Imported, EngineError> {
         let now = self.now;
         let p = self.port_by_name_mut(port)?;
-        let refused = |error: FlowImportError| EngineError::Import {
+        let refused = |error: LiveImportError| EngineError::Import {
             port: port.to_string(),
             error,
         };
@@ -76,37 +84,41 @@ impl Engine {
             IpAddr::V4(a) => cfg.ipv4 == Some(a),
             IpAddr::V6(a) => cfg.ipv6 == Some(a),
         };
-        for (index, r) in flows.connections.iter().enumerate() {
+        for (index, r) in live.connections.iter().enumerate() {
             let key = r.key;
             if key.vni != cfg.vni.get() {
-                return Err(refused(FlowImportError::WrongVni {
+                return Err(refused(LiveImportError::WrongVni {
                     index,
                     key,
                     port_vni: cfg.vni.get(),
                 }));
             }
             if !own(key.src_ip) && !cfg.cidrs.admits_out(key.src_ip) {
-                return Err(refused(FlowImportError::NotPortAddress { index, key }));
+                return Err(refused(LiveImportError::NotPortAddress { index, key }));
+            }
+            if key.src_ip.is_ipv4() != key.dst_ip.is_ipv4() {
+                return Err(refused(LiveImportError::MixedFamilies { index, key }));
             }
         }
         let handles =
             p.fw.conns_mut()
-                .import(&flows.connections, now)
+                .import(&live.connections, now)
                 .map_err(|e| refused(e.into()))?;
-        let keyed: Vec<_> = flows
+        let keyed: Vec<_> = live
             .connections
             .iter()
             .map(|r| r.key)
             .zip(handles)
             .collect();
-        if let Err(e) = p.snat.import(&flows.nat, &p.cfg.external, &keyed) {
+        if let Err(e) = p.snat.import(&live.nat, &p.cfg.external, &keyed) {
             p.fw.conns_mut().clear();
             return Err(refused(e.into()));
         }
+        p.policer.set_levels(&live.buckets, now);
         p.epoch += 1;
         Ok(Imported {
-            connections: flows.connections.len(),
-            snat_ports: flows.nat.snat.len(),
+            connections: live.connections.len(),
+            snat_ports: live.nat.snat.len(),
         })
     }
 }

@@ -45,6 +45,13 @@ pub enum ConnImportError {
         "connection {index} ({key:?}) is TCP without TCP state, or has TCP state without being TCP"
     )]
     TcpMismatch { index: usize, key: FlowKey },
+    #[error("connection {index} ({key:?}) has been idle {idle_ns} ns, past its timeout here ({timeout_ns} ns)")]
+    Expired {
+        index: usize,
+        key: FlowKey,
+        idle_ns: u64,
+        timeout_ns: u64,
+    },
 }
 
 impl ConnTable {
@@ -70,7 +77,11 @@ impl ConnTable {
 
     /// Puts `records` into this table, which must be empty (a port just made for
     /// them), all or none; their handles, in order. A record idle past its timeout
-    /// here goes in too and expires as it would have there.
+    /// here is refused (an export holds live connections only).
+    ///
+    /// This engine's clock starts with its worker, so a connection idle longer
+    /// than the clock has run is taken as idle since the clock started: it lives
+    /// at most that much longer than it would have on the old sled, never less.
     pub fn import(
         &mut self,
         records: &[ConnRecord],
@@ -88,6 +99,15 @@ impl ConnTable {
                 limit,
             });
         }
+        let conn = |r: &ConnRecord| Conn {
+            tcp: r.tcp,
+            initiator: r.initiator,
+            replied: r.replied,
+            created: now.saturating_sub(r.age_ns),
+            last_seen: now.saturating_sub(r.idle_ns),
+            out: r.out,
+            inb: r.inb,
+        };
         let mut seen = std::collections::HashSet::with_capacity(records.len());
         for (index, r) in records.iter().enumerate() {
             if !seen.insert(r.key) {
@@ -96,21 +116,19 @@ impl ConnTable {
             if (r.key.proto == PROTO_TCP) != r.tcp.is_some() {
                 return Err(ConnImportError::TcpMismatch { index, key: r.key });
             }
+            let timeout_ns = conn(r).timeout(&self.limits);
+            if r.idle_ns >= timeout_ns {
+                return Err(ConnImportError::Expired {
+                    index,
+                    key: r.key,
+                    idle_ns: r.idle_ns,
+                    timeout_ns,
+                });
+            }
         }
         Ok(records
             .iter()
-            .map(|r| {
-                let conn = Conn {
-                    tcp: r.tcp,
-                    initiator: r.initiator,
-                    replied: r.replied,
-                    created: now.saturating_sub(r.age_ns),
-                    last_seen: now.saturating_sub(r.idle_ns),
-                    out: r.out,
-                    inb: r.inb,
-                };
-                self.occupy(r.key, conn)
-            })
+            .map(|r| self.occupy(r.key, conn(r)))
             .collect())
     }
 }

@@ -137,10 +137,13 @@ pub struct Traffic {
 }
 
 impl Traffic {
+    /// Wrapping: the counters of a connection imported from another sled may
+    /// start anywhere (docs/engine.md "Port states"), and no value of them may
+    /// stop a packet.
     #[inline]
     fn add(&mut self, bytes: u32) {
-        self.packets += 1;
-        self.bytes += u64::from(bytes);
+        self.packets = self.packets.wrapping_add(1);
+        self.bytes = self.bytes.wrapping_add(u64::from(bytes));
     }
 }
 

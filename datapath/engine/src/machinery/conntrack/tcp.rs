@@ -55,6 +55,10 @@ const OPT_NOP: u8 = 1;
 const OPT_WSCALE: u8 = 3;
 /// Largest window shift RFC 7323 allows; larger announcements are taken as 14.
 const MAX_WSCALE: u8 = 14;
+/// The largest window a side can offer: a 16-bit field shifted by the largest
+/// scale. A larger one, which no segment could have set, would let every sequence
+/// number through.
+const MAX_WINDOW: u32 = 0xffff << MAX_WSCALE;
 /// Smallest lag an acknowledgement may have behind what it acknowledges, whatever
 /// window the acknowledging side offered (an unscaled 16-bit window).
 const MIN_ACK_LAG: u32 = 65535;
@@ -359,6 +363,12 @@ impl TryFrom<TcpRecord> for TcpConn {
                 return Err(format!(
                     "{name} side's window shift {} is above {MAX_WSCALE}",
                     side.shift
+                ));
+            }
+            if side.max_win > MAX_WINDOW {
+                return Err(format!(
+                    "{name} side's window {} is above the largest a TCP header can offer ({MAX_WINDOW})",
+                    side.max_win
                 ));
             }
             if side.ws > MAX_WSCALE && side.ws != WS_NONE && side.ws != WS_UNSEEN {

@@ -5,7 +5,7 @@
 //! connection; without this the new sled would allocate another port and the
 //! connection would break.
 
-use super::{private_key, Binding, ExternalIps, PrivateKey, SnatRange, SnatTable};
+use super::{private_key, Binding, ExternalIps, PrivateKey, SnatRange, SnatTable, REPLY_FROM_MAX};
 use crate::machinery::conntrack::{ConnHandle, ConnTable};
 use crate::machinery::flow::FlowKey;
 use serde::{Deserialize, Serialize};
@@ -67,6 +67,10 @@ pub enum NatImportError {
     },
     #[error("replies of the connection from {remote_ip} port {remote_port} are given twice, or belong to no imported connection")]
     ReplyFromUnmatched { remote_ip: IpAddr, remote_port: u16 },
+    #[error("{count} reply addresses are more than a port keeps ({REPLY_FROM_MAX})")]
+    TooManyReplyFrom { count: usize },
+    #[error("SNAT port {proto}/{port} matches more than one imported connection (from addresses of the port and of a prefix it may send from)")]
+    Ambiguous { proto: u8, port: u16 },
 }
 
 impl SnatTable {
@@ -105,17 +109,30 @@ impl SnatTable {
         NatRecords { snat, reply_from }
     }
 
-    /// Puts `records` into this (empty) table, each tied to the imported connection
-    /// of its flow (`conns`: connection key and handle), all or none. The SNAT
-    /// ports must lie in the port's range here (`ext`).
+    /// Makes `records` this table, each tied to the imported connection of its
+    /// flow (`conns`: connection key and handle), all or none. The SNAT ports must
+    /// lie in the port's range here (`ext`). For a port without connections, whose
+    /// table holds only free ports.
     pub fn import(
         &mut self,
         records: &NatRecords,
         ext: &ExternalIps,
         conns: &[(FlowKey, ConnHandle)],
     ) -> Result<(), NatImportError> {
-        let handles: HashMap<PrivateKey, ConnHandle> =
-            conns.iter().map(|(k, h)| (private_key(k), *h)).collect();
+        if records.reply_from.len() > REPLY_FROM_MAX {
+            return Err(NatImportError::TooManyReplyFrom {
+                count: records.reply_from.len(),
+            });
+        }
+        // NAT state is keyed without the guest's address (`PrivateKey`): two
+        // connections that differ only in it cannot both hold one.
+        let mut handles: HashMap<PrivateKey, Option<ConnHandle>> = HashMap::new();
+        for (k, h) in conns {
+            handles
+                .entry(private_key(k))
+                .and_modify(|e| *e = None)
+                .or_insert(Some(*h));
+        }
         let mut by_port = HashMap::new();
         let mut by_private = HashMap::new();
         for r in &records.snat {
@@ -132,13 +149,22 @@ impl SnatTable {
                 });
             }
             let pk = (r.proto, r.private_port, r.remote_ip, r.remote_port);
-            let Some(&h) = handles.get(&pk) else {
-                return Err(NatImportError::NoConnection {
-                    proto: r.proto,
-                    port: r.port,
-                    private_port: r.private_port,
-                    remote_ip: r.remote_ip,
-                });
+            let h = match handles.get(&pk) {
+                Some(Some(h)) => *h,
+                Some(None) => {
+                    return Err(NatImportError::Ambiguous {
+                        proto: r.proto,
+                        port: r.port,
+                    })
+                }
+                None => {
+                    return Err(NatImportError::NoConnection {
+                        proto: r.proto,
+                        port: r.port,
+                        private_port: r.private_port,
+                        remote_ip: r.remote_ip,
+                    })
+                }
             };
             let binding = Binding {
                 private_port: r.private_port,
@@ -169,11 +195,18 @@ impl SnatTable {
                 remote_ip: r.remote_ip,
                 remote_port: r.remote_port,
             };
-            let h = *handles.get(&pk).ok_or(unmatched.clone())?;
+            let h = handles
+                .get(&pk)
+                .copied()
+                .flatten()
+                .ok_or(unmatched.clone())?;
             if reply_from.insert(pk, (r.external_ip, h)).is_some() {
                 return Err(unmatched);
             }
         }
+        // What the table held belongs to no connection (the port's connection
+        // table was empty): free ports, which the imported ones replace.
+        self.clear();
         self.by_port.extend(by_port);
         self.by_private.extend(by_private);
         self.reply_from.extend(reply_from);
