@@ -36,12 +36,18 @@ fn a_moved_guest_keeps_its_connections() -> Result<()> {
     let inbound = xfer::start(xfer_bin(), &b1.ns, &a1.ns, a1_v4, 5002, BYTES, timeout)?;
     let outbound = xfer::start(xfer_bin(), &a1.ns, &b1.ns, b1_v4, 5003, BYTES, timeout)?;
     let sled0 = rack.sled(0)?;
-    e2e::poll_until("10 MB of the transfer to reach a1", WAIT, || {
-        let got = Snapshot::take(sled0)?.get("engine.ports.a1.in_bytes");
-        if got >= 10 << 20 {
+    // Both under way (a connection still opening when the guest's link goes
+    // would fail to connect, which is not what is tested here).
+    e2e::poll_until("10 MB of each transfer to pass a1's port", WAIT, || {
+        let s = Snapshot::take(sled0)?;
+        let (got, sent) = (
+            s.get("engine.ports.a1.in_bytes"),
+            s.get("engine.ports.a1.out_bytes"),
+        );
+        if got >= 10 << 20 && sent >= 10 << 20 {
             Ok(())
         } else {
-            Err(Error::new(format!("{got} bytes so far")))
+            Err(Error::new(format!("{got} bytes in and {sent} out so far")))
         }
     })?;
     let moved_at = SystemTime::now()
