@@ -160,7 +160,25 @@ pub struct KeyError {
 
 impl FleetKey {
     /// Parses a key of this schema, naming what is wrong with one that is not.
+    /// A key must be written as the schema writes it (addresses and prefixes in
+    /// their canonical text, RFC 5952 for IPv6; numbers without leading zeros):
+    /// two spellings of one key (`fd00::7`, `fD00::7`) would be two entries of
+    /// the store for one mapping, and deleting either would remove the mapping
+    /// the other still holds.
     pub fn parse(key: &str) -> Result<FleetKey, KeyError> {
+        let parsed = FleetKey::parse_spelling(key)?;
+        let canonical = parsed.to_string();
+        if canonical != key {
+            return Err(KeyError {
+                key: key.to_string(),
+                why: format!("not written as the schema writes it ({canonical})"),
+            });
+        }
+        Ok(parsed)
+    }
+
+    /// [`FleetKey::parse`] of any spelling of a key.
+    fn parse_spelling(key: &str) -> Result<FleetKey, KeyError> {
         let bad = |why: String| KeyError {
             key: key.to_string(),
             why,
@@ -594,6 +612,21 @@ mod tests {
             ("/overlay/v1/sled/a b/status", "\"a b\""),
             ("/overlay/v1/sled/s1/port/opte0/nat", "\"nat\""),
             ("/overlay/v1/vpc/1/v2x/10.0.0.1", "no such key"),
+            // Another spelling of a key is not the key (the fleet fuzz target
+            // found the engine and the layer disagreeing over fD00::7).
+            (
+                "/overlay/v1/vpc/1701/v2p/fD00::7",
+                "(/overlay/v1/vpc/1701/v2p/fd00::7)",
+            ),
+            (
+                "/overlay/v1/vpc/1701/v2p/fd00:0::7",
+                "(/overlay/v1/vpc/1701/v2p/fd00::7)",
+            ),
+            ("/overlay/v1/vpc/01701/v2p/10.0.0.1", "schema writes it"),
+            (
+                "/overlay/v1/v2b/FD00:50::/64",
+                "(/overlay/v1/v2b/fd00:50::/64)",
+            ),
         ] {
             let e = FleetKey::parse(key).unwrap_err().to_string();
             assert!(e.contains(named), "{key}: {e}");
