@@ -64,39 +64,39 @@ pub enum ExportError {
     Shape(serde_json::Error),
 }
 
+/// Refuses what is not a port export ([`PORT_EXPORT_KIND`]) of this version's
+/// format.
+fn check_kind_and_format(kind: &str, format: u64) -> Result<(), ExportError> {
+    if kind != PORT_EXPORT_KIND {
+        return Err(ExportError::Kind(kind.to_string()));
+    }
+    if format != u64::from(PORT_EXPORT_FORMAT) {
+        return Err(ExportError::Format(format));
+    }
+    Ok(())
+}
+
 impl PortExport {
     /// Reads an export file's bytes. Its kind and format are looked at first, so
     /// that an export of another format is refused as such rather than for a field
     /// this version does not know.
     pub fn read(bytes: &[u8]) -> Result<PortExport, ExportError> {
         let v: serde_json::Value = serde_json::from_slice(bytes).map_err(ExportError::Json)?;
-        let kind = v
-            .get("kind")
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or("(none)");
-        if kind != PORT_EXPORT_KIND {
-            return Err(ExportError::Kind(kind.to_string()));
-        }
-        let format = v
-            .get("format")
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(0);
-        if format != u64::from(PORT_EXPORT_FORMAT) {
-            return Err(ExportError::Format(format));
-        }
+        check_kind_and_format(
+            v.get("kind")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("(none)"),
+            v.get("format")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0),
+        )?;
         serde_json::from_value(v).map_err(ExportError::Shape)
     }
 
     /// Refuses an export whose kind or format is not this version's (one that did
     /// not come through [`PortExport::read`]).
     pub fn check(&self) -> Result<(), ExportError> {
-        if self.kind != PORT_EXPORT_KIND {
-            return Err(ExportError::Kind(self.kind.clone()));
-        }
-        if self.format != PORT_EXPORT_FORMAT {
-            return Err(ExportError::Format(self.format.into()));
-        }
-        Ok(())
+        check_kind_and_format(&self.kind, self.format.into())
     }
 }
 

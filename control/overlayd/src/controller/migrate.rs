@@ -35,7 +35,6 @@ impl<D: Dataplane> Controller<D> {
     /// takes its state: nothing the guest sends or receives moves it on after the
     /// snapshot.
     pub(super) fn export_port(&mut self, name: &str) -> Result<Reply, ControlError> {
-        self.applied_port(name)?;
         let was_paused = self.state.paused.contains(name);
         self.set_port_paused(name, true)?;
         let export = self.snapshot(name);
@@ -72,22 +71,7 @@ impl<D: Dataplane> Controller<D> {
         let info = import.port();
         check_port(&self.state.ports, &info)?;
         let name = info.config.name.clone();
-        for (i, r) in export.routes.iter().enumerate() {
-            check_new_route(&name, &export.routes[..i], r)?;
-        }
-        check_rules(&export.fw_rules)?;
-        let ids = export.fw_rules.iter().map(|r| r.id);
-        if let Some(id) = ids.chain([export.fw_next_id]).find(|&id| id > MAX_RULE_ID) {
-            return Err(MoveError::RuleIdRange(id).into());
-        }
-        let mut ids = std::collections::BTreeSet::new();
-        if let Some(r) = export
-            .fw_rules
-            .iter()
-            .find(|r| r.id != 0 && !ids.insert(r.id))
-        {
-            return Err(MoveError::RuleIdTwice(r.id).into());
-        }
+        check_tables(&name, export)?;
         let mut rules = export.fw_rules.clone();
         let mut next = self.state.clone();
         next.fw_next_id
@@ -118,5 +102,27 @@ impl<D: Dataplane> Controller<D> {
             connections: imported.connections as u64,
             snat_ports: imported.snat_ports as u64,
         })
+    }
+}
+
+/// Refuses the export's routes and firewall rules where `add-router-entry` and
+/// `set-fw-rules` would refuse them, and rule ids given twice or out of range.
+fn check_tables(port: &str, export: &PortExport) -> Result<(), ControlError> {
+    for (i, r) in export.routes.iter().enumerate() {
+        check_new_route(port, &export.routes[..i], r)?;
+    }
+    check_rules(&export.fw_rules)?;
+    let ids = export.fw_rules.iter().map(|r| r.id);
+    if let Some(id) = ids.chain([export.fw_next_id]).find(|&id| id > MAX_RULE_ID) {
+        return Err(MoveError::RuleIdRange(id).into());
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    match export
+        .fw_rules
+        .iter()
+        .find(|r| r.id != 0 && !ids.insert(r.id))
+    {
+        Some(r) => Err(MoveError::RuleIdTwice(r.id).into()),
+        None => Ok(()),
     }
 }
