@@ -436,11 +436,21 @@ impl Guest {
     /// Starts pinging `target` every `interval` (56-byte payloads, each reply
     /// stamped with the time it came), in the background until [`Pings::stop`];
     /// the output goes to file `out`.
+    ///
+    /// The source address is given (`-I`), so ping skips its probe of the
+    /// route (a UDP `connect`, which takes an ephemeral port): with several
+    /// streams at once in a guest whose ephemeral range is one port, the probe
+    /// fails with EAGAIN.
     pub fn start_pings(&self, target: IpAddr, interval: Duration, out: &Path) -> Result<Pings> {
+        let source = match target {
+            IpAddr::V4(_) => self.ipv4()?,
+            IpAddr::V6(_) => self.ipv6()?,
+        };
         let file = File::create(out).with_context(|| format!("creating {}", out.display()))?;
         let cmd = self
             .cmd("ping")
             .args(["-D", "-n", "-i", &format!("{:.3}", interval.as_secs_f64())])
+            .args(["-I", &source.to_string()])
             .arg(target.to_string())
             .die_with_parent();
         let child = cmd.spawn_with(Stdio::from(file.try_clone()?), Stdio::from(file))?;
