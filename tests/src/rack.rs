@@ -420,12 +420,22 @@ impl Rack {
     }
 
     /// Moves guest `name` to sled `to` with its port's state, as an operator
-    /// moves a live guest (docs/operating.md, "Moving a port"): `export-port
-    /// --delete --to` on its sled into a file of the rack's directory (its sled
-    /// then maps the guest to `to`), `import-port` on `to` into the guest's same
-    /// namespace, whose OS side is configured again, `resume-port`, then V2P on
-    /// every sled but those two.
+    /// moves a live guest (docs/operating.md, "Moving a port"): its port moves
+    /// ([`Rack::move_port`]), then V2P on every sled but those two.
     pub fn migrate_guest(&mut self, name: &str, to: usize) -> Result<()> {
+        let from = self.guest(name)?.spec.sled;
+        self.move_port(name, to)?;
+        let i = self.guest_index(name)?;
+        self.publish_v2p_except(&self.guests[i].spec, &[from, to])
+    }
+
+    /// Moves guest `name`'s port to sled `to` with its state: `export-port
+    /// --delete --to` on its sled into a file of the rack's directory (its sled
+    /// then maps the guest to `to` and relays what the others still send it
+    /// there), `import-port` on `to` into the guest's same namespace, whose OS
+    /// side is configured again, and `resume-port`. The other sleds' V2P is left
+    /// as it was.
+    pub fn move_port(&mut self, name: &str, to: usize) -> Result<()> {
         let i = self.guest_index(name)?;
         let from = self.guests[i].spec.sled;
         let file = self.dir().join(format!("{name}.export"));
@@ -449,7 +459,7 @@ impl Rack {
         self.guests[i].spec.sled = to;
         self.guests[i].configure_os()?;
         self.sled(to)?.admin(&["resume-port", name])?;
-        self.publish_v2p_except(&self.guests[i].spec, &[from, to])
+        Ok(())
     }
 
     fn guest_index(&self, name: &str) -> Result<usize> {

@@ -4,12 +4,13 @@
 //! across the move, without a segment of them refused as mid-stream or out of
 //! window on the new sled; the gap in a ping stream is measured. An export file
 //! that is corrupted, truncated, of a future format or that conflicts with the
-//! sled is refused, naming the problem, and the sled is left as it was.
+//! sled is refused, naming the problem, and the sled is left as it was. Frames a
+//! third sled still sends to the old sled follow the guest to the new one.
 
 use e2e::counters::Snapshot;
 use e2e::standard::{self, A1, A2, B1};
 use e2e::xfer;
-use e2e::{Error, Result};
+use e2e::{Error, GuestSpec, Rack, RackSpec, Result};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -89,6 +90,77 @@ fn a_moved_guest_keeps_its_connections() -> Result<()> {
         );
     }
     assert!(end.get("engine.ports.a1.in_bytes") > 0);
+    Ok(())
+}
+
+/// Frames in flight: a sled whose V2P still names a moved guest's old sled sends
+/// its frames there, and the old sled relays them to the new one for the grace
+/// period, which delivers them; the guest's answers are refused by that sled
+/// until its V2P follows the move (they are not relayed), and then the two talk
+/// straight.
+#[test]
+fn frames_sent_to_the_old_sled_follow_the_guest_there() -> Result<()> {
+    let mut rack = Rack::build(&RackSpec::new("relay", 3))?;
+    rack.start_daemons(&[])?;
+    let (a1, c1) = (GuestSpec::dual(A1, 0, 1), GuestSpec::dual("c1", 2, 5));
+    for spec in [a1, c1] {
+        rack.add_guest(spec)?;
+    }
+    rack.publish_v2p()?;
+    let a1_v4 = rack.guest(A1)?.ipv4()?;
+    rack.guest("c1")?.ping(a1_v4, 56, WAIT)?;
+    rack.move_port(A1, 1)?;
+    // Sled 2 still maps a1 to sled 0.
+    let pings = rack.guest("c1")?.start_pings(
+        a1_v4,
+        Duration::from_millis(10),
+        &rack.dir().join("pings.txt"),
+    )?;
+    let (sled0, sled1, sled2) = (rack.sled(0)?, rack.sled(1)?, rack.sled(2)?);
+    e2e::poll_until("sled 0 to relay 20 of c1's pings to a1", WAIT, || {
+        let relayed = Snapshot::take(sled0)?.get("engine.relay.relayed_frames");
+        match relayed >= 20 {
+            true => Ok(()),
+            false => Err(Error::new(format!("{relayed} relayed so far"))),
+        }
+    })?;
+    let (s0, s1, s2) = (
+        Snapshot::take(sled0)?,
+        Snapshot::take(sled1)?,
+        Snapshot::take(sled2)?,
+    );
+    let relayed = s0.get("engine.relay.relayed_frames");
+    let delivered = s1.get("engine.ports.a1.in_packets");
+    let refused = s2.get("engine.ports.c1.drops.underlay_src_mismatch");
+    eprintln!(
+        "relay: sled 0 relayed {relayed} frames ({} departures), sled 1 delivered {delivered} \
+         to a1, sled 2 refused {refused} of a1's answers",
+        s0.get("engine.relay.departures")
+    );
+    assert_eq!(s0.get("engine.relay.departures"), 1);
+    assert!(delivered >= 20, "a1 got {delivered} of {relayed} relayed");
+    assert!(
+        refused > 0,
+        "sled 2 took a1's answers from sled 1 before its V2P did"
+    );
+    assert_eq!(s0.get("engine.datapath_drops.moved_not_relayed"), 0);
+    assert_eq!(s1.get("engine.ports.a1.drops.underlay_src_mismatch"), 0);
+
+    // Sled 2 learns of the move: c1 and a1 talk straight, nothing relayed.
+    let spec = rack.guest(A1)?.spec.clone();
+    rack.publish_v2p_of(&spec)?;
+    rack.guest("c1")?.ping(a1_v4, 56, WAIT)?;
+    let log = pings.stop()?;
+    eprintln!(
+        "relay: c1's pings: {} of {} answered",
+        log.received, log.sent
+    );
+    let before = Snapshot::take(sled0)?.get("engine.relay.relayed_frames");
+    rack.guest("c1")?.ping(a1_v4, 56, WAIT)?;
+    assert_eq!(
+        Snapshot::take(sled0)?.get("engine.relay.relayed_frames"),
+        before
+    );
     Ok(())
 }
 

@@ -342,6 +342,25 @@ pub fn render(stats: &Value, format: Format) -> String {
         "event",
         &engine["coalescer"],
     );
+    let relay = &engine["relay"];
+    e.counter(
+        "overlayd_relayed_frames",
+        "Frames for guests that moved to another sled, relayed there in the move's grace period.",
+        &[],
+        &relay["relayed_frames"],
+    );
+    e.counter(
+        "overlayd_relayed_bytes",
+        "Inner bytes of the frames relayed to the sleds guests moved to.",
+        &[],
+        &relay["relayed_bytes"],
+    );
+    e.gauge(
+        "overlayd_relay_departures",
+        "Guests that moved to another sled whose frames are relayed there now.",
+        &[],
+        &relay["departures"],
+    );
     worker_metrics(&mut e, stats);
     underlay_metrics(&mut e, stats);
     control_metrics(&mut e, &stats["control"]);
@@ -752,6 +771,7 @@ mod tests {
                 "datapath_drops": {"no_port_for_vni_mac": 2},
                 "coalescer": {"frames_in": 1, "frames_out": 1, "merged": 0, "gso_frames_out": 0},
                 "v2p_entries": 7,
+                "relay": {"relayed_frames": 3, "relayed_bytes": 300, "departures": 1},
                 "hold": {"frames": 0, "bytes": 0, "destinations": 0, "held": 0, "sent": 0,
                          "overflow": 0, "timeout": 0, "port_removed": 0},
             },
@@ -881,6 +901,9 @@ mod tests {
             assert_eq!(s[r#"overlayd_worker_busy_ratio{worker="0"}"#], 0.5);
             assert_eq!(s[r#"overlayd_worker_start_time_seconds{worker="0"}"#], 1.5);
             assert_eq!(s["overlayd_v2p_entries"], 7.0);
+            assert_eq!(s["overlayd_relayed_frames_total"], 3.0);
+            assert_eq!(s["overlayd_relayed_bytes_total"], 300.0);
+            assert_eq!(s["overlayd_relay_departures"], 1.0);
             assert_eq!(
                 s[r#"overlayd_uft_entries{port="a\"1",direction="in"}"#],
                 1.0

@@ -271,6 +271,11 @@ mod tests {
             })),
             Request::DeletePort {
                 name: "opte0".into(),
+                forward_to: None,
+            },
+            Request::DeletePort {
+                name: "opte0".into(),
+                forward_to: Some("fd00:99::3".parse().unwrap()),
             },
             Request::ListPorts,
             Request::set_v2p(V2pEntry {

@@ -18,6 +18,11 @@ pub enum Request {
     CheckSled(SledExpect),
     DeletePort {
         name: String,
+        /// The underlay address of the sled the port's guest moved to: frames
+        /// still sent here for it are relayed there for a grace period
+        /// (docs/operating.md "Moving a port").
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        forward_to: Option<Ipv6Addr>,
     },
     ListPorts,
     SetV2p {

@@ -2,7 +2,8 @@
 //! end-to-end tests create it, the default a help text states, and the reference
 //! tools that check an exposition.
 
-use crate::{PortConfig, Vni};
+use crate::migrate::{PortExport, PORT_EXPORT_FORMAT, PORT_EXPORT_KIND};
+use crate::{PortConfig, PortInfo, Vni};
 use wire::MacAddr;
 
 /// The default a help text states, as both programs' help texts state one and
@@ -37,6 +38,25 @@ pub fn sample_port(name: &str, last: u8) -> PortConfig {
         external: Default::default(),
         limits: Default::default(),
         cidrs: Default::default(),
+    }
+}
+
+/// An export of [`sample_port`] `name` in namespace `netns`, without tables or
+/// connections.
+pub fn sample_export(name: &str, last: u8, netns: &str) -> PortExport {
+    PortExport {
+        kind: PORT_EXPORT_KIND.into(),
+        format: PORT_EXPORT_FORMAT,
+        port: PortInfo {
+            config: sample_port(name, last),
+            netns: Some(netns.into()),
+            vhost_user: None,
+            attach: None,
+        },
+        routes: vec![],
+        fw_rules: vec![],
+        fw_next_id: 1,
+        live: serde_json::json!({"connections": []}),
     }
 }
 

@@ -22,13 +22,13 @@ use crate::worker::jobs::{JobTx, PortKey, WorkerPlane};
 use crate::worker::stats::{UnderlayTx, WorkerReport, WorkerView};
 use crate::worker::Datapath;
 use api::{
-    ExternalIps, FwRule, Outcome, PortCidrs, PortInfo, PortLimits, PortState, Reply, RouteEntry,
-    V2pEntry, Vni,
+    ExternalIps, FwRule, MacAddr, Outcome, PortCidrs, PortInfo, PortLimits, PortState, Reply,
+    RouteEntry, V2pEntry, Vni,
 };
 use engine::{Imported, LiveState, V2b};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{mpsc, Arc};
 
 /// The worker that gets the next port: the one with the fewest ports, the lowest
@@ -374,6 +374,21 @@ impl<D: WorkerPlane + 'static> Dataplane for Workers<D> {
         self.on_owner(port, move |dp: &mut D| dp.import_live(&n, &flows))
     }
 
+    /// On every worker: a frame for the guest may arrive at any of them.
+    fn relay_departed(
+        &mut self,
+        vni: Vni,
+        mac: MacAddr,
+        to: Option<Ipv6Addr>,
+    ) -> Result<(), DataplaneError> {
+        self.on_all(
+            move |dp: &mut D| dp.relay_departed(vni, mac, to),
+            move |dp: &mut D| {
+                let _ = dp.relay_departed(vni, mac, None);
+            },
+        )
+    }
+
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), DataplaneError> {
         let (n, ext) = (port.to_string(), ext.clone());
         self.on_owner(port, move |dp: &mut D| dp.set_external_ips(&n, &ext))
@@ -454,6 +469,7 @@ mod tests {
         v2p: Vec<V2pEntry>,
         v2b: V2b,
         owners: BTreeMap<(u32, MacAddr), usize>,
+        departed: BTreeMap<(u32, MacAddr), Ipv6Addr>,
         refuse_v2p: bool,
         stats: u64,
     }
@@ -523,6 +539,18 @@ mod tests {
                 connections: f.connections.len(),
                 snat_ports: f.nat.snat.len(),
             })
+        }
+        fn relay_departed(
+            &mut self,
+            vni: Vni,
+            mac: MacAddr,
+            to: Option<Ipv6Addr>,
+        ) -> Result<(), DataplaneError> {
+            match to {
+                Some(to) => self.departed.insert((vni.get(), mac), to),
+                None => self.departed.remove(&(vni.get(), mac)),
+            };
+            Ok(())
         }
         fn set_external_ips(&mut self, port: &str, _: &ExternalIps) -> Result<(), DataplaneError> {
             self.has(port)

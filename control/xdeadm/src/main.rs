@@ -176,7 +176,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
             if delete {
                 importable(&export)?;
-                client.call(&Request::DeletePort { name: port })?;
+                client.call(&Request::DeletePort {
+                    name: port,
+                    forward_to: to,
+                })?;
             }
             for entry in to
                 .map(|to| moved_v2p(&export.port.config, to))

@@ -355,3 +355,78 @@ fn tls_from_the_environment_and_flags_that_win() {
         stdout(&o)
     );
 }
+
+/// `move-port`: the guest's mappings name the new sled, and its tables leave the
+/// old sled's keys for the new one's, values as they were, in one transaction.
+#[test]
+fn a_moved_port_takes_its_mappings_and_tables_along() {
+    let etcd = etcd();
+    let from = |table: &str| format!("/overlay/v1/sled/sled-a/port/opte0/{table}");
+    let to = |table: &str| format!("/overlay/v1/sled/sled-c/port/opte0/{table}");
+    let routes = br#"[{"dest":"0.0.0.0/0","target":"igw"}]"#.to_vec();
+    let firewall = b"[]".to_vec();
+    let other_port = "/overlay/v1/sled/sled-a/port/opte01/routes";
+    block_on(async {
+        let mut store = etcd.store().await;
+        let put = |key: String, value: &Vec<u8>| fleet::Op::Put {
+            key,
+            value: value.clone(),
+        };
+        store
+            .apply(vec![
+                put(from("routes"), &routes),
+                put(from("firewall"), &firewall),
+                put(other_port.to_string(), &routes),
+            ])
+            .await
+            .expect("tables written");
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("opte0.export");
+    let export = api::testing::sample_export("opte0", 6, "guest0");
+    std::fs::write(&file, serde_json::to_string(&export).unwrap()).unwrap();
+    let path = file.to_str().unwrap();
+    let line = [
+        "move-port",
+        path,
+        "--from-sled",
+        "sled-a",
+        "--to-sled",
+        "sled-c",
+        "--underlay",
+        "fd00:99::3",
+    ];
+    let r = report(&fleet(&etcd, true, &line));
+    assert_eq!(r["written"]["v2p"], 2, "{r}");
+    assert_eq!(r["written"]["port_tables"], 2, "{r}");
+    assert_eq!(r["deleted"]["port_tables"], 2, "{r}");
+    assert_eq!(
+        r["revision"].as_i64().unwrap() - r["from_revision"].as_i64().unwrap(),
+        1,
+        "one transaction: {r}"
+    );
+    let mapped = serde_json::json!({"mac": "a8:40:25:ff:00:06", "underlay": "fd00:99::3"});
+    for key in [V2P_KEY, "/overlay/v1/vpc/1701/v2p/fd00:1122:3344:100::6"] {
+        assert_eq!(value_of(&etcd, key), Some(mapped.clone()), "{key}");
+    }
+    let raw = |key: &str| {
+        read(&etcd, key)
+            .kvs
+            .into_iter()
+            .find(|kv| kv.key == key)
+            .map(|kv| kv.value)
+    };
+    assert_eq!(raw(&to("routes")), Some(routes.clone()));
+    assert_eq!(raw(&to("firewall")), Some(firewall));
+    assert_eq!((raw(&from("routes")), raw(&from("firewall"))), (None, None));
+    assert_eq!(raw(other_port), Some(routes), "another port stays");
+
+    // To the sled it is on: refused before anything is written (exit 2).
+    let before = read(&etcd, "/overlay/").revision;
+    let mut same = line;
+    same[5] = "sled-a";
+    let o = fleet(&etcd, false, &same);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("sled-a"), "{}", stderr(&o));
+    assert_eq!(read(&etcd, "/overlay/").revision, before, "nothing written");
+}

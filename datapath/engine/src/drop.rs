@@ -82,8 +82,12 @@ drop_reasons! {
     /// Inner destination MAC is broadcast/multicast: no replication is done
     /// (datapath-wide).
     InnerMulticast = "inner_multicast",
-    /// No port has this (VNI, inner destination MAC) (datapath-wide).
+    /// No port has this (VNI, inner destination MAC) (datapath-wide), and no guest
+    /// of that MAC left this sled within the grace period of a move (`vpc::moved`).
     NoPort = "no_port_for_vni_mac",
+    /// A frame for a guest that moved to another sled, within the grace period,
+    /// could not be relayed there: no next hop toward that sled is known (datapath-wide).
+    MovedNotRelayed = "moved_not_relayed",
     /// Inner destination IP is not the port's.
     InboundDstNotGuest = "inbound_dst_not_guest",
     /// Inbound inner frame that is neither IPv4 nor IPv6.

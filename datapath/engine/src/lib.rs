@@ -46,9 +46,11 @@ pub use pipeline::config::{EngineConfig, NextHop, UnderlayRoutes};
 pub use pipeline::error::EngineError;
 pub use pipeline::migrate::{Imported, LiveImportError, LiveState};
 pub use pipeline::next_hops::{NextHopSet, MAX_NEXT_HOPS};
+pub use pipeline::relay::RelayStats;
 pub use pipeline::stats::EngineStats;
 pub use pipeline::Engine;
 pub use vpc::firewall::FwAction;
+pub use vpc::moved::MOVE_GRACE_NS;
 pub use vpc::nat::{ExternalIps, SnatRange};
 pub use vpc::port::{
     link_local_eui64, PortCidrs, PortConfig, PortState, MAX_PORT_CIDRS, MIN_PORT_MTU,

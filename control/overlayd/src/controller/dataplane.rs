@@ -2,11 +2,11 @@
 //! drives, the tables a new port starts with, and the inspections it may ask for.
 
 use api::{
-    ErrorCode, ExternalIps, FwRule, PortCidrs, PortInfo, PortLimits, PortState, RouteEntry,
-    V2pEntry, Vni,
+    ErrorCode, ExternalIps, FwRule, MacAddr, PortCidrs, PortInfo, PortLimits, PortState,
+    RouteEntry, V2pEntry, Vni,
 };
 use engine::{EngineError, Imported, LiveState, V2b};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::PathBuf;
 
 /// Why the dataplane refused a change or a question; it changed nothing.
@@ -198,6 +198,14 @@ pub trait Dataplane {
     fn export_live(&mut self, port: &str) -> Result<LiveState, DataplaneError>;
     /// Puts another sled's exported state into the port (just made, empty).
     fn import_live(&mut self, port: &str, flows: &LiveState) -> Result<Imported, DataplaneError>;
+    /// Relays the frames for guest `mac` of VPC `vni`, whose port was just
+    /// deleted, to sled `to` for a move's grace period; `None` stops relaying them.
+    fn relay_departed(
+        &mut self,
+        vni: Vni,
+        mac: MacAddr,
+        to: Option<Ipv6Addr>,
+    ) -> Result<(), DataplaneError>;
     /// Replaces the port's external addresses (its flows are decided again).
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), DataplaneError>;
     /// Replaces the port's rate limits.

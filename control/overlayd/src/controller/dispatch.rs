@@ -20,7 +20,7 @@ use api::{
 use engine::vpc::v2b::V2bError;
 use engine::V2b;
 use ipnet::IpNet;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::time::Instant;
 
 /// The firewall a new port starts with, like a VPC's default rules: traffic from the
@@ -57,7 +57,7 @@ impl<D: Dataplane> Controller<D> {
     pub(super) fn apply(&mut self, req: Request) -> Result<Reply, ControlError> {
         match req {
             Request::CreatePort(c) => self.create_port(*c),
-            Request::DeletePort { name } => self.delete_port(&name),
+            Request::DeletePort { name, forward_to } => self.delete_port(&name, forward_to),
             Request::ListPorts => Ok(Reply::Ports(self.port_statuses(Instant::now()))),
             Request::SetV2p {
                 entry,
@@ -193,12 +193,25 @@ impl<D: Dataplane> Controller<D> {
     }
 
     /// Deletes a port, also one that is not applied (from the state alone).
-    fn delete_port(&mut self, name: &str) -> Result<Reply, ControlError> {
+    fn delete_port(
+        &mut self,
+        name: &str,
+        forward_to: Option<Ipv6Addr>,
+    ) -> Result<Reply, ControlError> {
         let info = self.port(name)?.clone();
         let applied = !self.unapplied_ports.contains_key(name);
         let tables = tables_in_force(&self.state, &self.fleet.layer, name);
         if applied {
             self.dp.remove_port(name)?;
+        }
+        // The guest moved: its frames follow it for a while. Refused (a bad
+        // address), the port is made again as it was.
+        if let (true, Some(to)) = (applied, forward_to) {
+            let (vni, mac) = (info.config.vni, info.config.guest_mac);
+            if let Err(e) = self.dp.relay_departed(vni, mac, Some(to)) {
+                let _ = self.dp.add_port(&info, &tables);
+                return Err(e.into());
+            }
         }
         let mut next = self.state.clone();
         next.ports.retain(|p| p.config.name != name);
@@ -208,6 +221,7 @@ impl<D: Dataplane> Controller<D> {
         next.paused.remove(name);
         let done = self.commit(next, |dp| {
             if applied {
+                // Adding the port back ends the relay of its guest's frames.
                 let _ = dp.add_port(&info, &tables);
             }
         })?;

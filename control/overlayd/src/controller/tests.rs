@@ -8,12 +8,13 @@ use ::fleet::{Change, Positions};
 use api::testing::sample_port;
 use api::{
     CidrDir, Direction, ErrorCode, ExternalIps, FwAction, FwFilters, FwHost, FwPorts, FwProto,
-    FwRule, NotApplied, PortCidrs, PortLimits, PortState, Refusal, RouteClass, RouteEntry,
+    FwRule, MacAddr, NotApplied, PortCidrs, PortLimits, PortState, Refusal, RouteClass, RouteEntry,
     RouteTarget,
 };
 use engine::{Imported, LiveState};
 use ipnet::IpNet;
 use serde_json::{json, Value};
+use std::net::Ipv6Addr;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -32,6 +33,8 @@ struct Recorder {
     paused: BTreeSet<String>,
     /// Live state imported into each port (and exported from it).
     live: BTreeMap<String, LiveState>,
+    /// Guests whose frames are relayed to the sled they moved to.
+    departed: BTreeMap<(u32, MacAddr), Ipv6Addr>,
     /// Every change asked for, in order ("op port").
     log: Vec<String>,
     refuse: Option<&'static str>,
@@ -156,6 +159,19 @@ impl Dataplane for Recorder {
             connections: f.connections.len(),
             snat_ports: f.nat.snat.len(),
         })
+    }
+    fn relay_departed(
+        &mut self,
+        vni: Vni,
+        mac: MacAddr,
+        to: Option<Ipv6Addr>,
+    ) -> Result<(), DataplaneError> {
+        self.check("relay_departed", &mac.to_string())?;
+        match to {
+            Some(to) => self.departed.insert((vni.get(), mac), to),
+            None => self.departed.remove(&(vni.get(), mac)),
+        };
+        Ok(())
     }
     fn set_external_ips(&mut self, port: &str, _: &ExternalIps) -> Result<(), DataplaneError> {
         self.check("set_external_ips", port)
@@ -365,7 +381,8 @@ fn refused_requests_change_nothing() {
     assert!(err(
         &mut c,
         Request::DeletePort {
-            name: "nope".into()
+            name: "nope".into(),
+            forward_to: None,
         }
     )
     .message
@@ -614,6 +631,7 @@ fn firewall_rule_bookkeeping() {
         &mut c,
         Request::DeletePort {
             name: "opte0".into(),
+            forward_to: None,
         },
     );
     assert!(!c.state().fw_next_id.contains_key("opte0"));
@@ -689,6 +707,7 @@ fn paused_ports_are_saved_and_restored_paused() {
         &mut fresh,
         Request::DeletePort {
             name: "opte1".into(),
+            forward_to: None,
         },
     );
     assert!(fresh.state().paused.is_empty());
@@ -734,6 +753,7 @@ fn persistence_and_restore() {
         &mut c,
         Request::DeletePort {
             name: "opte0".into(),
+            forward_to: None,
         },
     );
     let saved = store.load().unwrap();
@@ -1178,6 +1198,7 @@ fn unapplied_port_can_be_deleted() {
         &mut c,
         Request::DeletePort {
             name: "opte0".into(),
+            forward_to: None,
         },
     );
     assert!(!c
@@ -1738,4 +1759,31 @@ fn a_refused_move_changes_nothing_and_says_why() {
         },
     );
     assert!(!c.dataplane().paused.contains("opte0"));
+}
+
+/// `delete-xde --forward-to`: the port goes and its guest's frames are relayed
+/// to the named sled; refused there, the port is back as it was.
+#[test]
+fn a_port_deleted_for_a_move_has_its_guest_relayed() {
+    let mut c = Controller::new(Recorder::default(), None);
+    ok(&mut c, create("opte0", 5));
+    c.dataplane_mut().refuse = Some("relay_departed");
+    let to: Ipv6Addr = "fd00:99::3".parse().unwrap();
+    let delete = Request::DeletePort {
+        name: "opte0".into(),
+        forward_to: Some(to),
+    };
+    let e = err(&mut c, delete.clone());
+    assert!(e.message.contains("relay_departed"), "{e}");
+    assert!(c.dataplane().departed.is_empty());
+    c.dataplane_mut().refuse = None;
+    ok(&mut c, delete);
+    assert!(c.state().ports.is_empty());
+    let port = sample_port("opte0", 5);
+    assert_eq!(
+        c.dataplane()
+            .departed
+            .get(&(port.vni.get(), port.guest_mac)),
+        Some(&to)
+    );
 }

@@ -12,15 +12,15 @@ use super::Datapath;
 use crate::controller::{Dataplane, DataplaneError, Inspect, PortTables};
 use crate::convert::{ToApi, ToEngine};
 use api::{
-    Direction, ExternalIps, FwAction, FwHost, FwRule, PortCidrs, PortInfo, PortLimits, PortLink,
-    PortState, RouteEntry, V2pEntry, VhostNegotiation, Vni,
+    Direction, ExternalIps, FwAction, FwHost, FwRule, MacAddr, PortCidrs, PortInfo, PortLimits,
+    PortLink, PortState, RouteEntry, V2pEntry, VhostNegotiation, Vni,
 };
 use engine::{Finalized, PortRange, Predicate, Rule};
 use engine::{Imported, LiveState, V2b};
 use ipnet::IpNet;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 impl Datapath {
     /// Adds and deletes routes until the engine's table equals `want`. Used by
@@ -195,6 +195,27 @@ impl Dataplane for Datapath {
 
     fn import_live(&mut self, port: &str, flows: &LiveState) -> Result<Imported, DataplaneError> {
         Ok(self.engine.import_live(port, flows)?)
+    }
+
+    fn relay_departed(
+        &mut self,
+        vni: Vni,
+        mac: MacAddr,
+        to: Option<Ipv6Addr>,
+    ) -> Result<(), DataplaneError> {
+        match to {
+            Some(to) => {
+                self.engine.relay_departed_to(vni, mac, to)?;
+                // Asked for now, the next hop toward the guest's new sled is
+                // known by the time the first frame to relay arrives (a miss
+                // then drops it: `moved_not_relayed`).
+                if let Some(io) = &self.io {
+                    let _ = io.next_hops.lookup(to);
+                }
+            }
+            None => self.engine.forget_departed(vni, mac),
+        }
+        Ok(())
     }
 
     fn set_external_ips(&mut self, port: &str, ext: &ExternalIps) -> Result<(), DataplaneError> {

@@ -10,9 +10,18 @@
 //! revisions), and writes everything with [`Store::apply`] (transactions of at
 //! most [`fleet::MAX_TXN_OPS`] operations); each delete applies only if its key
 //! is still as it was read. The [`WriteReport`] says what was done.
+//!
+//! `move-port` ([`Batch::move_port`]) moves a port's fleet state with the port
+//! (docs/operating.md, "Moving a port"): its guest's V2P mappings to the new
+//! sled, and its tables from the old sled's keys to the new one's, read first
+//! and written in the same transaction as the mappings.
 
 use super::grammar::StoreArgs;
-use api::fleet::{encode_v2b, encode_v2p, vpc_prefix, EntryError, FleetKey, KeyError, V2B_PREFIX};
+use api::fleet::{
+    encode_v2b, encode_v2p, port_key, sled_ports_prefix, vpc_prefix, EntryError, FleetKey,
+    KeyError, SledId, V2B_PREFIX,
+};
+use api::migrate::PortExport;
 use api::{V2bEntry, V2pEntry, Vni};
 use fleet::{Op, Store, StoreConfig, StoreError, TlsFiles};
 use ipnet::IpNet;
@@ -20,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::fmt::{self, Write as _};
 use std::io::{self, Read};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -40,6 +49,8 @@ pub struct FleetWrite {
 pub enum Kind {
     V2p,
     V2b,
+    /// A port's routes or firewall rules (`move-port`).
+    PortTable,
 }
 
 /// One key to write, its value encoded and checked.
@@ -66,6 +77,34 @@ pub struct Batch {
     pub clears: Vec<Clear>,
     /// A key to delete that is not there is skipped rather than refused.
     pub if_exists: bool,
+    /// Ports whose tables move from one sled's keys to another's.
+    pub moves: Vec<PortMove>,
+}
+
+/// A port's tables to move: every key of port `port` under sled `from` is
+/// written under sled `to` and deleted under `from` (unless it changed after it
+/// was read).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortMove {
+    pub port: String,
+    pub from: SledId,
+    pub to: SledId,
+}
+
+impl PortMove {
+    /// The prefix of the port's keys on the sled it leaves.
+    fn prefix(&self) -> String {
+        format!("{}{}/", sled_ports_prefix(&self.from), self.port)
+    }
+}
+
+/// Why `move-port` cannot write the move; nothing is written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MoveError {
+    #[error("--from-sled and --to-sled are both {0}: the port does not move")]
+    SameSled(SledId),
+    #[error("the port's V2P mapping: {0}")]
+    Mapping(#[from] EntryError),
 }
 
 impl Batch {
@@ -98,6 +137,42 @@ impl Batch {
             kind: Kind::V2p,
             key,
             table: format!("{}v2p/", vpc_prefix(vni)),
+        })
+    }
+
+    /// The writes that move the port of `export` from sled `from` to sled `to`,
+    /// at underlay address `underlay`: a V2P mapping of each of its guest's
+    /// addresses to `underlay`, and the port's tables (read when written).
+    pub fn move_port(
+        export: &PortExport,
+        from: SledId,
+        to: SledId,
+        underlay: Ipv6Addr,
+    ) -> Result<Batch, MoveError> {
+        if from == to {
+            return Err(MoveError::SameSled(to));
+        }
+        let cfg = &export.port.config;
+        let puts = [cfg.ipv4.map(IpAddr::V4), cfg.ipv6.map(IpAddr::V6)]
+            .into_iter()
+            .flatten()
+            .map(|vpc_ip| {
+                Batch::put_v2p(&V2pEntry {
+                    vpc_ip,
+                    vpc_mac: cfg.guest_mac,
+                    underlay_ip: underlay,
+                    vni: cfg.vni,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Batch {
+            puts,
+            moves: vec![PortMove {
+                port: cfg.name.clone(),
+                from,
+                to,
+            }],
+            ..Batch::default()
         })
     }
 
@@ -368,6 +443,13 @@ pub fn parse_load(text: &str) -> Result<Batch, DocumentError> {
 pub struct Counts {
     pub v2p: usize,
     pub v2b: usize,
+    /// A port's routes or firewall rules (`move-port`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub port_tables: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Counts {
@@ -375,11 +457,12 @@ impl Counts {
         match kind {
             Kind::V2p => self.v2p += 1,
             Kind::V2b => self.v2b += 1,
+            Kind::PortTable => self.port_tables += 1,
         }
     }
 
     pub fn total(&self) -> usize {
-        self.v2p + self.v2b
+        self.v2p + self.v2b + self.port_tables
     }
 }
 
@@ -506,23 +589,26 @@ async fn write_batch(config: &StoreConfig, batch: &Batch) -> Result<WriteReport,
         endpoint: store.endpoint().to_string(),
         ..WriteReport::default()
     };
-    let read = match batch.clears.is_empty() {
+    let mut prefixes = read_prefixes(&batch.clears);
+    prefixes.extend(batch.moves.iter().map(PortMove::prefix));
+    let kvs = match prefixes.is_empty() {
         true => {
             report.from_revision = store.status().await?.revision;
-            HashMap::new()
+            Vec::new()
         }
         false => {
-            let wanted: HashSet<&str> = batch.clears.iter().map(|c| c.key.as_str()).collect();
-            let snapshot = store.snapshot(&read_prefixes(&batch.clears)).await?;
+            let snapshot = store.snapshot(&prefixes).await?;
             report.from_revision = snapshot.revision;
-            snapshot
-                .kvs
-                .into_iter()
-                .filter(|kv| wanted.contains(kv.key.as_str()))
-                .map(|kv| (kv.key, kv.mod_revision))
-                .collect()
+            snapshot.kvs
         }
     };
+    let wanted: HashSet<&str> = batch.clears.iter().map(|c| c.key.as_str()).collect();
+    let read: HashMap<String, i64> = kvs
+        .iter()
+        .filter(|kv| wanted.contains(kv.key.as_str()))
+        .map(|kv| (kv.key.clone(), kv.mod_revision))
+        .collect();
+    let moved = moved_tables(&batch.moves, &kvs);
     report.absent = batch
         .clears
         .iter()
@@ -540,14 +626,28 @@ async fn write_batch(config: &StoreConfig, batch: &Batch) -> Result<WriteReport,
             value: p.value.clone(),
         })
         .collect();
-    let deleting: Vec<&Clear> = batch
+    ops.extend(moved.iter().map(|t| Op::Put {
+        key: t.to_key.clone(),
+        value: t.value.clone(),
+    }));
+    let mut deleting: Vec<Clear> = batch
         .clears
         .iter()
         .filter(|c| read.contains_key(&c.key))
+        .cloned()
         .collect();
+    let mut revisions = read;
+    for t in &moved {
+        revisions.insert(t.from_key.clone(), t.mod_revision);
+        deleting.push(Clear {
+            kind: Kind::PortTable,
+            key: t.from_key.clone(),
+            table: String::new(),
+        });
+    }
     ops.extend(deleting.iter().map(|c| Op::Delete {
         key: c.key.clone(),
-        if_mod_revision: read.get(&c.key).copied(),
+        if_mod_revision: revisions.get(&c.key).copied(),
     }));
     if ops.is_empty() {
         report.revision = report.from_revision;
@@ -557,6 +657,9 @@ async fn write_batch(config: &StoreConfig, batch: &Batch) -> Result<WriteReport,
     report.revision = applied.revision;
     for p in &batch.puts {
         report.written.add(p.kind);
+    }
+    for _ in &moved {
+        report.written.add(Kind::PortTable);
     }
     let skipped: HashSet<&str> = applied.skipped.iter().map(|s| s.key.as_str()).collect();
     for c in deleting
@@ -575,6 +678,35 @@ async fn write_batch(config: &StoreConfig, batch: &Batch) -> Result<WriteReport,
         })
         .collect();
     Ok(report)
+}
+
+/// One table of a moving port, as read from the sled it leaves.
+struct MovedTable {
+    from_key: String,
+    to_key: String,
+    value: Vec<u8>,
+    mod_revision: i64,
+}
+
+/// The tables of `moves` among the keys read: each a table key of its port on
+/// the sled it leaves (a key under the port's prefix that is not one of the
+/// schema's is left alone, as the sleds ignore it).
+fn moved_tables(moves: &[PortMove], kvs: &[fleet::Kv]) -> Vec<MovedTable> {
+    let mut tables = Vec::new();
+    for kv in kvs {
+        let Ok(FleetKey::Port { sled, port, table }) = FleetKey::parse(&kv.key) else {
+            continue;
+        };
+        if let Some(m) = moves.iter().find(|m| m.from == sled && m.port == port) {
+            tables.push(MovedTable {
+                from_key: kv.key.clone(),
+                to_key: port_key(&m.to, &port, table),
+                value: kv.value.clone(),
+                mod_revision: kv.mod_revision,
+            });
+        }
+    }
+    tables
 }
 
 /// What to read to learn the mod revisions of the keys to delete: each key (as a
@@ -816,5 +948,73 @@ mod tests {
         assert_eq!(e.exit_code(), 1);
         assert!(e.to_string().contains("/overlay/v1/v2b/::/0"), "{e}");
         assert_eq!(WriteError::Store(StoreError::NoEndpoints).exit_code(), 2);
+    }
+
+    fn sled(s: &str) -> SledId {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_move_maps_the_guest_to_its_new_sled_and_moves_its_tables() {
+        let export = api::testing::sample_export("opte0", 6, "guest0");
+        let to: Ipv6Addr = "fd00:99::3".parse().unwrap();
+        let b = Batch::move_port(&export, sled("sled-a"), sled("sled-c"), to).unwrap();
+        let puts: Vec<(&str, &[u8])> = b
+            .puts
+            .iter()
+            .map(|p| (p.key.as_str(), p.value.as_slice()))
+            .collect();
+        let value: &[u8] = br#"{"mac":"a8:40:25:ff:00:06","underlay":"fd00:99::3"}"#;
+        assert_eq!(
+            puts,
+            [
+                ("/overlay/v1/vpc/1701/v2p/172.30.0.6", value),
+                ("/overlay/v1/vpc/1701/v2p/fd00:1122:3344:100::6", value),
+            ]
+        );
+        assert_eq!(b.moves[0].prefix(), "/overlay/v1/sled/sled-a/port/opte0/");
+        let kv = |key: &str, rev: i64| fleet::Kv {
+            key: key.into(),
+            value: key.as_bytes().to_vec(),
+            mod_revision: rev,
+        };
+        let read = [
+            kv("/overlay/v1/sled/sled-a/port/opte0/firewall", 7),
+            kv("/overlay/v1/sled/sled-a/port/opte0/routes", 9),
+            // Not a table of the schema: left where it is.
+            kv("/overlay/v1/sled/sled-a/port/opte0/other", 4),
+        ];
+        let moved = moved_tables(&b.moves, &read);
+        let got: Vec<(&str, &str, i64)> = moved
+            .iter()
+            .map(|t| (t.from_key.as_str(), t.to_key.as_str(), t.mod_revision))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "/overlay/v1/sled/sled-a/port/opte0/firewall",
+                    "/overlay/v1/sled/sled-c/port/opte0/firewall",
+                    7
+                ),
+                (
+                    "/overlay/v1/sled/sled-a/port/opte0/routes",
+                    "/overlay/v1/sled/sled-c/port/opte0/routes",
+                    9
+                ),
+            ]
+        );
+        assert_eq!(moved[1].value, read[1].value, "the value as it was");
+    }
+
+    #[test]
+    fn a_move_is_refused_to_its_own_sled_or_to_an_address_no_sled_has() {
+        let export = api::testing::sample_export("opte0", 6, "guest0");
+        let to: Ipv6Addr = "fd00:99::3".parse().unwrap();
+        let e = Batch::move_port(&export, sled("sled-a"), sled("sled-a"), to).unwrap_err();
+        assert_eq!(e, MoveError::SameSled(sled("sled-a")));
+        assert!(e.to_string().contains("sled-a"), "{e}");
+        let e = Batch::move_port(&export, sled("a"), sled("c"), Ipv6Addr::UNSPECIFIED);
+        assert!(matches!(e, Err(MoveError::Mapping(_))), "{e:?}");
     }
 }

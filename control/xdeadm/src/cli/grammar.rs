@@ -4,6 +4,7 @@
 //! asks of the daemon is the job of `requests`.
 
 use crate::opteadm;
+use api::fleet::SledId;
 use api::port::{CidrDirError, DEFAULT_PORT_MTU, MIN_PORT_MTU};
 use api::protocol::DEFAULT_API_SOCKET;
 use api::{
@@ -78,7 +79,14 @@ pub enum Command {
     /// Create a guest port (a tap device) and its gateway.
     CreateXde(Box<CreateXde>),
     /// Delete a port and its routes and firewall rules.
-    DeleteXde { name: String },
+    DeleteXde {
+        name: String,
+        /// The port's guest moved to the sled of this underlay address: frames
+        /// still sent here for it are relayed there for 10 s (docs/operating.md,
+        /// "Moving a port").
+        #[arg(long, value_name = "UNDERLAY_ADDR")]
+        forward_to: Option<Ipv6Addr>,
+    },
     /// List ports, with their state (ready: no frame yet; running; paused).
     ListPorts,
     /// Pause a port: every frame from and to its guest is dropped (counted as
@@ -100,8 +108,9 @@ pub enum Command {
         #[arg(long, requires = "output")]
         delete: bool,
         /// Once deleted, send this sled's traffic for the guest to the sled it
-        /// moves to (a V2P mapping of each of its addresses here); the other sleds
-        /// learn it from the control plane.
+        /// moves to (a V2P mapping of each of its addresses here), and relay there
+        /// for 10 s the frames other sleds still send here; the other sleds learn
+        /// of the move from the control plane.
         #[arg(long, value_name = "UNDERLAY_ADDR", requires = "delete")]
         to: Option<Ipv6Addr>,
     },
@@ -424,6 +433,26 @@ pub enum FleetWriteCommand {
         /// Entries of clear_v2p and clear_v2b that are not there are no error.
         #[arg(long)]
         if_exists: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Move a port's fleet state with the port (docs/operating.md, "Moving a
+    /// port"): from its export (FILE from export-port, or - for standard
+    /// input), its guest's V2P mappings to the new sled's UNDERLAY_ADDR, and
+    /// its routes and firewall rules from --from-sled's keys to --to-sled's,
+    /// written in one transaction.
+    MovePort {
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// The sled the port leaves (its --sled-id).
+        #[arg(long, value_name = "SLED")]
+        from_sled: SledId,
+        /// The sled the port moves to (its --sled-id).
+        #[arg(long, value_name = "SLED")]
+        to_sled: SledId,
+        /// The underlay address of the sled the port moves to.
+        #[arg(long, value_name = "UNDERLAY_ADDR")]
+        underlay: Ipv6Addr,
         #[command(flatten)]
         store: StoreArgs,
     },

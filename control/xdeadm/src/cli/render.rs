@@ -304,7 +304,11 @@ pub fn render_fleet_write(r: &WriteReport) -> String {
     let counts = |verb: &str, c: &Counts| {
         let n = c.total();
         let noun = if n == 1 { "entry" } else { "entries" };
-        format!("{verb} {n} {noun} ({} v2p, {} v2b)", c.v2p, c.v2b)
+        let tables = match c.port_tables {
+            0 => String::new(),
+            t => format!(", {t} port tables"),
+        };
+        format!("{verb} {n} {noun} ({} v2p, {} v2b{tables})", c.v2p, c.v2b)
     };
     let asked_deletes = r.deleted.total() + r.absent.len() + r.skipped.len();
     let mut parts = Vec::new();
@@ -476,7 +480,11 @@ mod tests {
     fn a_fleet_write_is_one_line() {
         let mut r = WriteReport {
             endpoint: "http://127.0.0.1:2379".into(),
-            written: Counts { v2p: 5000, v2b: 2 },
+            written: Counts {
+                v2p: 5000,
+                v2b: 2,
+                port_tables: 0,
+            },
             from_revision: 100,
             revision: 140,
             ..WriteReport::default()
@@ -487,7 +495,10 @@ mod tests {
              140 (from 100)\n"
         );
         r.written = Counts::default();
-        r.deleted = Counts { v2p: 1, v2b: 0 };
+        r.deleted = Counts {
+            v2p: 1,
+            ..Counts::default()
+        };
         r.absent = vec!["/overlay/v1/v2b/::/0".into()];
         r.skipped = vec![SkippedDelete {
             key: "/overlay/v1/vpc/1/v2p/10.0.0.1".into(),
@@ -505,6 +516,22 @@ mod tests {
         assert_eq!(json["skipped"][0]["current_mod_revision"], 9);
         assert_eq!(json["deleted"]["v2p"], 1);
         assert_eq!(json["revision"], 140);
+        // A move also writes and deletes port tables.
+        r.written = Counts {
+            v2p: 2,
+            v2b: 0,
+            port_tables: 2,
+        };
+        r.deleted = Counts {
+            port_tables: 2,
+            ..Counts::default()
+        };
+        (r.absent, r.skipped) = (vec![], vec![]);
+        assert_eq!(
+            render_fleet_write(&r),
+            "wrote 4 entries (2 v2p, 0 v2b, 2 port tables), deleted 2 entries (0 v2p, 0 \
+             v2b, 2 port tables) at http://127.0.0.1:2379, store revision 140 (from 100)\n"
+        );
     }
     use api::{RouteEntry, RouteTarget};
 

@@ -3,7 +3,7 @@
 //! types make (a port's configuration, a route target, firewall filters), so a bad
 //! value is refused by name before anything is sent.
 
-use super::fleet::{self, Batch, FleetWrite, LoadError, StoreArgsError};
+use super::fleet::{self, Batch, FleetWrite, LoadError, MoveError, StoreArgsError};
 use super::grammar::{
     CaptureArgs, Command, CreateXde, ExternalArgs, FleetCommand, FleetWriteCommand, GuestArgs,
     LimitArgs, RaArgs, RaCommand, RuleArgs, SledArgs, StatsFormat, VhostModeArg,
@@ -88,6 +88,8 @@ pub enum CommandError {
     StoreArgs(#[from] StoreArgsError),
     #[error(transparent)]
     Load(#[from] LoadError),
+    #[error(transparent)]
+    Move(#[from] MoveError),
     #[error("cannot read {}: {error}", file.display())]
     ExportUnread {
         file: PathBuf,
@@ -177,7 +179,7 @@ impl Command {
                     });
                 }
             }
-            Command::DeleteXde { name } => Request::DeletePort { name },
+            Command::DeleteXde { name, forward_to } => Request::DeletePort { name, forward_to },
             Command::ListPorts => Request::ListPorts,
             Command::PausePort { port } => Request::PausePort { port },
             Command::ResumePort { port } => Request::ResumePort { port },
@@ -475,6 +477,17 @@ fn fleet_write(c: FleetWriteCommand) -> Result<FleetWrite, CommandError> {
                 batch,
             });
         }
+        FleetWriteCommand::MovePort {
+            file,
+            from_sled,
+            to_sled,
+            underlay,
+            store,
+        } => {
+            let export = read_export(&file)?;
+            let batch = Batch::move_port(&export, from_sled, to_sled, underlay)?;
+            (store, batch)
+        }
     };
     Ok(FleetWrite {
         store: store.to_config()?,
@@ -487,6 +500,7 @@ fn batch_of(puts: Vec<fleet::Put>, clears: Vec<fleet::Clear>, if_exists: bool) -
         puts,
         clears,
         if_exists,
+        moves: Vec::new(),
     }
 }
 
@@ -1717,6 +1731,11 @@ mod tests {
             panic!("{a:?}")
         };
         assert_eq!((to, delete), (Some("fd00:99::3".parse().unwrap()), true));
+        let a = parse(&["delete-xde", "opte0", "--forward-to", "fd00:99::3"]);
+        let Ok(Action::Call(Request::DeletePort { forward_to, .. })) = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(forward_to, Some("fd00:99::3".parse().unwrap()));
         let e = parse(&["export-port", "opte0", "--to", "fd00:99::3"]).unwrap_err();
         assert!(e.contains("--delete"), "{e}");
         // Deleted only once written to a file, not to whatever reads stdout.
@@ -1733,20 +1752,7 @@ mod tests {
         std::fs::write(&file, "{\"kind\": \"overlayd-port-export\", \"format\": 7}").unwrap();
         let e = parse(&["import-port", path]).unwrap_err();
         assert!(e.contains("format 7"), "{e}");
-        let export = api::PortExport {
-            kind: api::PORT_EXPORT_KIND.into(),
-            format: api::PORT_EXPORT_FORMAT,
-            port: PortInfo {
-                config: api::testing::sample_port("opte0", 5),
-                netns: Some("there".into()),
-                vhost_user: None,
-                attach: None,
-            },
-            routes: vec![],
-            fw_rules: vec![],
-            fw_next_id: 1,
-            live: serde_json::json!({"connections": []}),
-        };
+        let export = api::testing::sample_export("opte0", 5, "there");
         std::fs::write(&file, serde_json::to_string(&export).unwrap()).unwrap();
         let Ok(Action::Call(Request::ImportPort(i))) = parse(&["import-port", path]) else {
             panic!("not an import")

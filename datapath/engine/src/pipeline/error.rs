@@ -109,6 +109,9 @@ pub enum EngineError {
         port: String,
         error: LiveImportError,
     },
+    /// A guest's frames relayed to this sled itself (`delete-xde --forward-to`).
+    #[error("{addr} is this sled's own underlay address: a guest that moved away is not here")]
+    MoveToThisSled { addr: Ipv6Addr },
     #[error("dump-uft cursor {cursor} is not one a page returned")]
     BadCursor { cursor: u64 },
     #[error(transparent)]
@@ -149,6 +152,7 @@ impl EngineError {
             | E::V2b(V2bError::NoEntry { .. } | V2bError::NoSuchEndpoint { .. }) => "not-found",
             E::UnderlayMtuTooSmall { .. }
             | E::UnderlayAddrNotUnicast { .. }
+            | E::MoveToThisSled { .. }
             | E::PortMtuOutOfRange { .. }
             | E::RouteMtuTooBig { .. }
             | E::TooManyPorts { .. }

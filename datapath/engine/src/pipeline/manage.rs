@@ -245,6 +245,7 @@ impl Engine {
             epoch: 1,
             mtu_changed: false,
             paused: false,
+            arrival: None,
             cfg,
         };
         for ip in ips {
@@ -258,6 +259,8 @@ impl Engine {
             );
         }
         self.by_mac.insert(vni, port.cfg.guest_mac, Owner::Port(id));
+        // A guest back on this sled within a move's grace period is not relayed.
+        self.departures.remove(vni, port.cfg.guest_mac);
         self.by_name.insert(port.cfg.name.clone(), id);
         match self.ports.get_mut(id.0 as usize) {
             Some(slot) => *slot = Some(port),

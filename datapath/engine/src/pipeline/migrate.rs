@@ -10,15 +10,22 @@
 //! not get a new one by moving). What does not move: the flow tables (compiled
 //! again from the connections on the first packet each way) and the port's
 //! counters (the new sled's start at zero; each connection keeps its own).
+//!
+//! For a grace period after the move (`vpc::moved`), the old sled relays the
+//! frames still sent to it for the guest ([`Engine::relay_departed_to`], `relay.rs`)
+//! and the new port admits them from the sled the export names.
 
 use super::Engine;
+use crate::ids::Vni;
 use crate::machinery::conntrack::{ConnImportError, ConnRecord};
 use crate::machinery::flow::FlowKey;
 use crate::machinery::ratelimit::BucketLevels;
 use crate::pipeline::error::EngineError;
+use crate::vpc::moved::Arrival;
 use crate::vpc::nat::{NatImportError, NatRecords};
 use serde::{Deserialize, Serialize};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
+use wire::MacAddr;
 
 /// A port's live state, as its export carries it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +37,10 @@ pub struct LiveState {
     /// How much of its rate limits the guest has spent.
     #[serde(default)]
     pub buckets: BucketLevels,
+    /// The underlay address of the sled the port leaves: the port it is
+    /// imported into admits that sled's relayed frames for the grace period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_sled: Option<Ipv6Addr>,
 }
 
 /// What an import put into the port.
@@ -66,6 +77,7 @@ impl Engine {
             connections: p.fw.conns().export(self.now),
             nat: p.snat.export(p.fw.conns(), self.now),
             buckets: p.policer.levels(self.now),
+            from_sled: Some(self.cfg.underlay_addr),
         })
     }
 
@@ -74,6 +86,7 @@ impl Engine {
     /// (its VNI, from its addresses), as a frame the port sent would have to be.
     pub fn import_live(&mut self, port: &str, live: &LiveState) -> Result<Imported, EngineError> {
         let now = self.now;
+        let this_sled = self.cfg.underlay_addr;
         let p = self.port_by_name_mut(port)?;
         let refused = |error: LiveImportError| EngineError::Import {
             port: port.to_string(),
@@ -115,10 +128,51 @@ impl Engine {
             return Err(refused(e.into()));
         }
         p.policer.set_levels(&live.buckets, now);
+        // An export of this sled's own (a port deleted and imported again here)
+        // relays nothing.
+        p.arrival = live
+            .from_sled
+            .filter(|s| *s != this_sled && is_unicast(*s))
+            .map(|from| Arrival::new(from, now));
         p.epoch += 1;
         Ok(Imported {
             connections: live.connections.len(),
             snat_ports: live.nat.snat.len(),
         })
     }
+}
+
+impl Engine {
+    /// Relays the frames for guest `mac` of VPC `vni`, whose port was deleted
+    /// here, to sled `to` for the grace period (`vpc::moved`); refuses a
+    /// destination that is not another sled's unicast address, or a guest that
+    /// still has a port here.
+    pub fn relay_departed_to(
+        &mut self,
+        vni: Vni,
+        mac: MacAddr,
+        to: Ipv6Addr,
+    ) -> Result<(), EngineError> {
+        if !is_unicast(to) {
+            return Err(EngineError::UnderlayAddrNotUnicast { addr: to });
+        }
+        if to == self.cfg.underlay_addr {
+            return Err(EngineError::MoveToThisSled { addr: to });
+        }
+        if self.by_mac.get(vni.get(), mac).is_some() {
+            return Err(EngineError::MacInUse { mac, vni });
+        }
+        self.departures.insert(vni.get(), mac, to, self.now);
+        Ok(())
+    }
+
+    /// Stops relaying the frames for guest `mac` of VPC `vni`.
+    pub fn forget_departed(&mut self, vni: Vni, mac: MacAddr) {
+        self.departures.remove(vni.get(), mac);
+    }
+}
+
+/// An address a sled may have on the underlay.
+fn is_unicast(a: Ipv6Addr) -> bool {
+    !(a.is_unspecified() || a.is_multicast() || a.is_loopback())
 }

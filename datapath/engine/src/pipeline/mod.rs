@@ -19,7 +19,8 @@
 //!
 //! Underlay to guest ([`Engine::process_underlay`], `underlay`): outer validation ->
 //! our underlay address -> port by (VNI, inner destination MAC) (a port of another
-//! worker: the frame is handed to it) -> the port's inbound checks (`inbound`:
+//! worker: the frame is handed to it; no port, but a guest that moved to another
+//! sled moments ago: relayed there, `relay`) -> the port's inbound checks (`inbound`:
 //! anti-spoofing, unified flow table / inbound firewall; from outside the VPC through
 //! NAT, `external`) -> coalescer (which rewrites the inner source MAC to the
 //! gateway's) -> [`TxBatch`].
@@ -52,6 +53,7 @@ pub mod next_hops;
 mod outbound;
 mod policing;
 mod ports;
+pub mod relay;
 pub mod stats;
 mod timers;
 mod underlay;
@@ -63,6 +65,7 @@ use crate::ids::PortId;
 use crate::machinery::counters::DropCounters;
 use crate::machinery::hold::HoldQueue;
 use crate::vpc::gateway;
+use crate::vpc::moved::Departures;
 use crate::vpc::overlay::V2p;
 use crate::vpc::port::MIN_PORT_MTU;
 use crate::vpc::v2b::V2b;
@@ -71,6 +74,7 @@ use config::EngineConfig;
 use dispatch::{LocalDest, MacIndex};
 use error::EngineError;
 use ports::Port;
+use relay::RelayStats;
 use std::collections::HashMap;
 use std::net::IpAddr;
 
@@ -104,6 +108,10 @@ pub struct Engine {
     hold: HoldQueue<HeldFrame>,
     underlay_drops: DropCounters,
     drops: DropCounters,
+    /// Guests that moved to another sled, whose frames are relayed there for a
+    /// grace period (`relay.rs`).
+    departures: Departures,
+    relay: RelayStats,
 }
 
 impl Engine {
@@ -146,6 +154,8 @@ impl Engine {
             hold: HoldQueue::default(),
             underlay_drops,
             drops: DropCounters::default(),
+            departures: Departures::default(),
+            relay: RelayStats::default(),
         })
     }
 }

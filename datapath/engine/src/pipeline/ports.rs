@@ -11,6 +11,7 @@ use crate::machinery::ratelimit::PortPolicer;
 use crate::machinery::uft::Uft;
 use crate::vpc::firewall::Firewall;
 use crate::vpc::gateway::GatewayState;
+use crate::vpc::moved::Arrival;
 use crate::vpc::nat::SnatTable;
 use crate::vpc::port::PortConfig;
 use crate::vpc::router::Router;
@@ -41,6 +42,9 @@ pub(super) struct Port {
     /// Paused by the operator: every frame, both ways, is dropped (`port_paused`);
     /// everything else is kept.
     pub(super) paused: bool,
+    /// Imported from another sled moments ago: that sled's relayed frames are
+    /// admitted for the grace period (`vpc::moved`).
+    pub(super) arrival: Option<Arrival>,
 }
 
 impl Port {

@@ -4,6 +4,7 @@
 use super::budget::{PortTableLimits, TableBudget};
 use super::error::EngineError;
 use super::ports::Port;
+use super::relay::RelayStats;
 use super::Engine;
 use crate::frames::tso::CoalesceStats;
 use crate::ids::PortId;
@@ -75,6 +76,8 @@ pub struct EngineStats {
     pub hold: HoldStats,
     /// The memory budget of the flow and connection tables.
     pub tables: TableBudget,
+    /// Frames for guests that moved away, relayed to their new sleds.
+    pub relay: RelayStats,
 }
 
 impl Engine {
@@ -89,6 +92,10 @@ impl Engine {
             v2p_entries: self.v2p.len(),
             hold: self.hold.stats(),
             tables: self.cfg.tables,
+            relay: RelayStats {
+                departures: self.departures.len(),
+                ..self.relay
+            },
         }
     }
 }
@@ -108,6 +115,7 @@ impl EngineStats {
             v2p_entries,
             hold,
             tables: _,
+            relay,
         } = o;
         self.epoch = self.epoch.max(epoch);
         self.ports.extend(ports);
@@ -116,6 +124,7 @@ impl EngineStats {
         self.coalescer.merge(&coalescer);
         self.v2p_entries = self.v2p_entries.max(v2p_entries);
         self.hold.merge(&hold);
+        self.relay.merge(&relay);
     }
 }
 

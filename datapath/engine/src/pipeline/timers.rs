@@ -56,6 +56,7 @@ impl Engine {
         }
         if sweep {
             self.last_sweep = now;
+            self.departures.expire(now);
         }
     }
 

@@ -68,15 +68,16 @@ impl Engine {
                 out.push_gather(dest, &[], &[frame.input_ref(0..frame.len())]);
                 return;
             }
-            None => {
-                self.drops.inc(DropReason::NoPort);
-                return;
-            }
+            None => return self.relay_departed(um, meta, inner, routes, out),
         };
         let trust = InboundTrust {
             v2p: &self.v2p,
             boundary: self.v2b.endpoints(),
             this_sled: &self.cfg.underlay_addr,
+        };
+        let Some(p) = slot_mut(&mut self.ports, port) else {
+            self.drops.inc(DropReason::NoPort);
+            return;
         };
         let via = Via::Underlay {
             trust: &trust,
@@ -84,11 +85,8 @@ impl Engine {
                 sled: um.outer_src,
                 external: um.external,
                 mac: meta.src_mac,
+                relayed: p.arrival.is_some_and(|a| a.relays(um.outer_src, now)),
             },
-        };
-        let Some(p) = slot_mut(&mut self.ports, port) else {
-            self.drops.inc(DropReason::NoPort);
-            return;
         };
         // Ethernet padding after the IP packet stays behind.
         let inner = inner.sub(0..meta.ip_end);

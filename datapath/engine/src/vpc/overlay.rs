@@ -74,6 +74,10 @@ pub struct UnderlaySource {
     pub external: bool,
     /// Inner source MAC.
     pub mac: MacAddr,
+    /// Relayed by the sled the destination port moved here from, within the
+    /// grace period (`vpc::moved`): admitted as if it came from the sender's own
+    /// sled (or from boundary services, for an External frame).
+    pub relayed: bool,
 }
 
 /// The sled's view of who may send what over the underlay (see the module doc).
@@ -97,7 +101,7 @@ impl InboundTrust<'_> {
         from: &UnderlaySource,
     ) -> Result<Sender, DropReason> {
         if from.external {
-            return if self.is_boundary(from.sled) {
+            return if from.relayed || self.is_boundary(from.sled) {
                 Ok(Sender::Boundary)
             } else {
                 Err(DropReason::UnderlaySrcMismatch)
@@ -105,7 +109,7 @@ impl InboundTrust<'_> {
         }
         match self.v2p.get(vni, src_ip) {
             Some(v)
-                if v.underlay == from.sled
+                if (v.underlay == from.sled || from.relayed)
                     && v.mac == from.mac
                     && v.underlay != *self.this_sled =>
             {
@@ -122,8 +126,10 @@ impl InboundTrust<'_> {
     #[inline]
     pub fn admits(&self, s: &Sender, from: &UnderlaySource) -> bool {
         match s {
-            Sender::Sled { sled, mac } => !from.external && from.sled == *sled && from.mac == *mac,
-            Sender::Boundary => from.external && self.is_boundary(from.sled),
+            Sender::Sled { sled, mac } => {
+                !from.external && (from.sled == *sled || from.relayed) && from.mac == *mac
+            }
+            Sender::Boundary => from.external && (from.relayed || self.is_boundary(from.sled)),
             Sender::Local => false,
         }
     }
