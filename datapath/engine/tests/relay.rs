@@ -110,6 +110,25 @@ fn the_old_sled_relays_and_the_new_sled_delivers() {
 }
 
 #[test]
+fn a_jumbo_frame_in_pieces_is_relayed_whole() {
+    let mut m = moved();
+    let payload: Vec<u8> = (0..8000u32).map(|i| (i % 251) as u8).collect();
+    let f = tcp_v4(&guest(2), guest(1).v4, 1006, 80, true, &payload);
+    let mut out = TxBatch::new();
+    m.b.process_guest(m.pb, VnetHdr::default(), &f, S, &Fabric, &mut out);
+    let sent = frames_of(&out, &[]).remove(0).1;
+    assert!(sent.len() > PIECE, "{} bytes come in one piece", sent.len());
+    let got = receive(&mut m.a, std::slice::from_ref(&sent), S);
+    assert_eq!(got.len(), 1, "{:?}", m.a.stats().datapath_drops);
+    assert_eq!(
+        decode_underlay(&got[0].1).inner,
+        decode_underlay(&sent).inner
+    );
+    let delivered = receive(&mut m.c, &[got[0].1.clone()], S);
+    assert!(delivered[0].1.ends_with(&payload));
+}
+
+#[test]
 fn a_frame_the_old_sled_does_not_trust_is_not_relayed() {
     let mut m = moved();
     let mut forged = from_b(&mut m, 1001, S);

@@ -571,7 +571,9 @@ pub fn parse_underlay(frame: &[u8]) -> Result<UnderlayMeta, UnderlayDrop> {
 ///     # let _ = inner;
 /// }
 /// ```
-#[inline]
+// Always: the datapath's receive path needs it inlined (its result kept in
+// registers), and a second caller would otherwise move it out of line.
+#[inline(always)]
 pub fn parse_underlay_head(
     head: &[u8],
     total: usize,

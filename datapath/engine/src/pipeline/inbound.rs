@@ -15,6 +15,7 @@ use crate::machinery::conntrack::TcpSegment;
 use crate::machinery::flow::{ip_bytes, FlowKey};
 use crate::machinery::rule::{Direction, MatchFields};
 use crate::machinery::uft::UftEntry;
+use crate::vpc::moved::Arrival;
 use crate::vpc::nat;
 use crate::vpc::overlay::{InboundTrust, Sender, UnderlaySource};
 use std::net::IpAddr;
@@ -41,6 +42,15 @@ impl Via<'_> {
         match self {
             Via::Underlay { trust, from } => trust.admits(s, from),
             Via::Local => true,
+        }
+    }
+
+    /// Marks a frame from the underlay as relayed when it comes from the sled the
+    /// port arrived from, within the grace period (`vpc::moved`).
+    #[inline]
+    pub(super) fn relayed_by(&mut self, arrival: &Arrival, now: u64) {
+        if let Via::Underlay { from, .. } = self {
+            from.relayed = arrival.relays(from.sled, now);
         }
     }
 

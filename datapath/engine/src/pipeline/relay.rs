@@ -13,7 +13,6 @@ use crate::frames::output::{TxBatch, TxDest};
 use crate::ids::Vni;
 use crate::vpc::overlay::{InboundTrust, UnderlaySource};
 use serde::Serialize;
-use wire::meta::{InnerMeta, UnderlayMeta};
 
 /// Frames relayed to the sleds guests moved to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -34,19 +33,27 @@ impl RelayStats {
 }
 
 impl Engine {
-    /// A frame from the underlay that no port here takes: relayed if its guest
-    /// left for another sled within the grace period and its sender is one this
-    /// sled trusts, dropped (counted) otherwise. `inner` is the inner Ethernet
-    /// frame `meta` describes, without the underlay's padding.
+    /// A frame from the underlay that no port here takes, its headers parsed
+    /// and contiguous: relayed if its guest left for another sled within the
+    /// grace period and its sender is one this sled trusts, dropped (counted)
+    /// otherwise.
     #[cold]
+    #[inline(never)]
     pub(super) fn relay_departed(
         &mut self,
-        um: &UnderlayMeta,
-        meta: &InnerMeta,
-        inner: RxFrame<'_>,
+        frame: RxFrame<'_>,
         routes: &dyn UnderlayRoutes,
         out: &mut TxBatch,
     ) {
+        // Parsed again as `process_underlay` parsed it (so neither fails).
+        let Some(Ok(um)) = wire::meta::parse_underlay_head(frame.head(), frame.len()) else {
+            return self.drops.inc(DropReason::NoPort);
+        };
+        let inner = frame.sub(um.inner_off..um.inner_end);
+        let Some(Ok(meta)) = wire::meta::parse_inner_head(inner.head(), inner.len()) else {
+            return self.drops.inc(DropReason::NoPort);
+        };
+        let meta = &meta;
         let now = self.now;
         let (Some(to), Ok(vni)) = (
             self.departures.relay_to(um.vni, meta.dst_mac, now),
