@@ -95,9 +95,9 @@ fn a_moved_guest_keeps_its_connections() -> Result<()> {
 
 /// Frames in flight: a sled whose V2P still names a moved guest's old sled sends
 /// its frames there, and the old sled relays them to the new one for the grace
-/// period, which delivers them; the guest's answers are refused by that sled
-/// until its V2P follows the move (they are not relayed), and then the two talk
-/// straight.
+/// period, which delivers those of the connections the port took along; the
+/// guest's answers are refused by that sled until its V2P follows the move
+/// (they are not relayed), and then the two talk straight.
 #[test]
 fn frames_sent_to_the_old_sled_follow_the_guest_there() -> Result<()> {
     let mut rack = Rack::build(&RackSpec::new("relay", 3))?;
@@ -109,41 +109,61 @@ fn frames_sent_to_the_old_sled_follow_the_guest_there() -> Result<()> {
     rack.publish_v2p()?;
     let a1_v4 = rack.guest(A1)?.ipv4()?;
     rack.guest("c1")?.ping(a1_v4, 56, WAIT)?;
-    rack.move_port(A1, 1)?;
-    // Sled 2 still maps a1 to sled 0.
+    // One ping stream across the move: its flow is one of the connections a1's
+    // port takes along, which relays may continue (they open none).
     let pings = rack.guest("c1")?.start_pings(
         a1_v4,
         Duration::from_millis(10),
         &rack.dir().join("pings.txt"),
     )?;
+    e2e::poll_until("c1's pings to reach a1", WAIT, || {
+        match pings.replies()?.len() {
+            0 => Err(Error::new("no reply yet")),
+            _ => Ok(()),
+        }
+    })?;
+    rack.move_port(A1, 1)?;
+    // Sled 2 still maps a1 to sled 0. Frames relayed before a1's port was
+    // imported and resumed on sled 1 were dropped there: counted from now on.
     let (sled0, sled1, sled2) = (rack.sled(0)?, rack.sled(1)?, rack.sled(2)?);
-    e2e::poll_until("sled 0 to relay 20 of c1's pings to a1", WAIT, || {
-        let relayed = Snapshot::take(sled0)?.get("engine.relay.relayed_frames");
+    let relayed_of = |s: &Snapshot| s.get("engine.relay.relayed_frames");
+    let delivered_of = |s: &Snapshot| s.get("engine.ports.a1.in_packets");
+    let (r0, d0) = (
+        relayed_of(&Snapshot::take(sled0)?),
+        delivered_of(&Snapshot::take(sled1)?),
+    );
+    e2e::poll_until("sled 0 to relay 20 more of c1's pings to a1", WAIT, || {
+        let relayed = relayed_of(&Snapshot::take(sled0)?) - r0;
         match relayed >= 20 {
             true => Ok(()),
             false => Err(Error::new(format!("{relayed} relayed so far"))),
         }
     })?;
-    let (s0, s1, s2) = (
-        Snapshot::take(sled0)?,
-        Snapshot::take(sled1)?,
-        Snapshot::take(sled2)?,
-    );
-    let relayed = s0.get("engine.relay.relayed_frames");
-    let delivered = s1.get("engine.ports.a1.in_packets");
+    // Sled 1 before sled 0: every frame sled 0 counted had left it.
+    let s1 = Snapshot::take(sled1)?;
+    let (s0, s2) = (Snapshot::take(sled0)?, Snapshot::take(sled2)?);
+    let (relayed, delivered) = (relayed_of(&s0) - r0, delivered_of(&s1) - d0);
     let refused = s2.get("engine.ports.c1.drops.underlay_src_mismatch");
     eprintln!(
-        "relay: sled 0 relayed {relayed} frames ({} departures), sled 1 delivered {delivered} \
-         to a1, sled 2 refused {refused} of a1's answers",
+        "relay: since a1 resumed on sled 1, sled 0 relayed {relayed} frames ({} departures) \
+         and sled 1 delivered {delivered} to a1; sled 2 refused {refused} of a1's answers",
         s0.get("engine.relay.departures")
     );
     assert_eq!(s0.get("engine.relay.departures"), 1);
-    assert!(delivered >= 20, "a1 got {delivered} of {relayed} relayed");
+    assert!(
+        delivered + 2 >= relayed && delivered >= 18,
+        "a1 got {delivered} of {relayed} relayed"
+    );
     assert!(
         refused > 0,
         "sled 2 took a1's answers from sled 1 before its V2P did"
     );
-    assert_eq!(s0.get("engine.datapath_drops.moved_not_relayed"), 0);
+    // Sled 0 had never sent to sled 1 (no guest there before): the next hop is
+    // asked for when the relay starts, and a ping arriving before the answer is
+    // dropped, counted.
+    let unrelayed = s0.get("engine.datapath_drops.moved_not_relayed");
+    eprintln!("relay: {unrelayed} frames not relayed while sled 1's next hop was resolved");
+    assert!(unrelayed <= 1, "{unrelayed} frames not relayed");
     assert_eq!(s1.get("engine.ports.a1.drops.underlay_src_mismatch"), 0);
 
     // Sled 2 learns of the move: c1 and a1 talk straight, nothing relayed.

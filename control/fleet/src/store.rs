@@ -118,13 +118,23 @@ pub enum Op {
         key: String,
         if_mod_revision: Option<i64>,
     },
+    /// Writes `value` (what `from` held when read) under `to` and deletes
+    /// `from`, both or neither: only if `from`'s last change is still revision
+    /// `if_mod_revision`; otherwise it is reported as a skipped delete of `from`.
+    Move {
+        from: String,
+        to: String,
+        value: Vec<u8>,
+        if_mod_revision: i64,
+    },
 }
 
 impl Op {
-    /// The key the op writes.
+    /// The key the op writes (a move's source).
     pub fn key(&self) -> &str {
         match self {
             Op::Put { key, .. } | Op::Delete { key, .. } => key,
+            Op::Move { from, .. } => from,
         }
     }
 
@@ -132,17 +142,20 @@ impl Op {
         match self {
             Op::Put { key, value } => key.len() + value.len(),
             Op::Delete { key, .. } => key.len(),
+            Op::Move {
+                from, to, value, ..
+            } => from.len() + to.len() + value.len(),
         }
     }
 
-    /// A delete guarded by a mod revision: a nested transaction.
+    /// A delete guarded by a mod revision, or a move: a nested transaction.
     fn is_guarded(&self) -> bool {
         matches!(
             self,
             Op::Delete {
                 if_mod_revision: Some(_),
                 ..
-            }
+            } | Op::Move { .. }
         )
     }
 }
@@ -445,6 +458,26 @@ impl Store {
                         .and_then([TxnOp::delete(key.clone(), None)])
                         .or_else([TxnOp::get(key.clone(), None)]);
                     guarded.push((i, key, revision));
+                    TxnOp::txn(nested)
+                }
+                Op::Move {
+                    from,
+                    to,
+                    value,
+                    if_mod_revision: revision,
+                } => {
+                    let nested = Txn::new()
+                        .when([Compare::mod_revision(
+                            from.clone(),
+                            CompareOp::Equal,
+                            revision,
+                        )])
+                        .and_then([
+                            TxnOp::put(to, value, None),
+                            TxnOp::delete(from.clone(), None),
+                        ])
+                        .or_else([TxnOp::get(from.clone(), None)]);
+                    guarded.push((i, from, revision));
                     TxnOp::txn(nested)
                 }
             })

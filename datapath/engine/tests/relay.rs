@@ -1,10 +1,12 @@
 //! A move's grace period (`vpc::moved`): the sled a guest left relays the frames
 //! still sent to it for the guest to the sled the guest moved to, which admits
-//! them into the moved port; neither does so for a frame its tables do not vouch
-//! for, nor after the grace period. Frames are built and checked with etherparse.
+//! them into the moved port, for the connections it tracks; neither does so for a
+//! frame its tables do not vouch for, nor after the grace period, and nothing
+//! from outside the VPC is relayed. Frames are built and checked with etherparse.
 
 mod common;
 
+use common::internet::{boundary_frame, udp_reply};
 use common::*;
 use engine::{Engine, EngineError, TxBatch, TxDest, VnetHdr, Vni, MOVE_GRACE_NS};
 use std::net::{IpAddr, Ipv6Addr};
@@ -20,9 +22,13 @@ fn addr(s: &str) -> Ipv6Addr {
     s.parse().unwrap()
 }
 
+/// The source port of the connection guest 2 opened to guest 1 before the move.
+const OPEN: u16 = 1000;
+
 /// The racks of these tests: guest 1 moves from sled A to sled C (its port
 /// exported, deleted with its frames relayed to C, imported on C) while sled B,
-/// hosting guest 2, still maps guest 1 to A.
+/// hosting guest 2, still maps guest 1 to A. Before the move guest 2 opened a
+/// connection to guest 1 (from port [`OPEN`]), which moves with the port.
 struct Moved {
     a: Engine,
     b: Engine,
@@ -32,22 +38,35 @@ struct Moved {
 }
 
 fn moved() -> Moved {
-    let (mut a, _, b, pb) = two_sleds();
+    let (a, _, b, pb) = two_sleds();
+    let mut m = Moved {
+        a,
+        b,
+        c: sled(SLED_C, 1).0,
+        pb,
+        pc: engine::PortId(0),
+    };
+    let opened = from_b(&mut m, OPEN, 0);
+    assert_eq!(receive(&mut m.a, &[opened], 0).len(), 1, "delivered on A");
     let g1 = guest(1);
-    let live = a.export_live(g1.name).unwrap();
+    let live = m.a.export_live(g1.name).unwrap();
     assert_eq!(live.from_sled, Some(addr(SLED_A)));
-    a.remove_port(g1.name).unwrap();
-    a.relay_departed_to(vni(), g1.mac, addr(SLED_C)).unwrap();
-    let (mut c, pc) = sled(SLED_C, 1);
+    assert_eq!(live.connections.len(), 1);
+    m.a.relay_departed_to(vni(), g1.mac, addr(SLED_C)).unwrap();
+    m.a.remove_port(g1.name).unwrap();
+    let (c, pc) = sled(SLED_C, 1);
+    m.c = c;
+    m.pc = pc;
     let g2 = guest(2);
     for ip in [IpAddr::V4(g2.v4), IpAddr::V6(g2.v6)] {
-        c.set_v2p(vni(), ip, addr(SLED_B), g2.mac).unwrap();
+        m.c.set_v2p(vni(), ip, addr(SLED_B), g2.mac).unwrap();
     }
-    c.import_live(g1.name, &live).unwrap();
-    Moved { a, b, c, pb, pc }
+    m.c.import_live(g1.name, &live).unwrap();
+    m
 }
 
-/// Guest 2's frame to guest 1 as sled B sends it (to sled A), at `now`.
+/// Guest 2's SYN to guest 1 from `sport` as sled B sends it (to sled A), at `now`
+/// (for [`OPEN`], the connection's SYN again, as a retransmission).
 fn from_b(m: &mut Moved, sport: u16, now: u64) -> Vec<u8> {
     let f = tcp_v4(&guest(2), guest(1).v4, sport, 80, true, b"moved");
     let mut out = TxBatch::new();
@@ -66,7 +85,7 @@ fn datapath_drops(e: &Engine, reason: &str) -> u64 {
 #[test]
 fn the_old_sled_relays_and_the_new_sled_delivers() {
     let mut m = moved();
-    let sent = from_b(&mut m, 1000, S);
+    let sent = from_b(&mut m, OPEN, S);
     let got = receive(&mut m.a, std::slice::from_ref(&sent), S);
     assert_eq!(got.len(), 1, "one frame relayed: {got:?}");
     assert_eq!(got[0].0, TxDest::Underlay { ifindex: IFINDEX });
@@ -86,7 +105,7 @@ fn the_old_sled_relays_and_the_new_sled_delivers() {
     assert!(delivered[0].1.ends_with(b"moved"));
     // The flow's next frame, relayed too, finds the flow cached with guest 2's
     // own sled as its sender: the relay is admitted there as well.
-    let f = tcp_v4(&guest(2), guest(1).v4, 1000, 80, false, b"again");
+    let f = tcp_v4(&guest(2), guest(1).v4, OPEN, 80, true, b"again");
     let mut out = TxBatch::new();
     m.b.process_guest(m.pb, VnetHdr::default(), &f, S, &Fabric, &mut out);
     let again = frames_of(&out, &[]).remove(0).1;
@@ -100,7 +119,7 @@ fn the_old_sled_relays_and_the_new_sled_delivers() {
     let g1 = guest(1);
     m.b.set_v2p(vni(), IpAddr::V4(g1.v4), addr(SLED_C), g1.mac)
         .unwrap();
-    let f = tcp_v4(&guest(2), g1.v4, 1000, 80, false, b"direct");
+    let f = tcp_v4(&guest(2), g1.v4, OPEN, 80, true, b"direct");
     let mut out = TxBatch::new();
     m.b.process_guest(m.pb, VnetHdr::default(), &f, 2 * S, &Fabric, &mut out);
     let direct = frames_of(&out, &[]).remove(0).1;
@@ -113,7 +132,7 @@ fn the_old_sled_relays_and_the_new_sled_delivers() {
 fn a_jumbo_frame_in_pieces_is_relayed_whole() {
     let mut m = moved();
     let payload: Vec<u8> = (0..8000u32).map(|i| (i % 251) as u8).collect();
-    let f = tcp_v4(&guest(2), guest(1).v4, 1006, 80, true, &payload);
+    let f = tcp_v4(&guest(2), guest(1).v4, OPEN, 80, true, &payload);
     let mut out = TxBatch::new();
     m.b.process_guest(m.pb, VnetHdr::default(), &f, S, &Fabric, &mut out);
     let sent = frames_of(&out, &[]).remove(0).1;
@@ -131,7 +150,7 @@ fn a_jumbo_frame_in_pieces_is_relayed_whole() {
 #[test]
 fn a_frame_the_old_sled_does_not_trust_is_not_relayed() {
     let mut m = moved();
-    let mut forged = from_b(&mut m, 1001, S);
+    let mut forged = from_b(&mut m, OPEN, S);
     // The same frame from an underlay host V2P does not name for guest 2.
     let src = 22; // outer IPv6 source: Ethernet 14 + 8
     forged[src..src + 16].copy_from_slice(&addr("fd00:99::66").octets());
@@ -144,7 +163,7 @@ fn a_frame_the_old_sled_does_not_trust_is_not_relayed() {
 fn the_grace_period_ends_on_both_sleds() {
     let mut m = moved();
     let late = S + MOVE_GRACE_NS;
-    let sent = from_b(&mut m, 1002, S);
+    let sent = from_b(&mut m, OPEN, S);
     let relayed = receive(&mut m.a, std::slice::from_ref(&sent), S)
         .remove(0)
         .1;
@@ -164,7 +183,7 @@ fn the_grace_period_ends_on_both_sleds() {
 #[test]
 fn the_new_port_admits_relays_from_the_sled_it_came_from_only() {
     let mut m = moved();
-    let sent = from_b(&mut m, 1003, S);
+    let sent = from_b(&mut m, OPEN, S);
     let relayed = receive(&mut m.a, &[sent], S).remove(0).1;
     // The same frame relayed by another sled.
     let mut other = relayed.clone();
@@ -189,7 +208,7 @@ fn the_new_port_admits_relays_from_the_sled_it_came_from_only() {
 #[test]
 fn a_relay_without_a_next_hop_is_counted() {
     let mut m = moved();
-    let sent = from_b(&mut m, 1004, S);
+    let sent = from_b(&mut m, OPEN, S);
     let mut out = TxBatch::new();
     let pieces = [&sent[..]];
     m.a.process_underlay(engine::RxFrame::new(&pieces, 0), S, &NoFabric, &mut out);
@@ -198,15 +217,9 @@ fn a_relay_without_a_next_hop_is_counted() {
 }
 
 #[test]
-fn a_relay_is_refused_to_this_sled_a_non_unicast_address_or_a_guest_still_here() {
+fn a_relay_is_refused_to_this_sled_or_a_non_unicast_address() {
     let (mut a, _, _, _) = two_sleds();
     let g1 = guest(1);
-    let here = a.relay_departed_to(vni(), g1.mac, addr(SLED_C));
-    assert!(
-        matches!(here, Err(EngineError::MacInUse { .. })),
-        "{here:?}"
-    );
-    a.remove_port(g1.name).unwrap();
     let to_self = a.relay_departed_to(vni(), g1.mac, addr(SLED_A));
     assert!(
         matches!(to_self, Err(EngineError::MoveToThisSled { .. })),
@@ -223,11 +236,60 @@ fn a_relay_is_refused_to_this_sled_a_non_unicast_address_or_a_guest_still_here()
 }
 
 #[test]
+fn a_relay_asked_before_the_port_goes_starts_when_it_has_gone() {
+    let (mut a, _, mut b, pb) = two_sleds();
+    let g1 = guest(1);
+    a.relay_departed_to(vni(), g1.mac, addr(SLED_C)).unwrap();
+    let f = tcp_v4(&guest(2), g1.v4, OPEN, 80, true, b"x");
+    let mut out = TxBatch::new();
+    b.process_guest(pb, VnetHdr::default(), &f, S, &Fabric, &mut out);
+    let sent = frames_of(&out, &[]).remove(0).1;
+    // The port is still here: it gets the frame.
+    let got = receive(&mut a, std::slice::from_ref(&sent), S);
+    assert!(matches!(got[0].0, TxDest::Port { .. }), "{got:?}");
+    a.remove_port(g1.name).unwrap();
+    let got = receive(&mut a, &[sent], S);
+    assert_eq!(got[0].0, TxDest::Underlay { ifindex: IFINDEX });
+    assert_eq!(decode_underlay(&got[0].1).dst, addr(SLED_C));
+}
+
+#[test]
+fn a_relay_opens_no_connection() {
+    let mut m = moved();
+    // A flow guest 1's port did not track before the move.
+    let sent = from_b(&mut m, 2000, S);
+    let relayed = receive(&mut m.a, &[sent], S).remove(0).1;
+    assert!(receive(&mut m.c, std::slice::from_ref(&relayed), S).is_empty());
+    let refused = |c: &Engine| c.stats().ports[0].drops.get_named("underlay_src_mismatch");
+    assert_eq!(refused(&m.c), 1);
+    assert_eq!(m.c.stats().ports[0].firewall.flows, 1, "only the moved one");
+    // Sent by B itself (its V2P followed the move), the same flow opens.
+    let direct = from_b(&mut m, 2000, S);
+    let src = 22; // outer IPv6 source: Ethernet 14 + 8
+    let mut direct = direct;
+    direct[src..src + 16].copy_from_slice(&addr(SLED_B).octets());
+    let dst = src + 16;
+    direct[dst..dst + 16].copy_from_slice(&addr(SLED_C).octets());
+    assert_eq!(receive(&mut m.c, &[direct], S).len(), 1);
+    assert_eq!(refused(&m.c), 1);
+}
+
+#[test]
+fn nothing_from_outside_the_vpc_is_relayed() {
+    let mut m = moved();
+    let g1 = guest(1);
+    let inner = udp_reply("8.8.8.8".parse().unwrap(), IpAddr::V4(g1.v4), 5000);
+    assert!(receive(&mut m.a, &[boundary_frame(&inner)], S).is_empty());
+    assert_eq!(datapath_drops(&m.a, "no_port_for_vni_mac"), 1);
+    assert_eq!(m.a.stats().relay.relayed_frames, 0);
+}
+
+#[test]
 fn a_guest_back_on_the_old_sled_is_no_longer_relayed() {
     let mut m = moved();
     m.a.add_port(port_config(&guest(1))).unwrap();
     assert_eq!(m.a.stats().relay.departures, 0);
-    let sent = from_b(&mut m, 1005, S);
+    let sent = from_b(&mut m, OPEN, S);
     let got = receive(&mut m.a, &[sent], S);
     assert!(
         got.iter()

@@ -76,6 +76,38 @@ async fn a_stale_guarded_delete_leaves_the_newer_value() {
 }
 
 #[tokio::test]
+async fn a_move_goes_whole_or_not_at_all() {
+    let etcd = Etcd::start();
+    let mut store = etcd.store().await;
+    store
+        .apply(vec![put("/t/m/a/x", "1"), put("/t/m/a/y", "1")])
+        .await
+        .unwrap();
+    let seen = store.snapshot(&["/t/m/".to_string()]).await.unwrap();
+    let rev_of = |key: &str| {
+        seen.kvs
+            .iter()
+            .find(|kv| kv.key == key)
+            .unwrap()
+            .mod_revision
+    };
+    // y changes after it was read: its move must not happen, not even its put.
+    store.apply(vec![put("/t/m/a/y", "2")]).await.unwrap();
+    let moving = |key: &str| Op::Move {
+        from: format!("/t/m/a/{key}"),
+        to: format!("/t/m/c/{key}"),
+        value: b"1".to_vec(),
+        if_mod_revision: rev_of(&format!("/t/m/a/{key}")),
+    };
+    let applied = store.apply(vec![moving("x"), moving("y")]).await.unwrap();
+    assert_eq!(applied.skipped.len(), 1);
+    assert_eq!(applied.skipped[0].key, "/t/m/a/y");
+    let now = store.snapshot(&["/t/m/".to_string()]).await.unwrap();
+    let keys: Vec<(&str, &[u8])> = now.kvs.iter().map(|kv| (&*kv.key, &kv.value[..])).collect();
+    assert_eq!(keys, [("/t/m/a/y", &b"2"[..]), ("/t/m/c/x", &b"1"[..])]);
+}
+
+#[tokio::test]
 async fn large_batches_split_into_transactions_etcd_accepts() {
     let etcd = Etcd::start();
     let mut store = etcd.store().await;

@@ -201,15 +201,19 @@ impl<D: Dataplane> Controller<D> {
         let info = self.port(name)?.clone();
         let applied = !self.unapplied_ports.contains_key(name);
         let tables = tables_in_force(&self.state, &self.fleet.layer, name);
-        if applied {
-            self.dp.remove_port(name)?;
+        let (vni, mac) = (info.config.vni, info.config.guest_mac);
+        // The guest moved: its frames follow it for a while, from the moment its
+        // port is gone. Asked first, so that a bad address changes nothing (a
+        // port that is not applied has no frames to relay).
+        let relay = forward_to.filter(|_| applied);
+        if let Some(to) = relay {
+            self.dp.relay_departed(vni, mac, Some(to))?;
         }
-        // The guest moved: its frames follow it for a while. Refused (a bad
-        // address), the port is made again as it was.
-        if let (true, Some(to)) = (applied, forward_to) {
-            let (vni, mac) = (info.config.vni, info.config.guest_mac);
-            if let Err(e) = self.dp.relay_departed(vni, mac, Some(to)) {
-                let _ = self.dp.add_port(&info, &tables);
+        if applied {
+            if let Err(e) = self.dp.remove_port(name) {
+                if relay.is_some() {
+                    let _ = self.dp.relay_departed(vni, mac, None);
+                }
                 return Err(e.into());
             }
         }
@@ -221,8 +225,10 @@ impl<D: Dataplane> Controller<D> {
         next.paused.remove(name);
         let done = self.commit(next, |dp| {
             if applied {
-                // Adding the port back ends the relay of its guest's frames.
                 let _ = dp.add_port(&info, &tables);
+            }
+            if relay.is_some() {
+                let _ = dp.relay_departed(vni, mac, None);
             }
         })?;
         self.unapplied_ports.remove(name);

@@ -1762,7 +1762,7 @@ fn a_refused_move_changes_nothing_and_says_why() {
 }
 
 /// `delete-xde --forward-to`: the port goes and its guest's frames are relayed
-/// to the named sled; refused there, the port is back as it was.
+/// to the named sled; a refused relay leaves the port as it was, untouched.
 #[test]
 fn a_port_deleted_for_a_move_has_its_guest_relayed() {
     let mut c = Controller::new(Recorder::default(), None);
@@ -1776,6 +1776,14 @@ fn a_port_deleted_for_a_move_has_its_guest_relayed() {
     let e = err(&mut c, delete.clone());
     assert!(e.message.contains("relay_departed"), "{e}");
     assert!(c.dataplane().departed.is_empty());
+    assert!(
+        !c.dataplane()
+            .log
+            .iter()
+            .any(|l| l.starts_with("remove_port")),
+        "the port was not touched: {:?}",
+        c.dataplane().log
+    );
     c.dataplane_mut().refuse = None;
     ok(&mut c, delete);
     assert!(c.state().ports.is_empty());

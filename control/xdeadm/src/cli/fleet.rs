@@ -626,28 +626,20 @@ async fn write_batch(config: &StoreConfig, batch: &Batch) -> Result<WriteReport,
             value: p.value.clone(),
         })
         .collect();
-    ops.extend(moved.iter().map(|t| Op::Put {
-        key: t.to_key.clone(),
+    ops.extend(moved.iter().map(|t| Op::Move {
+        from: t.from_key.clone(),
+        to: t.to_key.clone(),
         value: t.value.clone(),
+        if_mod_revision: t.mod_revision,
     }));
-    let mut deleting: Vec<Clear> = batch
+    let deleting: Vec<&Clear> = batch
         .clears
         .iter()
         .filter(|c| read.contains_key(&c.key))
-        .cloned()
         .collect();
-    let mut revisions = read;
-    for t in &moved {
-        revisions.insert(t.from_key.clone(), t.mod_revision);
-        deleting.push(Clear {
-            kind: Kind::PortTable,
-            key: t.from_key.clone(),
-            table: String::new(),
-        });
-    }
     ops.extend(deleting.iter().map(|c| Op::Delete {
         key: c.key.clone(),
-        if_mod_revision: revisions.get(&c.key).copied(),
+        if_mod_revision: read.get(&c.key).copied(),
     }));
     if ops.is_empty() {
         report.revision = report.from_revision;
@@ -658,15 +650,20 @@ async fn write_batch(config: &StoreConfig, batch: &Batch) -> Result<WriteReport,
     for p in &batch.puts {
         report.written.add(p.kind);
     }
-    for _ in &moved {
-        report.written.add(Kind::PortTable);
-    }
     let skipped: HashSet<&str> = applied.skipped.iter().map(|s| s.key.as_str()).collect();
     for c in deleting
         .iter()
         .filter(|c| !skipped.contains(c.key.as_str()))
     {
         report.deleted.add(c.kind);
+    }
+    // A table whose key changed after it was read stays where it was, whole.
+    for _ in moved
+        .iter()
+        .filter(|t| !skipped.contains(t.from_key.as_str()))
+    {
+        report.written.add(Kind::PortTable);
+        report.deleted.add(Kind::PortTable);
     }
     report.skipped = applied
         .skipped

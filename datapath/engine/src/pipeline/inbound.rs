@@ -11,7 +11,7 @@ use crate::frames::input::RxFrame;
 use crate::frames::output::{TxBatch, TxDest};
 use crate::frames::tso;
 use crate::ids::{PortId, Vni};
-use crate::machinery::conntrack::TcpSegment;
+use crate::machinery::conntrack::{ConnTable, TcpSegment};
 use crate::machinery::flow::{ip_bytes, FlowKey};
 use crate::machinery::rule::{Direction, MatchFields};
 use crate::machinery::uft::UftEntry;
@@ -51,6 +51,15 @@ impl Via<'_> {
     pub(super) fn relayed_by(&mut self, arrival: &Arrival, now: u64) {
         if let Via::Underlay { from, .. } = self {
             from.relayed = arrival.relays(from.sled, now);
+        }
+    }
+
+    /// Whether the frame is admitted as sent by `s` only because the sled the
+    /// port came from relayed it.
+    fn relay_only(&self, s: &Sender) -> bool {
+        match self {
+            Via::Underlay { trust, from } => trust.relay_only(s, from),
+            Via::Local => false,
         }
     }
 
@@ -162,6 +171,12 @@ pub(super) fn compile_inbound(
     nat: Option<(FlowKey, nat::InboundTarget)>,
 ) -> Result<(), DropReason> {
     let sender = via.sender(p.cfg.vni, m.src_ip)?;
+    // A relay of the sled the port came from continues a connection the port
+    // tracks (imported with it, or opened since); it never opens one.
+    let conn = ConnTable::conn_key(Direction::In, key);
+    if via.relay_only(&sender) && p.fw.conns().live_handle(&conn, now).is_none() {
+        return Err(DropReason::UnderlaySrcMismatch);
+    }
     let seg = TcpSegment::read(m, head);
     let mut f = MatchFields::of(key, m);
     // The frame's VPC: the VNI it came in (the port's, which found it), unless it

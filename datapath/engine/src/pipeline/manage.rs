@@ -424,6 +424,8 @@ impl Engine {
         }
         let owner = Owner::Sibling(worker);
         self.by_mac.insert(v, mac, owner);
+        // The guest is on this sled again: its frames are not relayed.
+        self.departures.remove(v, mac);
         for ip in ips {
             self.by_ip.insert((v, *ip), LocalDest { owner, mac, mtu });
         }

@@ -143,10 +143,11 @@ impl Engine {
 }
 
 impl Engine {
-    /// Relays the frames for guest `mac` of VPC `vni`, whose port was deleted
+    /// Relays the frames for guest `mac` of VPC `vni`, whose port is deleted
     /// here, to sled `to` for the grace period (`vpc::moved`); refuses a
-    /// destination that is not another sled's unicast address, or a guest that
-    /// still has a port here.
+    /// destination that is not another sled's unicast address. Asked before
+    /// the port is deleted (so a refusal changes nothing), it takes effect when
+    /// the port is gone; a port made for the guest here ends it.
     pub fn relay_departed_to(
         &mut self,
         vni: Vni,
@@ -158,9 +159,6 @@ impl Engine {
         }
         if to == self.cfg.underlay_addr {
             return Err(EngineError::MoveToThisSled { addr: to });
-        }
-        if self.by_mac.get(vni.get(), mac).is_some() {
-            return Err(EngineError::MacInUse { mac, vni });
         }
         self.departures.insert(vni.get(), mac, to, self.now);
         Ok(())

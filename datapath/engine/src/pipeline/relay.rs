@@ -45,6 +45,10 @@ impl Engine {
         routes: &dyn UnderlayRoutes,
         out: &mut TxBatch,
     ) {
+        // Most frames for no port meet no departure: not parsed again.
+        if self.departures.is_empty() {
+            return self.drops.inc(DropReason::NoPort);
+        }
         // Parsed again as `process_underlay` parsed it (so neither fails).
         let Some(Ok(um)) = wire::meta::parse_underlay_head(frame.head(), frame.len()) else {
             return self.drops.inc(DropReason::NoPort);
@@ -55,6 +59,11 @@ impl Engine {
         };
         let meta = &meta;
         let now = self.now;
+        // Frames from outside the VPC go where boundary services' own tables
+        // say; the new sled would not admit them as relays.
+        if um.external {
+            return self.drops.inc(DropReason::NoPort);
+        }
         let (Some(to), Ok(vni)) = (
             self.departures.relay_to(um.vni, meta.dst_mac, now),
             Vni::new(um.vni),
@@ -88,7 +97,7 @@ impl Engine {
             um.udp_src_port,
             u32::from(um.udp_src_port),
             vni,
-            um.external,
+            false,
             self.cfg.outer_udp_checksum,
         )
         .with_dscp(self.cfg.outer_dscp);

@@ -10,13 +10,15 @@
 //! names for their inner source. So the imported port admits, for the same grace
 //! period, frames relayed by the sled it came from ([`Arrival`]).
 //!
-//! What the new sled trusts is what the old sled's tables vouched for: the old
-//! sled relays only frames it would itself have accepted (their sender checked
-//! against its V2P or boundary services), only for guests it hosted, only to the
-//! sled the operator named, and only for the grace period; the new sled still
-//! requires the inner source to be a mapped guest of the VPC with the mapped MAC
-//! (or an External frame), and admits relays only from the one sled the port came
-//! from, only into that port.
+//! The old sled relays only frames it would itself have accepted (their sender
+//! checked against its V2P), never an External one, only for guests it hosted,
+//! only to the sled the operator named, and only for the grace period. The new
+//! sled cannot check what the old sled checked, so it bounds what a relay can
+//! do: it admits relays only from the one sled the port came from, only into
+//! that port, only with an inner source that is a mapped guest of the VPC with
+//! its MAC, and only for a connection the port already tracks (a relay opens
+//! none). A forger of the old sled's address gets no more than the moved
+//! connections' next segments, for 10 s.
 
 use std::collections::HashMap;
 use std::net::Ipv6Addr;

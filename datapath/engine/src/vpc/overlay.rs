@@ -76,7 +76,7 @@ pub struct UnderlaySource {
     pub mac: MacAddr,
     /// Relayed by the sled the destination port moved here from, within the
     /// grace period (`vpc::moved`): admitted as if it came from the sender's own
-    /// sled (or from boundary services, for an External frame).
+    /// sled, for a connection the port already tracks (never an External frame).
     pub relayed: bool,
 }
 
@@ -101,7 +101,7 @@ impl InboundTrust<'_> {
         from: &UnderlaySource,
     ) -> Result<Sender, DropReason> {
         if from.external {
-            return if from.relayed || self.is_boundary(from.sled) {
+            return if self.is_boundary(from.sled) {
                 Ok(Sender::Boundary)
             } else {
                 Err(DropReason::UnderlaySrcMismatch)
@@ -122,6 +122,19 @@ impl InboundTrust<'_> {
         }
     }
 
+    /// Whether `from` is admitted only because it is relayed (`vpc::moved`): the
+    /// sender its tables give is not the sled it comes from.
+    pub fn relay_only(&self, s: &Sender, from: &UnderlaySource) -> bool {
+        from.relayed
+            && !self.admits(
+                s,
+                &UnderlaySource {
+                    relayed: false,
+                    ..*from
+                },
+            )
+    }
+
     /// Whether `from` is the sender compiled for a flow (a later frame of it).
     #[inline]
     pub fn admits(&self, s: &Sender, from: &UnderlaySource) -> bool {
@@ -129,7 +142,7 @@ impl InboundTrust<'_> {
             Sender::Sled { sled, mac } => {
                 !from.external && (from.sled == *sled || from.relayed) && from.mac == *mac
             }
-            Sender::Boundary => from.external && (from.relayed || self.is_boundary(from.sled)),
+            Sender::Boundary => from.external && self.is_boundary(from.sled),
             Sender::Local => false,
         }
     }
