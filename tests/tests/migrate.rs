@@ -102,13 +102,21 @@ fn a_moved_guest_keeps_its_connections() -> Result<()> {
 fn frames_sent_to_the_old_sled_follow_the_guest_there() -> Result<()> {
     let mut rack = Rack::build(&RackSpec::new("relay", 3))?;
     rack.start_daemons(&[])?;
-    let (a1, c1) = (GuestSpec::dual(A1, 0, 1), GuestSpec::dual("c1", 2, 5));
-    for spec in [a1, c1] {
+    let (a1, b1, c1) = (
+        GuestSpec::dual(A1, 0, 1),
+        GuestSpec::dual(B1, 1, 3),
+        GuestSpec::dual("c1", 2, 5),
+    );
+    for spec in [a1, b1, c1] {
         rack.add_guest(spec)?;
     }
     rack.publish_v2p()?;
     let a1_v4 = rack.guest(A1)?.ipv4()?;
     rack.guest("c1")?.ping(a1_v4, 56, WAIT)?;
+    // Sled 0 knows its next hop toward sled 1, as sleds of a rack that carry
+    // traffic between them do (one that never sent there drops the first
+    // frames to relay while it asks: `moved_not_relayed`).
+    rack.guest(A1)?.ping(rack.guest(B1)?.ipv4()?, 56, WAIT)?;
     // One ping stream across the move: its flow is one of the connections a1's
     // port takes along, which relays may continue (they open none).
     let pings = rack.guest("c1")?.start_pings(
@@ -139,10 +147,18 @@ fn frames_sent_to_the_old_sled_follow_the_guest_there() -> Result<()> {
             false => Err(Error::new(format!("{relayed} relayed so far"))),
         }
     })?;
-    // Sled 1 before sled 0: every frame sled 0 counted had left it.
-    let s1 = Snapshot::take(sled1)?;
+    // Every frame sled 0 relayed by now reaches a1 (and more follow).
     let (s0, s2) = (Snapshot::take(sled0)?, Snapshot::take(sled2)?);
-    let (relayed, delivered) = (relayed_of(&s0) - r0, delivered_of(&s1) - d0);
+    let relayed = relayed_of(&s0) - r0;
+    let mut s1 = Snapshot::take(sled1)?;
+    e2e::poll_until("sled 1 to deliver what sled 0 relayed", WAIT, || {
+        s1 = Snapshot::take(sled1)?;
+        match delivered_of(&s1) - d0 >= relayed {
+            true => Ok(()),
+            false => Err(Error::new(format!("{relayed} relayed, fewer delivered"))),
+        }
+    })?;
+    let delivered = delivered_of(&s1) - d0;
     let refused = s2.get("engine.ports.c1.drops.underlay_src_mismatch");
     eprintln!(
         "relay: since a1 resumed on sled 1, sled 0 relayed {relayed} frames ({} departures) \
@@ -151,19 +167,10 @@ fn frames_sent_to_the_old_sled_follow_the_guest_there() -> Result<()> {
     );
     assert_eq!(s0.get("engine.relay.departures"), 1);
     assert!(
-        delivered + 2 >= relayed && delivered >= 18,
-        "a1 got {delivered} of {relayed} relayed"
-    );
-    assert!(
         refused > 0,
         "sled 2 took a1's answers from sled 1 before its V2P did"
     );
-    // Sled 0 had never sent to sled 1 (no guest there before): the next hop is
-    // asked for when the relay starts, and a ping arriving before the answer is
-    // dropped, counted.
-    let unrelayed = s0.get("engine.datapath_drops.moved_not_relayed");
-    eprintln!("relay: {unrelayed} frames not relayed while sled 1's next hop was resolved");
-    assert!(unrelayed <= 1, "{unrelayed} frames not relayed");
+    assert_eq!(s0.get("engine.datapath_drops.moved_not_relayed"), 0);
     assert_eq!(s1.get("engine.ports.a1.drops.underlay_src_mismatch"), 0);
 
     // Sled 2 learns of the move: c1 and a1 talk straight, nothing relayed.
