@@ -459,12 +459,17 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         // Frames the guest's stack queued before its namespace went (an MLD
-        // report, a router solicitation) may still be read; then the read fails.
+        // report, a router solicitation) may still be read, and until the
+        // kernel has finished detaching the device a read may find nothing
+        // (seen once in CI, right after epoll said "gone"); then reads fail.
         let mut buf = vec![0u8; MAX_TAP_FRAME];
         let mut queued = 0;
         let e = loop {
             match tap.read(&mut buf) {
                 Ok(Some(_)) if queued < 64 => queued += 1,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 Ok(frame) => panic!("read from a deleted tap after {queued} queued: {frame:?}"),
                 Err(e) => break e,
             }
