@@ -36,6 +36,7 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 
+use super::dirty::{DirtyLog, RingLog};
 use crate::poll::EpollWatch;
 use vhost::VhostUserMemoryRegionBase;
 use wire::vnet::{VnetHdr, GSO_ECN, GSO_NONE, GSO_TCPV4, GSO_TCPV6};
@@ -107,6 +108,7 @@ const FEATURE_NAMES: &[(u32, &str)] = &[
     (21, "GUEST_ANNOUNCE"),
     (22, "MQ"),
     (23, "CTRL_MAC_ADDR"),
+    (26, "LOG_ALL"),
     (28, "INDIRECT_DESC"),
     (29, "EVENT_IDX"),
     (30, "PROTOCOL_FEATURES"),
@@ -157,7 +159,9 @@ impl Negotiated {
 }
 
 /// The virtio feature bits offered: what a Linux guest needs for jumbo frames,
-/// TSO and checksum offload in both directions, and mergeable receive buffers.
+/// TSO and checksum offload in both directions, and mergeable receive buffers;
+/// and `VHOST_F_LOG_ALL`, which QEMU acks while it migrates the VM (without it,
+/// it refuses to migrate one whose NIC is served here: see [`super::dirty`]).
 /// QEMU keeps the device's config space itself: the MAC and MTU the guest reads
 /// are QEMU's `mac=` and `host_mtu=`, which must be the port's (`xdeadm mtu`);
 /// offering `VIRTIO_NET_F_MAC` and `VIRTIO_NET_F_MTU` lets QEMU pass them on.
@@ -175,10 +179,8 @@ pub fn offered_features() -> u64 {
         VIRTIO_NET_F_GUEST_TSO6,
         VIRTIO_RING_F_INDIRECT_DESC,
     ];
-    bits.iter().fold(
-        VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(),
-        |f, &b| f | (1u64 << b),
-    )
+    let vhost = VhostUserVirtioFeatures::PROTOCOL_FEATURES | VhostUserVirtioFeatures::LOG_ALL;
+    bits.iter().fold(vhost.bits(), |f, &b| f | (1u64 << b))
 }
 
 /// One virtqueue as the front end set it up.
@@ -196,6 +198,10 @@ pub(super) struct Vring {
     /// the ring is stopped until the device is reset (a new connection), rather
     /// than looked at (and complained about) on every round.
     broken: bool,
+    /// Where writes to the used ring are marked in the dirty log: the address
+    /// `SET_VRING_ADDR` gave with `VHOST_VRING_F_LOG` (QEMU's is the used ring's
+    /// own guest address), else the used ring's.
+    log_at: u64,
 }
 
 impl Vring {
@@ -206,6 +212,7 @@ impl Vring {
             call: None,
             enabled: true,
             broken: false,
+            log_at: 0,
         })
     }
 
@@ -271,6 +278,9 @@ pub(super) struct Device {
     pub(super) mem: GuestMemoryMmap,
     maps: Vec<Mapping>,
     pub(super) vrings: [Vring; QUEUES],
+    /// The dirty log QEMU gave (`SET_LOG_BASE`); written only while the front
+    /// end acks `LOG_ALL` (it migrates the VM), dropped when it stops.
+    log: Option<DirtyLog>,
     /// The worker's epoll set: a ring's kick eventfd goes in, edge-triggered and
     /// never read, under `token`, so a kick wakes a sleeping worker.
     epoll: EpollWatch,
@@ -292,6 +302,7 @@ impl Device {
             mem: GuestMemoryMmap::new(),
             maps: Vec::new(),
             vrings: [Vring::new()?, Vring::new()?],
+            log: None,
             epoll,
             token,
         })
@@ -310,6 +321,23 @@ impl Device {
     /// The features the current front end acked.
     pub(super) fn acked(&self) -> u64 {
         self.acked
+    }
+
+    /// Ring `index` (`RX` or `TX`) with the guest memory it is in and, while
+    /// QEMU migrates the VM, where the writes to it are to be marked.
+    pub(super) fn ring(
+        &mut self,
+        index: usize,
+    ) -> (&GuestMemoryMmap, &mut Vring, Option<RingLog<'_>>) {
+        let logging = self.acked & VhostUserVirtioFeatures::LOG_ALL.bits() != 0;
+        let vring = &mut self.vrings[index];
+        let log = self.log.as_ref().filter(|_| logging).map(|log| RingLog {
+            log,
+            used_at: vring.log_at,
+            used_len: 6 + 8 * u64::from(vring.queue.size()),
+            port: &self.name,
+        });
+        (&self.mem, vring, log)
     }
 
     fn vring(&mut self, index: u32) -> Result<&mut Vring> {
@@ -359,7 +387,9 @@ impl Device {
             v.call = None;
             v.enabled = true;
             v.broken = false;
+            v.log_at = 0;
         }
+        self.log = None;
         self.acked = 0;
         self.negotiated.acked.store(0, Ordering::Relaxed);
         self.mem = GuestMemoryMmap::new();
@@ -422,14 +452,20 @@ fn unsupported<T>(what: &'static str) -> Result<T> {
 /// warning: truncating it later would do the same, and only the front end can rule
 /// that out (QEMU seals its memfd backends unless told `seal=off`; a
 /// `memory-backend-file` cannot be sealed).
-fn check_backing(file: &File, offset: u64, size: u64, port: &str) -> std::io::Result<()> {
+pub(super) fn check_backing(
+    file: &File,
+    offset: u64,
+    size: u64,
+    what: &str,
+    port: &str,
+) -> std::io::Result<()> {
     let meta = file.metadata()?;
     let end = offset.checked_add(size);
     // Only a regular file (memfd, hugetlbfs, tmpfs) has a length to check.
     if meta.is_file() && end.is_none_or(|end| meta.len() < end) {
         return Err(std::io::Error::other(format!(
-            "guest memory region of {size} bytes at file offset {offset} is beyond its \
-             backing file's {} bytes",
+            "{what} of {size} bytes at file offset {offset} is beyond its backing \
+             file's {} bytes",
             meta.len()
         )));
     }
@@ -439,8 +475,9 @@ fn check_backing(file: &File, offset: u64, size: u64, port: &str) -> std::io::Re
     if seals >= 0 && seals & libc::F_SEAL_SHRINK == 0 {
         tracing::warn!(
             port = %port,
-            "the file backing guest memory is not sealed against shrinking \
-             (F_SEAL_SHRINK): a truncation by the front end would kill overlayd with SIGBUS"
+            what,
+            "the file backing it is not sealed against shrinking (F_SEAL_SHRINK): a \
+             truncation by the front end would kill overlayd with SIGBUS"
         );
     }
     Ok(())
@@ -480,6 +517,11 @@ impl VhostUserBackendReqHandlerMut for Device {
                 return Err(Error::InvalidParam);
             }
         }
+        if features & VhostUserVirtioFeatures::LOG_ALL.bits() == 0 {
+            // The migration ended (or was cancelled): QEMU frees the log, and a
+            // new one comes with the next `SET_LOG_BASE`.
+            self.log = None;
+        }
         self.acked = features;
         self.negotiated.acked.store(features, Ordering::Relaxed);
         self.negotiated.set_last_refusal(None);
@@ -505,8 +547,14 @@ impl VhostUserBackendReqHandlerMut for Device {
         let mut maps = Vec::with_capacity(ctx.len());
         for (r, file) in ctx.iter().zip(files) {
             let size = usize::try_from(r.memory_size).map_err(|_| Error::InvalidParam)?;
-            check_backing(&file, r.mmap_offset, r.memory_size, &self.name)
-                .map_err(Error::ReqHandlerError)?;
+            check_backing(
+                &file,
+                r.mmap_offset,
+                r.memory_size,
+                "guest memory region",
+                &self.name,
+            )
+            .map_err(Error::ReqHandlerError)?;
             let mmap = MmapRegion::from_file(FileOffset::new(file, r.mmap_offset), size)
                 .map_err(|e| Error::ReqHandlerError(std::io::Error::other(e)))?;
             let region = GuestRegionMmap::new(mmap, GuestAddress(r.guest_phys_addr))
@@ -533,14 +581,20 @@ impl VhostUserBackendReqHandlerMut for Device {
     fn set_vring_addr(
         &mut self,
         index: u32,
-        _flags: VhostUserVringAddrFlags,
+        flags: VhostUserVringAddrFlags,
         descriptor: u64,
         used: u64,
         available: u64,
-        _log: u64,
+        log: u64,
     ) -> Result<()> {
         let (desc, used, avail) = (self.gpa(descriptor)?, self.gpa(used)?, self.gpa(available)?);
-        let q = &mut self.vring(index)?.queue;
+        let v = self.vring(index)?;
+        v.log_at = if flags.contains(VhostUserVringAddrFlags::VHOST_VRING_F_LOG) {
+            log
+        } else {
+            used.0
+        };
+        let q = &mut v.queue;
         q.try_set_desc_table_address(desc)
             .and_then(|()| q.try_set_avail_ring_address(avail))
             .and_then(|()| q.try_set_used_ring_address(used))
@@ -581,9 +635,11 @@ impl VhostUserBackendReqHandlerMut for Device {
     }
 
     fn get_protocol_features(&mut self) -> Result<VhostUserProtocolFeatures> {
-        // None needed: QEMU keeps the config space, and reconnection needs no
-        // in-flight tracking for a network device (see the module `vhost`).
-        Ok(VhostUserProtocolFeatures::empty())
+        // The dirty log in shared memory, which QEMU requires of a vhost-user
+        // back end to migrate the VM. Nothing else is needed: QEMU keeps the
+        // config space, and reconnection needs no in-flight tracking for a
+        // network device (see the module `vhost`).
+        Ok(VhostUserProtocolFeatures::LOG_SHMFD)
     }
 
     fn set_protocol_features(&mut self, _features: u64) -> Result<()> {
@@ -673,8 +729,16 @@ impl VhostUserBackendReqHandlerMut for Device {
         unsupported("GET_SHMEM_CONFIG")
     }
 
-    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> Result<()> {
-        unsupported("SET_LOG_BASE")
+    fn set_log_base(&mut self, log: &VhostUserLog, file: File) -> Result<()> {
+        let map = DirtyLog::map(log, file, &self.name).map_err(Error::ReqHandlerError)?;
+        tracing::info!(
+            port = %self.name,
+            bytes = log.mmap_size,
+            covers_mib = map.covers() >> 20,
+            "vhost-user dirty log set: the front end migrates the VM"
+        );
+        self.log = Some(map);
+        Ok(())
     }
 }
 
@@ -703,20 +767,20 @@ mod tests {
     #[test]
     fn a_region_beyond_its_backing_file_is_refused_naming_the_sizes() {
         let f = memfd(0x2000, true);
-        check_backing(&f, 0, 0x2000, "p").unwrap();
-        check_backing(&f, 0x1000, 0x1000, "p").unwrap();
-        let e = check_backing(&f, 0x1000, 0x2000, "p")
+        check_backing(&f, 0, 0x2000, "region", "p").unwrap();
+        check_backing(&f, 0x1000, 0x1000, "region", "p").unwrap();
+        let e = check_backing(&f, 0x1000, 0x2000, "region", "p")
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("8192 bytes at file offset 4096") && e.contains("file's 8192 bytes"),
             "{e}"
         );
-        assert!(check_backing(&f, u64::MAX, 2, "p").is_err());
+        assert!(check_backing(&f, u64::MAX, 2, "region", "p").is_err());
         // Unsealed: mapped (with a warning), the size still checked.
         let f = memfd(0x1000, false);
-        check_backing(&f, 0, 0x1000, "p").unwrap();
-        assert!(check_backing(&f, 0, 0x1001, "p").is_err());
+        check_backing(&f, 0, 0x1000, "region", "p").unwrap();
+        assert!(check_backing(&f, 0, 0x1001, "region", "p").is_err());
     }
 
     /// VERSION_1 is all a front end must take; what it may not ack is named.

@@ -152,3 +152,41 @@ fn a_gso_frame_from_a_guest_without_host_tso_is_dropped_and_counted() {
     assert_eq!(hdr, tcp4);
     assert_eq!(port.take_counts().rx_not_negotiated, 0);
 }
+
+/// While QEMU migrates the VM, every page the port writes — the receive buffer
+/// a frame went into, both used rings — is marked in the dirty log, and nothing
+/// else; once the migration ends, nothing is marked.
+#[test]
+fn while_migrating_every_page_the_port_writes_is_marked_in_the_dirty_log() {
+    let (port, mut g) = connect("log", linux_features(), 2048);
+    assert!(wait_for(|| port.is_up()), "the rings started");
+    let log = g.start_logging().unwrap();
+    assert!(
+        port.negotiation().features & (1 << 26) != 0,
+        "LOG_ALL acked"
+    );
+    let mut buf = vec![0u8; 65536];
+    g.send(&VnetHdr::default(), &frame());
+    let before = g.snapshot();
+    write(&port, &frame()).unwrap();
+    assert!(port.recv(&mut buf).unwrap().is_some());
+    let changed = g.pages_changed_since(&before);
+    // Receive used ring (page 0), transmit used ring (page 1), buffer 0.
+    assert_eq!(changed, [0, 1, 0x40].into(), "what the port wrote");
+    assert_eq!(log.pages(), changed, "marked: exactly what it wrote");
+
+    // A frame refused for want of buffers marks the ones it wrote into.
+    log.clear();
+    let before = g.snapshot();
+    let big = vec![0x5au8; 16 * 2048];
+    assert!(write(&port, &big).is_err());
+    let changed = g.pages_changed_since(&before);
+    assert!(!changed.is_empty(), "the refused frame wrote buffers");
+    assert!(log.pages().is_superset(&changed), "{changed:?} all marked");
+
+    g.stop_logging().unwrap();
+    log.clear();
+    write(&port, &frame()).unwrap();
+    assert!(log.pages().is_empty(), "nothing marked after the migration");
+    assert!(g.frontend.get_features().is_ok(), "the connection is open");
+}

@@ -29,6 +29,7 @@
 
 mod connection;
 mod device;
+mod dirty;
 
 use std::io::{self, IoSlice, Write as _};
 use std::path::{Path, PathBuf};
@@ -43,6 +44,7 @@ use wire::vnet::{VnetHdr, VNET_HDR_LEN};
 
 use crate::poll::EpollWatch;
 use device::{Device, Negotiated, RX, TX};
+use dirty::RingLog;
 
 pub use device::{feature_names, offered_features, FeatureRefusal};
 
@@ -255,9 +257,8 @@ impl VhostPort {
     /// driver may not send one, and the datapath would otherwise act on it.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(VnetHdr, usize)>> {
         let mut guard = self.shared.device();
-        let dev = &mut *guard;
-        let features = dev.acked();
-        let (mem, vring) = (&dev.mem, &mut dev.vrings[TX]);
+        let features = guard.acked();
+        let (mem, vring, log) = guard.ring(TX);
         if !vring.running() || !vring.sane(mem, &self.shared.cfg.name) {
             return Ok(None);
         }
@@ -276,6 +277,9 @@ impl VhostPort {
                 .queue
                 .add_used(mem, head, 0)
                 .map_err(|e| io::Error::other(format!("transmit ring: {e}")))?;
+            if let Some(log) = log {
+                log.used_ring();
+            }
             self.dirty[TX].set(true);
             match read {
                 Ok((hdr, _)) if !device::sent_as_negotiated(&hdr, features) => {
@@ -304,14 +308,13 @@ impl VhostPort {
             }
         };
         let mut guard = self.shared.device();
-        let dev = &mut *guard;
-        let max_buffers = if dev.mergeable() { MAX_RX_BUFFERS } else { 1 };
-        let (mem, vring) = (&dev.mem, &mut dev.vrings[RX]);
+        let max_buffers = if guard.mergeable() { MAX_RX_BUFFERS } else { 1 };
+        let (mem, vring, log) = guard.ring(RX);
         if !vring.running() || !vring.sane(mem, &self.shared.cfg.name) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let total = VNET_HDR_V1_LEN + frame.iter().map(|p| p.len()).sum::<usize>();
-        fill_rx(&mut vring.queue, mem, hdr, frame, total, max_buffers)?;
+        fill_rx(&mut vring.queue, mem, hdr, frame, total, max_buffers, log)?;
         self.dirty[RX].set(true);
         Ok(())
     }
@@ -382,17 +385,43 @@ fn read_frame(mut r: virtio_queue::Reader<'_, ()>, buf: &mut [u8]) -> io::Result
     Ok((vnet, len))
 }
 
+/// What [`fill_rx`] wrote while QEMU migrates the VM: marked in the dirty log
+/// when it returns, whichever way (a frame refused for want of buffers has
+/// written some already).
+struct Written<'a> {
+    log: Option<RingLog<'a>>,
+    chains: Vec<virtio_queue::DescriptorChain<&'a GuestMemoryMmap>>,
+}
+
+impl Drop for Written<'_> {
+    fn drop(&mut self) {
+        if let Some(log) = self.log {
+            for chain in self.chains.drain(..) {
+                log.buffers(chain);
+            }
+            log.used_ring();
+        }
+    }
+}
+
 /// Copies a frame into as many receive buffers as it takes (at most
 /// `max_buffers`) and publishes them to the guest in one store of the used
 /// index, with `num_buffers` already set: a guest never sees part of a frame.
-fn fill_rx(
+/// With `log` (QEMU migrates the VM), the buffers and the used ring are marked
+/// in its dirty log once written.
+fn fill_rx<'m>(
     q: &mut Queue,
-    mem: &GuestMemoryMmap,
+    mem: &'m GuestMemoryMmap,
     hdr: &[u8],
     frame: &[IoSlice<'_>],
     total: usize,
     max_buffers: usize,
+    log: Option<RingLog<'m>>,
 ) -> io::Result<()> {
+    let mut written = Written {
+        log,
+        chains: Vec::new(),
+    };
     let mut used = [(0u16, 0u32); MAX_RX_BUFFERS];
     let mut n = 0;
     let mut header = None;
@@ -413,6 +442,7 @@ fn fill_rx(
             }
         };
         let head = chain.head_index();
+        let copy = written.log.map(|_| chain.clone());
         let mut w = match chain.writer(mem) {
             Ok(w) => w,
             Err(e) => {
@@ -420,6 +450,7 @@ fn fill_rx(
                 return Err(io::Error::other(format!("receive buffer: {e}")));
             }
         };
+        written.chains.extend(copy);
         let mut written = 0;
         if header.is_none() {
             if w.available_bytes() < VNET_HDR_V1_LEN {
@@ -536,7 +567,7 @@ mod tests {
         let frame: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
         let (a, b) = frame.split_at(100);
         let parts = [IoSlice::new(a), IoSlice::new(b)];
-        fill_rx(&mut q, &mem, &hdr, &parts, VNET_HDR_V1_LEN + 2500, 64).unwrap();
+        fill_rx(&mut q, &mem, &hdr, &parts, VNET_HDR_V1_LEN + 2500, 64, None).unwrap();
 
         assert_eq!(
             used_idx(&mem, &q),
@@ -566,13 +597,21 @@ mod tests {
         let mut q = rx_queue(&mem, 2, 1024);
         let hdr = VnetHdr::default().to_bytes();
         let frame = [7u8; 2500];
-        let err = fill_rx(&mut q, &mem, &hdr, &[IoSlice::new(&frame)], 2512, 64).unwrap_err();
+        let err = fill_rx(&mut q, &mem, &hdr, &[IoSlice::new(&frame)], 2512, 64, None).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENOBUFS));
         assert_eq!(used_idx(&mem, &q), 0);
         assert_eq!(q.next_avail(), 0, "the buffers taken were given back");
         // Without mergeable buffers one buffer must hold the whole frame.
-        let err = fill_rx(&mut q, &mem, &hdr, &[IoSlice::new(&frame[..1000])], 1012, 1)
-            .map(|()| used_idx(&mem, &q));
+        let err = fill_rx(
+            &mut q,
+            &mem,
+            &hdr,
+            &[IoSlice::new(&frame[..1000])],
+            1012,
+            1,
+            None,
+        )
+        .map(|()| used_idx(&mem, &q));
         assert_eq!(err.unwrap(), 1, "a frame that fits one buffer still goes");
     }
 

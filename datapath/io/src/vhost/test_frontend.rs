@@ -65,10 +65,11 @@ pub fn linux_features() -> u64 {
 pub struct Guest {
     pub frontend: Frontend,
     pub mem: GuestMemoryMmap,
-    /// The receive ring's used index.
-    rx_used_at: GuestAddress,
-    /// The transmit ring: descriptors, used and available ring; chains posted.
-    tx: [u64; 3],
+    /// The features acked.
+    features: u64,
+    /// Each ring's descriptors, used and available ring (guest addresses).
+    rings: [[u64; 3]; 2],
+    /// Transmit chains posted.
     sent: std::cell::Cell<u16>,
     _epoll: Epoll,
     _fds: Vec<EventFd>,
@@ -157,20 +158,9 @@ pub fn connect(name: &str, features: u64, rx_len: u32) -> (VhostPort, Guest) {
             mmap_offset: 0,
             mmap_handle: file.as_raw_fd(),
         }])?;
-        for (q, [desc, used, avail]) in rings.into_iter().enumerate() {
+        for (q, ring) in rings.into_iter().enumerate() {
             frontend.set_vring_num(q, QUEUE)?;
-            frontend.set_vring_addr(
-                q,
-                &VringConfigData {
-                    queue_max_size: QUEUE,
-                    queue_size: QUEUE,
-                    flags: 0,
-                    desc_table_addr: VA + desc,
-                    used_ring_addr: VA + used,
-                    avail_ring_addr: VA + avail,
-                    log_addr: None,
-                },
-            )?;
+            frontend.set_vring_addr(q, &ring_config(ring, None))?;
             frontend.set_vring_base(q, 0)?;
             let (call, kick) = (
                 EventFd::new(EFD_NONBLOCK).unwrap(),
@@ -184,8 +174,8 @@ pub fn connect(name: &str, features: u64, rx_len: u32) -> (VhostPort, Guest) {
     })();
     let guest = Guest {
         frontend,
-        rx_used_at: GuestAddress(rings[0][1] + 2),
-        tx: rings[1],
+        features,
+        rings,
         sent: std::cell::Cell::new(0),
         mem,
         _epoll: epoll,
@@ -195,16 +185,35 @@ pub fn connect(name: &str, features: u64, rx_len: u32) -> (VhostPort, Guest) {
     (port, guest)
 }
 
+/// Ring `[desc, used, avail]` as `SET_VRING_ADDR` gives it, the used ring's
+/// writes logged at `log` if given (as QEMU does while it migrates the VM).
+fn ring_config([desc, used, avail]: [u64; 3], log: Option<u64>) -> VringConfigData {
+    VringConfigData {
+        queue_max_size: QUEUE,
+        queue_size: QUEUE,
+        flags: if log.is_some() { VHOST_VRING_F_LOG } else { 0 },
+        desc_table_addr: VA + desc,
+        used_ring_addr: VA + used,
+        avail_ring_addr: VA + avail,
+        log_addr: log,
+    }
+}
+
+/// `VhostUserVringAddrFlags::VHOST_VRING_F_LOG`.
+const VHOST_VRING_F_LOG: u32 = 1;
+
 impl Guest {
     /// The receive ring's used index: how many buffers the port filled.
     pub fn rx_used(&self) -> u16 {
-        self.mem.read_obj(self.rx_used_at).unwrap()
+        self.mem
+            .read_obj(GuestAddress(self.rings[0][1] + 2))
+            .unwrap()
     }
 
     /// What the port wrote to receive buffer `i`: its v1 header and frame, of
     /// the length the used ring gives.
     pub fn received(&self, i: u64) -> Vec<u8> {
-        let used_elem = GuestAddress(self.rx_used_at.0 + 2 + 8 * i);
+        let used_elem = GuestAddress(self.rings[0][1] + 4 + 8 * i);
         let len: u32 = self.mem.read_obj(GuestAddress(used_elem.0 + 4)).unwrap();
         let mut b = vec![0u8; len as usize];
         self.mem
@@ -216,7 +225,7 @@ impl Guest {
     /// Posts one frame on the transmit ring behind the v1 header `hdr`.
     pub fn send(&self, hdr: &VnetHdr, frame: &[u8]) {
         let i = self.sent.get();
-        let [desc, _, avail] = self.tx;
+        let [desc, _, avail] = self.rings[1];
         let at = TX_BUFFERS + 0x1_0000 * u64::from(i);
         let mut chain = hdr.to_bytes().to_vec();
         chain.extend_from_slice(&[1, 0]); // num_buffers
@@ -232,6 +241,86 @@ impl Guest {
         self.mem.write_obj(i % QUEUE, GuestAddress(slot)).unwrap();
         self.sent.set(i + 1);
         self.mem.write_obj(i + 1, GuestAddress(avail + 2)).unwrap();
+    }
+}
+
+/// The dirty log a migrating front end shares with the port: one bit per page
+/// of the guest's memory.
+pub struct Log(File);
+
+impl Log {
+    /// The guest pages whose bits are set.
+    pub fn pages(&self) -> std::collections::BTreeSet<u64> {
+        let mut bytes = vec![0u8; (MEM / 0x1000 / 8) as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, &mut bytes, 0).unwrap();
+        (0..MEM / 0x1000)
+            .filter(|p| bytes[(p / 8) as usize] & (1 << (p % 8)) != 0)
+            .collect()
+    }
+
+    /// Clears every bit, as QEMU does when it syncs the log.
+    pub fn clear(&self) {
+        let zero = vec![0u8; (MEM / 0x1000 / 8) as usize];
+        std::os::unix::fs::FileExt::write_all_at(&self.0, &zero, 0).unwrap();
+    }
+}
+
+impl Guest {
+    /// Starts dirty logging as QEMU does when a migration starts: the log in
+    /// shared memory (`SET_LOG_BASE`, protocol feature `LOG_SHMFD`),
+    /// `LOG_ALL` acked, and each ring's used ring logged at its own address.
+    pub fn start_logging(&mut self) -> vhost::Result<Log> {
+        use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+        use vhost::vhost_user::VhostUserFrontend as _;
+        let with_protocol = self.features | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        self.frontend.set_features(with_protocol)?;
+        let offered = self.frontend.get_protocol_features()?;
+        self.frontend
+            .set_protocol_features(offered & VhostUserProtocolFeatures::LOG_SHMFD)?;
+        let file = memfd(MEM / 0x1000 / 8);
+        self.frontend.set_log_base(
+            0,
+            Some(vhost::VhostUserDirtyLogRegion {
+                mmap_size: MEM / 0x1000 / 8,
+                mmap_offset: 0,
+                mmap_handle: file.as_raw_fd(),
+            }),
+        )?;
+        self.frontend
+            .set_features(with_protocol | VhostUserVirtioFeatures::LOG_ALL.bits())?;
+        for (q, ring) in self.rings.into_iter().enumerate() {
+            self.frontend
+                .set_vring_addr(q, &ring_config(ring, Some(ring[1])))?;
+        }
+        // A request with a reply: the port has applied those before it.
+        self.frontend.get_features()?;
+        Ok(Log(file))
+    }
+
+    /// Ends dirty logging as QEMU does when a migration ends or is cancelled.
+    pub fn stop_logging(&self) -> vhost::Result<()> {
+        use vhost::vhost_user::message::VhostUserVirtioFeatures;
+        self.frontend
+            .set_features(self.features | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits())?;
+        self.frontend.get_features().map(|_| ())
+    }
+
+    /// A copy of the guest's memory, to compare with what the port wrote.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut m = vec![0u8; MEM as usize];
+        self.mem.read_slice(&mut m, GuestAddress(0)).unwrap();
+        m
+    }
+
+    /// The pages that differ from `before`.
+    pub fn pages_changed_since(&self, before: &[u8]) -> std::collections::BTreeSet<u64> {
+        let now = self.snapshot();
+        (0..MEM / 0x1000)
+            .filter(|&p| {
+                let r = (p * 0x1000) as usize..((p + 1) * 0x1000) as usize;
+                now[r.clone()] != before[r]
+            })
+            .collect()
     }
 }
 
