@@ -427,7 +427,7 @@ impl Store {
         Ok(done)
     }
 
-    /// One transaction. A guarded delete is a nested transaction of its own
+    /// One transaction. A guarded delete or a move is a nested transaction of its own
     /// (compare the mod revision; then delete, else read the key to report what
     /// it is now), so one stale delete does not hold back its neighbours.
     async fn apply_txn(&mut self, ops: Vec<Op>) -> Result<(i64, Vec<SkippedDelete>), StoreError> {
@@ -449,16 +449,9 @@ impl Store {
                     key,
                     if_mod_revision: Some(revision),
                 } => {
-                    let nested = Txn::new()
-                        .when([Compare::mod_revision(
-                            key.clone(),
-                            CompareOp::Equal,
-                            revision,
-                        )])
-                        .and_then([TxnOp::delete(key.clone(), None)])
-                        .or_else([TxnOp::get(key.clone(), None)]);
+                    let op = if_unchanged(&key, revision, vec![TxnOp::delete(key.clone(), None)]);
                     guarded.push((i, key, revision));
-                    TxnOp::txn(nested)
+                    op
                 }
                 Op::Move {
                     from,
@@ -466,19 +459,13 @@ impl Store {
                     value,
                     if_mod_revision: revision,
                 } => {
-                    let nested = Txn::new()
-                        .when([Compare::mod_revision(
-                            from.clone(),
-                            CompareOp::Equal,
-                            revision,
-                        )])
-                        .and_then([
-                            TxnOp::put(to, value, None),
-                            TxnOp::delete(from.clone(), None),
-                        ])
-                        .or_else([TxnOp::get(from.clone(), None)]);
+                    let then = vec![
+                        TxnOp::put(to, value, None),
+                        TxnOp::delete(from.clone(), None),
+                    ];
+                    let op = if_unchanged(&from, revision, then);
                     guarded.push((i, from, revision));
-                    TxnOp::txn(nested)
+                    op
                 }
             })
             .collect();
@@ -533,6 +520,17 @@ impl Store {
         )
         .await
     }
+}
+
+/// A nested transaction: `then` if `key` is still at mod revision `revision`,
+/// else a read of `key`, to report what it is now.
+fn if_unchanged(key: &str, revision: i64, then: Vec<TxnOp>) -> TxnOp {
+    TxnOp::txn(
+        Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, revision)])
+            .and_then(then)
+            .or_else([TxnOp::get(key, None)]),
+    )
 }
 
 /// The client's TLS setup: our CA only (not the system's roots: the store's

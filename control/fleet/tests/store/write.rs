@@ -3,6 +3,7 @@
 
 use crate::harness::{connect, Etcd, TIMEOUT};
 use fleet::{Op, Positions, SkippedDelete, Store, StoreConfig, StoreError, MAX_TXN_OPS};
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -13,22 +14,40 @@ fn put(key: &str, value: &str) -> Op {
     }
 }
 
+/// Writes "1" at each of `keys` (under `prefix`) and returns the mod revision
+/// each has then, as a reader of the store sees it.
+async fn written(store: &mut Store, prefix: &str, keys: &[&str]) -> BTreeMap<String, i64> {
+    let puts = keys.iter().map(|k| put(k, "1")).collect();
+    store.apply(puts).await.unwrap();
+    let seen = store.snapshot(&[prefix.to_string()]).await.unwrap();
+    seen.kvs
+        .into_iter()
+        .map(|kv| (kv.key, kv.mod_revision))
+        .collect()
+}
+
+/// What is stored under `prefix` now, key and value, and the store's revision.
+async fn stored(store: &mut Store, prefix: &str) -> (Vec<(String, String)>, i64) {
+    let now = store.snapshot(&[prefix.to_string()]).await.unwrap();
+    let kvs = now
+        .kvs
+        .into_iter()
+        .map(|kv| (kv.key, String::from_utf8_lossy(&kv.value).into_owned()))
+        .collect();
+    (kvs, now.revision)
+}
+
+fn pairs(kvs: &[(&str, &str)]) -> Vec<(String, String)> {
+    kvs.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 #[tokio::test]
 async fn a_stale_guarded_delete_leaves_the_newer_value() {
     let etcd = Etcd::start();
     let mut store = etcd.store().await;
-    store
-        .apply(vec![put("/t/g/a", "1"), put("/t/g/b", "1")])
-        .await
-        .unwrap();
-    let seen = store.snapshot(&["/t/g/".to_string()]).await.unwrap();
-    let rev_of = |key: &str| {
-        seen.kvs
-            .iter()
-            .find(|kv| kv.key == key)
-            .unwrap()
-            .mod_revision
-    };
+    let rev = written(&mut store, "/t/g/", &["/t/g/a", "/t/g/b"]).await;
     // Someone rewrites b after we read it.
     let newer = store
         .apply(vec![put("/t/g/b", "2")])
@@ -40,11 +59,11 @@ async fn a_stale_guarded_delete_leaves_the_newer_value() {
         .apply(vec![
             Op::Delete {
                 key: "/t/g/a".into(),
-                if_mod_revision: Some(rev_of("/t/g/a")),
+                if_mod_revision: Some(rev["/t/g/a"]),
             },
             Op::Delete {
                 key: "/t/g/b".into(),
-                if_mod_revision: Some(rev_of("/t/g/b")),
+                if_mod_revision: Some(rev["/t/g/b"]),
             },
             Op::Delete {
                 key: "/t/g/gone".into(),
@@ -59,7 +78,7 @@ async fn a_stale_guarded_delete_leaves_the_newer_value() {
         [
             SkippedDelete {
                 key: "/t/g/b".into(),
-                expected_mod_revision: rev_of("/t/g/b"),
+                expected_mod_revision: rev["/t/g/b"],
                 current_mod_revision: newer,
             },
             SkippedDelete {
@@ -69,42 +88,29 @@ async fn a_stale_guarded_delete_leaves_the_newer_value() {
             },
         ]
     );
-    let now = store.snapshot(&["/t/g/".to_string()]).await.unwrap();
-    let keys: Vec<(&str, &[u8])> = now.kvs.iter().map(|kv| (&*kv.key, &kv.value[..])).collect();
-    assert_eq!(keys, [("/t/g/b", &b"2"[..]), ("/t/g/c", &b"1"[..])]);
-    assert_eq!(applied.revision, now.revision);
+    let (kvs, revision) = stored(&mut store, "/t/g/").await;
+    assert_eq!(kvs, pairs(&[("/t/g/b", "2"), ("/t/g/c", "1")]));
+    assert_eq!(applied.revision, revision);
 }
 
 #[tokio::test]
 async fn a_move_goes_whole_or_not_at_all() {
     let etcd = Etcd::start();
     let mut store = etcd.store().await;
-    store
-        .apply(vec![put("/t/m/a/x", "1"), put("/t/m/a/y", "1")])
-        .await
-        .unwrap();
-    let seen = store.snapshot(&["/t/m/".to_string()]).await.unwrap();
-    let rev_of = |key: &str| {
-        seen.kvs
-            .iter()
-            .find(|kv| kv.key == key)
-            .unwrap()
-            .mod_revision
-    };
+    let rev = written(&mut store, "/t/m/", &["/t/m/a/x", "/t/m/a/y"]).await;
     // y changes after it was read: its move must not happen, not even its put.
     store.apply(vec![put("/t/m/a/y", "2")]).await.unwrap();
     let moving = |key: &str| Op::Move {
         from: format!("/t/m/a/{key}"),
         to: format!("/t/m/c/{key}"),
         value: b"1".to_vec(),
-        if_mod_revision: rev_of(&format!("/t/m/a/{key}")),
+        if_mod_revision: rev[&format!("/t/m/a/{key}")],
     };
     let applied = store.apply(vec![moving("x"), moving("y")]).await.unwrap();
     assert_eq!(applied.skipped.len(), 1);
     assert_eq!(applied.skipped[0].key, "/t/m/a/y");
-    let now = store.snapshot(&["/t/m/".to_string()]).await.unwrap();
-    let keys: Vec<(&str, &[u8])> = now.kvs.iter().map(|kv| (&*kv.key, &kv.value[..])).collect();
-    assert_eq!(keys, [("/t/m/a/y", &b"2"[..]), ("/t/m/c/x", &b"1"[..])]);
+    let (kvs, _) = stored(&mut store, "/t/m/").await;
+    assert_eq!(kvs, pairs(&[("/t/m/a/y", "2"), ("/t/m/c/x", "1")]));
 }
 
 #[tokio::test]
