@@ -20,6 +20,7 @@ use crate::frames::{
 use crate::guest::GuestSpec;
 use crate::inject::{mac_string, parse_mac};
 use crate::netns::Netns;
+use crate::poll::poll_until;
 use crate::rack::Rack;
 use crate::{Context, Error, Result};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -317,11 +318,16 @@ pub struct Internet {
     pub server: Netns,
     /// The switch's counters file.
     pub stats: PathBuf,
-    /// The switch's log (stderr).
+    /// The switch's log (stderr; every switch started appends to it).
     pub log: PathBuf,
     switch: Child,
     /// The sled namespace the switch runs in, for removing what was added there.
     boundary_ns: String,
+    /// The switch's binary, underlay address and table: what it is started with
+    /// again when its table changes ([`Internet::move_guest`]).
+    bin: String,
+    listen: Ipv6Addr,
+    ingress: Vec<Ingress>,
 }
 
 /// A guest that reaches the internet through the switch: its spec, its external
@@ -339,12 +345,23 @@ impl Outside {
     pub fn floating(spec: GuestSpec, addrs: &[IpAddr]) -> Outside {
         Outside {
             spec,
-            external: addrs
-                .iter()
-                .flat_map(|a| ["--floating-ip".to_string(), a.to_string()])
-                .collect(),
-            ingress: addrs.iter().map(|a| (*a, None)).collect(),
+            external: Vec::new(),
+            ingress: Vec::new(),
         }
+        .with_floating(addrs)
+    }
+
+    /// Also reached at floating IPs `addrs`: with SNAT of one family, a floating IP
+    /// of the other (a flow leaves from a floating IP of its family if the port has
+    /// one, so a port that has both of one family never uses its SNAT address).
+    pub fn with_floating(mut self, addrs: &[IpAddr]) -> Outside {
+        self.external.extend(
+            addrs
+                .iter()
+                .flat_map(|a| ["--floating-ip".to_string(), a.to_string()]),
+        );
+        self.ingress.extend(addrs.iter().map(|a| (*a, None)));
+        self
     }
 
     /// Leaving from its ephemeral IP.
@@ -376,9 +393,11 @@ impl Outside {
 /// A rack whose guests reach the internet through the switch: sleds 0..`daemons`
 /// run daemons (no `--boundary-services`: V2B alone), the switch runs on sled
 /// `daemons`. The guests go on sled 0, each with both default routes to the
-/// internet gateway and its external addresses, and the V2B table sends everything
-/// to the switch; the internet routes every guest's external addresses back to the
-/// switch, whose ingress table sends them to sled 0. `bin` is the switch's binary.
+/// internet gateway and its external addresses, and every daemon's V2B table sends
+/// everything to the switch (the table is the rack's, not a guest's: a guest moved
+/// to another sled leaves by the same switch); the internet routes every guest's
+/// external addresses back to the switch, whose ingress table sends them to sled 0.
+/// `bin` is the switch's binary.
 pub fn nat_rack(
     prefix: &str,
     daemons: usize,
@@ -386,13 +405,19 @@ pub fn nat_rack(
     bin: &str,
 ) -> Result<(Rack, Internet)> {
     let mut rack = Rack::build(&crate::RackSpec::new(prefix, daemons + 1))?;
+    let switch = crate::rack::sled_underlay_addr(daemons).to_string();
     // No daemon on the switch's sled: its XDP program would take the Geneve.
     for i in 0..daemons {
         rack.start_daemon(i, &[])?;
-    }
-    let switch = crate::rack::sled_underlay_addr(daemons).to_string();
-    for net in ["0.0.0.0/0", "::/0"] {
-        rack.sled(0)?.admin(&["set-v2b", net, &switch])?;
+        for net in ["0.0.0.0/0", "::/0"] {
+            rack.sled(i)?.admin(&["set-v2b", net, &switch])?;
+        }
+        let table = rack.sled(i)?.admin(&["--json", "dump-v2b"])?;
+        if table.matches(&switch).count() != 2 {
+            return Err(Error::new(format!(
+                "sled {i}'s dump-v2b does not show the switch twice: {table}"
+            )));
+        }
     }
     let (mut ingress, mut back) = (Vec::new(), Vec::new());
     for g in guests {
@@ -418,12 +443,6 @@ pub fn nat_rack(
                 mac,
             });
         }
-    }
-    let table = rack.sled(0)?.admin(&["--json", "dump-v2b"])?;
-    if table.matches(&switch).count() != 2 {
-        return Err(Error::new(format!(
-            "dump-v2b does not show the switch twice: {table}"
-        )));
     }
     let back: Vec<&str> = back.iter().map(String::as_str).collect();
     let internet = Internet::attach(&rack, daemons, bin, &ingress, &back)?;
@@ -533,40 +552,98 @@ impl Internet {
         }
         let stats = rack.dir().join("switch.json");
         let log = rack.dir().join("switch.log");
-        let mut cmd =
-            s.ns.cmd(bin)
-                .args(["--listen", &s.addr.to_string(), "--tun", TUN])
-                .args(["--stats", &stats.display().to_string()])
-                .die_with_parent();
-        for e in ingress {
-            cmd = cmd.args(["--ingress".to_string(), e.arg()]);
-        }
-        let err =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let switch = cmd.spawn_with(Stdio::null(), Stdio::from(err))?;
-        let internet = Internet {
+        let boundary_ns = s.ns.name().to_string();
+        let ingress = ingress.to_vec();
+        let switch = start_switch(&boundary_ns, bin, s.addr, &ingress, &stats, &log)?;
+        Ok(Internet {
             router,
             server,
             stats,
             log,
             switch,
-            boundary_ns: s.ns.name().to_string(),
-        };
-        crate::poll::poll_until(
-            "the boundary switch's counters file",
-            std::time::Duration::from_secs(10),
-            || {
-                SwitchCounters::read(&internet.stats)?;
-                Ok(())
-            },
-        )?;
-        Ok(internet)
+            boundary_ns,
+            bin: bin.to_string(),
+            listen: s.addr,
+            ingress,
+        })
     }
 
-    /// What the switch has counted so far.
+    /// What the switch has counted since it was last started.
     pub fn counters(&self) -> Result<SwitchCounters> {
         SwitchCounters::read(&self.stats)
     }
+
+    /// Sends what comes from the internet for the guest with MAC `mac` to the sled
+    /// at `to` (every ingress entry of the guest: its floating IPs, its SNAT
+    /// range), as the control plane reprograms the switch when a guest moves.
+    /// The switch takes its table on its command line only, so it is stopped and
+    /// started again with the new one: packets either way are dropped for the
+    /// moment that takes (a real switch changes its table in place), and its
+    /// counters start from zero.
+    pub fn move_guest(&mut self, mac: [u8; 6], to: Ipv6Addr) -> Result<()> {
+        let mut entries = self.ingress.iter_mut().filter(|e| e.mac == mac).peekable();
+        if entries.peek().is_none() {
+            return Err(Error::new(format!(
+                "the switch's table has no entry for {}",
+                mac_string(mac)
+            )));
+        }
+        entries.for_each(|e| e.sled = to);
+        terminate(&mut self.switch, "the boundary switch")?;
+        self.switch = start_switch(
+            &self.boundary_ns,
+            &self.bin,
+            self.listen,
+            &self.ingress,
+            &self.stats,
+            &self.log,
+        )?;
+        Ok(())
+    }
+}
+
+/// Starts the switch `bin` in namespace `ns` at underlay address `listen` with
+/// table `ingress`, its counters in `stats` and its stderr appended to `log`, and
+/// waits until it has written its counters (it has bound its socket and attached
+/// to the tun by then).
+fn start_switch(
+    ns: &str,
+    bin: &str,
+    listen: Ipv6Addr,
+    ingress: &[Ingress],
+    stats: &Path,
+    log: &Path,
+) -> Result<Child> {
+    // A file a switch before this one left would pass for this one's.
+    match std::fs::remove_file(stats) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(Error::new(format!("removing {}: {e}", stats.display())))
+        }
+        _ => {}
+    }
+    let mut cmd = Cmd::in_netns(ns, bin)
+        .args(["--listen", &listen.to_string(), "--tun", TUN])
+        .args(["--stats", &stats.display().to_string()])
+        .die_with_parent();
+    for e in ingress {
+        cmd = cmd.args(["--ingress".to_string(), e.arg()]);
+    }
+    let err = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let mut switch = cmd.spawn_with(Stdio::null(), Stdio::from(err))?;
+    let started = poll_until(
+        "the boundary switch's counters file",
+        std::time::Duration::from_secs(10),
+        || SwitchCounters::read(stats),
+    );
+    if let Err(e) = started {
+        let _ = terminate(&mut switch, "the boundary switch");
+        return Err(e);
+    }
+    Ok(switch)
 }
 
 impl Drop for Internet {

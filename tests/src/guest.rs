@@ -541,12 +541,20 @@ impl PingLog {
     /// last one before `from` (seconds since the epoch; 0 for all) on: each
     /// reply's sequence number and time. `None` with fewer than two replies.
     pub fn longest_gap(&self, from: f64) -> Option<((u64, f64), (u64, f64))> {
-        let first = self.replies.iter().rposition(|r| r.1 < from).unwrap_or(0);
-        self.replies[first..]
-            .windows(2)
-            .map(|w| (w[0], w[1]))
-            .max_by(|a, b| (a.1 .1 - a.0 .1).total_cmp(&(b.1 .1 - b.0 .1)))
+        longest_gap(&self.replies, from)
     }
+}
+
+/// The two arrivals in a row furthest apart in time, among `arrivals` (sequence
+/// number and seconds since the epoch, in order of arrival) from the last one
+/// before `from` on: what [`PingLog::longest_gap`] finds among replies, for any
+/// numbered stream. `None` with fewer than two arrivals.
+pub fn longest_gap(arrivals: &[(u64, f64)], from: f64) -> Option<((u64, f64), (u64, f64))> {
+    let first = arrivals.iter().rposition(|r| r.1 < from).unwrap_or(0);
+    arrivals[first..]
+        .windows(2)
+        .map(|w| (w[0], w[1]))
+        .max_by(|a, b| (a.1 .1 - a.0 .1).total_cmp(&(b.1 .1 - b.0 .1)))
 }
 
 /// `N packets transmitted, M received, ...` of ping's summary: (N, M).
