@@ -11,16 +11,19 @@
 //! - [`Vm`]: the QEMU process, its tap and the guest's command channel. The guest's
 //!   init (tests/vm/init) configures the network as a VM's OS does (DHCP, RA) and
 //!   then runs one shell command per line received on its second serial port,
-//!   answering with the output and `@@END <status>`.
+//!   answering with the output and `@@END <status>`. Every QEMU also serves QMP,
+//!   through which [`Vm::migrate_to`] live-migrates the guest into a QEMU started
+//!   by [`Vm::receive_migration`].
 
 use crate::cmd::{terminate, Cmd};
 use crate::guest::{create_port, GuestSpec};
 use crate::netns::Netns;
 use crate::rack::Sled;
 use crate::{Context, Error, Result};
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::Ipv6Addr;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -40,6 +43,16 @@ pub const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 /// second where KVM works (two under TCG). Too short a wait only costs speed: the
 /// VM then runs under TCG.
 const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a live migration may take from `migrate` to `completed`: 2.5 to 4.5 s
+/// here for a 512 MiB guest under TCG with transfers running both ways, but QEMU
+/// copies again what the guest writes meanwhile, and a loaded machine runs both
+/// slower.
+pub const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long QEMU may take to answer a QMP command (it answers between two slices
+/// of guest execution, which under TCG on a loaded machine can be long).
+const QMP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Environment variable forcing the accelerator (`kvm` or `tcg`), skipping the probe.
 pub const ACCEL_ENV: &str = "OVERLAY_TEST_VM_ACCEL";
@@ -535,14 +548,28 @@ pub struct Vm {
     pub spec: VmSpec,
     pub accel: Accel,
     /// From starting QEMU to the guest's command channel being ready (network
-    /// configured).
+    /// configured); for a VM of [`Vm::receive_migration`], to QEMU answering QMP
+    /// (it then waits for the migration).
     pub boot_time: Duration,
     console: UnixStream,
     /// Received from the command channel and not yet consumed.
     pending: Vec<u8>,
+    qmp: Qmp,
+    /// Where QEMU waits for a migration stream (a VM of [`Vm::receive_migration`]).
+    incoming: Option<PathBuf>,
     // Dropped in this order: QEMU first (it holds the tap), then the interfaces.
     qemu: Qemu,
     _links: HostLinks,
+}
+
+/// What QEMU reports of a migration it completed (`query-migrate`).
+#[derive(Clone, Copy, Debug)]
+pub struct MigrationReport {
+    /// From `migrate` to completion (`total-time`).
+    pub total: Duration,
+    /// How long the guest ran on neither side: the last copy of its dirty memory
+    /// and of the devices' state, and the destination's start (`downtime`).
+    pub downtime: Duration,
 }
 
 /// The longest [`VmSpec::name`]: `br-NAME` must fit an interface name (15 bytes).
@@ -553,6 +580,43 @@ impl Vm {
     /// QEMU there and waits for the guest's command channel. `dir` gets a directory
     /// `vm-NAME` for the console log, QEMU's stderr and the channel's socket.
     pub fn boot(ns: &Netns, spec: VmSpec, attach: &Attachment, dir: &Path) -> Result<Vm> {
+        let started = Instant::now();
+        let mut vm = Vm::start(ns, spec, attach, dir, false)?;
+        vm.wait_for(READY, started + BOOT_TIMEOUT)
+            .map_err(|e| e.context(format!("booting VM {}", vm.spec.name)))?;
+        vm.boot_time = started.elapsed();
+        Ok(vm)
+    }
+
+    /// Starts a QEMU in `ns` that waits for a guest to be migrated into it
+    /// ([`Vm::migrate_to`]), attached as [`Vm::boot`] attaches one. QEMU requires
+    /// the machine and devices of the source, so `spec` is the source's but for its
+    /// name (which names this VM's directory and interfaces). The guest's command
+    /// channel is accepted, not waited on: the guest is booted already, and its
+    /// channel continues here once the migration completes.
+    ///
+    /// A vhost-user attachment's port is created before QEMU starts, as for
+    /// [`Vm::boot`]: QEMU 7.2 does not start (nor serve QMP, nor listen for the
+    /// migration) until a back end has connected to its vhost-user socket, also
+    /// with `server=on,wait=off`.
+    pub fn receive_migration(
+        ns: &Netns,
+        spec: VmSpec,
+        attach: &Attachment,
+        dir: &Path,
+    ) -> Result<Vm> {
+        Vm::start(ns, spec, attach, dir, true)
+    }
+
+    /// Attaches the VM and starts QEMU (waiting for a migration on a socket in its
+    /// directory if `incoming`), up to the command channel and QMP being connected.
+    fn start(
+        ns: &Netns,
+        spec: VmSpec,
+        attach: &Attachment,
+        dir: &Path,
+        incoming: bool,
+    ) -> Result<Vm> {
         if spec.name.is_empty() || spec.name.len() > MAX_NAME {
             return Err(Error::new(format!(
                 "VM name {:?}: 1 to {MAX_NAME} bytes (it names interfaces)",
@@ -595,12 +659,22 @@ impl Vm {
 
         let dir = dir.join(format!("vm-{}", spec.name));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let socket = dir.join("console.sock");
+        let socket = dir.join(CONSOLE_SOCKET);
         let listener =
             UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
         listener.set_nonblocking(true)?;
+        let incoming = incoming.then(|| dir.join("incoming.sock"));
         let started = Instant::now();
-        let child = qemu_command(image, accel, &spec, ns.name(), &nic, &dir, &socket).spawn_with(
+        let qemu_cmd = qemu_command(
+            image,
+            accel,
+            &spec,
+            ns.name(),
+            &nic,
+            &dir,
+            incoming.as_deref(),
+        );
+        let child = qemu_cmd.spawn_with(
             Stdio::null(),
             Stdio::from(File::create(dir.join("qemu.log"))?),
         )?;
@@ -611,19 +685,88 @@ impl Vm {
         };
         let console = qemu.accept_console(&listener, started + BOOT_TIMEOUT)?;
         console.set_read_timeout(Some(Duration::from_millis(200)))?;
-        let mut vm = Vm {
+        let qmp = Qmp::connect(&mut qemu, started + BOOT_TIMEOUT)?;
+        Ok(Vm {
             spec,
             accel,
-            boot_time: Duration::ZERO,
+            boot_time: started.elapsed(),
             console,
             pending: Vec::new(),
+            qmp,
+            incoming,
             qemu,
             _links: links,
+        })
+    }
+
+    /// Runs QMP `command` with `arguments` (`Value::Null`: none); returns QEMU's
+    /// `return` value.
+    fn qmp(&mut self, command: &str, arguments: Value) -> Result<Value> {
+        self.qmp
+            .execute(&mut self.qemu, command, arguments)
+            .map_err(|e| e.context(format!("VM {}", self.spec.name)))
+    }
+
+    /// Live-migrates the guest into `dest` (a VM of [`Vm::receive_migration`]) by
+    /// QEMU's own means: QMP `migrate` to `dest`'s incoming socket, `query-migrate`
+    /// polled until it completes. Once it returns, this QEMU has stopped the guest
+    /// for good and `dest` runs it: talk to the guest through `dest`. The
+    /// vhost-user back ends are not moved: on each side the port stays what it was.
+    pub fn migrate_to(&mut self, dest: &mut Vm) -> Result<MigrationReport> {
+        let incoming = dest.incoming.clone().ok_or_else(|| {
+            Error::new(format!(
+                "VM {} was not started to receive a migration (Vm::receive_migration)",
+                dest.spec.name
+            ))
+        })?;
+        let what = format!("migrating VM {} to {}", self.spec.name, dest.spec.name);
+        self.qmp(
+            "migrate",
+            json!({ "uri": format!("unix:{}", incoming.display()) }),
+        )
+        .map_err(|e| e.context(&what))?;
+        let deadline = Instant::now() + MIGRATION_TIMEOUT;
+        let report = loop {
+            let state = self.qmp("query-migrate", Value::Null)?;
+            match state["status"].as_str() {
+                Some("completed") => {
+                    break MigrationReport {
+                        total: millis(&state, "total-time")?,
+                        downtime: millis(&state, "downtime")?,
+                    }
+                }
+                Some(end @ ("failed" | "cancelled")) => {
+                    let why = state["error-desc"].as_str().unwrap_or("no error-desc");
+                    return Err(Error::new(format!(
+                        "{what}: {end}: {why}\n{}\n{}",
+                        self.qemu.failure("the source"),
+                        dest.qemu.failure("the destination")
+                    )));
+                }
+                _ => {}
+            }
+            dest.qemu.check_running()?;
+            if Instant::now() > deadline {
+                return Err(Error::new(format!(
+                    "{what}: not completed in {MIGRATION_TIMEOUT:?}: {state}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
         };
-        vm.wait_for(READY, started + BOOT_TIMEOUT)
-            .map_err(|e| e.context(format!("booting VM {}", vm.spec.name)))?;
-        vm.boot_time = started.elapsed();
-        Ok(vm)
+        // The source reports completion once it has sent everything; the
+        // destination starts the guest when it has loaded it.
+        crate::poll_until(
+            &format!("{what}: the destination to run"),
+            QMP_TIMEOUT,
+            || {
+                let status = dest.qmp("query-status", Value::Null)?;
+                match status["status"].as_str() {
+                    Some("running") => Ok(()),
+                    _ => Err(Error::new(format!("query-status: {status}"))),
+                }
+            },
+        )?;
+        Ok(report)
     }
 
     /// QEMU's process id (`ip netns exec` execs it), for CPU accounting.
@@ -723,15 +866,24 @@ impl Vm {
     }
 }
 
-/// The QEMU command line: the guest image booted directly, the kernel console on
-/// the first serial port (a file in `dir`), the command channel on the second (a
-/// client of `socket`), and a virtio-net NIC on `tap`, run in namespace `ns`.
 /// The VM's network device's back end: a tap, or a vhost-user socket.
 enum Nic {
     Tap(String),
     VhostUser { socket: PathBuf, qemu_listens: bool },
 }
 
+/// The socket in a VM's directory that QEMU connects the guest's command channel
+/// to.
+const CONSOLE_SOCKET: &str = "console.sock";
+
+/// The socket in a VM's directory where QEMU serves QMP.
+const QMP_SOCKET: &str = "qmp.sock";
+
+/// The QEMU command line: the guest image booted directly, the kernel console on
+/// the first serial port (a file in `dir`), the command channel on the second (a
+/// client of [`CONSOLE_SOCKET`]), QMP on [`QMP_SOCKET`], a virtio-net NIC on `nic`,
+/// and, with `incoming`, no guest of its own but one migrated to that socket; run
+/// in namespace `ns`.
 fn qemu_command(
     image: &GuestImage,
     accel: Accel,
@@ -739,7 +891,7 @@ fn qemu_command(
     ns: &str,
     nic: &Nic,
     dir: &Path,
-    socket: &Path,
+    incoming: Option<&Path>,
 ) -> Cmd {
     let mut append = String::from("console=ttyS0 panic=-1 loglevel=4");
     if let Some(ip6) = spec.ipv6 {
@@ -766,7 +918,17 @@ fn qemu_command(
         .arg("-serial")
         .arg(format!("file:{}", dir.join("console.log").display()))
         .arg("-serial")
-        .arg(format!("unix:{}", socket.display()));
+        .arg(format!("unix:{}", dir.join(CONSOLE_SOCKET).display()))
+        .arg("-qmp")
+        .arg(format!(
+            "unix:{},server=on,wait=off",
+            dir.join(QMP_SOCKET).display()
+        ));
+    if let Some(incoming) = incoming {
+        cmd = cmd
+            .arg("-incoming")
+            .arg(format!("unix:{}", incoming.display()));
+    }
     match nic {
         Nic::Tap(tap) => {
             cmd = cmd.arg("-netdev").arg(format!(
@@ -799,6 +961,96 @@ fn qemu_command(
         }
     }
     cmd.args(["-device", &device]).die_with_parent()
+}
+
+/// A client of QEMU's QMP monitor: one command at a time, the asynchronous events
+/// QEMU sends in between skipped.
+#[derive(Debug)]
+struct Qmp {
+    stream: BufReader<UnixStream>,
+    /// A message received in part when a read timed out.
+    partial: Vec<u8>,
+}
+
+impl Qmp {
+    /// Connects to the QMP socket of `qemu`, reads its greeting and leaves
+    /// capabilities negotiation (where QEMU takes no other command).
+    fn connect(qemu: &mut Qemu, deadline: Instant) -> Result<Qmp> {
+        let path = qemu.dir.join(QMP_SOCKET);
+        let stream = UnixStream::connect(&path)
+            .map_err(|e| qemu.failure(&format!("connecting to {}: {e}", path.display())))?;
+        stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let mut qmp = Qmp {
+            stream: BufReader::new(stream),
+            partial: Vec::new(),
+        };
+        let greeting = qmp.message(qemu, deadline)?;
+        if greeting.get("QMP").is_none() {
+            return Err(qemu.failure(&format!("QMP greeting {greeting}")));
+        }
+        qmp.execute(qemu, "qmp_capabilities", Value::Null)?;
+        Ok(qmp)
+    }
+
+    /// Runs `command` with `arguments` (`Value::Null`: none); returns QEMU's
+    /// `return` value, or its `error` (`desc`) as an error.
+    fn execute(&mut self, qemu: &mut Qemu, command: &str, arguments: Value) -> Result<Value> {
+        let mut request = json!({ "execute": command });
+        if !arguments.is_null() {
+            request["arguments"] = arguments;
+        }
+        writeln!(self.stream.get_mut(), "{request}")
+            .map_err(|e| qemu.failure(&format!("sending QMP {request}: {e}")))?;
+        let deadline = Instant::now() + QMP_TIMEOUT;
+        loop {
+            let message = self.message(qemu, deadline)?;
+            if let Some(value) = message.get("return") {
+                return Ok(value.clone());
+            }
+            if let Some(error) = message.get("error") {
+                let desc = error["desc"]
+                    .as_str()
+                    .map_or_else(|| error.to_string(), String::from);
+                return Err(Error::new(format!("QMP {command}: {desc}")));
+            }
+        }
+    }
+
+    /// The next message from QEMU (a line of JSON).
+    fn message(&mut self, qemu: &mut Qemu, deadline: Instant) -> Result<Value> {
+        loop {
+            match self.stream.read_until(b'\n', &mut self.partial) {
+                Ok(_) if self.partial.ends_with(b"\n") => {
+                    let line = std::mem::take(&mut self.partial);
+                    return serde_json::from_slice(&line).map_err(|e| {
+                        Error::new(format!(
+                            "QMP message {:?}: {e}",
+                            String::from_utf8_lossy(&line)
+                        ))
+                    });
+                }
+                Ok(_) => {
+                    qemu.check_running()?;
+                    return Err(qemu.failure("QEMU closed QMP"));
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    qemu.check_running()?;
+                    if Instant::now() > deadline {
+                        return Err(qemu.failure("no answer on QMP in time"));
+                    }
+                }
+                Err(e) => return Err(qemu.failure(&format!("reading QMP: {e}"))),
+            }
+        }
+    }
+}
+
+/// `key` of a `query-migrate` answer, in milliseconds.
+fn millis(state: &Value, key: &str) -> Result<Duration> {
+    state[key]
+        .as_u64()
+        .map(Duration::from_millis)
+        .ok_or_else(|| Error::new(format!("no {key} in query-migrate's {state}")))
 }
 
 /// Takes from `pending` everything up to the first complete line that starts with
