@@ -158,6 +158,27 @@ pub struct WorkerIo {
     pub(crate) captures: Captures,
 }
 
+/// The vhost-user ports whose transmit rings are looked at every round (they
+/// are memory), with their tokens: all but those `paused` for their egress
+/// limit.
+fn polled_vhost<'a>(
+    paused: &'a [(Instant, u64)],
+    taps: &'a [Option<PortTap>],
+) -> impl Iterator<Item = (u64, &'a dpio::vhost::VhostPort)> + 'a {
+    taps.iter().enumerate().filter_map(move |(token, p)| {
+        let Some(PortTap {
+            link: TapLink::Up(GuestPort::Vhost(v)),
+            ..
+        }) = p
+        else {
+            return None;
+        };
+        let token = token as u64;
+        let paused = paused.iter().any(|&(_, t)| t == token);
+        (!paused).then_some((token, v))
+    })
+}
+
 impl WorkerIo {
     pub fn new(
         index: usize,
@@ -285,23 +306,19 @@ impl WorkerIo {
         Ok(())
     }
 
-    /// Adds the vhost-user ports to this round's ready ports (their transmit
-    /// rings are memory, looked at every round), but not those paused for their
-    /// egress limit.
+    /// Adds the polled vhost-user ports ([`polled_vhost`]) to this round's ready
+    /// ports.
     pub(super) fn ready_vhost(&mut self, taps: &[Option<PortTap>]) {
-        for (token, p) in taps.iter().enumerate() {
-            let Some(PortTap {
-                link: TapLink::Up(GuestPort::Vhost(_)),
-                ..
-            }) = p
-            else {
-                continue;
-            };
-            let token = token as u64;
-            if !self.paused.iter().any(|&(_, t)| t == token) {
-                self.ready.push(token);
-            }
-        }
+        self.ready
+            .extend(polled_vhost(&self.paused, taps).map(|(token, _)| token));
+    }
+
+    /// Before the worker sleeps: asks every polled vhost-user guest to kick
+    /// when it sends (they were asked not to while the worker polled). Returns
+    /// whether one already has frames waiting: then the worker must not sleep.
+    pub(super) fn arm_vhost_kicks(&self, taps: &[Option<PortTap>]) -> bool {
+        // Every port is armed, not only those before the first with frames.
+        polled_vhost(&self.paused, taps).fold(false, |pending, (_, v)| v.arm_kicks() | pending)
     }
 
     /// Waits up to `timeout` for readiness and sorts what is ready into `ready`

@@ -195,8 +195,9 @@ pub fn run_worker(dp: &mut Datapath, jobs: &JobRx<Datapath>, stop: &AtomicBool) 
         let timeout = if sleep {
             dp.announce_sleep();
             // A job or a handed-over frame published before the announcement did
-            // not ring the doorbell: look once more before sleeping.
-            if serve_jobs(jobs, dp) > 0 || dp.handoffs_pending() {
+            // not ring the doorbell, nor did a frame a vhost-user guest sent while
+            // asked not to kick: look once more before sleeping.
+            if serve_jobs(jobs, dp) > 0 || dp.handoffs_pending() || dp.arm_guest_kicks() {
                 Duration::ZERO
             } else {
                 // Until the next tick, or until a paused tap may send again.
@@ -389,6 +390,14 @@ impl Datapath {
         if let Some(io) = &self.io {
             io.doorbell.going_to_sleep();
         }
+    }
+
+    /// Asks the vhost-user guests to kick from now on; whether one has frames
+    /// waiting already (see [`WorkerIo::arm_vhost_kicks`]).
+    fn arm_guest_kicks(&self) -> bool {
+        self.io
+            .as_ref()
+            .is_some_and(|io| io.arm_vhost_kicks(&self.taps))
     }
 
     /// Back from a sleep of at most `timeout`.

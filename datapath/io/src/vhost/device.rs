@@ -32,11 +32,12 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF,
     VIRTIO_NET_F_MTU,
 };
-use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 
 use super::dirty::{DirtyLog, RingLog};
+use super::notify::Notifications;
 use crate::poll::EpollWatch;
 use vhost::VhostUserMemoryRegionBase;
 use wire::vnet::{VnetHdr, GSO_ECN, GSO_NONE, GSO_TCPV4, GSO_TCPV6};
@@ -160,6 +161,8 @@ impl Negotiated {
 
 /// The virtio feature bits offered: what a Linux guest needs for jumbo frames,
 /// TSO and checksum offload in both directions, and mergeable receive buffers;
+/// `EVENT_IDX`, with which interrupts and kicks are suppressed by index
+/// ([`super::notify`]);
 /// and `VHOST_F_LOG_ALL`, which QEMU acks while it migrates the VM (without it,
 /// it refuses to migrate one whose NIC is served here: see [`super::dirty`]).
 /// QEMU keeps the device's config space itself: the MAC and MTU the guest reads
@@ -178,6 +181,7 @@ pub fn offered_features() -> u64 {
         VIRTIO_NET_F_GUEST_TSO4,
         VIRTIO_NET_F_GUEST_TSO6,
         VIRTIO_RING_F_INDIRECT_DESC,
+        VIRTIO_RING_F_EVENT_IDX,
     ];
     let vhost = VhostUserVirtioFeatures::PROTOCOL_FEATURES | VhostUserVirtioFeatures::LOG_ALL;
     bits.iter().fold(vhost.bits(), |f, &b| f | (1u64 << b))
@@ -202,6 +206,10 @@ pub(super) struct Vring {
     /// `SET_VRING_ADDR` gave with `VHOST_VRING_F_LOG` (QEMU's is the used ring's
     /// own guest address), else the used ring's.
     log_at: u64,
+    /// The guest acked `EVENT_IDX`.
+    event_idx: bool,
+    /// Interrupts the guest asked not to get, kicks overlayd asked it not to give.
+    notify: Notifications,
 }
 
 impl Vring {
@@ -213,6 +221,8 @@ impl Vring {
             enabled: true,
             broken: false,
             log_at: 0,
+            event_idx: false,
+            notify: Notifications::new(0),
         })
     }
 
@@ -249,13 +259,34 @@ impl Vring {
 
     /// Interrupts the guest (the call eventfd), unless it asked not to be.
     pub(super) fn signal(&mut self, mem: &GuestMemoryMmap) -> std::io::Result<()> {
-        if !self.queue.needs_notification(mem).unwrap_or(true) {
+        if !self
+            .notify
+            .wants_interrupt(&self.queue, mem, self.event_idx)
+        {
             return Ok(());
         }
         match &mut self.call {
             Some(call) => call.write_all(&1u64.to_ne_bytes()),
             None => Ok(()),
         }
+    }
+}
+
+impl Vring {
+    /// Asks the guest to kick when it adds buffers (`on`: a worker is about to
+    /// sleep) or not to (a worker polls the ring); the write is marked in `log`.
+    /// Returns whether buffers are already waiting (only looked at when `on`).
+    pub(super) fn set_kicks(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        on: bool,
+        log: Option<RingLog<'_>>,
+    ) -> bool {
+        let (written, pending) = self.notify.set_kicks(&self.queue, mem, self.event_idx, on);
+        if let (true, Some(log)) = (written, log) {
+            log.used_ring();
+        }
+        pending
     }
 }
 
@@ -388,6 +419,8 @@ impl Device {
             v.enabled = true;
             v.broken = false;
             v.log_at = 0;
+            v.event_idx = false;
+            v.notify = Notifications::new(0);
         }
         self.log = None;
         self.acked = 0;
@@ -526,7 +559,7 @@ impl VhostUserBackendReqHandlerMut for Device {
         self.negotiated.acked.store(features, Ordering::Relaxed);
         self.negotiated.set_last_refusal(None);
         for v in &mut self.vrings {
-            v.queue.set_event_idx(false);
+            v.event_idx = features & bit(VIRTIO_RING_F_EVENT_IDX) != 0;
         }
         tracing::info!(
             port = %self.name,
@@ -603,9 +636,10 @@ impl VhostUserBackendReqHandlerMut for Device {
 
     fn set_vring_base(&mut self, index: u32, base: u32) -> Result<()> {
         let base = u16::try_from(base).map_err(|_| Error::InvalidParam)?;
-        let q = &mut self.vring(index)?.queue;
-        q.set_next_avail(base);
-        q.set_next_used(base);
+        let v = self.vring(index)?;
+        v.queue.set_next_avail(base);
+        v.queue.set_next_used(base);
+        v.notify = Notifications::new(base);
         Ok(())
     }
 

@@ -5,6 +5,7 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_HOST_TSO4,
 };
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use wire::vnet::VnetHdr;
 
 use super::test_frontend::{bits, connect, frame, linux_features, wait_for, write, Guest};
@@ -189,4 +190,73 @@ fn while_migrating_every_page_the_port_writes_is_marked_in_the_dirty_log() {
     write(&port, &frame()).unwrap();
     assert!(log.pages().is_empty(), "nothing marked after the migration");
     assert!(g.frontend.get_features().is_ok(), "the connection is open");
+}
+
+/// Interrupts: a guest that sets `VRING_AVAIL_F_NO_INTERRUPT` gets none; with
+/// `EVENT_IDX`, one when the used index passes its `used_event`.
+#[test]
+fn a_guest_is_interrupted_only_when_it_asks_to_be() {
+    let (port, g) = connect("intr", linux_features(), 2048);
+    assert!(wait_for(|| port.is_up()), "the rings started");
+    g.set_avail_flags(0, 1);
+    write(&port, &frame()).unwrap();
+    port.flush();
+    assert!(!g.interrupted(0), "NO_INTERRUPT honoured");
+    g.set_avail_flags(0, 0);
+    write(&port, &frame()).unwrap();
+    port.flush();
+    assert!(g.interrupted(0), "interrupted once the flag is gone");
+    drop((port, g));
+
+    let event_idx = linux_features() | bits(&[VIRTIO_RING_F_EVENT_IDX]);
+    let (port, g) = connect("intr-ev", event_idx, 2048);
+    assert!(wait_for(|| port.is_up()), "the rings started");
+    g.set_avail_flags(0, 1); // ignored with EVENT_IDX
+    g.set_used_event(0, 1); // interrupt when the used index passes 1
+    write(&port, &frame()).unwrap();
+    port.flush();
+    assert!(!g.interrupted(0), "used index 1: not past used_event");
+    write(&port, &frame()).unwrap();
+    write(&port, &frame()).unwrap();
+    port.flush();
+    assert!(g.interrupted(0), "used index 3: past used_event");
+    write(&port, &frame()).unwrap();
+    port.flush();
+    assert!(!g.interrupted(0), "used_event not moved: no more");
+}
+
+/// Kicks: while the worker polls (it takes frames), the guest is asked not to
+/// kick; before it sleeps it asks again, and hears of frames already waiting.
+#[test]
+fn a_guest_is_asked_to_kick_only_while_the_worker_sleeps() {
+    for (name, features) in [
+        ("kick", linux_features()),
+        (
+            "kick-ev",
+            linux_features() | bits(&[VIRTIO_RING_F_EVENT_IDX]),
+        ),
+    ] {
+        let event_idx = features & bits(&[VIRTIO_RING_F_EVENT_IDX]) != 0;
+        let (port, g) = connect(name, features, 2048);
+        assert!(wait_for(|| port.is_up()), "the rings started");
+        let mut buf = vec![0u8; 65536];
+        assert_eq!(g.used_flags(1), 0, "{name}: kicks at first");
+        assert!(port.recv(&mut buf).unwrap().is_none());
+        let quiet = if event_idx { 0 } else { 1 };
+        assert_eq!(g.used_flags(1), quiet, "{name}: polled, no kicks wanted");
+        assert!(!port.arm_kicks(), "{name}: nothing waiting");
+        assert_eq!(g.used_flags(1), 0, "{name}: kicks wanted before a sleep");
+        g.send(&VnetHdr::default(), &frame());
+        g.send(&VnetHdr::default(), &frame());
+        assert!(port.arm_kicks(), "{name}: frames waiting: no sleep");
+        assert!(port.recv(&mut buf).unwrap().is_some());
+        assert!(port.recv(&mut buf).unwrap().is_some());
+        assert!(!port.arm_kicks(), "{name}: all taken");
+        if event_idx {
+            assert_eq!(g.avail_event(1), 2, "kick for the frame after the 2 taken");
+        }
+        // Receive buffers are found when a frame comes: never a kick for them.
+        write(&port, &frame()).unwrap();
+        assert_eq!(g.used_flags(0), quiet, "{name}: no receive kicks");
+    }
 }

@@ -30,6 +30,7 @@
 mod connection;
 mod device;
 mod dirty;
+mod notify;
 
 use std::io::{self, IoSlice, Write as _};
 use std::path::{Path, PathBuf};
@@ -262,6 +263,8 @@ impl VhostPort {
         if !vring.running() || !vring.sane(mem, &self.shared.cfg.name) {
             return Ok(None);
         }
+        // The worker is awake and looks at the ring every round.
+        vring.set_kicks(mem, false, log);
         loop {
             let Some(chain) = vring.queue.pop_descriptor_chain(mem) else {
                 return Ok(None);
@@ -313,10 +316,22 @@ impl VhostPort {
         if !vring.running() || !vring.sane(mem, &self.shared.cfg.name) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
+        // Buffers the guest posts are found when a frame comes: a kick for
+        // them would wake a worker for nothing.
+        vring.set_kicks(mem, false, log);
         let total = VNET_HDR_V1_LEN + frame.iter().map(|p| p.len()).sum::<usize>();
         fill_rx(&mut vring.queue, mem, hdr, frame, total, max_buffers, log)?;
         self.dirty[RX].set(true);
         Ok(())
+    }
+
+    /// Before the worker sleeps: asks the guest to kick when it sends. Returns
+    /// whether it already made frames available (then the worker must not
+    /// sleep: that frame's kick may have been suppressed).
+    pub fn arm_kicks(&self) -> bool {
+        let mut guard = self.shared.device();
+        let (mem, vring, log) = guard.ring(TX);
+        vring.running() && vring.set_kicks(mem, true, log)
     }
 
     /// Interrupts the guest for the rings that returned buffers since the last

@@ -72,7 +72,8 @@ pub struct Guest {
     /// Transmit chains posted.
     sent: std::cell::Cell<u16>,
     _epoll: Epoll,
-    _fds: Vec<EventFd>,
+    /// Each ring's call and kick eventfds, in ring order.
+    fds: Vec<EventFd>,
     _dir: TempDir,
 }
 
@@ -179,7 +180,7 @@ pub fn connect(name: &str, features: u64, rx_len: u32) -> (VhostPort, Guest) {
         sent: std::cell::Cell::new(0),
         mem,
         _epoll: epoll,
-        _fds: fds,
+        fds,
         _dir: TempDir(dir),
     };
     (port, guest)
@@ -321,6 +322,41 @@ impl Guest {
                 now[r.clone()] != before[r]
             })
             .collect()
+    }
+}
+
+/// The guest's side of notifications (virtio 1.1, 2.7.7 and 2.7.10).
+impl Guest {
+    /// Whether ring `q` (0 receive, 1 transmit) interrupted the guest since the
+    /// last call.
+    pub fn interrupted(&self, q: usize) -> bool {
+        self.fds[2 * q].read().is_ok()
+    }
+
+    /// Sets ring `q`'s available ring flags (`VRING_AVAIL_F_NO_INTERRUPT`: 1).
+    pub fn set_avail_flags(&self, q: usize, flags: u16) {
+        self.mem
+            .write_obj(flags, GuestAddress(self.rings[q][2]))
+            .unwrap();
+    }
+
+    /// Sets ring `q`'s `used_event` (with `EVENT_IDX`).
+    pub fn set_used_event(&self, q: usize, at: u16) {
+        let [_, _, avail] = self.rings[q];
+        self.mem
+            .write_obj(at, GuestAddress(avail + 4 + 2 * u64::from(QUEUE)))
+            .unwrap();
+    }
+
+    /// Ring `q`'s used ring flags (`VRING_USED_F_NO_NOTIFY`: 1).
+    pub fn used_flags(&self, q: usize) -> u16 {
+        self.mem.read_obj(GuestAddress(self.rings[q][1])).unwrap()
+    }
+
+    /// Ring `q`'s `avail_event` (with `EVENT_IDX`).
+    pub fn avail_event(&self, q: usize) -> u16 {
+        let at = self.rings[q][1] + 4 + 8 * u64::from(QUEUE);
+        self.mem.read_obj(GuestAddress(at)).unwrap()
     }
 }
 
