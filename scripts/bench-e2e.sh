@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The side-by-side benchmark: on a Debian machine (as root), installs what is
-# missing (the test dependencies, iperf3, Open vSwitch), builds the workspace in
-# release mode, then runs the `bench-e2e` binary of the e2e crate, which builds the
-# same two-sled job several ways in network namespaces -- this datapath, kernel
-# VXLAN over IPv6 (also cut to the underlay MTU at the sled's edge), OVS's userspace
-# datapath with Geneve over IPv6, a plain veth pair, measured with iperf3; this
+# missing (the test dependencies, iperf3, sockperf, Open vSwitch), builds the
+# workspace in release mode, then runs the `bench-e2e` binary of the e2e crate,
+# which builds the same two-sled job several ways in network namespaces -- this
+# datapath, kernel VXLAN over IPv6 (also cut to the underlay MTU at the sled's
+# edge), OVS's userspace datapath with Geneve over IPv6, a plain veth pair,
+# measured with iperf3 (throughput) and sockperf (round-trip latency); this
 # datapath and OVS with DPDK with DPDK's testpmd as the guests on vhost-user ports
 # -- and measures each in alternation. Options go to the binary:
 #
 #   bash scripts/bench-e2e.sh                     # 3 rounds of 5 s runs, all tests
-#   bash scripts/bench-e2e.sh --smoke             # about a minute: is the harness fine?
+#   bash scripts/bench-e2e.sh --smoke             # about 90 s: is the harness fine?
 #   bash scripts/bench-e2e.sh --variant ours1w= --variant ours2w='--cores 0,1'
 #   bash scripts/bench-e2e.sh --vm               # also VM rows (QEMU; slow under TCG)
 #   bash scripts/bench-e2e.sh --help

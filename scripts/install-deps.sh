@@ -3,7 +3,8 @@
 # clang/llvm/libbpf-dev build the XDP program; iproute2, iputils-ping and procps
 # (sysctl) build and probe the test topologies; tshark, tcpdump, ndisc6 (rdisc6) and
 # scapy are the independent decoders the tests check against; iperf3 measures
-# throughput in the demo and the benchmark, which also runs Open vSwitch's userspace
+# throughput in the demo and the benchmark (and sockperf the benchmark's round-trip
+# latency, UDP ping-pong), which also runs Open vSwitch's userspace
 # datapath for comparison (openvswitch-switch; its system service is not used), and
 # OVS with DPDK (openvswitch-switch-dpdk: its ovs-vswitchd-dpdk is run by path; the
 # system's ovs-vswitchd alternative is left as it is).
@@ -39,9 +40,9 @@ quietly() {
 
 need_apt=()
 for pkg in clang llvm libbpf-dev iproute2 iputils-ping procps tshark tcpdump iperf3 \
-    ethtool ndisc6 python3 openvswitch-switch prometheus curl protobuf-compiler \
-    etcd-server etcd-client nftables dpdk-dev openvswitch-switch-dpdk busybox-static \
-    dhcpcd-base; do
+    sockperf ethtool ndisc6 python3 openvswitch-switch prometheus curl \
+    protobuf-compiler etcd-server etcd-client nftables dpdk-dev \
+    openvswitch-switch-dpdk busybox-static dhcpcd-base; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

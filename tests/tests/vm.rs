@@ -107,17 +107,7 @@ fn a_vm_on_a_client_mode_vhost_user_port_survives_sigkill_and_restart_of_overlay
     let vm_spec = vm_spec(&spec);
     let mut vm = Vm::boot(&rack.sled(0)?.ns, vm_spec, &attach, rack.dir())?;
     let hash = random_file(&mut vm, KILL_MIB)?;
-    let b1 = rack.guest(B1)?;
-    let target = b1.ipv4()?;
-    let listener = b1
-        .ns
-        .within(|| Ok(TcpListener::bind(any_addr(target, 5301))?))?;
-    let receiver = std::thread::spawn(move || receive_all(&listener, VM_CMD));
-    // In the background of the VM's shell: the command channel stays free.
-    vm.run(
-        &format!("(nc {target} 5301 < /tmp/bulk; echo $? > /tmp/sent) >/dev/null 2>&1 &"),
-        VM_CMD,
-    )?;
+    let receiver = send_from_vm(&mut vm, rack.guest(B1)?, 5301)?;
     std::thread::sleep(Duration::from_millis(500));
     rack.kill_daemon(0)?;
     let at_kill = vm.run("cat /tmp/sent 2>/dev/null; true", VM_CMD)?;
@@ -197,15 +187,7 @@ fn a_vm_on_a_vhost_user_port_live_migrates_to_another_sled_mid_transfer() -> Res
 
     let hash = random_file(&mut vm, MIGRATE_MIB)?;
     let b1 = rack.guest(B1)?;
-    let target = b1.ipv4()?;
-    let listener = b1
-        .ns
-        .within(|| Ok(TcpListener::bind(any_addr(target, 5401))?))?;
-    let receiver = std::thread::spawn(move || receive_all(&listener, VM_CMD));
-    vm.run(
-        &format!("(nc {target} 5401 < /tmp/bulk; echo $? > /tmp/sent) >/dev/null 2>&1 &"),
-        VM_CMD,
-    )?;
+    let receiver = send_from_vm(&mut vm, b1, 5401)?;
     // Into the VM at the same time. nc's input is a pipe that stays open: nc must
     // not take the end of its input for the end of the connection.
     vm.run(
@@ -302,6 +284,26 @@ fn a_vm_on_a_vhost_user_port_live_migrates_to_another_sled_mid_transfer() -> Res
     drop(vm);
     rack.teardown_quietly();
     Ok(())
+}
+
+/// Starts sending the VM's /tmp/bulk to `to`'s IPv4 address at `port` with `nc`
+/// in the background of the VM's shell (the command channel stays free; nc's
+/// exit status goes to /tmp/sent); returns the thread that receives it.
+fn send_from_vm(
+    vm: &mut Vm,
+    to: &Guest,
+    port: u16,
+) -> Result<std::thread::JoinHandle<Result<Received>>> {
+    let target = to.ipv4()?;
+    let listener = to
+        .ns
+        .within(|| Ok(TcpListener::bind(any_addr(target, port))?))?;
+    let receiver = std::thread::spawn(move || receive_all(&listener, VM_CMD));
+    vm.run(
+        &format!("(nc {target} {port} < /tmp/bulk; echo $? > /tmp/sent) >/dev/null 2>&1 &"),
+        VM_CMD,
+    )?;
+    Ok(receiver)
 }
 
 /// Requires that `data` (what the receiver got) is the VM's `mib` MiB of

@@ -1,15 +1,21 @@
-//! One measured run: an iperf3 server in the server guest, an iperf3 client in the
-//! client guest (`--json`), and CPU snapshots around the middle of the run.
+//! One measured run between namespace guests: a server in the server guest, a
+//! client in the client guest, and CPU snapshots around the middle of the run.
+//! The tool is iperf3 (`--json`) for the throughput tests and sockperf's UDP
+//! ping-pong ([`super::sockperf`]) for the latency tests; both runs have the
+//! same shape.
 //!
-//! The client runs `--omit` warm-up seconds (TCP slow start, first flow set-up)
-//! that iperf3 leaves out of its figures, then the measured seconds. The CPU window
-//! is the measured seconds less a small margin at each end, so the throughput and
-//! the CPU figures describe the same steady state.
+//! The client runs warm-up seconds that the tool leaves out of its figures
+//! (iperf3: `--omit`, for TCP slow start and the first flow set-up; sockperf: its
+//! own [`sockperf::WARM_UP`]), then the measured seconds (sockperf's a little
+//! fewer than `--seconds`, [`sockperf::measured`]). The CPU window is the
+//! measured seconds less a small margin at each end, so the throughput (or
+//! latency) and the CPU figures describe the same steady state.
 
 use super::cpu::{Snapshot, Usage, Watched};
-use super::process::Background;
+use super::process::{tail, Background};
 use super::setup::{server_addr, Topology};
-use crate::cmd::Outcome;
+use super::sockperf::{self, Latency};
+use crate::cmd::{Cmd, Outcome};
 use crate::netns::Netns;
 use crate::poll::poll_until;
 use crate::{Error, Result};
@@ -22,13 +28,14 @@ use std::time::{Duration, Instant};
 /// The iperf3 port (control and data); one run at a time, so one port.
 const PORT: &str = "5201";
 
-/// Where the CPU window starts after the warm-up: past the control exchange that
-/// precedes iperf3's own timer.
+/// Where the CPU window starts after the warm-up: past the exchanges that precede
+/// the tool's own timer (iperf3's control connection, sockperf's warm-up messages).
 const WINDOW_LEAD: Duration = Duration::from_millis(200);
-/// Where it ends before the run's end: before iperf3 stops sending.
+/// Where it ends before the run's end: before the client stops sending.
 const WINDOW_TAIL: Duration = Duration::from_millis(100);
 
-/// Datagram size of the small-packet test: a per-packet cost test.
+/// Datagram size of the small-packet test (a per-packet cost test) and message
+/// size of the latency test.
 pub const UDP_PAYLOAD: u32 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -43,6 +50,9 @@ pub enum Traffic {
     Tcp { streams: u8 },
     /// UDP datagrams of [`UDP_PAYLOAD`] bytes, unlimited rate (`-u -l 64 -b 0`).
     Udp64,
+    /// UDP messages of [`UDP_PAYLOAD`] bytes in ping-pong, one in flight at a time
+    /// (sockperf): round-trip latency.
+    Lat64,
     /// UDP/IPv4 frames of `frame` bytes (no FCS) from one testpmd guest to another,
     /// as fast as the sender can (`txonly` to `rxonly`, [`crate::bench::pmd`]);
     /// `offloads`: both guests ack checksum and TSO offloads (id suffix `tso`).
@@ -52,7 +62,7 @@ pub enum Traffic {
 /// What plays the guests of a test, and so which setups run it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GuestKind {
-    /// Namespaces with a kernel stack: iperf3.
+    /// Namespaces with a kernel stack: iperf3 and sockperf.
     Netns,
     /// A QEMU VM as the client ([`crate::bench::vm`]).
     Vm,
@@ -71,8 +81,8 @@ pub struct Test {
     pub traffic: Traffic,
     pub family: Family,
     /// Sent by a VM with busybox `nc` (one TCP stream; id prefix `vm-`), measured
-    /// by [`crate::bench::vm`] on the VM setups only; else iperf3 between guest
-    /// namespaces on every other setup.
+    /// by [`crate::bench::vm`] on the VM setups only; else iperf3 or sockperf
+    /// between guest namespaces on every other setup.
     pub from_vm: bool,
 }
 
@@ -81,8 +91,9 @@ pub const GUEST_MTUS: [u16; 2] = [8500, 1500];
 
 impl Test {
     /// Every TCP test (1 and 4 streams, IPv4 and IPv6, both guest MTUs), then the
-    /// small-UDP test over both families at MTU 8500 (the packet is the same at
-    /// either MTU, so once is enough).
+    /// small-UDP test over both families and the latency test over IPv4 (all
+    /// sockperf 3.7 speaks) at MTU 8500 (their packets are the same at either MTU,
+    /// so once is enough), then testpmd's.
     pub fn default_list() -> Vec<Test> {
         let mut tests = Vec::new();
         for mtu in GUEST_MTUS {
@@ -105,6 +116,7 @@ impl Test {
                 from_vm: false,
             });
         }
+        tests.push(Test::latency());
         for offloads in [false, true] {
             for frame in [64, 1500] {
                 tests.push(Test::pmd(frame, offloads));
@@ -119,6 +131,16 @@ impl Test {
         Test {
             mtu: GUEST_MTUS[1],
             traffic: Traffic::Pmd { frame, offloads },
+            family: Family::V4,
+            from_vm: false,
+        }
+    }
+
+    /// The latency test: 64-byte ping-pong over IPv4 between guests at MTU 8500.
+    fn latency() -> Test {
+        Test {
+            mtu: GUEST_MTUS[0],
+            traffic: Traffic::Lat64,
             family: Family::V4,
             from_vm: false,
         }
@@ -147,7 +169,8 @@ impl Test {
     }
 
     /// The smoke test's: one TCP stream over IPv6 and small UDP over IPv6, MTU
-    /// 8500; testpmd's 64-byte frames without offloads and 1500-byte frames with.
+    /// 8500, the latency test; testpmd's 64-byte frames without offloads and
+    /// 1500-byte frames with.
     pub fn smoke_list() -> Vec<Test> {
         let test = |traffic| Test {
             mtu: GUEST_MTUS[0],
@@ -158,18 +181,19 @@ impl Test {
         vec![
             test(Traffic::Tcp { streams: 1 }),
             test(Traffic::Udp64),
+            Test::latency(),
             Test::pmd(64, false),
             Test::pmd(1500, true),
         ]
     }
 
     /// Parses an id as printed by `Display`: `tcp1-v6-8500`, `udp64-v4-1500`,
-    /// `vm-tcp1-v4-8500`, `pmd64-v4-1500`, `pmd1500tso-v4-1500`.
+    /// `lat64-v4-8500`, `vm-tcp1-v4-8500`, `pmd64-v4-1500`, `pmd1500tso-v4-1500`.
     pub fn parse(id: &str) -> Result<Test> {
         let bad = |why: &str| {
             Error::new(format!(
                 "invalid test {id:?}: {why} (expected e.g. tcp1-v6-8500, udp64-v4-8500, \
-                 vm-tcp1-v4-8500 or pmd64-v4-1500)"
+                 lat64-v4-8500, vm-tcp1-v4-8500 or pmd64-v4-1500)"
             ))
         };
         let (from_vm, rest) = match id.strip_prefix("vm-") {
@@ -181,6 +205,7 @@ impl Test {
         };
         let traffic = match traffic {
             "udp64" => Traffic::Udp64,
+            "lat64" => Traffic::Lat64,
             t if t.starts_with("pmd") => pmd_traffic(t).ok_or_else(|| {
                 bad(&format!(
                     "{t:?} is not pmdN or pmdNtso with a frame size N in {}..={}",
@@ -206,6 +231,11 @@ impl Test {
         if from_vm && traffic != (Traffic::Tcp { streams: 1 }) {
             return Err(bad("a VM sends one TCP stream only (busybox nc): vm-tcp1"));
         }
+        if traffic == Traffic::Lat64 && family != Family::V4 {
+            return Err(bad(
+                "sockperf 3.7 (Debian 12's) takes IPv4 addresses only: -v4-",
+            ));
+        }
         if let Traffic::Pmd { frame, .. } = traffic {
             if family != Family::V4 {
                 return Err(bad("testpmd sends UDP over IPv4 only: -v4-"));
@@ -228,6 +258,10 @@ impl Test {
         self.traffic == Traffic::Udp64
     }
 
+    pub fn is_latency(&self) -> bool {
+        self.traffic == Traffic::Lat64
+    }
+
     /// iperf3 client flags of this test (besides address, port and timing).
     fn client_flags(&self) -> Result<Vec<String>> {
         Ok(match self.traffic {
@@ -236,8 +270,8 @@ impl Test {
             Traffic::Udp64 => ["-u", "-l", &UDP_PAYLOAD.to_string(), "-b", "0"]
                 .map(String::from)
                 .to_vec(),
-            Traffic::Pmd { .. } => {
-                return Err(Error::new(format!("{self} is testpmd's, not iperf3's")))
+            Traffic::Lat64 | Traffic::Pmd { .. } => {
+                return Err(Error::new(format!("{self} is not iperf3's")))
             }
         })
     }
@@ -262,6 +296,7 @@ impl fmt::Display for Test {
         match self.traffic {
             Traffic::Tcp { streams } => write!(f, "tcp{streams}")?,
             Traffic::Udp64 => write!(f, "udp{UDP_PAYLOAD}")?,
+            Traffic::Lat64 => write!(f, "lat{UDP_PAYLOAD}")?,
             Traffic::Pmd { frame, offloads } => {
                 write!(f, "pmd{frame}{}", if offloads { "tso" } else { "" })?;
             }
@@ -305,14 +340,16 @@ impl UdpFigures {
     }
 }
 
-/// iperf3's figures for one run.
+/// The figures of one run (iperf3's, sockperf's, testpmd's or a VM's stream).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Figures {
-    /// Received by the server.
+    /// Received by the server (for a latency test: its messages' payload).
     pub gbps: f64,
     /// TCP retransmissions counted by the client.
     pub retransmits: Option<u64>,
     pub udp: Option<UdpFigures>,
+    /// The round trips of a latency test.
+    pub latency: Option<Latency>,
 }
 
 /// One successful run.
@@ -320,6 +357,93 @@ pub struct Figures {
 pub struct Measurement {
     pub figures: Figures,
     pub cpu: Usage,
+}
+
+/// The program a namespace test runs in both guests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tool {
+    Iperf3,
+    Sockperf,
+}
+
+impl Tool {
+    fn of(test: &Test) -> Tool {
+        if test.is_latency() {
+            Tool::Sockperf
+        } else {
+            Tool::Iperf3
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Tool::Iperf3 => "iperf3",
+            Tool::Sockperf => "sockperf",
+        }
+    }
+
+    fn port(self) -> &'static str {
+        match self {
+            Tool::Iperf3 => PORT,
+            Tool::Sockperf => sockperf::PORT,
+        }
+    }
+
+    /// The `ss` filter flags that show the server's socket: iperf3's listens on
+    /// TCP, sockperf's is an unconnected UDP socket.
+    fn ss_flags(self) -> &'static str {
+        match self {
+            Tool::Iperf3 => "-Hltn",
+            Tool::Sockperf => "-Hlun",
+        }
+    }
+
+    /// The server in `ns` bound to `addr`: a one-off iperf3 server (`-1`), which
+    /// exits after its test; a sockperf server, which echoes until stopped.
+    fn server(self, ns: &Netns, addr: &str) -> Cmd {
+        match self {
+            Tool::Iperf3 => ns.cmd("iperf3").args(["-s", "-1", "-B", addr, "-p", PORT]),
+            Tool::Sockperf => ns.cmd("sockperf").args(sockperf::server_args(addr)),
+        }
+    }
+
+    /// When the client's figures start after it does, and how long they last:
+    /// iperf3's `--omit` and `--seconds`; sockperf's `-t` (`--seconds`) less what
+    /// it leaves out at either end.
+    fn window(self, timing: Timing) -> (Duration, Duration) {
+        match self {
+            Tool::Iperf3 => (
+                Duration::from_secs(u64::from(timing.omit)),
+                Duration::from_secs(u64::from(timing.seconds)),
+            ),
+            Tool::Sockperf => (sockperf::WARM_UP, sockperf::measured(timing.seconds)),
+        }
+    }
+
+    /// The client in `ns` running `test` against `addr` for `timing`.
+    fn client(self, ns: &Netns, addr: &str, test: &Test, timing: Timing) -> Result<Cmd> {
+        let cmd = match self {
+            Tool::Iperf3 => ns
+                .cmd("iperf3")
+                .args(["-c", addr, "-p", PORT, "-J", "--connect-timeout", "5000"])
+                .args(["-t".to_string(), timing.seconds.to_string()])
+                .args(["-O".to_string(), timing.omit.to_string()])
+                .args(test.client_flags()?),
+            Tool::Sockperf => {
+                ns.cmd("sockperf")
+                    .args(sockperf::client_args(addr, UDP_PAYLOAD, timing.seconds))
+            }
+        };
+        let (warm_up, measured) = self.window(timing);
+        Ok(cmd.timeout(warm_up + measured + Duration::from_secs(30)))
+    }
+
+    fn figures(self, out: &Outcome) -> Result<Figures> {
+        match self {
+            Tool::Iperf3 => parse_client_output(out),
+            Tool::Sockperf => sockperf_figures(out),
+        }
+    }
 }
 
 /// Runs `test` on `topo` whose guests are the namespaces `client` and `server`:
@@ -333,49 +457,54 @@ pub fn measure(
     dir: &Path,
     hz: f64,
 ) -> Result<Measurement> {
+    let tool = Tool::of(&test);
     let addr = server_addr(test.family).to_string();
-    let flags = test.client_flags()?;
-    let mut server = start_server(server, &addr, dir)?;
-    let client = client
-        .cmd("iperf3")
-        .args(["-c", &addr, "-p", PORT, "-J", "--connect-timeout", "5000"])
-        .args(["-t".to_string(), timing.seconds.to_string()])
-        .args(["-O".to_string(), timing.omit.to_string()])
-        .args(flags)
-        .timeout(Duration::from_secs(
-            u64::from(timing.seconds + timing.omit) + 30,
-        ));
+    let client = tool.client(client, &addr, &test, timing)?;
+    let mut server = start_server(tool, server, &addr, dir)?;
+    let (warm_up, measured) = tool.window(timing);
     let watched = topo.daemons();
     let (outcome, usage) = thread::scope(|s| {
         let handle = s.spawn(|| client.output());
-        let usage = cpu_window(&handle, timing, &watched, hz);
-        let outcome = handle
-            .join()
-            .unwrap_or_else(|_| Err(Error::new("the iperf3 client thread panicked")));
+        let usage = cpu_window(&handle, warm_up, measured, &watched, hz);
+        let outcome = handle.join().unwrap_or_else(|_| {
+            Err(Error::new(format!(
+                "the {} client thread panicked",
+                tool.name()
+            )))
+        });
         (outcome, usage)
     });
     let outcome = outcome?;
-    let figures =
-        parse_client_output(&outcome).map_err(|e| e.context(format!("`{}`", client.display())))?;
+    let figures = tool
+        .figures(&outcome)
+        .map_err(|e| e.context(format!("`{}`", client.display())))?;
     let cpu = usage?;
-    // A one-off server exits once its test is over; if not, the guard kills it.
-    server.wait_exit(Duration::from_secs(5))?;
+    // A one-off iperf3 server exits once its test is over; a sockperf server, or an
+    // iperf3 server that did not, is stopped by the guard.
+    if tool == Tool::Iperf3 {
+        server.wait_exit(Duration::from_secs(5))?;
+    }
     Ok(Measurement { figures, cpu })
 }
 
-/// Starts `iperf3 -s -1` in `ns` bound to `addr` and waits until it listens.
-fn start_server(ns: &Netns, addr: &str, dir: &Path) -> Result<Background> {
-    let cmd = ns.cmd("iperf3").args(["-s", "-1", "-B", addr, "-p", PORT]);
-    let mut server = Background::start(cmd, &dir.join("iperf3-server.log"), "iperf3 server")?;
+/// Starts `tool`'s server in `ns` bound to `addr` and waits until its socket is
+/// there.
+fn start_server(tool: Tool, ns: &Netns, addr: &str, dir: &Path) -> Result<Background> {
+    let (name, port) = (tool.name(), tool.port());
+    let mut server = Background::start(
+        tool.server(ns, addr),
+        &dir.join(format!("{name}-server.log")),
+        &format!("{name} server"),
+    )?;
     poll_until(
         &format!(
-            "iperf3 server to listen on [{addr}]:{PORT} in {}",
+            "{name} server to listen on [{addr}]:{port} in {}",
             ns.name()
         ),
         Duration::from_secs(10),
         || {
             server.check_running()?;
-            let out = ns.run("ss", &["-Hltn", &format!("sport = :{PORT}")])?;
+            let out = ns.run("ss", &[tool.ss_flags(), &format!("sport = :{port}")])?;
             if out.trim().is_empty() {
                 Err(Error::new("not listening yet"))
             } else {
@@ -386,19 +515,18 @@ fn start_server(ns: &Netns, addr: &str, dir: &Path) -> Result<Background> {
     Ok(server)
 }
 
-/// Snapshots CPU at the start and end of the window (see the module docs); fails
-/// if the client ends before the window does (it failed, or timing went wrong).
+/// Snapshots CPU at the start and end of the window (see the module docs) of a
+/// client whose `measured` seconds start `warm_up` after it does; fails if the
+/// client ends before the window does (it failed, or timing went wrong).
 fn cpu_window(
     client: &ScopedJoinHandle<'_, Result<Outcome>>,
-    timing: Timing,
+    warm_up: Duration,
+    measured: Duration,
     watched: &[Watched],
     hz: f64,
 ) -> Result<Usage> {
     let t0 = Instant::now();
-    let warm_up = Duration::from_secs(u64::from(timing.omit));
-    let end = (t0 + warm_up + Duration::from_secs(u64::from(timing.seconds)))
-        .checked_sub(WINDOW_TAIL)
-        .unwrap();
+    let end = (t0 + warm_up + measured).checked_sub(WINDOW_TAIL).unwrap();
     sleep_while_running(client, t0 + warm_up + WINDOW_LEAD)?;
     let before = Snapshot::take(watched)?;
     sleep_while_running(client, end)?;
@@ -413,7 +541,7 @@ fn sleep_while_running(
     loop {
         if client.is_finished() {
             return Err(Error::new(
-                "the iperf3 client ended before the CPU measurement window did",
+                "the client ended before the CPU measurement window did",
             ));
         }
         let now = Instant::now();
@@ -422,6 +550,29 @@ fn sleep_while_running(
         }
         thread::sleep((until - now).min(Duration::from_millis(50)));
     }
+}
+
+/// sockperf's summary, or why there is none: a failed client's own words (on
+/// either stream) rather than the summary's absence.
+fn sockperf_figures(out: &Outcome) -> Result<Figures> {
+    let latency = sockperf::parse_summary(&out.stdout).map_err(|e| {
+        if out.status.success() {
+            e
+        } else {
+            Error::new(format!(
+                "sockperf failed ({}): {}\n{}",
+                out.status,
+                out.stderr.trim(),
+                tail(&out.stdout)
+            ))
+        }
+    })?;
+    Ok(Figures {
+        gbps: latency.round_trips_per_s * f64::from(UDP_PAYLOAD) * 8.0 / 1e9,
+        retransmits: None,
+        udp: None,
+        latency: Some(latency),
+    })
 }
 
 /// iperf3's JSON, or why there is none: with `-J` iperf3 reports its own errors as
@@ -453,6 +604,7 @@ pub fn parse_report(v: &Value) -> Result<Figures> {
             gbps,
             retransmits,
             udp: None,
+            latency: None,
         });
     }
     // iperf3's own loss count is off when --omit is used (it mixes the omitted
@@ -470,6 +622,7 @@ pub fn parse_report(v: &Value) -> Result<Figures> {
             delivered_pps: delivered / seconds.max(1e-9),
             loss_percent: UdpFigures::loss_percent(sent, delivered),
         }),
+        latency: None,
     })
 }
 
@@ -507,6 +660,7 @@ mod tests {
                 "tcp4-v6-1500",
                 "udp64-v4-8500",
                 "udp64-v6-8500",
+                "lat64-v4-8500",
                 "pmd64-v4-1500",
                 "pmd1500-v4-1500",
                 "pmd64tso-v4-1500",
@@ -529,6 +683,9 @@ mod tests {
             "pmd1500-v4-1280",
             "pmd64offload-v4-1500",
             "vm-pmd64-v4-1500",
+            "lat64-v6-8500",
+            "lat32-v4-8500",
+            "vm-lat64-v4-8500",
         ] {
             assert!(Test::parse(bad).is_err(), "{bad}");
         }
@@ -560,6 +717,56 @@ mod tests {
         t.traffic = Traffic::Udp64;
         assert_eq!(t.client_flags().unwrap(), ["-u", "-l", "64", "-b", "0"]);
         assert!(Test::pmd(64, false).client_flags().is_err());
+        assert!(Test::latency().client_flags().is_err());
+    }
+
+    #[test]
+    fn latency_tests_run_sockperf_over_ipv4() {
+        let t = Test::parse("lat64-v4-1500").unwrap();
+        assert_eq!(t.traffic, Traffic::Lat64);
+        assert_eq!((t.mtu, t.family), (1500, Family::V4));
+        assert!(t.is_latency() && !t.is_udp());
+        assert_eq!(t.guest_kind(), GuestKind::Netns);
+        assert_eq!(Tool::of(&t), Tool::Sockperf);
+        assert_eq!(
+            Tool::of(&Test::parse("udp64-v4-8500").unwrap()),
+            Tool::Iperf3
+        );
+        let e = Test::parse("lat64-v6-8500").unwrap_err();
+        assert!(e.0.contains("IPv4 addresses only"), "{e}");
+        assert!(Test::smoke_list().contains(&Test::latency()));
+        let timing = Timing {
+            seconds: 5,
+            omit: 3,
+        };
+        assert_eq!(
+            Tool::Sockperf.window(timing),
+            (sockperf::WARM_UP, Duration::from_millis(4550))
+        );
+        assert_eq!(
+            Tool::Iperf3.window(timing),
+            (Duration::from_secs(3), Duration::from_secs(5))
+        );
+    }
+
+    #[test]
+    fn sockperf_output_becomes_figures() {
+        use std::os::unix::process::ExitStatusExt;
+        let out = |code: i32, stdout: &str, stderr: &str| Outcome {
+            status: std::process::ExitStatus::from_raw(code << 8),
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+        };
+        let f = sockperf_figures(&out(0, sockperf::tests::SAMPLE, "")).unwrap();
+        let l = f.latency.unwrap();
+        assert_eq!(f.gbps, l.round_trips_per_s * 64.0 * 8.0 / 1e9);
+        assert!(f.udp.is_none() && f.retransmits.is_none());
+        let e = sockperf_figures(&out(1, "", "sockperf: ERROR: Message received was larger"))
+            .unwrap_err();
+        assert!(
+            e.0.contains("sockperf failed") && e.0.contains("larger"),
+            "{e}"
+        );
     }
 
     #[test]

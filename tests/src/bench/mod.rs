@@ -1,6 +1,7 @@
 //! The side-by-side benchmark (`bench-e2e`, run through `scripts/bench-e2e.sh`): the
 //! same two-sled job built several ways and measured in alternation, with iperf3
-//! between namespace guests or with DPDK's testpmd as both guests.
+//! (throughput) and sockperf (latency) between namespace guests or with DPDK's
+//! testpmd as both guests.
 //!
 //! | setup | what carries guest traffic between the sleds |
 //! |---|---|
@@ -17,7 +18,8 @@
 //! MTU 9000 ([`crate::Rack::build`]), so only the overlay differs.
 //!
 //! Modules: [`options`] (command line), [`setup`] (building each topology),
-//! [`ovs`] (the per-namespace OVS daemons), [`iperf`] (one measured run),
+//! [`ovs`] (the per-namespace OVS daemons), [`iperf`] (the tests, one measured
+//! run), [`sockperf`] (the latency tests' tool),
 //! [`pmd`] (the testpmd setups and their runs),
 //! [`vm`] (the VM setups and their busybox stream),
 //! [`cpu`] (CPU accounting from `/proc`), [`runner`] (rounds in alternation),
@@ -34,4 +36,5 @@ pub mod report;
 pub mod runner;
 pub mod setup;
 pub mod signals;
+pub mod sockperf;
 pub mod vm;

@@ -9,18 +9,19 @@ pub const USAGE: &str = "\
 usage: bench-e2e [OPTIONS]
 
 Builds the same two-sled job several ways in network namespaces and measures
-each in alternation, round after round. With iperf3 between namespace guests:
-this datapath (ours), kernel VXLAN over IPv6 (vxlan), the same with the sleds'
-underlay unable to take tunnel GSO so TSO buffers are cut at the sled's edge
-(vxlan-wire), a plain veth pair (veth), OVS userspace with Geneve over IPv6
-(ovs). With DPDK's testpmd as both guests on vhost-user ports (txonly to
+each in alternation, round after round. With iperf3 (throughput) and sockperf
+(latency) between namespace guests: this datapath (ours), kernel VXLAN over
+IPv6 (vxlan), the same with the sleds' underlay unable to take tunnel GSO so TSO
+buffers are cut at the sled's edge (vxlan-wire), a plain veth pair (veth), OVS
+userspace with Geneve over IPv6 (ovs). With DPDK's testpmd as both guests on vhost-user ports (txonly to
 rxonly): this datapath (ours-vhost) and OVS with DPDK, Geneve over IPv6
 (ovs-dpdk).
 
 options:
   --rounds N          rounds (default 3; 1 with --smoke)
   --seconds S         measured seconds per run (default 5; 2 with --smoke)
-  --omit S            warm-up seconds before each run, left out (default 1)
+  --omit S            warm-up seconds before each run, left out (default 1;
+                      sockperf leaves out its own first 0.4 s instead)
   --variant NAME=FLAGS
                       a variant of this datapath: overlayd started with FLAGS
                       (split at spaces), e.g. --variant ours2w='--cores 0,1';
@@ -36,14 +37,16 @@ options:
                       every variant, `vm` for every VM setup or `testpmd` for
                       ours-vhost and ovs-dpdk; repeatable
   --tests ID[,..]     tests to run, e.g. tcp1-v6-8500,udp64-v4-8500 (default: all of
-                      tcp1/tcp4 x v4/v6 x 8500/1500, udp64 x v4/v6 at 8500, and
+                      tcp1/tcp4 x v4/v6 x 8500/1500, udp64 x v4/v6 at 8500,
+                      lat64-v4-8500 (sockperf UDP ping-pong, round-trip
+                      percentiles; IPv4 only, as sockperf 3.7 is), and
                       testpmd's pmd64, pmd1500 (frame bytes; guests without
                       offloads) and pmd64tso, pmd1500tso (guests acking checksum
                       and TSO offloads), v4 at 1500; with --vm also vm-tcp1 x
                       v4/v6 at 8500); naming a vm- test implies --vm
   --smoke             a quick check of the harness: 1 round of 2 s runs of
-                      tcp1-v6-8500, udp64-v6-8500, pmd64-v4-1500 and
-                      pmd1500tso-v4-1500
+                      tcp1-v6-8500, udp64-v6-8500, lat64-v4-8500,
+                      pmd64-v4-1500 and pmd1500tso-v4-1500
   --json PATH         where to write every run and the medians
                       (default target/bench-e2e/results.json)
   -h, --help          this text
@@ -393,6 +396,30 @@ mod tests {
         assert!(e.0.contains("not one of"), "{e}");
         let e = parse(&["--variant", "ovs-dpdk=--cores 0"]).unwrap_err();
         assert!(e.0.contains("not one of"), "{e}");
+    }
+
+    #[test]
+    fn latency_tests_are_named_and_run_on_namespace_setups() {
+        let o = parse(&["--tests", "lat64-v4-8500,tcp1-v4-8500", "--skip", "testpmd"]).unwrap();
+        assert_eq!(o.tests[0].to_string(), "lat64-v4-8500");
+        assert!(o.tests[0].is_latency());
+        assert_eq!(names(&o), ["ours", "vxlan", "vxlan-wire", "veth", "ovs"]);
+        assert!(parse(&[]).unwrap().tests.iter().any(Test::is_latency));
+        assert!(parse(&["--smoke"])
+            .unwrap()
+            .tests
+            .iter()
+            .any(Test::is_latency));
+        let e = parse(&["--tests", "lat64-v6-8500"]).unwrap_err();
+        assert!(e.0.contains("IPv4 addresses only"), "{e}");
+        let e = parse(&[
+            "--tests",
+            "lat64-v4-8500",
+            "--skip",
+            "ours,vxlan,vxlan-wire,veth,ovs",
+        ])
+        .unwrap_err();
+        assert!(e.0.contains("needs a setup with namespace guests"), "{e}");
     }
 
     #[test]

@@ -240,6 +240,7 @@ fn figures(frame: u16, sent: u64, received: u64, seconds: f64) -> Figures {
             delivered_pps,
             loss_percent: UdpFigures::loss_percent(sent as f64, received as f64),
         }),
+        latency: None,
     }
 }
 

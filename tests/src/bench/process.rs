@@ -1,5 +1,6 @@
-//! Background processes the benchmark starts (OVS daemons, iperf3 servers), each
-//! owned by a guard that stops it on drop, also when a run fails or is interrupted.
+//! Background processes the benchmark starts (OVS daemons, iperf3 and sockperf
+//! servers), each owned by a guard that stops it on drop, also when a run fails or
+//! is interrupted.
 
 use crate::cmd::Cmd;
 use crate::{Context, Error, Result};

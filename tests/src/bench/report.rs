@@ -9,6 +9,7 @@
 use super::cpu::Usage;
 use super::iperf::{GuestKind, Measurement, Test};
 use super::setup::{BASELINE, PMD_BASELINE};
+use super::sockperf::Latency;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -36,20 +37,26 @@ impl Run {
         match &self.result {
             Err(e) => format!("{head} FAILED: {}", e.lines().next().unwrap_or("")),
             Ok(m) => {
-                let figure = match m.figures.udp {
-                    Some(u) if self.test.guest_kind() == GuestKind::Testpmd => format!(
+                let figure = match (m.figures.latency, m.figures.udp) {
+                    (Some(l), _) => format!(
+                        "round trip p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, {:.0} round trips/s",
+                        l.p50_us, l.p99_us, l.p99_9_us, l.round_trips_per_s
+                    ),
+                    (None, Some(u)) if self.test.guest_kind() == GuestKind::Testpmd => format!(
                         "{:8.0} kpps delivered ({:.2} Gbit/s), loss {:5.1}%",
                         u.delivered_pps / 1e3,
                         m.figures.gbps,
                         u.loss_percent
                     ),
-                    Some(u) => format!(
+                    (None, Some(u)) => format!(
                         "{:8.0} kpps delivered, loss {:5.1}%",
                         u.delivered_pps / 1e3,
                         u.loss_percent
                     ),
-                    None if self.test.from_vm => format!("{:6.0} Mbit/s", m.figures.gbps * 1e3),
-                    None => format!("{:6.2} Gbit/s", m.figures.gbps),
+                    (None, None) if self.test.from_vm => {
+                        format!("{:6.0} Mbit/s", m.figures.gbps * 1e3)
+                    }
+                    (None, None) => format!("{:6.2} Gbit/s", m.figures.gbps),
                 };
                 let daemons = m
                     .cpu
@@ -91,6 +98,9 @@ pub struct Medians {
     /// The VM's QEMU process; only for the VM setups.
     pub vm_cores: Option<f64>,
     pub udp: Option<UdpMedians>,
+    /// Each figure's median over the runs: the median of the runs' p99, say, is
+    /// the typical run's p99, not the p99 of the rounds' round trips pooled.
+    pub latency: Option<Latency>,
     /// (process label, thread name, allowed CPUs, cores), sorted by process and thread.
     pub threads: Vec<(String, String, String, f64)>,
 }
@@ -167,6 +177,23 @@ fn medians(ok: &[&Measurement]) -> Option<Medians> {
     } else {
         None
     };
+    let latency = if ok.iter().all(|m| m.figures.latency.is_some()) {
+        let l = |f: &dyn Fn(&Latency) -> f64| {
+            median(
+                ok.iter()
+                    .filter_map(|m| m.figures.latency.as_ref().map(f))
+                    .collect(),
+            )
+        };
+        Some(Latency {
+            p50_us: l(&|l| l.p50_us)?,
+            p99_us: l(&|l| l.p99_us)?,
+            p99_9_us: l(&|l| l.p99_9_us)?,
+            round_trips_per_s: l(&|l| l.round_trips_per_s)?,
+        })
+    } else {
+        None
+    };
     let daemon_cores: Vec<f64> = ok.iter().filter_map(|m| m.cpu.daemon_cores()).collect();
     let vm_cores: Vec<f64> = ok.iter().filter_map(|m| m.cpu.vm_cores()).collect();
     Some(Medians {
@@ -176,6 +203,7 @@ fn medians(ok: &[&Measurement]) -> Option<Medians> {
         daemon_cores: median(daemon_cores),
         vm_cores: median(vm_cores),
         udp,
+        latency,
         threads: thread_medians(ok.iter().map(|m| &m.cpu)),
     })
 }
@@ -250,13 +278,15 @@ fn fmt_ratio(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"))
 }
 
-/// The Markdown tables: TCP, small UDP, testpmd, VM, and the daemons' (and
-/// QEMU's) threads.
+/// The Markdown tables: TCP, small UDP, latency, testpmd, VM, and the daemons'
+/// (and QEMU's) threads.
 pub fn markdown(rows: &[Summary]) -> String {
     let mut out = String::new();
     let tcp: Vec<&Summary> = rows
         .iter()
-        .filter(|r| !r.test.is_udp() && r.test.guest_kind() == GuestKind::Netns)
+        .filter(|r| {
+            !r.test.is_udp() && !r.test.is_latency() && r.test.guest_kind() == GuestKind::Netns
+        })
         .collect();
     if !tcp.is_empty() {
         out.push_str(&throughput_table(rows, &tcp, &TCP));
@@ -265,6 +295,11 @@ pub fn markdown(rows: &[Summary]) -> String {
     if !udp.is_empty() {
         separate(&mut out);
         out.push_str(&packet_table(rows, &udp, BASELINE, false));
+    }
+    let latency: Vec<&Summary> = rows.iter().filter(|r| r.test.is_latency()).collect();
+    if !latency.is_empty() {
+        separate(&mut out);
+        out.push_str(&latency_table(rows, &latency));
     }
     let pmd: Vec<&Summary> = rows
         .iter()
@@ -337,6 +372,39 @@ fn packet_table(all: &[Summary], rows: &[&Summary], baseline: &str, gbps: bool) 
             fmt_ratio(ratio(all, r, |m| Some(m.busy_cores))),
             fmt_opt(u.map(|u| u.kpps_per_core), 0),
             fmt_ratio(ratio(all, r, |m| m.udp.map(|u| u.kpps_per_core))),
+            fmt_opt(m.and_then(|m| m.daemon_cores), 2),
+            r.ok,
+            r.total
+        );
+    }
+    t
+}
+
+/// Round trips of the latency tests against kernel VXLAN (a ratio below 1 is
+/// faster), with the machine's and the daemons' cores while they ran.
+fn latency_table(all: &[Summary], rows: &[&Summary]) -> String {
+    let base = BASELINE;
+    let mut t = format!(
+        "| test | setup | round trip p50 µs | vs {base} | p99 µs | vs {base} | p99.9 µs | vs {base} | round trips/s | busy cores | vs {base} | daemon cores | runs |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    for r in rows {
+        let m = r.medians.as_ref();
+        let l = m.and_then(|m| m.latency);
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} |",
+            r.test,
+            r.setup,
+            fmt_opt(l.map(|l| l.p50_us), 1),
+            fmt_ratio(ratio(all, r, |m| m.latency.map(|l| l.p50_us))),
+            fmt_opt(l.map(|l| l.p99_us), 1),
+            fmt_ratio(ratio(all, r, |m| m.latency.map(|l| l.p99_us))),
+            fmt_opt(l.map(|l| l.p99_9_us), 1),
+            fmt_ratio(ratio(all, r, |m| m.latency.map(|l| l.p99_9_us))),
+            fmt_opt(l.map(|l| l.round_trips_per_s), 0),
+            fmt_opt(m.map(|m| m.busy_cores), 2),
+            fmt_ratio(ratio(all, r, |m| Some(m.busy_cores))),
             fmt_opt(m.and_then(|m| m.daemon_cores), 2),
             r.ok,
             r.total
@@ -472,6 +540,15 @@ fn usage_json(u: &Usage) -> Value {
     })
 }
 
+fn latency_json(l: &Latency) -> Value {
+    json!({
+        "round_trip_p50_us": l.p50_us,
+        "round_trip_p99_us": l.p99_us,
+        "round_trip_p99_9_us": l.p99_9_us,
+        "round_trips_per_s": l.round_trips_per_s,
+    })
+}
+
 fn run_json(r: &Run) -> Value {
     let mut v = json!({
         "round": r.round,
@@ -496,6 +573,7 @@ fn run_json(r: &Run) -> Value {
                 }),
                 None => Value::Null,
             };
+            v["latency"] = m.figures.latency.as_ref().map_or(Value::Null, latency_json);
             v["cpu"] = usage_json(&m.cpu);
         }
     }
@@ -523,6 +601,7 @@ fn summary_json(all: &[Summary], r: &Summary) -> Value {
         }),
         None => Value::Null,
     };
+    v["latency"] = m.latency.as_ref().map_or(Value::Null, latency_json);
     v["threads"] = m
         .threads
         .iter()
@@ -535,6 +614,9 @@ fn summary_json(all: &[Summary], r: &Summary) -> Value {
         "gbps_per_busy_core": ratio(all, r, |m| Some(m.gbps_per_core)),
         "delivered_kpps": ratio(all, r, |m| m.udp.map(|u| u.delivered_kpps)),
         "delivered_kpps_per_busy_core": ratio(all, r, |m| m.udp.map(|u| u.kpps_per_core)),
+        "round_trip_p50_us": ratio(all, r, |m| m.latency.map(|l| l.p50_us)),
+        "round_trip_p99_us": ratio(all, r, |m| m.latency.map(|l| l.p99_us)),
+        "round_trip_p99_9_us": ratio(all, r, |m| m.latency.map(|l| l.p99_9_us)),
         });
     }
     v
@@ -561,6 +643,7 @@ mod tests {
                 gbps,
                 retransmits: Some(0),
                 udp: None,
+                latency: None,
             },
             cpu: Usage {
                 seconds: 4.7,
@@ -754,6 +837,56 @@ mod tests {
         );
         let v = to_json(json!({}), &runs, &rows);
         assert_eq!(v["medians"][0]["vs_ovs-dpdk"]["delivered_kpps"], 1.5);
+    }
+
+    #[test]
+    fn latency_rows_show_medians_of_each_percentile() {
+        let lat = |p50: f64, p99: f64, p99_9: f64| {
+            let mut m = measurement(0.01, 1.5, 0.3);
+            m.figures.latency = Some(Latency {
+                p50_us: p50,
+                p99_us: p99,
+                p99_9_us: p99_9,
+                round_trips_per_s: 1e6 / p50,
+            });
+            Ok(m)
+        };
+        let runs = vec![
+            run(1, "ours", "lat64-v4-8500", lat(40.0, 80.0, 300.0)),
+            run(1, BASELINE, "lat64-v4-8500", lat(25.0, 50.0, 100.0)),
+            run(2, "ours", "lat64-v4-8500", lat(50.0, 60.0, 200.0)),
+            run(2, BASELINE, "lat64-v4-8500", lat(25.0, 40.0, 100.0)),
+            run(3, "ours", "lat64-v4-8500", lat(30.0, 70.0, 100.0)),
+        ];
+        let setups = ["ours", BASELINE].map(String::from);
+        let test = Test::parse("lat64-v4-8500").unwrap();
+        let rows = summarize(&runs, &setups, &[test]);
+        let l = rows[0].medians.as_ref().unwrap().latency.unwrap();
+        assert_eq!((l.p50_us, l.p99_us, l.p99_9_us), (40.0, 70.0, 200.0));
+        assert_eq!(l.round_trips_per_s, 25_000.0);
+        let md = markdown(&rows);
+        assert!(
+            md.starts_with("| test | setup | round trip p50 µs | vs vxlan | p99 µs |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| lat64-v4-8500 | ours | 40.0 | 1.60x | 70.0 | 1.56x | 200.0 | 2.00x | 25000 | 1.50 | 1.00x | 0.30 | 3/3 |"),
+            "{md}"
+        );
+        // Only the latency table: not a TCP row with a Gbit/s figure.
+        assert!(!md.contains("Gbit/s"), "{md}");
+        assert!(
+            runs[0].line().contains(
+                "round trip p50 40.0 µs, p99 80.0 µs, p99.9 300.0 µs, 25000 round trips/s"
+            ),
+            "{}",
+            runs[0].line()
+        );
+        let v = to_json(json!({}), &runs, &rows);
+        assert_eq!(v["runs"][0]["latency"]["round_trip_p99_us"], 80.0);
+        assert_eq!(v["medians"][0]["latency"]["round_trip_p99_9_us"], 200.0);
+        assert_eq!(v["medians"][0]["vs_vxlan"]["round_trip_p50_us"], 1.6);
+        assert!(v["medians"][0]["udp"].is_null());
     }
 
     #[test]

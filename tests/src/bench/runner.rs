@@ -35,7 +35,7 @@ pub struct Runner<'a> {
     pub opts: &'a Options,
     /// Start of every namespace name.
     pub prefix: &'a str,
-    /// For the iperf3 servers' logs.
+    /// For the iperf3 and sockperf servers' logs.
     pub dir: &'a Path,
     /// `USER_HZ`.
     pub hz: f64,
@@ -129,7 +129,8 @@ impl Runner<'_> {
         }
     }
 
-    /// iperf3 between guest namespaces, a stream from a VM, or testpmd's frames.
+    /// iperf3 or sockperf between guest namespaces, a stream from a VM, or
+    /// testpmd's frames.
     fn measure(&self, topo: &dyn Topology, test: Test) -> Result<Measurement> {
         let (timing, hz) = (self.opts.timing, self.hz);
         match topo.guests() {
@@ -158,6 +159,9 @@ fn mtus(tests: &[Test]) -> Vec<u16> {
 /// before anything is built.
 pub fn preflight(opts: &Options) -> Result<()> {
     let mut needed = vec!["ip", "ping", "ss", "iperf3"];
+    if opts.tests.iter().any(Test::is_latency) {
+        needed.push("sockperf");
+    }
     let has = |kind: Kind| opts.setups.iter().any(|s| s.kind == kind);
     if opts.setups.iter().any(Setup::is_vm) {
         needed.push(crate::vm::QEMU);

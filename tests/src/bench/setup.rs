@@ -2,7 +2,7 @@
 //!
 //! Every topology has a client guest (on sled 0, or one end of the plain veth) and
 //! a server guest (sled 1), addressed alike in every setup, so the same iperf3
-//! command (or testpmd's frames) runs on all of them. Setups with an underlay start from the harness's
+//! and sockperf commands (or testpmd's frames) run on all of them. Setups with an underlay start from the harness's
 //! [`Rack`]: a switch namespace with a bridge at MTU 9000 and two sled namespaces
 //! (`fd00:99::1`, `fd00:99::2` on `ul0`) whose full-size path is checked.
 
@@ -22,10 +22,10 @@ use std::cell::RefCell;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-/// The client guest's addresses (the iperf3 client).
+/// The client guest's addresses (the iperf3 and sockperf client).
 pub const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 11);
 pub const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 1, 0, 0, 0, 0, 0, 0x11);
-/// The server guest's addresses (the iperf3 server).
+/// The server guest's addresses (the iperf3 and sockperf server).
 pub const SERVER_V4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 12);
 pub const SERVER_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 1, 0, 0, 0, 0, 0, 0x12);
 
@@ -143,7 +143,7 @@ impl Setup {
 
     /// Whether `test` runs on this setup: each test on the setups whose guests
     /// can run it (VM tests on the VM setups, testpmd's on the testpmd setups,
-    /// iperf3's everywhere else).
+    /// iperf3's and sockperf's everywhere else).
     pub fn runs(&self, test: &Test) -> bool {
         test.guest_kind() == self.guest_kind()
     }
@@ -186,7 +186,7 @@ impl Setup {
 
 /// The guests a test runs between.
 pub enum Guests<'a> {
-    /// Guest namespaces: iperf3 and the host's tools.
+    /// Guest namespaces: iperf3, sockperf and the host's tools.
     Netns {
         client: &'a Netns,
         server: &'a Netns,

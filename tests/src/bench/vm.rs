@@ -180,6 +180,7 @@ pub fn measure(
             gbps: bytes as f64 * 8.0 / cpu.seconds.max(1e-9) / 1e9,
             retransmits: None,
             udp: None,
+            latency: None,
         },
         cpu,
     })

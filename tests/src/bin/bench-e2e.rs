@@ -1,7 +1,7 @@
 //! bench-e2e: this datapath side by side with kernel VXLAN over IPv6, OVS's
 //! userspace datapath with Geneve over IPv6 and a plain veth pair, on the same
-//! two-sled topology, measured with iperf3 in alternation; and with OVS with
-//! DPDK, DPDK's testpmd as the guests on both (see `e2e::bench`).
+//! two-sled topology, measured with iperf3 and sockperf in alternation; and with
+//! OVS with DPDK, DPDK's testpmd as the guests on both (see `e2e::bench`).
 //!
 //! Run through `scripts/bench-e2e.sh`, which installs the tools and builds in
 //! release mode; `bench-e2e --help` lists the options. Prints a progress line per
