@@ -7,6 +7,7 @@
 //! it is back. When switch B silently stops forwarding to one sled (its link
 //! stays up), the path watch's probes find it and take the path out of use.
 
+use e2e::counters::Snapshot;
 use e2e::guest::{GuestSpec, PingLog, Pings};
 use e2e::rack::{Rack, RackSpec, UNDERLAY_IF, UNDERLAY_MTU};
 use e2e::{poll_until, Cmd, Error, Result};
@@ -357,6 +358,23 @@ fn flows_spread_over_two_links_and_fail_over_when_one_goes() -> Result<()> {
         },
     )?;
     assert!(gap < 1000.0, "the longest gap was {gap:.0} ms");
+    // Switch B's next hop is usable once its neighbour is learnt again (the
+    // link's return only starts that): the transfers below are short, and all
+    // of them could end on switch A before it is.
+    poll_until(
+        "sled 0 to resolve both next hops again",
+        Duration::from_secs(10),
+        || {
+            let s = Snapshot::take(rack.sled(0)?)?;
+            let (entries, paths) = (s.get("next_hops.entries"), s.get("next_hops.paths"));
+            match entries > 0 && paths == 2 * entries {
+                true => Ok(()),
+                false => Err(Error::new(format!(
+                    "{paths} next hops for {entries} destinations"
+                ))),
+            }
+        },
+    )?;
 
     // Back on both links: new flows use switch B again.
     let before = sled0_frames(&rack)?;
