@@ -97,13 +97,7 @@ fn vm_spec(spec: &GuestSpec) -> VmSpec {
 /// indexes say, and the transfer arrives byte-exact.
 #[test]
 fn a_vm_on_a_client_mode_vhost_user_port_survives_sigkill_and_restart_of_overlayd() -> Result<()> {
-    let mut rack = Rack::build(&RackSpec::new("vk", 2))?;
-    rack.start_daemons(&[])?;
-    rack.add_guest(GuestSpec::dual(B1, 1, 3))?;
-    let spec = GuestSpec::dual(VM, 0, 9);
-    let attach = Attachment::vhost_user(rack.sled(0)?, &spec, true)?;
-    rack.publish_v2p()?;
-    rack.publish_v2p_of(&spec)?;
+    let (mut rack, spec, attach) = client_mode_rack("vk", 2)?;
     let vm_spec = vm_spec(&spec);
     let mut vm = Vm::boot(&rack.sled(0)?.ns, vm_spec, &attach, rack.dir())?;
     let hash = random_file(&mut vm, KILL_MIB)?;
@@ -149,13 +143,7 @@ fn a_vm_on_a_client_mode_vhost_user_port_survives_sigkill_and_restart_of_overlay
 /// its own (datapath/io/src/vhost).
 #[test]
 fn a_vm_on_a_vhost_user_port_live_migrates_to_another_sled_mid_transfer() -> Result<()> {
-    let mut rack = Rack::build(&RackSpec::new("vl", 3))?;
-    rack.start_daemons(&[])?;
-    rack.add_guest(GuestSpec::dual(B1, 1, 3))?;
-    let spec = GuestSpec::dual(VM, 0, 9);
-    let attach = Attachment::vhost_user(rack.sled(0)?, &spec, true)?;
-    rack.publish_v2p()?;
-    rack.publish_v2p_of(&spec)?;
+    let (rack, spec, attach) = client_mode_rack("vl", 3)?;
     let source = VmSpec {
         memory_mib: MIGRATE_MEMORY_MIB,
         ..vm_spec(&spec)
@@ -304,6 +292,20 @@ fn send_from_vm(
         VM_CMD,
     )?;
     Ok(receiver)
+}
+
+/// A rack of `sleds` with daemons, the namespace guest B1 on sled 1, and the VM's
+/// port on sled 0 in client mode (QEMU the socket's server), mapped on every sled:
+/// the VM's spec and attachment.
+fn client_mode_rack(prefix: &str, sleds: usize) -> Result<(Rack, GuestSpec, Attachment)> {
+    let mut rack = Rack::build(&RackSpec::new(prefix, sleds))?;
+    rack.start_daemons(&[])?;
+    rack.add_guest(GuestSpec::dual(B1, 1, 3))?;
+    let spec = GuestSpec::dual(VM, 0, 9);
+    let attach = Attachment::vhost_user(rack.sled(0)?, &spec, true)?;
+    rack.publish_v2p()?;
+    rack.publish_v2p_of(&spec)?;
+    Ok((rack, spec, attach))
 }
 
 /// Requires that `data` (what the receiver got) is the VM's `mib` MiB of

@@ -257,22 +257,6 @@ impl Vring {
         }
     }
 
-    /// Interrupts the guest (the call eventfd), unless it asked not to be.
-    pub(super) fn signal(&mut self, mem: &GuestMemoryMmap) -> std::io::Result<()> {
-        if !self
-            .notify
-            .wants_interrupt(&self.queue, mem, self.event_idx)
-        {
-            return Ok(());
-        }
-        match &mut self.call {
-            Some(call) => call.write_all(&1u64.to_ne_bytes()),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Vring {
     /// Asks the guest to kick when it adds buffers (`on`: a worker is about to
     /// sleep) or not to (a worker polls the ring); the write is marked in `log`.
     /// Returns whether buffers are already waiting (only looked at when `on`).
@@ -287,6 +271,20 @@ impl Vring {
             log.used_ring();
         }
         pending
+    }
+
+    /// Interrupts the guest (the call eventfd), unless it asked not to be.
+    pub(super) fn signal(&mut self, mem: &GuestMemoryMmap) -> std::io::Result<()> {
+        if !self
+            .notify
+            .wants_interrupt(&self.queue, mem, self.event_idx)
+        {
+            return Ok(());
+        }
+        match &mut self.call {
+            Some(call) => call.write_all(&1u64.to_ne_bytes()),
+            None => Ok(()),
+        }
     }
 }
 
